@@ -1,0 +1,46 @@
+# moe-hang: `make demo` and `make test` work on a fresh clone with nothing installed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build lies on this machine kind's disk; on a GPU machine the same pin is the CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.moe-hang-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-matrix lint bench bench-quick soak clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# repro exits 3 when it reproduces the hang: that is the expected outcome here.
+demo: setup
+	@$(VENV)/bin/moe-hang repro; rc=$$?; \
+	if [ $$rc -ne 3 ]; then echo "demo: repro did not reproduce the hang (exit $$rc)"; exit 1; fi
+	$(VENV)/bin/moe-hang verify --fixed
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-matrix: setup
+	$(PY) -m pytest -q -m matrix --matrix $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check moe_hang tests scripts
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) scripts/bench.py
+
+bench-quick: setup
+	$(PY) scripts/bench.py --quick
+
+soak: setup
+	$(PY) scripts/soak.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,601 @@
+"""From evidence to a verdict (pure: no torch, no rich, no processes).
+
+The core question is the one NCCL never answers: did every rank post the same collectives in
+the same order with the same sizes? Per process group, entries are aligned across member ranks
+by sequence number (Flight Recorder first, then the probe's own records and heartbeats for
+ranks without a dump); the first sequence number where they differ is the divergence.
+Stacks say what each rank is doing now; exit codes and error records say who died.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from itertools import pairwise
+
+from moe_hang.diagnosis import Diagnosis, Divergence, RankCollective, RankReport
+from moe_hang.evidence import Evidence, RankEvidence
+from moe_hang.frtrace import SAME_SIZE_OPS, Collective, entry_to_collective, normalise_op
+from moe_hang.stacks import (
+    Frame,
+    StackView,
+    callsite,
+    main_thread,
+    parse_faulthandler,
+    parse_probe_frames,
+    short_path,
+    view,
+)
+
+DEFAULT_PG = "0"
+_DTYPE_NAMES = {
+    "torch.float32": "Float", "torch.float": "Float", "torch.float16": "Half",
+    "torch.half": "Half", "torch.bfloat16": "BFloat16", "torch.float64": "Double",
+    "torch.int64": "Long", "torch.long": "Long", "torch.int32": "Int", "torch.int": "Int",
+    "torch.int8": "Char", "torch.uint8": "Byte", "torch.bool": "Bool",
+}
+
+
+def _dtype(name: str) -> str:
+    return _DTYPE_NAMES.get(name, name)
+
+
+# ----------------------------------------------------------------------------- per-rank timelines
+
+
+@dataclass
+class RankTimeline:
+    """Everything known about one rank's collectives, per process group."""
+
+    by_pg: dict[str, dict[int, Collective]]
+    enqueued: dict[str, int]  # last seq this rank posted, per pg (-1: none)
+    completed: dict[str, int]
+    has_data: bool
+
+
+def _record_to_collective(rec: dict) -> Collective | None:
+    try:
+        seq = int(rec["seq"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Collective(
+        pg=str(rec.get("pg", DEFAULT_PG)), seq=seq, op=normalise_op(str(rec.get("op", "?"))),
+        raw_op=f"probe:{rec.get('op')}", pg_desc=str(rec.get("pg_desc", "")),
+        input_sizes=[list(map(int, s)) for s in rec.get("input_sizes") or []],
+        dtypes=[_dtype(str(rec["dtype"]))] if rec.get("dtype") else [],
+        time_created_ns=int(float(rec["time"]) * 1e9) if rec.get("time") else None,
+        source="probe", name=rec.get("name"), phase=rec.get("phase"))
+
+
+def timeline(ev: RankEvidence) -> RankTimeline:
+    by_pg: dict[str, dict[int, Collective]] = {}
+    enq: dict[str, int] = {}
+    done: dict[str, int] = {}
+
+    def add(c: Collective) -> None:
+        slot = by_pg.setdefault(c.pg, {})
+        if c.seq in slot:
+            old = slot[c.seq]
+            # keep the richer source but learn the probe's step name and phase
+            old.name = old.name or c.name
+            old.phase = old.phase or c.phase
+            return
+        slot[c.seq] = c
+        enq[c.pg] = max(enq.get(c.pg, -1), c.seq)
+
+    if ev.fr is not None:
+        for c in ev.fr.entries:
+            add(c)
+        for pg, st in ev.fr.pg_status.items():
+            enq[pg] = max(enq.get(pg, -1), st["enqueued"])
+            done[pg] = max(done.get(pg, -1), st["completed"])
+    hb = ev.heartbeat or {}
+    if ev.fr is None and isinstance(hb.get("pg_status"), dict):
+        names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.get("pending") or []
+                 if isinstance(e, dict) and e.get("process_group")}
+        for pg_id, st in hb["pg_status"].items():
+            try:
+                name = names.get(str(pg_id), str(pg_id))
+                enq[name] = max(enq.get(name, -1), int(st["enqueued"]))
+                done[name] = max(done.get(name, -1), int(st["completed"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    for e in hb.get("pending") or []:
+        pending = entry_to_collective(e, source="heartbeat") if isinstance(e, dict) else None
+        if pending is not None:
+            pending.completed = False
+            add(pending)
+    for rec in ev.records:
+        logged = _record_to_collective(rec)
+        if logged is not None:
+            add(logged)
+    has = bool(by_pg) or ev.fr is not None
+    for pg, coll in by_pg.items():
+        if pg in done:
+            for c in coll.values():
+                if c.completed is None:
+                    c.completed = c.seq <= done[pg]
+    return RankTimeline(by_pg, enq, done, has)
+
+
+# ----------------------------------------------------------------------------- rank views
+
+
+@dataclass
+class RankView:
+    ev: RankEvidence
+    tl: RankTimeline
+    stack: StackView
+    state: str
+    current: Collective | None  # the collective it is blocked in / last posted
+    site: Frame | None
+
+
+def _exit_desc(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
+    if ev.threads:
+        return view(main_thread(ev.threads)), ev.stack_source
+    if ev.fatal and "File " in ev.fatal:
+        return view(main_thread(parse_faulthandler(ev.fatal))), "fatal"
+    frames = parse_probe_frames((ev.heartbeat or {}).get("main_frame"))
+    if frames:
+        from moe_hang.stacks import ThreadStack
+
+        return view(ThreadStack("MainThread", frames, is_main=True)), "probe"
+    return StackView("unknown"), None
+
+
+def _pending(tl: RankTimeline) -> list[Collective]:
+    out: list[Collective] = []
+    for coll in tl.by_pg.values():
+        out.extend(c for c in coll.values() if c.completed is False)
+    return sorted(out, key=lambda c: (c.time_created_ns or 0, c.seq))
+
+
+def rank_view(ev: RankEvidence) -> RankView:
+    tl = timeline(ev)
+    sv, source = _threads(ev)
+    if source and not ev.stack_source:
+        ev.stack_source = source
+    exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True)
+    pending = _pending(tl)
+    current: Collective | None = pending[0] if pending else None
+    if exited:
+        state = "exited"
+        if ev.exit_code == 0:
+            # finished cleanly: whatever its last heartbeat saw has long completed
+            current, sv = None, StackView("unknown")
+        elif current is None:
+            last = [c for coll in tl.by_pg.values() for c in coll.values()]
+            current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
+    elif sv.state != "unknown":
+        state = sv.state
+        if state != "in_collective" and current is not None and not ev.progressed:
+            state = "in_collective"  # FR says a collective is pending and nothing moved
+    elif current is not None:
+        state = "in_collective"
+    else:
+        state = "unknown"
+    site = None
+    if current is not None and current.frames:
+        site = callsite(current.frames)
+    if site is None:
+        site = sv.callsite
+    return RankView(ev, tl, sv, state, current, site)
+
+
+# ----------------------------------------------------------------------------- alignment
+
+
+def _members(views: dict[int, RankView], world: int | None) -> dict[str, list[int]]:
+    members: dict[str, set[int]] = {}
+    for r, v in views.items():
+        for pg, ranks in (v.ev.groups or {}).items():
+            members.setdefault(pg, set()).update(ranks)
+        if v.ev.fr is not None:
+            for pg, ranks in v.ev.fr.pg_ranks.items():
+                if pg in v.tl.by_pg:
+                    members.setdefault(pg, set()).update(ranks)
+        for pg in v.tl.by_pg:
+            members.setdefault(pg, set()).add(r)
+    all_ranks = set(range(world)) if world else set(views)
+    members.setdefault(DEFAULT_PG, set()).update(all_ranks)
+    members[DEFAULT_PG].update(all_ranks)
+    return {pg: sorted(rs) for pg, rs in members.items()}
+
+
+def _ops_match(a: Collective, b: Collective) -> bool:
+    if a.op == b.op:
+        return True
+    # gloo implements DTensor's reduce-scatter as an all-reduce; the probe names the intent.
+    mixed = "probe" in (a.source, b.source) and a.source != b.source
+    return mixed and {a.op, b.op} <= {"reduce_scatter", "all_reduce"}
+
+
+def _to_rc(c: Collective | None) -> RankCollective | None:
+    if c is None:
+        return None
+    return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
+                          dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
+                          time_created_ns=c.time_created_ns)
+
+
+@dataclass
+class Found:
+    div: Divergence
+    culprits: list[int]
+    time_ns: int
+
+
+def _blocked_elsewhere(v: RankView) -> bool:
+    return v.state in ("exited", "idle", "in_collective") and not v.ev.progressed
+
+
+def align(views: dict[int, RankView], world: int | None) -> Found | None:
+    """The earliest sequence number, in any group, where member ranks disagree."""
+    found: list[Found] = []
+    for pg, members in _members(views, world).items():
+        with_data = [r for r in members if r in views and views[r].tl.has_data]
+        if len(with_data) < 2 and not any(views[r].tl.by_pg.get(pg) for r in with_data):
+            continue
+        seqs = [set(views[r].tl.by_pg.get(pg, {})) for r in with_data]
+        nonempty = [s for s in seqs if s]
+        if not nonempty:
+            continue
+        lo = max(min(s) for s in nonempty)  # older entries may have left a ring buffer
+        hi = max(max(s) for s in nonempty)
+        for seq in range(lo, hi + 1):
+            present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
+            have = {r: c for r, c in present.items() if c is not None}
+            if not have:
+                continue
+            absent = [r for r, c in present.items()
+                      if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
+            kind = _mismatch_kind(list(have.values()))
+            if kind is None and absent:
+                stuck = [r for r in absent if _blocked_elsewhere(views[r])]
+                waiting = [r for r, c in have.items() if c.completed is not True]
+                if stuck and waiting and len(stuck) == len(absent):
+                    kind = "missing_rank"
+            if kind is None:
+                continue
+            first = next(iter(have.values()))
+            per_rank = {r: _to_rc(present.get(r)) for r in with_data}
+            phase = next((c.phase for c in have.values() if c.phase), None)
+            if phase is None and any(c.frames and _frames_in_backward(c.frames)
+                                     for c in have.values()):
+                phase = "backward"
+            div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
+                             members=members, per_rank=per_rank, phase=phase)
+            culprits = absent if kind == "missing_rank" else _culprits(have, views)
+            t = min((c.time_created_ns or 0) for c in have.values())
+            found.append(Found(div, sorted(culprits), t))
+            break
+    if not found:
+        return None
+    return min(found, key=lambda f: (f.time_ns, f.div.seq))
+
+
+def _frames_in_backward(frames: list[Frame]) -> bool:
+    from moe_hang.stacks import in_backward
+
+    return in_backward(frames)
+
+
+def _signature(c: Collective, kind: str) -> tuple:
+    if kind == "op_mismatch":
+        return (c.op,)
+    if kind == "size_mismatch":
+        return (c.op, tuple(map(tuple, c.input_sizes)))
+    return (c.op, tuple(c.dtypes))
+
+
+def _mismatch_kind(colls: list[Collective]) -> str | None:
+    base = colls[0]
+    if any(not _ops_match(base, c) for c in colls[1:]):
+        return "op_mismatch"
+    if base.op in SAME_SIZE_OPS and any(c.input_sizes != base.input_sizes for c in colls[1:]
+                                        if c.input_sizes and base.input_sizes):
+        return "size_mismatch"
+    if any(c.dtypes and base.dtypes and c.dtypes != base.dtypes for c in colls[1:]):
+        return "dtype_mismatch"
+    return None
+
+
+def _culprits(have: dict[int, Collective], views: dict[int, RankView]) -> list[int]:
+    kind = _mismatch_kind(list(have.values())) or "op_mismatch"
+    groups: list[tuple[Collective, list[int]]] = []
+    for r, c in sorted(have.items()):
+        for rep, rs in groups:
+            same = _ops_match(rep, c) if kind == "op_mismatch" else (
+                _signature(rep, kind) == _signature(c, kind))
+            if same:
+                rs.append(r)
+                break
+        else:
+            groups.append((c, [r]))
+    groups.sort(key=lambda g: -len(g[1]))
+    if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]):
+        return [r for _, rs in groups[1:] for r in rs]
+    if kind == "op_mismatch" and len(groups) == 2:
+        (a, ra), (b, rb) = groups
+        ahead = _who_skipped(a, b, views, ra, rb)
+        if ahead is not None:
+            return ra if ahead == "a" else rb
+    return sorted(have)
+
+
+def _site_key(c: Collective) -> tuple | None:
+    site = callsite(c.frames) if c.frames else None
+    if site is not None:
+        return (site.file, site.line)
+    return ("probe", c.name) if c.name else None
+
+
+def _who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
+                 ra: list[int], rb: list[int]) -> str | None:
+    """Which side posted a *later* collective in place of the other's, i.e. skipped one.
+
+    First from history (in earlier iterations, did b's call site directly follow a's?), then
+    from program order (at the deepest frame both stacks share, which line comes first?).
+    """
+    ka, kb = _site_key(a), _site_key(b)
+    if ka and kb and ka != kb:
+        a_then_b = b_then_a = False
+        for v in views.values():
+            keys = [_site_key(c) for c in sorted(v.tl.by_pg.get(a.pg, {}).values(),
+                                                 key=lambda c: c.seq)]
+            for k1, k2 in pairwise(keys):
+                a_then_b |= (k1, k2) == (ka, kb)
+                b_then_a |= (k1, k2) == (kb, ka)
+        if a_then_b and not b_then_a:
+            return "b"  # b's ranks went on to b's call site without posting a's
+        if b_then_a and not a_then_b:
+            return "a"
+    fa = [f for f in reversed(a.frames) if not _lib(f)] if a.frames else []
+    fb = [f for f in reversed(b.frames) if not _lib(f)] if b.frames else []
+    if not fa:
+        fa = _user_frames_outer_first(views[ra[0]])
+    if not fb:
+        fb = _user_frames_outer_first(views[rb[0]])
+    for x, y in zip(fa, fb, strict=False):
+        if (x.file, x.function) != (y.file, y.function):
+            break
+        if x.line != y.line:
+            return "b" if x.line < y.line else "a"
+    return None
+
+
+def _lib(f: Frame) -> bool:
+    from moe_hang.stacks import is_library_frame
+
+    return is_library_frame(f)
+
+
+def _user_frames_outer_first(v: RankView) -> list[Frame]:
+    return [f for f in reversed(v.stack.frames) if not _lib(f)]
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+def _fmt_sizes(c: RankCollective | Collective | None) -> str:
+    if c is None:
+        return "nothing"
+    sizes = ", ".join("×".join(map(str, s)) for s in c.input_sizes) if c.input_sizes else ""
+    return f"{c.op}({sizes})" if sizes else c.op
+
+
+def _site_str(site: Frame | None) -> str:
+    return f"{short_path(site.file)}:{site.line} {site.function}" if site else "unknown line"
+
+
+def _tokens(ev: RankEvidence) -> dict | None:
+    fwd = [r for r in ev.records if r.get("phase") == "forward" and r.get("tokens")]
+    if not fwd:
+        return None
+    last = fwd[-1]
+    tokens = dict(last["tokens"])
+    lengths = next((r.get("lengths") for r in reversed(fwd) if r.get("lengths")), None)
+    if lengths is not None:
+        tokens["gathered_lengths"] = lengths
+    assumed = next((r.get("assumed_lengths") for r in reversed(fwd)
+                    if r.get("assumed_lengths")), None)
+    if assumed is not None:
+        # what DTensor.from_local(Shard(0)) believes every rank holds
+        tokens["assumed_lengths"] = assumed
+    if last.get("layer") is not None:
+        tokens["layer"] = last["layer"]
+    if last.get("step") is not None:
+        tokens["step"] = last["step"]
+    return tokens
+
+
+def _report(v: RankView, div: Divergence | None) -> RankReport:
+    ev = v.ev
+    coll = v.current
+    if div is not None and ev.rank in div.per_rank and div.per_rank[ev.rank] is not None:
+        pick = v.tl.by_pg.get(div.pg, {}).get(div.seq)
+        if pick is not None and v.state in ("in_collective", "exited"):
+            coll = pick
+    rc = _to_rc(coll)
+    if rc is None and v.state == "in_collective" and v.stack.op:
+        rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
+    site = v.site
+    if coll is not None and coll.frames:
+        site = callsite(coll.frames) or site
+    phase = coll.phase if coll is not None and coll.phase else None
+    if phase is None and (v.stack.in_backward or (coll is not None and coll.frames
+                                                  and _frames_in_backward(coll.frames))):
+        phase = "backward"
+    fn = v.stack.autograd_function
+    if fn is None and coll is not None and coll.frames and _frames_in_backward(coll.frames):
+        from moe_hang.stacks import autograd_function
+
+        fn = autograd_function(coll.frames)
+    note = None
+    if ev.error:
+        note = f"{ev.error.get('type', 'Error')}: {str(ev.error.get('message', ''))[:160]}"
+    elif ev.stack_error:
+        note = ev.stack_error
+    elif ev.exit_code is not None and ev.exit_code != 0:
+        note = _exit_desc(ev.exit_code)
+    return RankReport(
+        rank=ev.rank, pid=ev.pid, host=ev.host, state=v.state, collective=rc,
+        callsite=site.as_dict() if site else None, tokens=_tokens(ev), exit_code=ev.exit_code,
+        phase=phase, autograd_function=fn,
+        stack=[f.short() for f in v.stack.frames[:40]], stack_source=ev.stack_source, note=note)
+
+
+def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: str) -> str:
+    if div is not None and div.kind == "size_mismatch":
+        return ("Exchange per-rank lengths before gathering: all-gather the counts, pad to the "
+                "max, all-gather, trim each piece (moe_hang.ep.VarlenDispatch); never infer "
+                "the global shape as local × world (DTensor.from_local(Shard(0))) for ragged data.")
+    if div is not None and div.kind in ("op_mismatch", "missing_rank"):
+        if div.phase == "backward" or any(r.phase == "backward" for r in reports.values()):
+            return ("A rank's autograd graph lacks a collective the others run in backward: tie "
+                    "the output to every gathered input (y = y + x.sum() * 0, "
+                    "moe_hang.ep.anchor_gradients) so every rank runs the same backward.")
+        return ("Make every rank post every collective every step: do not skip a layer, expert "
+                "or exchange when a rank has no tokens (run it on an empty or dummy input).")
+    if div is not None and div.kind == "dtype_mismatch":
+        return "Cast to one dtype on every rank before the collective."
+    if verdict == "rank_died":
+        return ("A rank died while the others wait in a collective: find why it died (OOM "
+                "killer, signal, node failure); the survivors will only leave at the timeout.")
+    if verdict == "crash":
+        return "A rank raised an error; fix it first: the other ranks only fail as a consequence."
+    if verdict == "straggler":
+        return ("Not a deadlock: a rank is still computing while the others wait. Look at what "
+                "it computes (stack below); raise the timeout or balance the work.")
+    if verdict == "hang":
+        return ("Every rank waits in the same collective with matching sizes, so the order is "
+                "fine: suspect the transport (NCCL_DEBUG=INFO), a peer outside this job, or a "
+                "device fault; Flight Recorder dumps from every rank would settle it.")
+    return ""
+
+
+def diagnose(ev: Evidence) -> Diagnosis:
+    views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
+    found = align(views, ev.world_size)
+    div = found.div if found else None
+    reports = {r: _report(v, div) for r, v in views.items()}
+    evidence = list(ev.log_lines)
+    for r, e in sorted(ev.ranks.items()):
+        if e.fr_error:
+            evidence.append(f"rank {r}: Flight Recorder dump unreadable ({e.fr_error})")
+        if e.stack_error:
+            evidence.append(f"rank {r}: {e.stack_error}")
+        evidence.extend(f"rank {r}: {n}" for n in e.notes)
+
+    exited = [r for r, v in views.items() if v.state == "exited"]
+    bad_exit = [r for r in exited if (ev.ranks[r].exit_code or 0) != 0 or ev.ranks[r].error]
+    killed = [r for r in bad_exit if ev.ranks[r].exit_code == -signal.SIGKILL]
+    in_coll = [r for r, v in views.items() if v.state == "in_collective"]
+    computing = [r for r, v in views.items()
+                 if v.state == "computing" or (v.ev.progressed and v.state != "exited")]
+
+    if div is not None:
+        verdict = "desync"
+        culprits = found.culprits if found else []
+        summary = _desync_summary(div, reports, culprits, bad_exit, ev)
+    elif killed or (bad_exit and in_coll and not any(ev.ranks[r].error for r in bad_exit)
+                    and not any(ev.ranks[r].fatal for r in bad_exit)):
+        verdict = "rank_died"
+        dead = killed or bad_exit
+        culprits = dead
+        waits = ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in in_coll)
+        summary = (f"Rank {_ranks(dead)} died ({_exit_desc(ev.ranks[dead[0]].exit_code)})"
+                   + (f" while {waits} waits for it." if waits else "."))
+    elif bad_exit:
+        verdict = "crash"
+        culprits = [r for r in bad_exit if ev.ranks[r].error or ev.ranks[r].fatal] or bad_exit
+        first = culprits[0]
+        what = reports[first].note or _exit_desc(ev.ranks[first].exit_code)
+        summary = f"Rank {_ranks(culprits)} crashed: {what}."
+    elif ev.job == "completed" and not in_coll:
+        verdict, culprits = "healthy", []
+        summary = f"All {len(views)} ranks finished; every collective matched."
+    elif in_coll and computing and set(in_coll) | set(computing) >= set(views):
+        verdict = "straggler"
+        culprits = sorted(set(computing) - set(in_coll))
+        summary = (f"Rank {_ranks(culprits)} is still computing while rank {_ranks(in_coll)} "
+                   "wait in a collective: slow, not deadlocked.")
+    elif in_coll and len(in_coll) == len(views):
+        ops = {c.op if (c := reports[r].collective) else "?" for r in in_coll}
+        verdict, culprits = "hang", []
+        op = ops.pop() if len(ops) == 1 else "collectives"
+        summary = (f"All {len(views)} ranks wait in {op} with matching order and sizes: the "
+                   "collective order is consistent, so the cause is outside it.")
+    elif ev.job == "completed":
+        verdict, culprits = "healthy", []
+        summary = f"All {len(views)} ranks finished."
+    else:
+        verdict = "inconclusive"
+        culprits = []
+        known = [r for r, v in views.items() if v.state != "unknown"]
+        summary = ("Not enough evidence to name a cause: "
+                   + (f"states known for rank {_ranks(known)} only." if known
+                      else "no stack or recorder data could be read."))
+    return Diagnosis(
+        verdict=verdict, summary=summary, culprit_ranks=culprits, first_divergence=div,
+        ranks=list(reports.values()), fix=fix_hint(div, reports, verdict),
+        artifacts=ev.artifacts, evidence=evidence)
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    if not rs:
+        return "-"
+    if len(rs) == 1:
+        return str(rs[0])
+    return ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def _desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: list[int],
+                    bad_exit: list[int], ev: Evidence) -> str:
+    pg = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
+    where = " in backward" if div.phase == "backward" else ""
+    parts = []
+    for r, c in sorted(div.per_rank.items()):
+        if c is None:
+            parts.append(f"rank {r} never posted it")
+        else:
+            parts.append(f"rank {r} {_fmt_sizes(c)}")
+    callsites = [cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)]
+    site = ""
+    if callsites and len({cs["function"] for cs in callsites}) == 1:
+        cs = callsites[0]
+        site = f" at {short_path(str(cs.get('file')))}:{cs.get('line')} {cs.get('function')}"
+    kind = {"size_mismatch": "different sizes", "op_mismatch": "different collectives",
+            "dtype_mismatch": "different dtypes",
+            "missing_rank": "a collective some ranks never reached"}[div.kind]
+    tail = ""
+    if bad_exit:
+        tail = "; " + ", ".join(f"rank {r} {_exit_desc(ev.ranks[r].exit_code)}"
+                                for r in bad_exit[:4])
+    return (f"Ranks posted {kind} at seq {div.seq} of {pg}{where}{site}: "
+            + "; ".join(parts) + tail + ".")
+
+
+def quick_divergence(heartbeats: dict[int, dict], world: int | None) -> Divergence | None:
+    """From heartbeats alone: ranks pending at the same seq with a different op, size or
+    dtype can never complete, so there is no need to wait for a stall timeout."""
+    views = {r: rank_view(RankEvidence(rank=r, pid=hb.get("pid"), heartbeat=hb, alive=True,
+                                       progressed=False))
+             for r, hb in heartbeats.items()}
+    found = align(views, world)
+    if found is None or found.div.kind == "missing_rank":
+        return None
+    return found.div

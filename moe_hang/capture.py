@@ -1,0 +1,153 @@
+"""Capture what hung ranks are doing: py-spy stacks and in-rank Flight Recorder dumps.
+
+Every wait here is bounded: py-spy gets a timeout per rank (it runs in parallel across ranks),
+dump requests go through the probe's FIFO without blocking, and answers are awaited until a
+deadline, after which the rank is reported as not answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_hang.errors import MoeHangError
+
+PYSPY_TIMEOUT_S = 10.0
+DUMP_TIMEOUT_S = 5.0
+
+
+def find_pyspy() -> str | None:
+    here = Path(sys.executable).parent / "py-spy"
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def require_pyspy() -> str:
+    exe = find_pyspy()
+    if exe is None:
+        raise MoeHangError("py-spy is not installed",
+                           hint="pip install py-spy, in the same environment as moe-hang")
+    return exe
+
+
+@dataclass
+class StackResult:
+    pid: int
+    data: Any | None  # py-spy JSON
+    error: str | None
+    seconds: float
+
+
+def _pyspy_error(stderr: str, returncode: int) -> str:
+    text = stderr.strip()
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+        return ("py-spy cannot attach: no ptrace permission (run as root, add CAP_SYS_PTRACE, "
+                "or set kernel.yama.ptrace_scope=0)")
+    if "no such process" in low or "failed to find process" in low:
+        return "process is gone"
+    first = text.splitlines()[-1] if text else f"exit code {returncode}"
+    return f"py-spy failed: {first[:200]}"
+
+
+def pyspy_dump(pid: int, *, native: bool = False, timeout: float = PYSPY_TIMEOUT_S,
+               exe: str | None = None) -> StackResult:
+    exe = exe or find_pyspy()
+    t0 = time.monotonic()
+    if exe is None:
+        return StackResult(pid, None, "py-spy is not installed (pip install py-spy)", 0.0)
+    argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, text=True,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return StackResult(pid, None, f"py-spy did not answer within {timeout:.0f} s",
+                           time.monotonic() - t0)
+    except OSError as exc:
+        return StackResult(pid, None, f"py-spy could not run: {exc.strerror}",
+                           time.monotonic() - t0)
+    dt = time.monotonic() - t0
+    if proc.returncode != 0:
+        return StackResult(pid, None, _pyspy_error(proc.stderr, proc.returncode), dt)
+    try:
+        return StackResult(pid, json.loads(proc.stdout), None, dt)
+    except json.JSONDecodeError:
+        return StackResult(pid, None, "py-spy printed something that is not JSON", dt)
+
+
+def pyspy_many(pids: dict[int, int], *, native: bool = False,
+               timeout: float = PYSPY_TIMEOUT_S) -> dict[int, StackResult]:
+    """rank -> stacks, all ranks in parallel (one py-spy per rank)."""
+    exe = find_pyspy()
+    out: dict[int, StackResult] = {}
+
+    def one(rank: int, pid: int) -> None:
+        out[rank] = pyspy_dump(pid, native=native, timeout=timeout, exe=exe)
+
+    threads = [threading.Thread(target=one, args=(r, p), daemon=True) for r, p in pids.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 2.0)
+    for r, p in pids.items():
+        out.setdefault(r, StackResult(p, None, "py-spy did not return", timeout))
+    return out
+
+
+def save_stacks(results: dict[int, StackResult], directory: Path) -> None:
+    directory.mkdir(exist_ok=True, mode=0o700)
+    from moe_hang.probe import write_atomic
+
+    for rank, res in results.items():
+        if res.data is not None:
+            write_atomic(directory / f"rank{rank}.pyspy.json", json.dumps(res.data).encode())
+        else:
+            write_atomic(directory / f"rank{rank}.pyspy.err", (res.error or "").encode())
+
+
+def request_dumps(probe_dir: Path, ranks: list[int], *,
+                  timeout: float = DUMP_TIMEOUT_S) -> dict[int, str | None]:
+    """Ask each rank's probe thread for a Flight Recorder + stack dump; rank -> error or None."""
+    request = f"{os.getpid()}-{time.monotonic_ns()}"
+    errors: dict[int, str | None] = {}
+    waiting = []
+    for r in ranks:
+        fifo = probe_dir / f"rank{r}.ctl"
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            errors[r] = "no probe in this rank"
+            continue
+        except OSError:
+            errors[r] = "probe not listening (the rank has exited)"
+            continue
+        try:
+            os.write(fd, f"dump {request}\n".encode())
+            waiting.append(r)
+        except OSError as exc:
+            errors[r] = f"could not reach the probe ({exc.strerror})"
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for r in list(waiting):
+            marker = probe_dir / f"rank{r}.dump.json"
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(marker.read_text()).get("request") == request:
+                    errors[r] = None
+                    waiting.remove(r)
+        if waiting:
+            time.sleep(0.02)
+    for r in waiting:
+        errors[r] = f"probe did not answer within {timeout:.0f} s"
+    return errors

@@ -1,0 +1,132 @@
+"""The command line: parse, call one pipeline function, render. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moe_hang import __version__
+from moe_hang.config import DEFAULT_STALL_S, build_config
+from moe_hang.diagnosis import EXIT_TOOL_ERROR
+from moe_hang.errors import MoeHangError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find, explain and prove the fix for collective deadlocks in "
+                       "distributed PyTorch (MoE + LoRA first).")
+
+Scenario = Annotated[str, typer.Option("--scenario", help="ep-ragged | ep-no-anchor | fsdp-skip")]
+Nproc = Annotated[int | None,
+                  typer.Option("--nproc", help="ranks (default 2, or one per --tokens)")]
+Tokens = Annotated[str | None, typer.Option("--tokens", help="per-rank token counts, e.g. 68,401")]
+Backend = Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")]
+Stall = Annotated[float, typer.Option("--stall", help="seconds without progress = stalled")]
+Out = Annotated[Path | None, typer.Option("--out", help="run directory (default runs/<ts>-...)")]
+Json = Annotated[bool, typer.Option("--json", help="print only the diagnosis JSON")]
+Html = Annotated[Path | None, typer.Option("--html", help="also save the report as HTML")]
+Steps = Annotated[int, typer.Option("--steps", help="training steps")]
+Hidden = Annotated[int, typer.Option("--hidden", help="model width D")]
+Ffn = Annotated[int, typer.Option("--ffn", help="expert FFN width F")]
+Experts = Annotated[int | None,
+                    typer.Option("--experts", help="experts per layer (default 2×ranks)")]
+Topk = Annotated[int, typer.Option("--topk", help="experts per token")]
+LoraRank = Annotated[int, typer.Option("--lora-rank", help="LoRA rank r")]
+LoraAlpha = Annotated[float, typer.Option("--lora-alpha", help="LoRA alpha")]
+Seed = Annotated[int, typer.Option("--seed", help="seed for inputs and weights")]
+Dead = Annotated[str | None, typer.Option("--dead-experts",
+                                          help="experts no token is routed to, e.g. 3 or 1,3")]
+Port = Annotated[int | None, typer.Option("--port", help="rendezvous port (default: a free one)")]
+
+
+def _fail(exc: MoeHangError) -> typer.Exit:
+    typer.echo(f"[error] {exc}", err=True)
+    return typer.Exit(EXIT_TOOL_ERROR)
+
+
+def _command() -> list[str]:
+    return ["moe-hang", *sys.argv[1:]]
+
+
+def _run(kind: str, *, variant: str, fix: str, scenario: str, nproc: int | None,
+         tokens: str | None, backend: str, stall: float, out: Path | None, as_json: bool,
+         html: Path | None, **model: object) -> None:
+    from moe_hang import pipeline, report
+
+    try:
+        cfg = build_config(scenario=scenario, variant=variant, fix=fix, nproc=nproc,
+                           tokens=tokens, backend=backend, stall_s=stall, **model)  # type: ignore[arg-type]
+        with report.live_status(enabled=not as_json) as say:
+            run = pipeline.repro if kind == "repro" else pipeline.verify
+            res = run(cfg, str(out) if out else None, say, _command())
+    except MoeHangError as exc:
+        raise _fail(exc) from None
+    except pipeline.Interrupted as exc:
+        typer.echo(f"[error] interrupted ({exc}); every process this run started was ended",
+                   err=True)
+        raise typer.Exit(130) from None
+    title = "moe-hang repro" if kind == "repro" else (
+        "moe-hang verify --fixed" if variant == "fixed" else "moe-hang verify")
+    # the report is always rendered (into console.log); --json prints only the JSON
+    console = report.make_console(quiet=as_json)
+    report.render(res.diagnosis, console, title=title)
+    if as_json:
+        typer.echo(report.to_json(res.diagnosis))
+    report.save_console(console, res.run_dir / "console.log", html)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
+def repro(scenario: Scenario = "ep-ragged", nproc: Nproc = None, tokens: Tokens = None,
+          backend: Backend = "auto", stall: Stall = DEFAULT_STALL_S, out: Out = None,
+          as_json: Json = False, html: Html = None, steps: Steps = 3, hidden: Hidden = 64,
+          ffn: Ffn = 128, experts: Experts = None, topk: Topk = 2, lora_rank: LoraRank = 8,
+          lora_alpha: LoraAlpha = 16.0, seed: Seed = 0, dead_experts: Dead = None,
+          port: Port = None) -> None:
+    """Launch the minimal MoE+LoRA model with the *unfixed* exchange and reproduce the hang.
+
+    Exit 3 when reproduced, 0 when ruled out (it ran clean), 1 on a tool error.
+    """
+    _run("repro", variant="broken", fix="varlen", scenario=scenario, nproc=nproc, tokens=tokens,
+         backend=backend, stall=stall, out=out, as_json=as_json, html=html, steps=steps,
+         hidden=hidden, ffn=ffn, experts=experts, topk=topk, lora_rank=lora_rank,
+         lora_alpha=lora_alpha, seed=seed, dead_experts=dead_experts, port=port)
+
+
+@app.command()
+def verify(fixed: Annotated[bool, typer.Option("--fixed", help="run the fix and prove it")] = False,
+           fix: Annotated[str, typer.Option("--fix", help="varlen | a2a")] = "varlen",
+           scenario: Scenario = "ep-ragged", nproc: Nproc = None, tokens: Tokens = None,
+           backend: Backend = "auto", stall: Stall = DEFAULT_STALL_S, out: Out = None,
+           as_json: Json = False, html: Html = None, steps: Steps = 3, hidden: Hidden = 64,
+           ffn: Ffn = 128, experts: Experts = None, topk: Topk = 2, lora_rank: LoraRank = 8,
+           lora_alpha: LoraAlpha = 16.0, seed: Seed = 0, dead_experts: Dead = None,
+           port: Port = None) -> None:
+    """With --fixed: run the fix, check every step completes and matches a single-process
+    reference (exit 0, or 4). Without: check the broken code still reproduces (exit 0, or 4)."""
+    _run("verify", variant="fixed" if fixed else "broken", fix=fix, scenario=scenario,
+         nproc=nproc, tokens=tokens, backend=backend, stall=stall, out=out, as_json=as_json,
+         html=html, steps=steps, hidden=hidden, ffn=ffn, experts=experts, topk=topk,
+         lora_rank=lora_rank, lora_alpha=lora_alpha, seed=seed, dead_experts=dead_experts,
+         port=port)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"moe-hang {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version,
+                                                is_eager=True)] = False) -> None:
+    pass
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

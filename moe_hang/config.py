@@ -1,0 +1,208 @@
+"""Run configuration: parsing and validation of what the user asked for (no torch here).
+
+A :class:`ReproConfig` is written to ``config.json`` in the run directory and read back by every
+rank, so the parent and the workers agree on the scenario without passing long argument lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_hang.errors import MoeHangError
+
+SCENARIOS = ("ep-ragged", "ep-no-anchor", "fsdp-skip")
+FIXES = ("varlen", "a2a")
+BACKENDS = ("auto", "gloo", "nccl")
+VARIANTS = ("broken", "fixed")
+
+# Fixed ragged patterns, so the same command routes the same tokens on every machine.
+# 68/401/1607 are the per-rank counts from the NeMo Automodel report (PR #3631).
+_RAGGED = (68, 401, 1607, 230, 911, 5, 1203, 333)
+DEFAULT_STALL_S = 3.0
+DEFAULT_PG_TIMEOUT_S = 60.0
+MAX_NPROC = 64
+
+
+def default_tokens(nproc: int) -> list[int]:
+    """The default ragged per-rank token counts for ``nproc`` ranks."""
+    if nproc == 2:
+        return [68, 401]
+    return [_RAGGED[i % len(_RAGGED)] + 17 * (i // len(_RAGGED)) for i in range(nproc)]
+
+
+def parse_tokens(text: str) -> list[int]:
+    """Parse ``--tokens 68,401`` into per-rank counts; one clear error for anything else."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(p == "" for p in parts):
+        raise MoeHangError(f"--tokens {text!r}: expected comma-separated counts like 68,401")
+    counts: list[int] = []
+    for p in parts:
+        try:
+            n = int(p)
+        except ValueError:
+            raise MoeHangError(
+                f"--tokens {text!r}: {p!r} is not a whole number (expected e.g. 68,401)"
+            ) from None
+        if n < 0:
+            raise MoeHangError(f"--tokens {text!r}: token counts cannot be negative ({n})")
+        counts.append(n)
+    return counts
+
+
+@dataclass
+class ReproConfig:
+    """Everything one repro/verify run needs; serialisable to JSON."""
+
+    scenario: str = "ep-ragged"
+    variant: str = "broken"  # broken | fixed
+    fix: str = "varlen"  # varlen | a2a (used when variant == fixed)
+    nproc: int = 2
+    tokens: list[int] = field(default_factory=lambda: default_tokens(2))
+    backend: str = "auto"
+    stall_s: float = DEFAULT_STALL_S
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+    steps: int = 3
+    hidden: int = 64
+    ffn: int = 128
+    experts: int = 4
+    topk: int = 2
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    layers: int = 2
+    seed: int = 0
+    lr: float = 0.1
+    dead_experts: list[int] = field(default_factory=list)
+    port: int | None = None
+    # fsdp-skip: wrap LoRA outside fully_shard (the coverage mistake verify must catch)
+    lora_outside_fsdp: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.nproc
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens)
+
+    def offsets(self) -> list[int]:
+        """Rank r owns rows ``[offsets[r], offsets[r] + tokens[r])`` of the global batch."""
+        out, acc = [], 0
+        for n in self.tokens:
+            out.append(acc)
+            acc += n
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReproConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def build_config(
+    *,
+    scenario: str = "ep-ragged",
+    variant: str = "broken",
+    fix: str = "varlen",
+    nproc: int | None = None,
+    tokens: str | None = None,
+    backend: str = "auto",
+    stall_s: float = DEFAULT_STALL_S,
+    steps: int = 3,
+    hidden: int = 64,
+    ffn: int = 128,
+    experts: int | None = None,
+    topk: int = 2,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    seed: int = 0,
+    dead_experts: str | None = None,
+    port: int | None = None,
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+    lora_outside_fsdp: bool = False,
+) -> ReproConfig:
+    """Validate the user's options and fill in defaults; raises :class:`MoeHangError`."""
+    if scenario not in SCENARIOS:
+        raise MoeHangError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+    if fix not in FIXES:
+        raise MoeHangError(f"unknown fix {fix!r}; choose one of {', '.join(FIXES)}")
+    if backend not in BACKENDS:
+        raise MoeHangError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    counts = parse_tokens(tokens) if tokens is not None else None
+    if nproc is not None and nproc < 1:
+        raise MoeHangError(f"--nproc {nproc}: need at least 1 rank")
+    if nproc is not None and nproc > MAX_NPROC:
+        raise MoeHangError(f"--nproc {nproc}: at most {MAX_NPROC} ranks on one machine")
+    if counts is None:
+        world = nproc if nproc is not None else 2
+        counts = default_tokens(world)
+    else:
+        world = nproc if nproc is not None else len(counts)
+        if len(counts) != world:
+            raise MoeHangError(
+                f"--tokens has {len(counts)} count(s) but --nproc is {world}: "
+                "give one count per rank"
+            )
+    if world < 2 and scenario != "fsdp-skip":
+        raise MoeHangError(f"--nproc {world}: expert parallelism needs at least 2 ranks")
+    if sum(counts) < 1:
+        raise MoeHangError(f"--tokens {tokens}: the batch needs at least one token in total")
+    n_experts = experts if experts is not None else 2 * world
+    if n_experts < 1 or n_experts % world:
+        raise MoeHangError(
+            f"--experts {n_experts}: must be a positive multiple of the {world} ranks "
+            "(each rank owns experts/world experts)"
+        )
+    dead = parse_expert_list(dead_experts, n_experts) if dead_experts else []
+    if topk < 1 or topk > n_experts - len(dead):
+        raise MoeHangError(
+            f"--topk {topk}: must be between 1 and the {n_experts - len(dead)} routable experts"
+        )
+    sizes = (("steps", steps), ("hidden", hidden), ("ffn", ffn), ("lora-rank", lora_rank))
+    for name, value in sizes:
+        if value < 1:
+            raise MoeHangError(f"--{name} {value}: must be at least 1")
+    if stall_s <= 0:
+        raise MoeHangError(f"--stall {stall_s}: must be a positive number of seconds")
+    if port is not None and not (1 <= port <= 65535):
+        raise MoeHangError(f"--port {port}: not a TCP port")
+    return ReproConfig(
+        scenario=scenario,
+        variant=variant,
+        fix=fix,
+        nproc=world,
+        tokens=counts,
+        backend=backend,
+        stall_s=stall_s,
+        pg_timeout_s=pg_timeout_s,
+        steps=steps,
+        hidden=hidden,
+        ffn=ffn,
+        experts=n_experts,
+        topk=topk,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        seed=seed,
+        dead_experts=dead,
+        port=port,
+        lora_outside_fsdp=lora_outside_fsdp,
+    )
+
+
+def parse_expert_list(text: str, n_experts: int) -> list[int]:
+    out: list[int] = []
+    for p in text.split(","):
+        p = p.strip()
+        try:
+            e = int(p)
+        except ValueError:
+            raise MoeHangError(f"--dead-experts {text!r}: {p!r} is not an expert index") from None
+        if not 0 <= e < n_experts:
+            raise MoeHangError(f"--dead-experts {text!r}: expert {e} is not in 0..{n_experts - 1}")
+        out.append(e)
+    return sorted(set(out))

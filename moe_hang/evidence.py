@@ -1,0 +1,89 @@
+"""What the tool collected about a job, per rank, before any reasoning (pure data).
+
+Capture code fills these from files and processes; :mod:`moe_hang.analysis` turns them into a
+:class:`~moe_hang.diagnosis.Diagnosis`. Tests build them from recorded fixtures.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_hang.frtrace import FRDump
+from moe_hang.stacks import ThreadStack
+
+
+@dataclass
+class RankEvidence:
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    alive: bool | None = None  # None: unknown
+    exit_code: int | None = None  # negative: killed by that signal (torchrun's convention)
+    fr: FRDump | None = None
+    fr_error: str | None = None
+    threads: list[ThreadStack] | None = None
+    stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
+    stack_error: str | None = None
+    progressed: bool | None = None  # did it move between two samples?
+    records: list[dict[str, Any]] = field(default_factory=list)  # probe's per-collective log
+    heartbeat: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # a Python exception the rank recorded
+    fatal: str | None = None  # faulthandler's fatal-signal text
+    groups: dict[str, list[int]] | None = None  # pg name -> member ranks, from the probe
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Evidence:
+    ranks: dict[int, RankEvidence]
+    world_size: int | None = None
+    job: str = "stalled"  # completed | failed | stalled | running
+    job_exit_code: int | None = None
+    log_lines: list[str] = field(default_factory=list)
+    artifacts: str = ""
+
+
+_NOTABLE = re.compile(
+    r"enforce fail|Received data size|doesn't match|Detected mismatch|Timed out|timed out|"
+    r"Watchdog caught|Connection reset|Connection closed|Broken pipe|collective operation timeout|"
+    r"NCCL error|out of memory|Error:|Exception:|Fatal Python error|Killed|Segmentation fault")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s*")
+
+
+def notable_log_lines(text: str, limit: int = 8) -> list[str]:
+    """The handful of job-log lines a person needs (gloo aborts, timeouts, exceptions)."""
+    seen: list[str] = []
+    for raw in text.splitlines():
+        line = _RANK_PREFIX.sub("", raw).strip()
+        if not line or not _NOTABLE.search(line) or line.startswith(("File ", "raise ")):
+            continue
+        if "ChildFailedError" in line or "torch.distributed.elastic" in line:
+            continue
+        line = line[:300]
+        if line not in seen:
+            seen.append(line)
+        if len(seen) >= limit:
+            break
+    return seen
+
+
+_FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_FAIL_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+def parse_torchrun_failures(text: str) -> dict[int, tuple[int, int]]:
+    """torchrun's failure table -> {rank: (exitcode, pid)}."""
+    out: dict[int, tuple[int, int]] = {}
+    rank: int | None = None
+    for line in text.splitlines():
+        m = _FAIL_RANK.match(line)
+        if m:
+            rank = int(m.group(1))
+            continue
+        m = _FAIL_EXIT.match(line)
+        if m and rank is not None:
+            out[rank] = (int(m.group(1)), int(m.group(2)))
+            rank = None
+    return out

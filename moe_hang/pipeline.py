@@ -1,0 +1,278 @@
+"""``repro`` and ``verify``: launch the scenario under torchrun, watch, capture, diagnose.
+
+cli -> config -> launcher -> (workers) -> watchdog -> capture -> collect -> analysis -> here.
+Every process started here is ended before these functions return, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hang import analysis, capture, collect, launcher, rundir
+from moe_hang.config import ReproConfig
+from moe_hang.diagnosis import EXIT_OK, EXIT_PROBLEM, EXIT_VERIFY_FAILED, Diagnosis
+from moe_hang.errors import MoeHangError
+from moe_hang.evidence import notable_log_lines, parse_torchrun_failures
+from moe_hang.launcher import Job
+from moe_hang.procs import Tracker, end_tree, is_alive
+from moe_hang.watchdog import Outcome, WatchSettings, watch
+
+Phase = Callable[[str], None]
+PROBLEM_VERDICTS = ("desync", "hang", "crash", "rank_died")
+
+FIX_HINTS = {
+    "ep-ragged": ("Replace DTensor.from_local(x, mesh, [Shard(0)]).full_tensor() with the varlen "
+                  "exchange: all-gather lengths, pad + all-gather + trim, gradient anchor, "
+                  "all-reduce + narrow (moe_hang.ep.VarlenDispatch; NeMo Automodel PR #3631)."),
+    "ep-no-anchor": ("Add the gradient anchor y = y + x.sum() * 0 after the local experts "
+                     "(moe_hang.ep.anchor_gradients) so every rank's backward runs the gathers' "
+                     "all-reduce even when no token reached its experts."),
+}
+
+
+FIXES_UNDER_TEST = {
+    "varlen": ("varlen (moe_hang.ep.VarlenDispatch): exchange lengths, pad + all-gather + trim, "
+               "gradient anchor, all-reduce + narrow"),
+    "a2a": ("a2a (moe_hang.a2a.AllToAllDispatch): per-expert counts, all-to-all dispatch to the "
+            "owning rank, experts, reverse all-to-all, combine"),
+}
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: unwind through every ``finally`` so children are ended."""
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Turn SIGTERM (and SIGINT) into :class:`Interrupted` while a pipeline runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupt(signum: int, _frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in old:
+        signal.signal(s, raise_interrupt)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@dataclass
+class RunResult:
+    diagnosis: Diagnosis
+    run_dir: Path
+    exit_code: int
+    outcome: Outcome | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _label(cfg: ReproConfig) -> str:
+    return f"{cfg.scenario}-{cfg.variant}" + (f"-{cfg.fix}" if cfg.variant == "fixed" else "")
+
+
+def _start_reference(run_dir: Path) -> subprocess.Popen[bytes]:
+    log = open(run_dir / "reference.log", "wb")  # noqa: SIM115 - child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "moe_hang.reference", str(run_dir)], stdin=subprocess.PIPE,
+            stdout=log, stderr=subprocess.STDOUT, env=launcher.job_env(),
+            start_new_session=True)
+    finally:
+        log.close()
+
+
+def _finish_reference(ref: subprocess.Popen[bytes], run_dir: Path, compare: bool,
+                      timeout: float = 120.0) -> dict[str, Any] | None:
+    tracker = Tracker()
+    tracker.add(ref.pid)
+    try:
+        if ref.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                ref.stdin.write(b"compare\n" if compare else b"")
+                ref.stdin.close()
+        if not compare:
+            return None
+        try:
+            ref.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise MoeHangError(f"the single-process reference did not finish within "
+                               f"{timeout:.0f} s (see {run_dir / 'reference.log'})") from None
+        try:
+            return dict(json.loads((run_dir / "reference.json").read_text()))
+        except (OSError, ValueError):
+            tail = (run_dir / "reference.log").read_text(errors="replace").strip()[-300:]
+            raise MoeHangError(f"the single-process reference failed: {tail or 'no output'}"
+                               ) from None
+    finally:
+        end_tree(ref, tracker, grace=1.0)
+
+
+def _capture(job: Job, out: Outcome, run_dir: Path, say: Phase, native: bool = False) -> None:
+    """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time."""
+    say(f"stalled → capturing stacks of {len(out.rank_pids)} ranks")
+    live = {r: pid for r, pid in out.rank_pids.items() if is_alive(pid)}
+    dumps: dict[int, str | None] = {}
+
+    def ask_probes() -> None:
+        dumps.update(capture.request_dumps(run_dir / "ranks", sorted(live)))
+
+    t = threading.Thread(target=ask_probes, daemon=True)
+    t.start()
+    stacks = capture.pyspy_many(live, native=native)
+    t.join(capture.DUMP_TIMEOUT_S + 2.0)
+    capture.save_stacks(stacks, run_dir / "stacks")
+    for r, err in dumps.items():
+        if err:
+            (run_dir / "ranks" / f"rank{r}.dump.err").write_text(err)
+
+
+def _write_processes(run_dir: Path, out: Outcome, cfg: ReproConfig, alive: dict[int, bool],
+                     exit_codes: dict[int, int]) -> None:
+    ranks = {}
+    for r in range(cfg.nproc):
+        hb = out.heartbeats.get(r, {})
+        ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
+                         "alive": alive.get(r, False), "exit_code": exit_codes.get(r)}
+    rundir.write_json(run_dir / "processes.json", {
+        "world_size": cfg.nproc, "job": out.kind, "job_exit_code": out.returncode,
+        "ranks": ranks})
+
+
+def _crash_onset(run_dir: Path) -> float | None:
+    times = []
+    for p in (run_dir / "ranks").glob("rank*.fatal.txt"):
+        with contextlib.suppress(OSError):
+            if p.stat().st_size > 0:
+                times.append(p.stat().st_mtime)
+    for p in (run_dir / "ranks").glob("rank*.error.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            times.append(float(json.loads(p.read_text())["time"]))
+    return min(times) if times else None
+
+
+def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: list[str],
+                 with_reference: bool = False, native: bool = False) -> RunResult:
+    run_dir = rundir.create(out_dir, _label(cfg)).resolve()
+    (run_dir / "ranks").mkdir(mode=0o700)
+    t0 = time.time()
+    rundir.write_json(run_dir / "config.json", json.loads(cfg.to_json()))
+    rundir.write_json(run_dir / "meta.json", rundir.meta(command, {"config": json.loads(
+        cfg.to_json())}))
+    port = launcher.pick_port(cfg.port)
+    ref = _start_reference(run_dir) if with_reference else None
+    job: Job | None = None
+    outcome: Outcome | None = None
+    ref_report: dict[str, Any] | None = None
+    with interruptible():
+        try:
+            say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
+            argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.worker",
+                                                             str(run_dir)])
+            job = launcher.start(argv, run_dir / "job.log", launcher.job_env(), cwd=run_dir)
+            settings = WatchSettings(probe_dir=run_dir / "ranks", world=cfg.nproc,
+                                     stall_s=cfg.stall_s)
+            outcome = watch(job, settings, say, quick_check=lambda hbs: analysis.quick_divergence(
+                hbs, cfg.nproc) is not None)
+            alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+            if outcome.kind in ("stalled", "desync"):
+                _capture(job, outcome, run_dir, say, native)
+            if outcome.kind == "startup_timeout":
+                raise MoeHangError(f"{outcome.reason} (see {run_dir / 'job.log'})")
+        finally:
+            say("tearing down")
+            if job is not None:
+                job.terminate()
+            if ref is not None and (outcome is None or outcome.kind != "completed"):
+                _finish_reference(ref, run_dir, compare=False)
+        if outcome.kind == "failed" and not outcome.heartbeats:
+            text = (run_dir / "job.log").read_text(errors="replace")
+            why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
+            raise MoeHangError("torchrun failed before any rank started: "
+                               + (why[0][:300] if why else "no output")
+                               + f" (see {run_dir / 'job.log'})")
+        if ref is not None and outcome.kind == "completed":
+            say("comparing with the single-process reference")
+            ref_report = _finish_reference(ref, run_dir, compare=True)
+    say("analysing")
+    log_text = (run_dir / "job.log").read_text(errors="replace")
+    exit_codes = {r: code for r, (code, _pid) in parse_torchrun_failures(log_text).items()}
+    if outcome.kind == "completed":
+        exit_codes = {r: 0 for r in range(cfg.nproc)}
+    _write_processes(run_dir, outcome, cfg, alive, exit_codes)
+    ev = collect.load(run_dir, world=cfg.nproc, job=outcome.kind)
+    diag = analysis.diagnose(ev)
+    t_verdict = time.time()
+    onset = outcome.onset_ns / 1e9 if outcome.onset_ns else _crash_onset(run_dir)
+    timings = {"wall_s": round(t_verdict - t0, 3)}
+    if outcome.t_up:
+        timings["startup_s"] = round(outcome.t_up - t0, 3)
+    if onset is not None and diag.verdict != "healthy":
+        timings["onset_to_verdict_s"] = round(t_verdict - onset, 3)
+    backend = next((hb.get("progress", {}).get("backend") for hb in outcome.heartbeats.values()),
+                   cfg.backend)
+    diag.extra.update({
+        "scenario": cfg.scenario, "variant": cfg.variant, "fix": cfg.fix,
+        "fix_hint": (FIX_HINTS.get(cfg.scenario, diag.fix) if cfg.variant == "broken"
+                     else diag.fix or FIXES_UNDER_TEST.get(cfg.fix, cfg.fix)),
+        "backend": backend, "nproc": cfg.nproc, "tokens": cfg.tokens, "timings": timings,
+    })
+    if ref_report is not None:
+        diag.extra["reference"] = ref_report
+    return RunResult(diag, run_dir, EXIT_OK, outcome, timings)
+
+
+def repro(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
+    res = run_scenario(cfg, out_dir, say, command=command)
+    res.exit_code = EXIT_PROBLEM if res.diagnosis.verdict != "healthy" else EXIT_OK
+    res.diagnosis.extra["reproduced"] = res.diagnosis.verdict != "healthy"
+    _save(res)
+    return res
+
+
+def verify(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
+    fixed = cfg.variant == "fixed"
+    res = run_scenario(cfg, out_dir, say, command=command, with_reference=fixed)
+    d = res.diagnosis
+    if fixed:
+        ref = d.extra.get("reference") or {}
+        ok = d.verdict == "healthy" and bool(ref.get("ok"))
+        if d.verdict == "healthy" and not ref.get("ok"):
+            fails = "; ".join(ref.get("failures", [])[:3]) or "no comparison"
+            d.summary = (f"All steps completed, but the results differ from the single-process "
+                         f"reference: {fails}.")
+            d.verdict = "healthy"
+        elif ok:
+            d.summary = (f"Fixed ({cfg.fix}): all {cfg.steps} steps completed on {cfg.nproc} ranks "
+                         f"with tokens {','.join(map(str, cfg.tokens))}; outputs, loss and every "
+                         f"LoRA gradient match the single-process reference (max abs err "
+                         f"{ref['max_abs_err']:.2e}, max rel err {ref['max_rel_err']:.2e} ≤ "
+                         f"rtol {ref['rtol']:.0e}).")
+    else:
+        ok = d.verdict in PROBLEM_VERDICTS
+        d.extra["reproduced"] = ok
+    d.extra["verified"] = ok
+    res.exit_code = EXIT_OK if ok else EXIT_VERIFY_FAILED
+    _save(res)
+    return res
+
+
+def _save(res: RunResult) -> None:
+    rundir.write_json(res.run_dir / "diagnosis.json", res.diagnosis.to_dict())
+    with contextlib.suppress(OSError):
+        for p in (res.run_dir / "ranks").glob("rank*.ctl"):
+            p.unlink()  # FIFOs are only useful while the ranks live

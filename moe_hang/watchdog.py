@@ -1,0 +1,182 @@
+"""Watch a running job through its ranks' heartbeats until it ends, crashes, stalls or desyncs.
+
+A rank counts as *moving* while its heartbeat fingerprint (progress, Flight Recorder
+``pg_status``, main-thread frame) changes or its CPU time grows. The job has *stalled* when no
+live rank has moved for ``stall_s`` seconds while at least one waits in a collective. A
+*desync* is declared sooner: as soon as every rank's heartbeat shows a collective pending at
+the same sequence number with a different op, size or dtype, nothing can ever complete.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hang.launcher import Job
+from moe_hang.procs import is_alive
+
+Phase = Callable[[str], None]
+
+
+@dataclass
+class WatchSettings:
+    probe_dir: Path
+    world: int | None
+    stall_s: float
+    startup_timeout_s: float = 180.0
+    poll_s: float = 0.1
+    # after a rank failed, how long torchrun may take to end the others before we do
+    teardown_wait_s: float = 15.0
+    desync_fast_path: bool = True
+
+
+@dataclass
+class Outcome:
+    kind: str  # completed | failed | stalled | desync | startup_timeout | interrupted
+    returncode: int | None = None
+    reason: str = ""
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    dead_ranks: dict[int, float] = field(default_factory=dict)
+    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    t_start: float = 0.0
+    t_up: float | None = None
+    t_detect: float | None = None
+    onset_ns: int | None = None
+
+
+def read_heartbeats(probe_dir: Path) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    if not probe_dir.is_dir():
+        return out
+    for p in probe_dir.glob("rank*.hb.json"):
+        try:
+            hb = json.loads(p.read_text())
+            out[int(hb["rank"])] = hb
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # mid-rename or a rank that died writing: next poll
+    return out
+
+
+def onset_ns(heartbeats: dict[int, dict[str, Any]]) -> int | None:
+    """Creation time of the oldest collective still pending anywhere (the hang's onset)."""
+    times = [int(e["time_created_ns"]) for hb in heartbeats.values()
+             for e in hb.get("pending") or [] if e.get("time_created_ns")]
+    return min(times) if times else None
+
+
+def _fingerprint(hb: dict[str, Any]) -> str:
+    return json.dumps([hb.get("progress"), hb.get("pg_status"), hb.get("main_frame")],
+                      sort_keys=True, default=str)
+
+
+def _has_pending(hb: dict[str, Any]) -> bool:
+    st = hb.get("pg_status") or {}
+    return any(int(s.get("enqueued", -1)) > int(s.get("completed", -1)) for s in st.values())
+
+
+def _describe(hbs: dict[int, dict[str, Any]], world: int | None) -> str:
+    if not hbs:
+        return "starting ranks"
+    steps = [hb.get("progress", {}).get("step") for hb in hbs.values()]
+    total = next((hb.get("progress", {}).get("steps") for hb in hbs.values()), None)
+    phase = next((hb.get("progress", {}).get("phase") for hb in hbs.values()), None)
+    if any(s is not None for s in steps) and total:
+        lo = min(s for s in steps if s is not None)
+        return f"step {lo}/{total}" + (f" ({phase})" if phase else "")
+    up = len(hbs)
+    return f"{up}/{world or up} ranks up" + (f", {phase}" if phase else "")
+
+
+def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
+          quick_check: Callable[[dict[int, dict[str, Any]]], bool] | None = None) -> Outcome:
+    """Block (bounded by the job's own end, a stall, or the startup timeout) and say why."""
+    say = on_phase or (lambda _s: None)
+    out = Outcome(kind="running", t_start=time.time())
+    last_fp: dict[int, str] = {}
+    last_cpu: dict[int, float] = {}
+    last_move: dict[int, float] = {}
+    failed_at: float | None = None
+    t0 = time.monotonic()
+    shown = ""
+    while True:
+        now = time.monotonic()
+        job.refresh()
+        rc = job.poll()
+        hbs = read_heartbeats(settings.probe_dir)
+        out.heartbeats = hbs
+        for r, hb in hbs.items():
+            pid = int(hb.get("pid", 0))
+            out.rank_pids[r] = pid
+            job.tracker.add(pid)
+        if rc is not None:
+            out.kind = "completed" if rc == 0 else "failed"
+            out.returncode = rc
+            out.reason = f"torchrun exited with code {rc}"
+            out.t_detect = time.time()
+            _note_dead(out)
+            return out
+        world = settings.world or _world_from(hbs)
+        if world and len(hbs) >= world and out.t_up is None:
+            out.t_up = time.time()
+            for r in hbs:
+                last_move[r] = now
+        if out.t_up is None and now - t0 > settings.startup_timeout_s:
+            out.kind = "startup_timeout"
+            out.reason = (f"only {len(hbs)} of {world or '?'} ranks started within "
+                          f"{settings.startup_timeout_s:.0f} s")
+            out.t_detect = time.time()
+            return out
+        # a rank died while the agent is still up: torchrun is tearing the job down
+        for r, pid in out.rank_pids.items():
+            if r not in out.dead_ranks and not is_alive(pid):
+                out.dead_ranks[r] = time.time()
+                failed_at = failed_at or now
+        if failed_at is not None and now - failed_at > settings.teardown_wait_s:
+            out.kind = "failed"
+            out.reason = f"rank {min(out.dead_ranks)} exited and torchrun did not end the job"
+            out.t_detect = time.time()
+            return out
+        if out.t_up is not None and failed_at is None:
+            for r, hb in hbs.items():
+                fp = _fingerprint(hb)
+                cpu = float(hb.get("cpu_s", 0.0))
+                if fp != last_fp.get(r) or cpu - last_cpu.get(r, cpu) > 0.2 * settings.stall_s:
+                    last_move[r] = now
+                    last_fp[r], last_cpu[r] = fp, cpu
+            pending = any(_has_pending(hb) for hb in hbs.values())
+            all_pending = len(hbs) >= (world or 0) and all(hb.get("pending") for hb in hbs.values())
+            if settings.desync_fast_path and all_pending and quick_check and quick_check(hbs):
+                out.kind, out.reason = "desync", "ranks wait in mismatched collectives"
+                out.t_detect = time.time()
+                out.onset_ns = onset_ns(hbs)
+                return out
+            idle_for = now - max(last_move.values()) if last_move else 0.0
+            if pending and idle_for >= settings.stall_s:
+                out.kind = "stalled"
+                out.reason = f"no progress on any rank for {idle_for:.1f} s"
+                out.t_detect = time.time()
+                out.onset_ns = onset_ns(hbs)
+                return out
+        text = _describe(hbs, world)
+        if text != shown:
+            say(text)
+            shown = text
+        time.sleep(settings.poll_s)
+
+
+def _world_from(hbs: dict[int, dict[str, Any]]) -> int | None:
+    for hb in hbs.values():
+        with_world = hb.get("world")
+        if with_world:
+            return int(with_world)
+    return None
+
+
+def _note_dead(out: Outcome) -> None:
+    for r, pid in out.rank_pids.items():
+        if r not in out.dead_ranks and not is_alive(pid):
+            out.dead_ranks[r] = time.time()

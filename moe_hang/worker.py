@@ -1,0 +1,185 @@
+"""What every rank runs under torchrun: ``python -m moe_hang.worker RUN_DIR``.
+
+It installs the probe before torch starts any thread, builds the scenario's model on its slice
+of the experts, runs ``steps`` training steps on its slice of the global batch, and writes:
+
+``ranks/rank{R}.tokens.jsonl``  one line per EP collective, written *before* it is posted:
+                                local tokens, tokens per expert, the sizes about to be sent and
+                                the sequence number the collective will get.
+``ranks/rank{R}.result.pt``     outputs, losses and LoRA gradients of every step (for verify).
+``ranks/rank{R}.error.json``    the exception, when the step raised one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from moe_hang import probe
+
+
+class TokenLog:
+    """Appends one JSON line per EP collective; flushed before the collective is posted."""
+
+    def __init__(self, path: Path, group: Any):
+        self.f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the rank
+        self.group = group
+        self.step = 0
+        self.layer: int | None = None
+        self.tokens: dict[int, dict[str, Any]] = {}
+
+    def next_seq(self) -> int | None:
+        try:
+            return int(self.group._get_sequence_number_for_group()) + 1
+        except Exception:
+            return None
+
+    def __call__(self, name: str, op: str, sizes: list[list[int]], dtype: str,
+                 info: dict[str, Any]) -> None:
+        backward = bool(info.pop("backward", False))
+        rec = {
+            "time": time.time(), "step": self.step,
+            "layer": None if backward else self.layer,
+            "phase": "backward" if backward else "forward",
+            "name": name, "op": op,
+            "pg": getattr(self.group, "group_name", "0"),
+            "pg_desc": getattr(self.group, "group_desc", "default_pg"),
+            "seq": self.next_seq(), "input_sizes": sizes, "dtype": dtype,
+            "tokens": None if backward else self.tokens.get(self.layer or 0), **info,
+        }
+        self.f.write(json.dumps(rec) + "\n")
+
+
+def _choose_backend(requested: str, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available() and torch.cuda.device_count() >= min(
+            world, int(os.environ.get("LOCAL_WORLD_SIZE", world))) and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def run(run_dir: Path) -> int:
+    rank = int(os.environ["RANK"])
+    ranks_dir = run_dir / "ranks"
+    probe.install(ranks_dir, rank)
+    probe.set_progress(phase="import")
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from moe_hang import ep
+    from moe_hang.config import ReproConfig
+    from moe_hang.moe import global_batch, local_loss, tokens_per_expert
+    from moe_hang.scenarios import build_ep_model, moe_config
+
+    cfg = ReproConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    backend = _choose_backend(cfg.backend, cfg.nproc)
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    probe.set_progress(phase="rendezvous", backend=backend, device=str(device))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
+    mesh = init_device_mesh(device.type, (cfg.nproc,), mesh_dim_names=("ep",))
+    group = mesh.get_group()
+
+    log = TokenLog(ranks_dir / f"rank{rank}.tokens.jsonl", group)
+    ep.set_collective_observer(log)
+    mcfg = moe_config(cfg)
+    built = build_ep_model(cfg, mesh, rank, device)
+    model = built.model
+
+    def on_route(layer_idx: int) -> Any:
+        def hook(_mod: Any, _inp: Any, out: Any) -> None:
+            log.layer = layer_idx
+            log.tokens[layer_idx] = {
+                "local": int(out[1].shape[0]),
+                "per_expert": tokens_per_expert(out[1].detach().cpu(), cfg.experts),
+            }
+        return hook
+
+    layers: list[Any] = list(model.layers)
+    for i, layer in enumerate(layers):
+        layer.router.register_forward_hook(on_route(i))
+
+    lora = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(lora, lr=cfg.lr, foreach=False)
+    offset, n_tok = cfg.offsets()[rank], cfg.tokens[rank]
+    results: list[dict[str, Any]] = []
+
+    def reduce_loss(loss: torch.Tensor) -> float:
+        """Sum the per-rank loss shares (reporting only; outside the EP exchange)."""
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return float(total)
+
+    for step in range(1, cfg.steps + 1):
+        log.step = step
+        probe.set_progress(step=step, steps=cfg.steps, phase="forward")
+        x_TD = global_batch(mcfg, cfg.total_tokens, step)[offset:offset + n_tok].to(device)
+        out_TD = model(x_TD)
+        loss = local_loss(out_TD, cfg.total_tokens)
+        probe.set_progress(phase="backward")
+        loss.backward()
+        probe.set_progress(phase="optimizer")
+        grads = {}
+        for li, layer in enumerate(layers):
+            for name, p in layer.experts.lora_params().items():
+                g = p.grad
+                if g is not None and hasattr(g, "to_local"):
+                    g = g.to_local()
+                grads[f"{li}.{name}"] = None if g is None else g.detach().cpu().clone()
+        results.append({"out": out_TD.detach().cpu().clone(), "loss": reduce_loss(loss),
+                        "grads": grads})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        probe.set_progress(step=step, phase="step-done")
+
+    torch.save({"rank": rank, "rows": [offset, n_tok], "first_expert": built.first_expert,
+                "num_local": built.num_local, "backend": backend, "steps": results},
+               ranks_dir / f"rank{rank}.result.pt")
+    probe.set_progress(phase="finishing")
+    dist.barrier()
+    dist.destroy_process_group()
+    probe.set_progress(phase="done")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run_dir = Path(args[0])
+    try:
+        return run(run_dir)
+    except BaseException as exc:
+        rank = os.environ.get("RANK", "?")
+        tb = traceback.extract_tb(exc.__traceback__)
+        err = {"type": type(exc).__name__,
+               "message": (str(exc).strip().splitlines() or [""])[0][:500],
+               "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
+               "time": time.time()}
+        p = probe._PROBE
+        if p is not None:
+            with contextlib.suppress(Exception):
+                p.dump("exception", "exception")
+        probe.write_atomic(run_dir / "ranks" / f"rank{rank}.error.json",
+                           json.dumps(err).encode())
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
