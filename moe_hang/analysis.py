@@ -9,6 +9,7 @@ Stacks say what each rank is doing now; exit codes and error records say who die
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 from itertools import pairwise
@@ -425,10 +426,12 @@ def _report(v: RankView, div: Divergence | None) -> RankReport:
     ev = v.ev
     coll = v.current
     if div is not None and ev.rank in div.per_rank and div.per_rank[ev.rank] is not None:
-        pick = v.tl.by_pg.get(div.pg, {}).get(div.seq)
+        pick = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         if pick is not None and v.state in ("in_collective", "exited"):
             coll = pick
     rc = _to_rc(coll)
+    if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
+        rc = div.per_rank[ev.rank]
     if rc is None and v.state == "in_collective" and v.stack.op:
         rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
     site = v.site
@@ -486,11 +489,113 @@ def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: st
     return ""
 
 
+def _stack_divergence(views: dict[int, RankView],
+                      waiting: list[int]) -> tuple[Divergence, list[int]] | None:
+    """Without recorder data: ranks blocked in *different* collectives can never complete."""
+    ops: dict[int, str] = {r: op for r in waiting
+                           if (op := views[r].stack.op) is not None and op != "unknown"}
+    if len(set(ops.values())) < 2:
+        return None
+    groups: dict[str, list[int]] = {}
+    for r, op in sorted(ops.items()):
+        groups.setdefault(op, []).append(r)
+    per_rank = {r: RankCollective(op=op, pg="?", seq=None, source="stack")
+                for r, op in ops.items()}
+    div = Divergence(pg="?", seq=None, kind="op_mismatch", members=sorted(ops),
+                     per_rank=dict(per_rank),
+                     phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
+    # the group furthest behind in program order waits; the others went past it (skipped it)
+    order = list(groups.items())
+    behind = order[0]
+    for cand in order[1:]:
+        fa = _user_frames_outer_first(views[behind[1][0]])
+        fb = _user_frames_outer_first(views[cand[1][0]])
+        for x, y in zip(fa, fb, strict=False):
+            if (x.file, x.function) != (y.file, y.function):
+                break
+            if x.line != y.line:
+                if y.line < x.line:
+                    behind = cand
+                break
+    culprits = [r for op, rs in groups.items() if op != behind[0] for r in rs]
+    if not culprits:
+        culprits = sorted(ops)
+    return div, culprits
+
+
+_GLOO_SIZE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+def _size_abort_divergence(views: dict[int, RankView],
+                           ev: Evidence) -> tuple[Divergence, list[int], str] | None:
+    """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
+    data size doesn't match expected size"): a size mismatch, even where the aborted rank left
+    no recorder dump. The survivors' entries name the group and sequence number."""
+    text = " ".join(ev.log_lines)
+    if "Received data size doesn't match" not in text:
+        return None
+    aborted = [r for r, v in views.items()
+               if v.ev.fatal or v.ev.exit_code == -signal.SIGABRT]
+    if not aborted:
+        return None
+    ops = [views[r].stack.op for r in aborted if views[r].stack.op not in (None, "unknown")]
+    op = ops[0] if ops else None
+    found: dict[int, Collective] = {}
+    for r, v in views.items():
+        if r in aborted:
+            continue
+        same = [c for coll in v.tl.by_pg.values() for c in coll.values()
+                if op is None or c.op == op]
+        if same:
+            found[r] = max(same, key=lambda c: (c.time_created_ns or 0, c.seq))
+    ref = next(iter(found.values()), None)
+    pg = ref.pg if ref else "?"
+    seq = ref.seq if ref else None
+    per_rank: dict[int, RankCollective | None] = {r: _to_rc(c) for r, c in found.items()}
+    for r in aborted:
+        per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
+                                     source="stack")
+    m = _GLOO_SIZE.search(text)
+    detail = (f"gloo aborted rank {_ranks(aborted)}: it received {m.group(1)} bytes where it "
+              f"expected {m.group(2)}") if m else f"gloo aborted rank {_ranks(aborted)}"
+    div = Divergence(pg=pg, seq=seq, kind="size_mismatch", pg_desc=ref.pg_desc if ref else "",
+                     members=sorted(per_rank), per_rank=per_rank, phase=ref.phase if ref else None)
+    return div, sorted(per_rank), detail
+
+
+def build_timeline(views: dict[int, RankView], div: Divergence | None,
+                   before: int = 6, after: int = 2) -> dict | None:
+    """Per-rank collectives of one group around the divergence (ranks × sequence numbers)."""
+    pg = div.pg if div is not None and div.pg != "?" else DEFAULT_PG
+    seqs = sorted({s for v in views.values() for s in v.tl.by_pg.get(pg, {})})
+    if not seqs:
+        return None
+    focus = div.seq if div is not None and div.pg == pg and div.seq is not None else seqs[-1]
+    window = [s for s in seqs if focus - before <= s <= focus + after]
+    rows: dict[str, list[dict | None]] = {}
+    for r, v in sorted(views.items()):
+        cells: list[dict | None] = []
+        for s in window:
+            c = v.tl.by_pg.get(pg, {}).get(s)
+            if c is None:
+                cells.append(None)
+            else:
+                cells.append({"op": c.op, "sizes": c.input_sizes,
+                              "state": "done" if c.completed else (
+                                  "pending" if c.completed is False else "posted"),
+                              "name": c.name})
+        rows[str(r)] = cells
+    desc = next((c.pg_desc for v in views.values() for c in v.tl.by_pg.get(pg, {}).values()
+                 if c.pg_desc), "")
+    return {"pg": pg, "pg_desc": desc, "seqs": window,
+            "highlight": div.seq if div is not None and div.pg == pg else None, "ranks": rows}
+
+
 def diagnose(ev: Evidence) -> Diagnosis:
     views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
     found = align(views, ev.world_size)
     div = found.div if found else None
-    reports = {r: _report(v, div) for r, v in views.items()}
+    culprits: list[int] = found.culprits if found else []
     evidence = list(ev.log_lines)
     for r, e in sorted(ev.ranks.items()):
         if e.fr_error:
@@ -500,47 +605,87 @@ def diagnose(ev: Evidence) -> Diagnosis:
         evidence.extend(f"rank {r}: {n}" for n in e.notes)
 
     exited = [r for r, v in views.items() if v.state == "exited"]
-    bad_exit = [r for r in exited if (ev.ranks[r].exit_code or 0) != 0 or ev.ranks[r].error]
-    killed = [r for r in bad_exit if ev.ranks[r].exit_code == -signal.SIGKILL]
-    in_coll = [r for r, v in views.items() if v.state == "in_collective"]
-    computing = [r for r, v in views.items()
-                 if v.state == "computing" or (v.ev.progressed and v.state != "exited")]
+    bad_exit = [r for r in exited if ev.ranks[r].exit_code != 0 or ev.ranks[r].error]
+    killed = [r for r in bad_exit if ev.ranks[r].exit_code == -signal.SIGKILL
+              or (ev.ranks[r].exit_code is None and not ev.ranks[r].error
+                  and not ev.ranks[r].fatal)]
+    alive = [r for r in views if r not in exited]
+    moving = [r for r in alive if views[r].ev.progressed
+              or (views[r].state == "computing" and views[r].ev.progressed is not False)]
+    waiting = [r for r in alive if views[r].state in ("in_collective", "idle")
+               and r not in moving]
+    stack_div = None
+    abort_detail = ""
+    if div is None and len(waiting) >= 2:
+        stack_div = _stack_divergence(views, waiting)
+        if stack_div is not None:
+            div, culprits = stack_div
+    if div is None and (size_abort := _size_abort_divergence(views, ev)) is not None:
+        div, culprits, abort_detail = size_abort
+    reports = {r: _report(v, div) for r, v in views.items()}
+
+    def waits() -> str:
+        victims = [r for r in views if r not in killed and reports[r].collective is not None
+                   and (r in waiting or reports[r].state == "exited")]
+        return ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in victims)
 
     if div is not None:
         verdict = "desync"
-        culprits = found.culprits if found else []
         summary = _desync_summary(div, reports, culprits, bad_exit, ev)
-    elif killed or (bad_exit and in_coll and not any(ev.ranks[r].error for r in bad_exit)
-                    and not any(ev.ranks[r].fatal for r in bad_exit)):
-        verdict = "rank_died"
-        dead = killed or bad_exit
-        culprits = dead
-        waits = ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in in_coll)
-        summary = (f"Rank {_ranks(dead)} died ({_exit_desc(ev.ranks[dead[0]].exit_code)})"
-                   + (f" while {waits} waits for it." if waits else "."))
+        if abort_detail:
+            summary = summary.rstrip(".") + f" ({abort_detail})."
+        if stack_div is not None:
+            summary += (" (from stacks alone: Flight Recorder dumps, e.g. by running under "
+                        "`moe-hang watch`, would name the group and sequence number)")
+    elif ev.agent_exit_code is not None and ev.agent_exit_code < 0 and alive:
+        verdict, culprits = "crash", []
+        summary = (f"The launcher (torchrun agent) was {_exit_desc(ev.agent_exit_code)}; rank "
+                   f"{_ranks(alive)} were left orphaned"
+                   + (f", blocked: {waits()}" if waits() else "") + ". moe-hang ended them.")
+    elif killed:
+        verdict, culprits = "rank_died", killed
+        w = waits()
+        how = ("is gone (no process)" if ev.ranks[killed[0]].exit_code is None
+               else f"died ({_exit_desc(ev.ranks[killed[0]].exit_code)})")
+        summary = (f"Rank {_ranks(killed)} {how} mid-step"
+                   + (f" while {w} waited for it." if w else "."))
     elif bad_exit:
         verdict = "crash"
-        culprits = [r for r in bad_exit if ev.ranks[r].error or ev.ranks[r].fatal] or bad_exit
+        culprits = [r for r in bad_exit if ev.ranks[r].error or ev.ranks[r].fatal]
+        if not culprits and ev.root_cause_rank in bad_exit:
+            culprits = [ev.root_cause_rank]
+        if not culprits:  # the ranks torchrun ended with SIGTERM are the victims
+            culprits = [r for r in bad_exit if ev.ranks[r].exit_code != -signal.SIGTERM] \
+                or bad_exit
         first = culprits[0]
         what = reports[first].note or _exit_desc(ev.ranks[first].exit_code)
         summary = f"Rank {_ranks(culprits)} crashed: {what}."
-    elif ev.job == "completed" and not in_coll:
+    elif ev.job == "completed" or (exited and not alive):
         verdict, culprits = "healthy", []
         summary = f"All {len(views)} ranks finished; every collective matched."
-    elif in_coll and computing and set(in_coll) | set(computing) >= set(views):
+    elif alive and len(moving) == len(alive):
+        verdict, culprits = "healthy", []
+        summary = (f"All {len(alive)} ranks are making progress (their stacks moved between "
+                   "two samples): no hang right now.")
+    elif waiting and moving:
         verdict = "straggler"
-        culprits = sorted(set(computing) - set(in_coll))
-        summary = (f"Rank {_ranks(culprits)} is still computing while rank {_ranks(in_coll)} "
+        culprits = sorted(moving)
+        summary = (f"Rank {_ranks(culprits)} is still computing while rank {_ranks(waiting)} "
                    "wait in a collective: slow, not deadlocked.")
-    elif in_coll and len(in_coll) == len(views):
-        ops = {c.op if (c := reports[r].collective) else "?" for r in in_coll}
+    elif (in_coll := [r for r in waiting if views[r].state == "in_collective"]) and \
+            len(in_coll) < len(waiting):
+        verdict = "hang"
+        culprits = sorted(set(waiting) - set(in_coll))
+        where = "; ".join(f"rank {r} at {_site_str(views[r].site)}" for r in culprits)
+        summary = (f"Rank {_ranks(culprits)} is blocked outside any collective ({where}) "
+                   f"while {waits()} waits for it.")
+    elif waiting and len(waiting) == len(alive):
+        ops = {c.op if (c := reports[r].collective) else (views[r].stack.op or "?")
+               for r in waiting}
         verdict, culprits = "hang", []
         op = ops.pop() if len(ops) == 1 else "collectives"
-        summary = (f"All {len(views)} ranks wait in {op} with matching order and sizes: the "
+        summary = (f"All {len(waiting)} ranks wait in {op} with matching order and sizes: the "
                    "collective order is consistent, so the cause is outside it.")
-    elif ev.job == "completed":
-        verdict, culprits = "healthy", []
-        summary = f"All {len(views)} ranks finished."
     else:
         verdict = "inconclusive"
         culprits = []
@@ -549,9 +694,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
                    + (f"states known for rank {_ranks(known)} only." if known
                       else "no stack or recorder data could be read."))
     return Diagnosis(
-        verdict=verdict, summary=summary, culprit_ranks=culprits, first_divergence=div,
+        verdict=verdict, summary=summary, culprit_ranks=sorted(culprits), first_divergence=div,
         ranks=list(reports.values()), fix=fix_hint(div, reports, verdict),
-        artifacts=ev.artifacts, evidence=evidence)
+        artifacts=ev.artifacts, evidence=evidence, timeline=build_timeline(views, div))
 
 
 def _ranks(rs: list[int]) -> str:
@@ -565,26 +710,36 @@ def _ranks(rs: list[int]) -> str:
 
 def _desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: list[int],
                     bad_exit: list[int], ev: Evidence) -> str:
-    pg = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
     where = " in backward" if div.phase == "backward" else ""
+    callsites = {r: cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)}
+    same_site = len({(cs["file"], cs["line"]) for cs in callsites.values()}) == 1
+
+    def at(cs: dict) -> str:
+        return f"{short_path(str(cs.get('file')))}:{cs.get('line')} {cs.get('function')}"
+
     parts = []
     for r, c in sorted(div.per_rank.items()):
         if c is None:
             parts.append(f"rank {r} never posted it")
-        else:
-            parts.append(f"rank {r} {_fmt_sizes(c)}")
-    callsites = [cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)]
-    site = ""
-    if callsites and len({cs["function"] for cs in callsites}) == 1:
-        cs = callsites[0]
-        site = f" at {short_path(str(cs.get('file')))}:{cs.get('line')} {cs.get('function')}"
-    kind = {"size_mismatch": "different sizes", "op_mismatch": "different collectives",
-            "dtype_mismatch": "different dtypes",
-            "missing_rank": "a collective some ranks never reached"}[div.kind]
+            continue
+        text = f"rank {r} {_fmt_sizes(c)}"
+        if not same_site and r in callsites:
+            text += f" at {at(callsites[r])}"
+        parts.append(text)
+    site = f" at {at(next(iter(callsites.values())))}" if same_site and callsites else ""
     tail = ""
     if bad_exit:
         tail = "; " + ", ".join(f"rank {r} {_exit_desc(ev.ranks[r].exit_code)}"
                                 for r in bad_exit[:4])
+    if div.seq is None:
+        return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
+            + "."
+    pg = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
+    if div.pg != DEFAULT_PG and div.members:
+        pg += f" (ranks {', '.join(map(str, div.members))})"
+    kind = {"size_mismatch": "different sizes", "op_mismatch": "different collectives",
+            "dtype_mismatch": "different dtypes",
+            "missing_rank": "a collective some ranks never reached"}[div.kind]
     return (f"Ranks posted {kind} at seq {div.seq} of {pg}{where}{site}: "
             + "; ".join(parts) + tail + ".")
 

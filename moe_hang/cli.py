@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -112,6 +113,110 @@ def verify(fixed: Annotated[bool, typer.Option("--fixed", help="run the fix and 
          port=port)
 
 
+def _show(diag: object, *, as_json: bool, title: str, html: Path | None,
+          save_to: Path | None) -> None:
+    from moe_hang import report
+
+    console = report.make_console(quiet=as_json)
+    report.render(diag, console, title=title)  # type: ignore[arg-type]
+    if as_json:
+        typer.echo(report.to_json(diag))  # type: ignore[arg-type]
+    if save_to is not None or html is not None:
+        report.save_console(console, save_to / "console.log" if save_to else None, html)
+
+
+@app.command()
+def diagnose(pid: Annotated[int, typer.Argument(help="the torchrun agent's PID or any rank's")],
+             as_json: Json = False,
+             out: Annotated[Path | None, typer.Option("--out", help="keep the captures here")]
+             = None,
+             native: Annotated[bool, typer.Option("--native",
+                                                  help="include native frames (slower)")]
+             = False,
+             fr_dir: Annotated[Path | None, typer.Option(
+                 "--fr-dir", help="Flight Recorder dumps of this job (pickle or JSON)")] = None,
+             html: Html = None) -> None:
+    """Diagnose a running job you did not start: find its ranks, capture their stacks (and
+    Flight Recorder dumps where present) and name the hang. Exit 3 on a problem, 0 if healthy."""
+    from moe_hang import attach, pipeline, report
+
+    try:
+        with pipeline.interruptible(), report.live_status(enabled=not as_json) as say:
+            diag = attach.diagnose_pid(pid, say, out=out, native=native, fr_dir=fr_dir,
+                                       command=_command())
+    except MoeHangError as exc:
+        raise _fail(exc) from None
+    except pipeline.Interrupted as exc:
+        typer.echo(f"[error] interrupted ({exc})", err=True)
+        raise typer.Exit(130) from None
+    _show(diag, as_json=as_json, title=f"moe-hang diagnose {pid}", html=html,
+          save_to=Path(diag.artifacts) if diag.artifacts else None)
+    raise typer.Exit(0 if diag.verdict in ("healthy", "straggler") else 3)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def watch(command: Annotated[list[str] | None, typer.Argument(
+              help="the job to run, after --: e.g. -- torchrun --nproc-per-node 2 train.py")]
+          = None,
+          stall: Annotated[float, typer.Option("--stall", help="seconds without progress "
+                                               "while a rank waits = stalled")] = 10.0,
+          out: Out = None, as_json: Json = False, html: Html = None,
+          native: Annotated[bool, typer.Option("--native", help="native frames in stacks")]
+          = False) -> None:
+    """Run any training command with the probe injected into every rank; diagnose it the
+    moment it stalls, desyncs, crashes or loses a rank, then end it. Exit 3 on a problem,
+    the job's own exit code otherwise."""
+    from moe_hang import pipeline, report, supervise
+
+    if stall <= 0:
+        raise _fail(MoeHangError(f"--stall {stall}: must be a positive number of seconds"))
+    err_console = report.make_console(stderr=True) if as_json else None
+
+    def echo(line: str) -> None:
+        # the job's own output goes through untouched (to stderr with --json)
+        typer.echo(line, err=as_json)
+
+    try:
+        with report.live_status(enabled=not as_json) as say:
+            res = supervise.watch_command(list(command or []), say, echo, out=str(out) if out
+                                          else None, stall_s=stall, native=native,
+                                          command=_command())
+    except MoeHangError as exc:
+        raise _fail(exc) from None
+    except pipeline.Interrupted as exc:
+        typer.echo(f"[error] interrupted ({exc}); the job and every process it started "
+                   "were ended", err=True)
+        raise typer.Exit(130) from None
+    del err_console
+    if res.diagnosis is not None:
+        _show(res.diagnosis, as_json=as_json, title="moe-hang watch", html=html,
+              save_to=res.run_dir)
+    else:
+        typer.echo(f"[moe-hang] the job exited with code {res.outcome.returncode} and no rank "
+                   "ever started: nothing to diagnose", err=True)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
+def analyze(dirs: Annotated[list[Path], typer.Argument(help="capture directories (one per "
+                                                        "node) of the same job")],
+            as_json: Json = False, html: Html = None) -> None:
+    """Merge captures from several nodes (global ranks, hosts) into one verdict."""
+    from moe_hang import analysis, collect
+
+    for d in dirs:
+        if not d.is_dir():
+            raise _fail(MoeHangError(f"{d}: not a directory"))
+        if not (d / "ranks").is_dir() and not (d / "stacks").is_dir():
+            raise _fail(MoeHangError(f"{d}: not a moe-hang capture (no ranks/ or stacks/)"))
+    try:
+        diag = analysis.diagnose(collect.load_many(list(dirs)))
+    except (OSError, ValueError) as exc:
+        raise _fail(MoeHangError(f"cannot read the captures: {exc}")) from None
+    _show(diag, as_json=as_json, title="moe-hang analyze", html=html, save_to=None)
+    raise typer.Exit(0 if diag.verdict in ("healthy", "straggler") else 3)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"moe-hang {__version__}")
@@ -125,7 +230,19 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version,
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        typer.echo("[error] interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug of ours: still one line, the traceback on request
+        if os.environ.get("MOE_HANG_DEBUG"):
+            raise
+        typer.echo(f"[error] internal error: {type(exc).__name__}: {exc} "
+                   "(set MOE_HANG_DEBUG=1 for the traceback)", err=True)
+        sys.exit(EXIT_TOOL_ERROR)
 
 
 if __name__ == "__main__":

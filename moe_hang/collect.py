@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang import frtrace
-from moe_hang.evidence import Evidence, RankEvidence, notable_log_lines, parse_torchrun_failures
+from moe_hang.evidence import (
+    Evidence,
+    RankEvidence,
+    notable_log_lines,
+    parse_torchrun_failures,
+    rank_errors_from_log,
+    torchrun_root_cause,
+)
 from moe_hang.stacks import Frame, ThreadStack, parse_faulthandler, parse_probe_frames, parse_pyspy
 
 _TB_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
@@ -158,6 +165,7 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
     if log.exists():
         log_text = log.read_text(errors="replace")
     failures = parse_torchrun_failures(log_text)
+    log_errors = rank_errors_from_log(log_text)
     ranks = {}
     for r in rank_numbers(root):
         ev = load_rank(root, r)
@@ -172,6 +180,10 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
             ev.exit_code = failures[r][0]
         if "progressed" in info:
             ev.progressed = info["progressed"]
+        if ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
+            msg = log_errors[r]
+            ev.error = {"type": msg.split(":", 1)[0], "message": msg.split(":", 1)[-1].strip(),
+                        "source": "job log"}
         ranks[r] = ev
     w = world or procs_all.get("world_size")
     if w is None:
@@ -180,4 +192,37 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
         w = max(ws) if ws else None
     return Evidence(ranks=ranks, world_size=w, job=job or procs_all.get("job", "stalled"),
                     job_exit_code=procs_all.get("job_exit_code"),
+                    agent_exit_code=procs_all.get("agent_exit_code"),
+                    root_cause_rank=torchrun_root_cause(log_text),
                     log_lines=notable_log_lines(log_text), artifacts=str(root))
+
+
+def load_many(roots: list[Path]) -> Evidence:
+    """Merge captures of one job taken on several nodes (``moe-hang analyze``): ranks are
+    global, so each node contributes its own; the richest record wins a duplicate."""
+    if not roots:
+        raise ValueError("no capture directories")
+    parts = [load(r) for r in roots]
+    ranks: dict[int, RankEvidence] = {}
+    for part in parts:
+        for r, ev in part.ranks.items():
+            old = ranks.get(r)
+            if old is None or _richness(ev) > _richness(old):
+                ranks[r] = ev
+    worlds = [p.world_size for p in parts if p.world_size]
+    jobs = [p.job for p in parts]
+    job = next((j for j in ("desync", "stalled", "failed", "running", "completed")
+                if j in jobs), jobs[0])
+    lines: list[str] = []
+    for p in parts:
+        lines.extend(x for x in p.log_lines if x not in lines)
+    agent = next((p.agent_exit_code for p in parts if p.agent_exit_code is not None), None)
+    root_cause = next((p.root_cause_rank for p in parts if p.root_cause_rank is not None), None)
+    return Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
+                    agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
+                    artifacts=", ".join(str(r) for r in roots))
+
+
+def _richness(ev: RankEvidence) -> int:
+    return (4 * (ev.fr is not None) + 2 * bool(ev.threads) + bool(ev.records)
+            + bool(ev.heartbeat))

@@ -78,7 +78,7 @@ class RankReport:
 @dataclass
 class Divergence:
     pg: str
-    seq: int
+    seq: int | None  # None when only stacks were available
     kind: str
     pg_desc: str = ""
     members: list[int] = field(default_factory=list)

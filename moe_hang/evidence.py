@@ -41,6 +41,8 @@ class Evidence:
     world_size: int | None = None
     job: str = "stalled"  # completed | failed | stalled | running
     job_exit_code: int | None = None
+    agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
+    root_cause_rank: int | None = None  # torchrun's "first observed failure"
     log_lines: list[str] = field(default_factory=list)
     artifacts: str = ""
 
@@ -71,6 +73,27 @@ def notable_log_lines(text: str, limit: int = 8) -> list[str]:
 
 _FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _FAIL_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\n\s*\[\d+\]:\s*\n"
+                         r"(?:.*\n)*?\s*rank\s*:\s*(\d+)")
+_RANK_ERROR = re.compile(r"^\[rank(\d+)\]:\s*([A-Za-z_.]*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def torchrun_root_cause(text: str) -> int | None:
+    """The rank torchrun names under "Root Cause (first observed failure)"."""
+    m = _ROOT_CAUSE.search(text)
+    return int(m.group(1)) if m else None
+
+
+def rank_errors_from_log(text: str) -> dict[int, str]:
+    """The last ``[rankN]: SomeError: ...`` line of each rank (torchrun prefixes them)."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _RANK_ERROR.match(line.strip())
+        if m:
+            out[int(m.group(1))] = m.group(2)[:300]
+    return out
 
 
 def parse_torchrun_failures(text: str) -> dict[int, tuple[int, int]]:

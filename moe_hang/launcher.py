@@ -85,10 +85,18 @@ class Job:
         with contextlib.suppress(ProcessLookupError):
             self.popen.send_signal(sig)
 
-    def terminate(self, grace: float = 3.0) -> list[int]:
-        """End the job and every process it started; returns pids that survived SIGKILL."""
+    def terminate(self, grace: float = 3.0, first_signal: int = signal.SIGTERM,
+                  group: bool = False) -> list[int]:
+        """End the job and every process it started; returns pids that survived SIGKILL.
+
+        ``group`` sends the first signal to the job's whole process group, as a terminal's
+        Ctrl-C would (torchrun's agent handles it and stops its workers)."""
+        self.refresh()
         try:
-            return end_tree(self.popen, self.tracker, grace=grace)
+            if group and self.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.popen.pid, first_signal)
+            return end_tree(self.popen, self.tracker, grace=grace, first_signal=first_signal)
         finally:
             if self._log is not None:
                 self._log.close()
@@ -99,17 +107,19 @@ def start(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path | None
           stream: bool = False) -> Job:
     """Start ``argv`` in a new session; stdout+stderr go to ``log_path`` (or a pipe if
     ``stream``). No shell is involved anywhere."""
-    log = open(log_path, "ab")  # noqa: SIM115 - closed by Job.terminate
+    log = None if stream else open(log_path, "ab")  # noqa: SIM115 - closed by Job.terminate
     try:
         popen = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stream else log, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if log is None else log, stderr=subprocess.STDOUT,
             env=env, cwd=cwd, start_new_session=True)
     except FileNotFoundError:
-        log.close()
+        if log is not None:
+            log.close()
         raise MoeHangError(f"command not found: {argv[0]}") from None
     except PermissionError:
-        log.close()
+        if log is not None:
+            log.close()
         raise MoeHangError(f"cannot execute {argv[0]}: permission denied") from None
     job = Job(popen, log_path, _log=log)
     job.refresh()

@@ -122,10 +122,12 @@ def _finish_reference(ref: subprocess.Popen[bytes], run_dir: Path, compare: bool
         end_tree(ref, tracker, grace=1.0)
 
 
-def _capture(job: Job, out: Outcome, run_dir: Path, say: Phase, native: bool = False) -> None:
+def capture_stalled(out: Outcome, run_dir: Path, say: Phase, *, native: bool = False,
+                    live_only: bool = False) -> None:
     """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time."""
-    say(f"stalled → capturing stacks of {len(out.rank_pids)} ranks")
     live = {r: pid for r, pid in out.rank_pids.items() if is_alive(pid)}
+    what = "capturing the surviving ranks" if live_only else "stalled → capturing stacks"
+    say(f"{what} ({len(live)} ranks)")
     dumps: dict[int, str | None] = {}
 
     def ask_probes() -> None:
@@ -165,6 +167,20 @@ def _crash_onset(run_dir: Path) -> float | None:
     return min(times) if times else None
 
 
+def _analyse(run_dir: Path, cfg: ReproConfig, outcome: Outcome,
+             alive: dict[int, bool]) -> Diagnosis:
+    log_text = (run_dir / "job.log").read_text(errors="replace")
+    exit_codes = {r: code for r, (code, _pid) in parse_torchrun_failures(log_text).items()}
+    if outcome.kind == "completed":
+        exit_codes = {r: 0 for r in range(cfg.nproc)}
+    _write_processes(run_dir, outcome, cfg, alive, exit_codes)
+    ev = collect.load(run_dir, world=cfg.nproc, job=outcome.kind)
+    diag = analysis.diagnose(ev)
+    # written now, so "onset -> verdict" is the time to a diagnosis on disk
+    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
+    return diag
+
+
 def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: list[str],
                  with_reference: bool = False, native: bool = False) -> RunResult:
     run_dir = rundir.create(out_dir, _label(cfg)).resolve()
@@ -177,6 +193,8 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
     ref = _start_reference(run_dir) if with_reference else None
     job: Job | None = None
     outcome: Outcome | None = None
+    diag: Diagnosis | None = None
+    t_verdict = 0.0
     ref_report: dict[str, Any] | None = None
     with interruptible():
         try:
@@ -190,7 +208,10 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
                 hbs, cfg.nproc) is not None)
             alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
             if outcome.kind in ("stalled", "desync"):
-                _capture(job, outcome, run_dir, say, native)
+                capture_stalled(outcome, run_dir, say, native=native)
+                say("analysing")
+                diag = _analyse(run_dir, cfg, outcome, alive)  # before teardown: ranks frozen
+                t_verdict = time.time()
             if outcome.kind == "startup_timeout":
                 raise MoeHangError(f"{outcome.reason} (see {run_dir / 'job.log'})")
         finally:
@@ -208,21 +229,18 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
         if ref is not None and outcome.kind == "completed":
             say("comparing with the single-process reference")
             ref_report = _finish_reference(ref, run_dir, compare=True)
-    say("analysing")
-    log_text = (run_dir / "job.log").read_text(errors="replace")
-    exit_codes = {r: code for r, (code, _pid) in parse_torchrun_failures(log_text).items()}
-    if outcome.kind == "completed":
-        exit_codes = {r: 0 for r in range(cfg.nproc)}
-    _write_processes(run_dir, outcome, cfg, alive, exit_codes)
-    ev = collect.load(run_dir, world=cfg.nproc, job=outcome.kind)
-    diag = analysis.diagnose(ev)
-    t_verdict = time.time()
+    if diag is None:
+        say("analysing")
+        diag = _analyse(run_dir, cfg, outcome, alive)
+        t_verdict = time.time()
     onset = outcome.onset_ns / 1e9 if outcome.onset_ns else _crash_onset(run_dir)
-    timings = {"wall_s": round(t_verdict - t0, 3)}
+    timings = {"wall_s": round(time.time() - t0, 3)}
     if outcome.t_up:
         timings["startup_s"] = round(outcome.t_up - t0, 3)
     if onset is not None and diag.verdict != "healthy":
         timings["onset_to_verdict_s"] = round(t_verdict - onset, 3)
+        if outcome.t_detect:
+            timings["onset_to_detect_s"] = round(outcome.t_detect - onset, 3)
     backend = next((hb.get("progress", {}).get("backend") for hb in outcome.heartbeats.values()),
                    cfg.backend)
     diag.extra.update({

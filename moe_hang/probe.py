@@ -36,6 +36,7 @@ from typing import Any
 ENV_DIR = "MOE_HANG_PROBE_DIR"
 ENV_OWNER = "MOE_HANG_PROBE_OWNER"
 ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
+ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
 FR_BUFFER = "2000"
 # Only these variables of a rank's environment ever reach a file.
@@ -76,6 +77,7 @@ class Probe:
         self._lock = threading.Lock()
         self._fatal_file: Any = None
         self._main_ident = threading.main_thread().ident
+        self._requested = False
 
     # -------------------------------------------------------------- files
 
@@ -98,12 +100,25 @@ class Probe:
                      "completed": int(s.get("last_completed_collective", -1))}
                 for pg, s in status.items()}
 
+    def _want_stacks(self) -> bool:
+        """Call-site frames in recorder dumps, when they are cheap.
+
+        torch symbolizes them through torch._dynamo: the first dump of a process that has not
+        imported it yet imports ~800 modules (about 2 s of CPU). Jobs that use DTensor, FSDP2
+        or torch.compile have it already; elsewhere stacks come from py-spy or faulthandler,
+        unless MOE_HANG_FR_STACKS=1 asks for them anyway."""
+        forced = os.environ.get(ENV_FR_STACKS)
+        if forced is not None:
+            return forced not in ("", "0")
+        return "torch._dynamo" in sys.modules
+
     def _fr_pickle(self) -> bytes | None:
         torch = self._torch()
         if torch is None:
             return None
         try:
-            return bytes(torch._C._distributed_c10d._dump_fr_trace())
+            return bytes(torch._C._distributed_c10d._dump_fr_trace(
+                includeStackTraces=self._want_stacks()))
         except Exception:
             return None
 
@@ -142,6 +157,7 @@ class Probe:
         hb = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
             "world": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"),
+            "local_world": os.environ.get("LOCAL_WORLD_SIZE"),
             "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
             "progress": progress, "pg_status": status, "pending": self._pending,
             "main_frame": self._main_frame(),
@@ -216,6 +232,7 @@ class Probe:
                             line, buf = buf.split(b"\n", 1)
                             words = line.decode(errors="replace").split()
                             if words and words[0] == "dump":
+                                self._requested = True
                                 self.dump(words[1] if len(words) > 1 else "", "request")
                 else:
                     time.sleep(self.interval)
@@ -226,8 +243,9 @@ class Probe:
     def _sigterm_loop(self) -> None:
         while True:
             signal.sigwait({signal.SIGTERM})
-            with contextlib.suppress(Exception):
-                self.dump("sigterm", "sigterm")
+            if not self._requested:  # a requested dump is already on disk: keep it
+                with contextlib.suppress(Exception):
+                    self.dump("sigterm", "sigterm")
             # Let the signal take its normal effect: unblock it in this thread only and resend.
             # With the default disposition the process ends as torchrun expects (-15); with a
             # Python handler installed by the job, Python runs it in the main thread as usual.
@@ -236,22 +254,50 @@ class Probe:
             time.sleep(0.05)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
+    def record_exception(self, exc: BaseException) -> None:
+        """The exception that ends a rank (type, first line, frames innermost first), plus a
+        recorder dump: often the survivors' side of a peer's death or abort."""
+        import traceback
+
+        tb = traceback.extract_tb(exc.__traceback__)
+        err = {"type": type(exc).__name__,
+               "message": (str(exc).strip().splitlines() or [""])[0][:500],
+               "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
+               "time": time.time()}
+        with contextlib.suppress(Exception):
+            self.dump("exception", "exception")
+        write_atomic(self.path("error.json"), json.dumps(err).encode())
+
+    def _chain_excepthook(self) -> None:
+        previous = sys.excepthook
+
+        def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+            if not isinstance(value, (KeyboardInterrupt, SystemExit)):
+                with contextlib.suppress(Exception):
+                    self.record_exception(value)
+            previous(tp, value, tb)
+
+        sys.excepthook = hook
+
     def start(self) -> None:
         self._fatal_file = open(self.path("fatal.txt"), "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
-        threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
-        if threading.current_thread() is threading.main_thread():
-            # Block SIGTERM in this (main) thread before torch starts its threads, so they
-            # inherit the mask and only the sigwait thread receives it, even while the main
-            # thread is stuck in C++ inside a collective.
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            # Block SIGTERM in this (main) thread *before* any other thread exists, so every
+            # thread (ours, torch's) inherits the mask and only the sigwait thread receives
+            # it, even while the main thread is stuck in C++ inside a collective.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
-                             daemon=True).start()
             os.register_at_fork(after_in_child=_unblock_sigterm)
             register = getattr(threading, "_register_atexit", None)
             with contextlib.suppress(Exception):
                 # Unblock before interpreter shutdown freezes the sigwait thread.
                 (register or __import__("atexit").register)(_unblock_sigterm)
+        self._chain_excepthook()
+        threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
+        if in_main:
+            threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
+                             daemon=True).start()
         self.heartbeat()
 
 

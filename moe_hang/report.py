@@ -59,12 +59,16 @@ def clean_evidence(line: str, limit: int = 220) -> str:
 
 @contextlib.contextmanager
 def live_status(enabled: bool = True) -> Iterator[Any]:
-    """A one-line live phase display on stderr; yields a ``say(text)`` callable."""
+    """A one-line live phase display on stderr; yields a ``say(text)`` callable.
+
+    Without a terminal nobody watches it live: phases are printed as plain lines only when
+    MOE_HANG_PROGRESS=1 (so pipes and CI logs see just the report and one-line errors)."""
     if not enabled or not sys.stderr.isatty():
         quiet = Console(stderr=True, highlight=False)
+        show = enabled and os.environ.get("MOE_HANG_PROGRESS") == "1"
 
         def say_plain(text: str) -> None:
-            if enabled:
+            if show:
                 quiet.print(f"[dim]· {text}[/dim]")
 
         yield say_plain
@@ -85,6 +89,8 @@ def _sizes(sizes: list[list[int]]) -> str:
 def _coll(c: dict[str, Any] | None) -> str:
     if not c:
         return "-"
+    if c.get("pg") == "?":  # known from the stack only
+        return f"{c['op']} (from stack)"
     pg = c.get("pg_desc") or ("default_pg" if c.get("pg") == "0" else f"pg {c.get('pg')}")
     seq = f"#{c['seq']}" if c.get("seq") is not None else ""
     return f"{c['op']} {pg}{seq} [{_sizes(c.get('input_sizes') or [])}]"
@@ -118,9 +124,11 @@ def verdict_panel(d: dict[str, Any], title: str) -> Panel:
         body.append(", ".join(map(str, d["culprit_ranks"])) + "\n")
     fd = d.get("first_divergence")
     if fd:
-        pg = fd.get("pg_desc") or ("default_pg" if fd["pg"] == "0" else f"group {fd['pg']}")
+        pg = fd.get("pg_desc") or ("default_pg" if fd["pg"] == "0" else (
+            "an unknown group" if fd["pg"] == "?" else f"group {fd['pg']}"))
         body.append("first divergence: ", style="bold")
-        body.append(f"{fd['kind']} at {pg} seq {fd['seq']}"
+        seq = f"seq {fd['seq']}" if fd.get("seq") is not None else "(stacks only)"
+        body.append(f"{fd['kind']} at {pg} {seq}"
                     + (f" ({fd['phase']})" if fd.get("phase") else "")
                     + (f", ranks {fd['ranks']}" if fd.get("ranks") and fd["pg"] != "0" else "")
                     + "\n")
@@ -159,7 +167,7 @@ def stacks_panel(d: dict[str, Any], depth: int = 8) -> Panel | None:
         if not stack:
             continue
         # the user's frames and the collective they wait in, innermost first
-        keep = [s for s in stack if "torch/" not in s][:depth]
+        keep = [s for s in stack if "torch/" not in s and "typing_extensions" not in s][:depth]
         inner = next((s for s in stack if "distributed" in s), None)
         head = Text(f"rank {r['rank']}", style="bold")
         head.append(f"  ({r.get('stack_source') or 'stack'})", style="dim")
@@ -193,10 +201,46 @@ def reference_table(ref: dict[str, Any]) -> Table:
     return t
 
 
+_OP_SHORT = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS",
+             "all_to_all": "A2A", "barrier": "BAR", "broadcast": "BC"}
+
+
+def timeline_table(d: dict[str, Any]) -> Table | None:
+    """Ranks as rows, the group's sequence numbers as columns, the diverging column marked."""
+    tl = d.get("timeline")
+    if not tl or not tl.get("seqs"):
+        return None
+    pg = tl.get("pg_desc") or ("default_pg" if tl["pg"] == "0" else f"group {tl['pg']}")
+    t = Table(box=box.SIMPLE, title=f"collectives of {pg} by sequence number "
+              "(done · [yellow]pending[/] · [red]missing[/])", title_justify="left")
+    t.add_column("rank", style="bold")
+    hi = tl.get("highlight")
+    for s in tl["seqs"]:
+        t.add_column(f"[bold red]▶{s}[/]" if s == hi else str(s), justify="center")
+    for r, cells in tl["ranks"].items():
+        row = []
+        for s, c in zip(tl["seqs"], cells, strict=False):
+            if c is None:
+                row.append(Text("—", style="bold red" if s == hi else "red"))
+                continue
+            label = _OP_SHORT.get(c["op"], c["op"])
+            sizes = _sizes(c.get("sizes") or [])
+            text = label if sizes == "-" else f"{label} {sizes}"
+            style = "yellow" if c["state"] == "pending" else "dim"
+            if s == hi:
+                style = "bold red" if c["state"] == "pending" else "bold"
+            row.append(Text(text, style=style))
+        t.add_row(r, *row)
+    return t
+
+
 def render(diag: Diagnosis, console: Console, *, title: str = "moe-hang") -> None:
     d = diag.to_dict()
     console.print(verdict_panel(d, title))
     console.print(ranks_table(d))
+    tt = timeline_table(d)
+    if tt is not None and d["verdict"] not in ("healthy",):
+        console.print(tt)
     sp = stacks_panel(d)
     if sp is not None and d["verdict"] != "healthy":
         console.print(sp)
@@ -224,9 +268,10 @@ def to_json(diag: Diagnosis) -> str:
     return json.dumps(diag.to_dict(), indent=2, default=str)
 
 
-def save_console(console: Console, path: Path, html: Path | None = None) -> None:
+def save_console(console: Console, path: Path | None, html: Path | None = None) -> None:
     from moe_hang.probe import write_atomic
 
     if html is not None:
         write_atomic(html, console.export_html(clear=False).encode())
-    write_atomic(path, console.export_text(clear=False).encode())
+    if path is not None:
+        write_atomic(path, console.export_text(clear=False).encode())

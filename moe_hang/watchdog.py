@@ -32,6 +32,8 @@ class WatchSettings:
     # after a rank failed, how long torchrun may take to end the others before we do
     teardown_wait_s: float = 15.0
     desync_fast_path: bool = True
+    # say so (once per episode) when ranks wait while another computes; keep watching
+    straggler_notice: bool = False
 
 
 @dataclass
@@ -92,9 +94,11 @@ def _describe(hbs: dict[int, dict[str, Any]], world: int | None) -> str:
 
 
 def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
-          quick_check: Callable[[dict[int, dict[str, Any]]], bool] | None = None) -> Outcome:
+          quick_check: Callable[[dict[int, dict[str, Any]]], bool] | None = None,
+          on_notice: Phase | None = None) -> Outcome:
     """Block (bounded by the job's own end, a stall, or the startup timeout) and say why."""
     say = on_phase or (lambda _s: None)
+    notice = on_notice or say
     out = Outcome(kind="running", t_start=time.time())
     last_fp: dict[int, str] = {}
     last_cpu: dict[int, float] = {}
@@ -102,6 +106,7 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
     failed_at: float | None = None
     t0 = time.monotonic()
     shown = ""
+    straggling = False
     while True:
         now = time.monotonic()
         job.refresh()
@@ -119,7 +124,7 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
             out.t_detect = time.time()
             _note_dead(out)
             return out
-        world = settings.world or _world_from(hbs)
+        world = settings.world or _local_world_from(hbs)
         if world and len(hbs) >= world and out.t_up is None:
             out.t_up = time.time()
             for r in hbs:
@@ -155,6 +160,17 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
                 out.onset_ns = onset_ns(hbs)
                 return out
             idle_for = now - max(last_move.values()) if last_move else 0.0
+            waiting = [r for r, hb in hbs.items() if hb.get("pending")
+                       and now - last_move.get(r, now) >= settings.stall_s]
+            busy = [r for r in hbs if r not in waiting and r not in out.dead_ranks]
+            if settings.straggler_notice and waiting and busy and idle_for < settings.stall_s:
+                if not straggling:
+                    notice(f"rank {','.join(map(str, sorted(busy)))} still computing while rank "
+                        f"{','.join(map(str, sorted(waiting)))} wait: a straggler, not a hang "
+                        "(still watching)")
+                    straggling = True
+            else:
+                straggling = False
             if pending and idle_for >= settings.stall_s:
                 out.kind = "stalled"
                 out.reason = f"no progress on any rank for {idle_for:.1f} s"
@@ -168,11 +184,12 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
         time.sleep(settings.poll_s)
 
 
-def _world_from(hbs: dict[int, dict[str, Any]]) -> int | None:
+def _local_world_from(hbs: dict[int, dict[str, Any]]) -> int | None:
+    """How many ranks this node should see (LOCAL_WORLD_SIZE; WORLD_SIZE on one node)."""
     for hb in hbs.values():
-        with_world = hb.get("world")
-        if with_world:
-            return int(with_world)
+        n = hb.get("local_world") or hb.get("world")
+        if n:
+            return int(n)
     return None
 
 

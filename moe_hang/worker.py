@@ -12,12 +12,10 @@ of the experts, runs ``steps`` training steps on its slice of the global batch, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -161,24 +159,9 @@ def run(run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # an exception that ends the rank is recorded by the probe's excepthook (error.json + dump)
     args = sys.argv[1:] if argv is None else argv
-    run_dir = Path(args[0])
-    try:
-        return run(run_dir)
-    except BaseException as exc:
-        rank = os.environ.get("RANK", "?")
-        tb = traceback.extract_tb(exc.__traceback__)
-        err = {"type": type(exc).__name__,
-               "message": (str(exc).strip().splitlines() or [""])[0][:500],
-               "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
-               "time": time.time()}
-        p = probe._PROBE
-        if p is not None:
-            with contextlib.suppress(Exception):
-                p.dump("exception", "exception")
-        probe.write_atomic(run_dir / "ranks" / f"rank{rank}.error.json",
-                           json.dumps(err).encode())
-        raise
+    return run(Path(args[0]))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +46,19 @@ def processes_mentioning(needle: str) -> list[psutil.Process]:
     return found
 
 
+def processes_with_env(key: str, value: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get(key) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def assert_no_survivors(needle: str, wait: float = 5.0) -> None:
     """Every process that mentioned ``needle`` (a run directory) is gone within ``wait``."""
     deadline = time.monotonic() + wait
@@ -53,6 +67,103 @@ def assert_no_survivors(needle: str, wait: float = 5.0) -> None:
         time.sleep(0.1)
         left = processes_mentioning(needle)
     assert not left, f"processes survived: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_argv(script: str, nproc: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *extra,
+            str(JOBS / script)]
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime of the main thread
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_blocked(pids: list[int], timeout: float = 60.0) -> None:
+    """Until every pid's main thread is asleep and used no CPU over 0.3 s (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = {p: _cpu_ticks(p) for p in pids}
+        time.sleep(0.3)
+        after = {p: _cpu_ticks(p) for p in pids}
+        if all(before[p] is not None and before[p] == after[p] for p in pids):
+            return
+    raise AssertionError(f"ranks {pids} did not block within {timeout} s")
+
+
+class HungJob:
+    """A small job from tests/jobs, started in its own session, waited for until it reached
+    its ``mark("hang")`` point, and killed (every process of it) on exit."""
+
+    def __init__(self, script: str, nproc: int = 2, *, launcher: str = "torchrun",
+                 tmp: Path, env: dict[str, str] | None = None):
+        self.marks = tmp / f"marks-{script}"
+        self.marks.mkdir()
+        full_env = dict(os.environ, JOB_MARKS=str(self.marks), OMP_NUM_THREADS="1")
+        full_env.update(env or {})
+        if launcher == "torchrun":
+            argv = torchrun_argv(script, nproc)
+        else:
+            argv = [sys.executable, str(JOBS / "spawn_ranks.py"), str(nproc),
+                    str(free_port()), str(JOBS / script)]
+        self.log = open(tmp / f"{script}.log", "wb")  # noqa: SIM115
+        self.popen = subprocess.Popen(argv, cwd=JOBS, env=full_env, stdout=self.log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.nproc = nproc
+
+    def wait_marks(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(list(self.marks.glob("hang.rank*"))) < self.nproc:
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"job did not reach its hang point: "
+                                     f"{Path(self.log.name).read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def rank_pids(self) -> dict[int, int]:
+        out = {}
+        for p in psutil.Process(self.popen.pid).children(recursive=True):
+            try:
+                env = p.environ()
+                if "RANK" in env and env.get("JOB_MARKS") == str(self.marks) and \
+                        p.num_threads() > 1:
+                    out.setdefault(int(env["RANK"]), p.pid)
+            except psutil.Error:
+                continue
+        return out
+
+    def kill(self) -> None:
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid != os.getpid() and p.environ().get("JOB_MARKS") == str(self.marks):
+                    p.kill()
+            except psutil.Error:
+                continue
+        with contextlib.suppress(OSError):
+            self.popen.kill()
+        self.popen.wait(10)
+        self.log.close()
+        deadline = time.monotonic() + 5.0
+        while processes_with_env("JOB_MARKS", str(self.marks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not processes_with_env("JOB_MARKS", str(self.marks))
+
+    def __enter__(self) -> HungJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
 
 def load_json(path: Path) -> dict:

@@ -1,0 +1,183 @@
+"""``moe-hang diagnose PID``: capture a running job we did not start, and diagnose it.
+
+Two py-spy samples of every rank, a short interval apart, tell a stuck rank (same frames, off
+CPU) from a progressing one. Where the job runs under ``moe-hang watch`` its probes also hand
+over Flight Recorder dumps; ``--fr-dir`` adds the user's own dumps (pickle or JSON, NCCL or
+gloo). Nothing is sent to the job except the probe's dump request; it keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_hang import analysis, capture, collect, frtrace, rundir
+from moe_hang.diagnosis import Diagnosis
+from moe_hang.discover import Job, find_job
+from moe_hang.errors import MoeHangError
+from moe_hang.evidence import RankEvidence
+from moe_hang.stacks import main_thread, parse_pyspy
+
+Phase = Callable[[str], None]
+SAMPLE_INTERVAL_S = 0.3
+PROBE_FILES = ("hb.json", "fr.pkl", "stack.txt", "groups.json", "tokens.jsonl", "fatal.txt",
+               "error.json", "dump.json")
+
+
+@dataclass
+class Captured:
+    directory: Path
+    job: Job
+    seconds: float
+
+
+def _sample(data: Any) -> tuple[tuple | None, bool]:
+    """(main-thread frames, on CPU) of one py-spy sample."""
+    try:
+        t = main_thread(parse_pyspy(data))
+    except (ValueError, TypeError, AttributeError):
+        return None, False
+    if t is None:
+        return None, False
+    return tuple((f.file, f.line, f.function) for f in t.frames), bool(t.active)
+
+
+def progressed(a: Any, b: Any) -> bool:
+    """A rank moved between two samples: other frames, or on CPU both times (a long
+    computation can sit on one line; a rank blocked in a collective is off CPU)."""
+    (fa, on_a), (fb, on_b) = _sample(a), _sample(b)
+    return fa != fb or (on_a and on_b)
+
+
+def _copy_probe_files(job: Job, out: Path) -> None:
+    for r in job.ranks:
+        if not r.probe_dir:
+            continue
+        src = Path(r.probe_dir)
+        for suffix in PROBE_FILES:
+            p = src / f"rank{r.rank}.{suffix}"
+            if p.exists():
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(p, out / "ranks" / p.name)
+
+
+def _copy_fr_dir(fr_dir: Path, out: Path, ranks: set[int]) -> list[str]:
+    if not fr_dir.is_dir():
+        raise MoeHangError(f"--fr-dir {fr_dir}: not a directory")
+    notes = []
+    dumps, errors = frtrace.load_dir(fr_dir)
+    for name, err in errors.items():
+        notes.append(f"{name}: {err}")
+    for p in sorted(fr_dir.iterdir()):
+        r = frtrace.rank_from_filename(p.name)
+        if r is None or r not in dumps:
+            continue
+        dest = out / "ranks" / f"rank{r}.fr.pkl"
+        if not dest.exists():  # a fresh dump from a live probe wins over an old file
+            shutil.copyfile(p, dest)
+    if not dumps:
+        notes.append(f"no Flight Recorder dump found in {fr_dir}")
+    return notes
+
+
+def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
+                fr_dir: Path | None = None) -> Captured:
+    t0 = time.monotonic()
+    (out / "ranks").mkdir(exist_ok=True, mode=0o700)
+    pids = {r.rank: r.pid for r in job.ranks}
+    probe_ranks: dict[str, list[int]] = {}
+    for r in job.ranks:
+        if r.probe_dir:
+            probe_ranks.setdefault(r.probe_dir, []).append(r.rank)
+    say(f"capturing stacks of {len(pids)} ranks (2 samples)")
+    dump_errors: dict[int, str | None] = {}
+
+    def ask_probes() -> None:
+        for d, ranks in probe_ranks.items():
+            dump_errors.update(capture.request_dumps(Path(d), ranks))
+
+    asker = threading.Thread(target=ask_probes, daemon=True)
+    asker.start()
+    first = capture.pyspy_many(pids, native=native)
+    time.sleep(SAMPLE_INTERVAL_S)
+    second = capture.pyspy_many(pids, native=native)
+    asker.join(capture.DUMP_TIMEOUT_S + 2.0)
+    final = {r: (second[r] if second[r].data is not None else first[r]) for r in pids}
+    capture.save_stacks(final, out / "stacks")
+    _copy_probe_files(job, out)
+    notes: list[str] = []
+    if fr_dir is not None:
+        notes = _copy_fr_dir(fr_dir, out, set(pids))
+    procs: dict[str, Any] = {}
+    for r in job.ranks:
+        a, b = first[r.rank], second[r.rank]
+        moved = None
+        if a.data is not None and b.data is not None:
+            moved = progressed(a.data, b.data)
+        procs[str(r.rank)] = {"pid": r.pid, "host": r.host, "alive": True, "exit_code": None,
+                              "progressed": moved, "local_rank": r.local_rank,
+                              "env": r.env}
+    for missing in job.missing_ranks():
+        procs[str(missing)] = {"pid": None, "host": None, "alive": False, "exit_code": None,
+                               "note": "no process found for this rank"}
+    orphans = [{"rank": o.rank, "pid": o.pid} for o in job.orphans]
+    rundir.write_json(out / "processes.json", {
+        "world_size": job.world_size, "job": "running", "agent_pid": job.agent,
+        "target_pid": job.target, "ranks": procs, "notes": notes, "orphans": orphans,
+        "probe_errors": {str(k): v for k, v in dump_errors.items() if v}})
+    return Captured(out, job, time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def _capture_dir(out: Path | None) -> Iterator[Path]:
+    if out is not None:
+        yield rundir.create(out, "diagnose").resolve()
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="moe-hang-diagnose-"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
+                 fr_dir: Path | None = None, command: list[str] | None = None) -> Diagnosis:
+    t0 = time.monotonic()
+    say(f"finding the ranks of PID {pid}")
+    job = find_job(pid)
+    has_probe = any(r.probe_dir for r in job.ranks)
+    if capture.find_pyspy() is None and not has_probe and fr_dir is None:
+        raise MoeHangError("py-spy is not installed", hint="pip install py-spy")
+    with _capture_dir(out) as d:
+        rundir.write_json(d / "meta.json", rundir.meta(command or ["moe-hang", "diagnose",
+                                                                   str(pid)]))
+        cap = capture_job(job, d, say, native=native, fr_dir=fr_dir)
+        errs = [(d / "stacks" / f"rank{r.rank}.pyspy.err") for r in job.ranks]
+        if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
+            raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
+        say("analysing")
+        ev = collect.load(d, world=job.world_size, job="running")
+        for r in job.missing_ranks():
+            ev.ranks.setdefault(r, RankEvidence(rank=r, alive=False))
+            ev.ranks[r].alive = False
+            ev.ranks[r].notes.append("no process found for this rank on this machine")
+            for o in job.orphans:
+                if o.rank == r:
+                    ev.ranks[r].notes.append(
+                        f"its child process {o.pid} (a forked worker) still holds its "
+                        "connections, so the other ranks got no error and wait forever")
+        diag = analysis.diagnose(ev)
+        diag.artifacts = str(d) if out is not None else ""
+        diag.extra.update({"target_pid": pid, "agent_pid": job.agent,
+                           "timings": {"capture_s": round(cap.seconds, 3),
+                                       "wall_s": round(time.monotonic() - t0, 3)}})
+        if out is not None:
+            rundir.write_json(d / "diagnosis.json", diag.to_dict())
+        return diag

@@ -1,0 +1,205 @@
+"""``moe-hang watch -- COMMAND``: run any job with the probe injected, diagnose it the moment
+it stalls, desyncs, crashes or loses a rank, then end it.
+
+The probe reaches every rank without code changes through a ``sitecustomize`` on PYTHONPATH
+(it chains to the job's own one). The job runs in its own session; its output is streamed
+through and kept in ``job.log``. Ctrl-C / SIGTERM are passed on the way a terminal would
+(SIGINT to the job's process group, where torchrun's agent lives), and whatever is left after a
+grace period is killed, ranks included, even if the agent died first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from moe_hang import analysis, collect, launcher, probe, rundir
+from moe_hang.diagnosis import EXIT_PROBLEM, Diagnosis
+from moe_hang.errors import MoeHangError
+from moe_hang.evidence import parse_torchrun_failures
+from moe_hang.launcher import Job
+from moe_hang.pipeline import Interrupted, capture_stalled, interruptible
+from moe_hang.procs import is_alive
+from moe_hang.watchdog import Outcome, WatchSettings, watch
+
+Phase = Callable[[str], None]
+PROBE_SITE = Path(__file__).resolve().parent / "_probe_site"
+
+
+@dataclass
+class WatchResult:
+    diagnosis: Diagnosis | None
+    exit_code: int
+    run_dir: Path
+    outcome: Outcome
+
+
+def probe_env(run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    pp = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(PROBE_SITE) + (os.pathsep + pp if pp else "")
+    env[probe.ENV_DIR] = str(run_dir / "ranks")
+    env["MOE_HANG_PROBE_FILE"] = str(Path(probe.__file__).resolve())
+    env.setdefault("TORCH_FR_BUFFER_SIZE", probe.FR_BUFFER)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[str], None]) -> None:
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        log.flush()
+        echo(raw.decode(errors="replace").rstrip("\n"))
+
+
+def _write_processes(run_dir: Path, out: Outcome, alive: dict[int, bool]) -> None:
+    log_text = (run_dir / "job.log").read_text(errors="replace")
+    fails = parse_torchrun_failures(log_text)
+    ranks: dict[str, Any] = {}
+    for r, hb in sorted(out.heartbeats.items()):
+        code = fails.get(r, (None, None))[0]
+        if out.kind == "completed":
+            code = 0
+        ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
+                         "alive": alive.get(r, False), "exit_code": code}
+    world = next((int(hb["world"]) for hb in out.heartbeats.values() if hb.get("world")), None)
+    agent_code = out.returncode if out.returncode is not None and out.returncode < 0 else None
+    rundir.write_json(run_dir / "processes.json", {
+        "world_size": world, "job": out.kind, "job_exit_code": out.returncode,
+        "agent_exit_code": agent_code, "ranks": ranks})
+
+
+def _resolve(cmd: list[str]) -> list[str]:
+    if not cmd:
+        raise MoeHangError("nothing to watch: give a command after --, "
+                           "e.g. moe-hang watch -- torchrun --nproc-per-node 2 train.py")
+    exe = cmd[0]
+    if os.sep not in exe and shutil.which(exe) is None:
+        raise MoeHangError(f"command not found: {exe}")
+    if os.sep in exe and not os.access(exe, os.X_OK):
+        raise MoeHangError(f"command not found or not executable: {exe}")
+    return cmd
+
+
+class _Echo:
+    """Job output goes through until the verdict; torchrun's teardown noise only to job.log."""
+
+    def __init__(self, echo: Callable[[str], None]):
+        self.echo, self.on = echo, True
+
+    def __call__(self, line: str) -> None:
+        if self.on:
+            self.echo(line)
+
+
+def _diagnose(run_dir: Path, outcome: Outcome, alive: dict[int, bool], t0: float,
+              cmd: list[str]) -> tuple[Diagnosis, float]:
+    _write_processes(run_dir, outcome, alive)
+    ev = collect.load(run_dir, job=outcome.kind)
+    diag = analysis.diagnose(ev)
+    t_verdict = time.time()
+    timings: dict[str, float] = {}
+    if outcome.onset_ns:
+        timings["onset_to_verdict_s"] = round(t_verdict - outcome.onset_ns / 1e9, 3)
+        if outcome.t_detect:
+            timings["onset_to_detect_s"] = round(outcome.t_detect - outcome.onset_ns / 1e9, 3)
+    diag.extra.update({"command": cmd, "job_exit_code": outcome.returncode,
+                       "detected": outcome.kind, "timings": timings})
+    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
+    return diag, t_verdict
+
+
+def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
+                  out: str | None = None, stall_s: float = 10.0, native: bool = False,
+                  command: list[str] | None = None) -> WatchResult:
+    cmd = _resolve(cmd)
+    run_dir = rundir.create(out, "watch").resolve()
+    (run_dir / "ranks").mkdir(mode=0o700)
+    rundir.write_json(run_dir / "meta.json", rundir.meta(command or ["moe-hang", "watch"],
+                                                         {"job_command": cmd,
+                                                          "stall_s": stall_s}))
+    t0 = time.time()
+    log = open(run_dir / "job.log", "ab")  # noqa: SIM115 - closed below
+    gate = _Echo(echo)
+    job: Job | None = None
+    outcome = Outcome(kind="running")
+    diag: Diagnosis | None = None
+    pump: threading.Thread | None = None
+    interrupted: str | None = None
+    alive: dict[int, bool] = {}
+    try:
+        with interruptible():
+            try:
+                job = launcher.start(cmd, run_dir / "job.log", probe_env(run_dir), stream=True)
+                assert job.popen.stdout is not None
+                pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
+                                        daemon=True)
+                pump.start()
+                say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
+                settings = WatchSettings(probe_dir=run_dir / "ranks", world=None,
+                                         stall_s=stall_s, startup_timeout_s=float("inf"),
+                                         straggler_notice=True)
+                outcome = watch(job, settings, say, quick_check=lambda hbs: (
+                    analysis.quick_divergence(hbs, _world(hbs)) is not None),
+                    on_notice=lambda text: echo(f"[moe-hang] {text}"))
+                alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+                if outcome.kind in ("stalled", "desync") or any(alive.values()):
+                    capture_stalled(outcome, run_dir, say, native=native,
+                                    live_only=outcome.kind not in ("stalled", "desync"))
+                    gate.on = False
+                    say("analysing")
+                    # before teardown: the ranks are frozen where they hung
+                    diag, _ = _diagnose(run_dir, outcome, alive, t0, cmd)
+            except Interrupted as exc:
+                interrupted = str(exc)
+                say("interrupted → stopping the job")
+                if job is not None:
+                    sig = signal.SIGINT if interrupted == "SIGINT" else signal.SIGTERM
+                    job.terminate(grace=3.0, first_signal=sig, group=True)
+            finally:
+                gate.on = False
+                if job is not None:
+                    say("ending the job")
+                    job.terminate(grace=3.0)
+    finally:
+        if pump is not None:
+            pump.join(2.0)
+        log.close()
+    if interrupted is not None:
+        raise Interrupted(interrupted)
+    if not outcome.heartbeats:
+        # not a distributed job (or it died before any rank started): pass its code through
+        return WatchResult(None, _own_code(outcome.returncode), run_dir, outcome)
+    if diag is None:
+        say("analysing")
+        diag, _ = _diagnose(run_dir, outcome, alive, t0, cmd)
+    diag.extra.setdefault("timings", {})["wall_s"] = round(time.time() - t0, 3)
+    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
+    for p in (run_dir / "ranks").glob("rank*.ctl"):
+        p.unlink(missing_ok=True)
+    if diag.verdict not in ("healthy", "straggler"):
+        code = EXIT_PROBLEM
+    else:
+        code = _own_code(outcome.returncode)
+    return WatchResult(diag, code, run_dir, outcome)
+
+
+def _own_code(rc: int | None) -> int:
+    """The job's own exit code, shell style for a signal (128 + n)."""
+    if rc is None:
+        return 1
+    return rc if rc >= 0 else 128 - rc
+
+
+def _world(hbs: dict[int, dict[str, Any]]) -> int | None:
+    for hb in hbs.values():
+        if hb.get("world"):
+            return int(hb["world"])
+    return None

@@ -1,0 +1,22 @@
+"""Rank 1 is SIGKILLed mid-step, but a worker it forked (as a fork-started DataLoader does)
+still holds its sockets, so rank 0 gets no connection error and waits forever, exactly as
+NCCL ranks wait for a dead peer."""
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from _common import init, mark, warmup
+
+rank, world = init()
+warmup()
+if os.fork() == 0:  # the "DataLoader worker": inherits the process-group sockets
+    time.sleep(120)
+    os._exit(0)
+mark("hang")
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
