@@ -21,11 +21,15 @@ from typing import Any
 
 from moe_hang.errors import MoeHangError
 
-PYSPY_TIMEOUT_S = 10.0
+PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
 DUMP_TIMEOUT_S = 5.0
+ENV_PYSPY = "MOE_HANG_PYSPY"  # a specific py-spy binary (else next to python, else PATH)
 
 
 def find_pyspy() -> str | None:
+    chosen = os.environ.get(ENV_PYSPY)
+    if chosen:
+        return chosen if os.access(chosen, os.X_OK) else None
     here = Path(sys.executable).parent / "py-spy"
     if here.exists():
         return str(here)

@@ -189,7 +189,9 @@ def find_job(pid: int) -> Job:
     host = socket.gethostname()
     me = _rank_of(p, host)
     if me is None and _env(p) is None:
-        raise MoeHangError(f"PID {pid}: cannot read its environment (permission denied)")
+        raise MoeHangError(f"PID {pid}: cannot read its environment: no ptrace permission",
+                           hint="run as root, add CAP_SYS_PTRACE, or set "
+                                "kernel.yama.ptrace_scope=0")
     agent: psutil.Process | None = None
     orphans: list[RankProc] = []
     if me is not None:

@@ -69,6 +69,14 @@ def assert_no_survivors(needle: str, wait: float = 5.0) -> None:
     assert not left, f"processes survived: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
+def line_of(path: Path, needle: str) -> int:
+    """The line number of the first line containing ``needle`` (tests never hard-code it)."""
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if needle in line:
+            return i
+    raise AssertionError(f"{needle!r} not in {path}")
+
+
 def free_port() -> int:
     import socket
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HungJob, run_cli, wait_blocked
+from conftest import JOBS, HungJob, line_of, run_cli, wait_blocked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -39,8 +39,10 @@ def test_skipped_collective_through_the_agent_and_through_a_rank(tmp_path):
             assert r[0]["state"] == r[1]["state"] == "in_collective"
             assert r[0]["collective"]["op"] == "all_gather"
             assert r[1]["collective"]["op"] == "barrier"
-            assert (r[0]["callsite"]["line"], r[0]["callsite"]["function"]) == (13, "dispatch")
-            assert r[1]["callsite"]["line"] == 21
+            script = JOBS / "skip_collective.py"
+            assert (r[0]["callsite"]["line"], r[0]["callsite"]["function"]) == (
+                line_of(script, "dist.all_gather_into_tensor(out, x)"), "dispatch")
+            assert r[1]["callsite"]["line"] == line_of(script, "dist.barrier()")
             assert r[0]["callsite"]["file"].endswith("tests/jobs/skip_collective.py")
             assert {x["pid"] for x in d["ranks"]} == set(ranks.values())
 
@@ -195,3 +197,25 @@ def test_another_users_process_is_refused_without_root():
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops CAP_SYS_PTRACE from root")
+def test_without_ptrace_diagnose_says_so_in_one_line(tmp_path):
+    with HungJob("skip_collective.py", tmp=tmp_path, env={"JOB_NONDUMPABLE": "1"}) as job:
+        job.wait_marks()
+        root = Path(__file__).resolve().parent.parent
+        proc = subprocess.run(["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace",
+                               sys.executable, "-m", "moe_hang.cli", "diagnose",
+                               str(job.popen.pid)], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=str(root)))
+        _error(proc, "no ptrace permission")
+        assert "CAP_SYS_PTRACE" in proc.stderr
+
+
+def test_pyspy_missing_is_one_line(tmp_path):
+    with HungJob("skip_collective.py", tmp=tmp_path) as job:
+        job.wait_marks()
+        proc = run_cli("diagnose", str(job.popen.pid), timeout=60,
+                       env={"MOE_HANG_PYSPY": str(tmp_path / "no-py-spy")})
+        _error(proc, "py-spy is not installed")
+        assert "pip install py-spy" in proc.stderr

@@ -1,4 +1,6 @@
-"""Rank 1 routes zero tokens this step and skips the dispatch all-gather (DESIGN §1, case 3)."""
+"""Rank 1 (or $SKIP_RANK) routes zero tokens this step and skips the dispatch all-gather."""
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -14,7 +16,7 @@ def dispatch(x):
     return out
 
 
-tokens = 0 if rank == 1 else 4
+tokens = 0 if rank == int(os.environ.get("SKIP_RANK", "1")) else 4
 mark("hang")
 if tokens > 0:
     dispatch(torch.ones(4, 8))

@@ -1,0 +1,233 @@
+"""`moe-hang watch -- torchrun ...` on the same small jobs: it diagnoses by itself and ends them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import (
+    JOBS,
+    ROOT,
+    assert_no_survivors,
+    free_port,
+    line_of,
+    moe_hang_argv,
+    run_cli,
+    torchrun_argv,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _watch(tmp_path: Path, script: str, nproc: int = 2, stall: str = "2",
+           **env: str) -> tuple[int, dict, Path]:
+    out = tmp_path / "w"
+    proc = run_cli("watch", "--stall", stall, "--out", str(out), "--json", "--",
+                   *torchrun_argv(script, nproc), timeout=180, env=_env(**env))
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    d = json.loads(proc.stdout)
+    assert_no_survivors(str(JOBS / script))
+    return proc.returncode, d, out
+
+
+def _by_rank(d: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in d["ranks"]}
+
+
+def test_skipped_collective(tmp_path):
+    code, d, out = _watch(tmp_path, "skip_collective.py")
+    assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+    fd = d["first_divergence"]
+    assert fd["kind"] == "op_mismatch" and fd["pg"] == "0"
+    assert fd["per_rank"]["0"]["op"] == "all_gather" and fd["per_rank"]["1"]["op"] == "barrier"
+    assert fd["per_rank"]["0"]["seq"] == fd["per_rank"]["1"]["seq"] == fd["seq"]
+    r = _by_rank(d)
+    script = JOBS / "skip_collective.py"
+    assert r[0]["callsite"]["line"] == line_of(script, "dist.all_gather_into_tensor(out, x)")
+    assert r[1]["callsite"]["line"] == line_of(script, "dist.barrier()")
+    assert d["detected"] == "desync"  # from heartbeats, without waiting for --stall
+    assert "onset_to_verdict_s" in d["timings"]
+    assert d["timeline"]["highlight"] == fd["seq"]
+    assert (out / "diagnosis.json").exists() and (out / "console.log").exists()
+    assert (out / "ranks" / "rank0.fr.pkl").exists()
+
+
+def test_ragged_dtensor_gather_aborts_gloo(tmp_path):
+    code, d, _ = _watch(tmp_path, "ragged_dtensor.py")
+    assert code == 3 and d["verdict"] == "desync"
+    assert d["first_divergence"]["kind"] == "size_mismatch"
+    r = _by_rank(d)
+    assert r[0]["exit_code"] == -signal.SIGABRT
+    assert r[1]["collective"]["input_sizes"] == [[401, 64]]
+    assert all(x["callsite"]["function"] == "gather_tokens" for x in d["ranks"])
+    assert "Received data size" in " ".join(d["evidence"])
+
+
+def test_rank_killed_mid_step(tmp_path):
+    code, d, _ = _watch(tmp_path, "killed_rank.py")
+    assert code == 3 and d["verdict"] == "rank_died" and d["culprit_ranks"] == [1]
+    r = _by_rank(d)
+    assert r[1]["exit_code"] == -signal.SIGKILL
+    assert r[0]["collective"]["op"] == "all_reduce"  # what the survivor was blocked in
+    assert "all_reduce" in d["summary"]
+
+
+def test_desync_inside_a_subgroup_names_the_group(tmp_path):
+    code, d, _ = _watch(tmp_path, "subgroup_desync.py", nproc=4)
+    assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [3]
+    fd = d["first_divergence"]
+    assert fd["pg"] != "0" and fd["ranks"] == [2, 3] and fd["kind"] == "missing_rank"
+    assert fd["per_rank"]["3"] is None and fd["per_rank"]["2"]["op"] == "all_reduce"
+    assert _by_rank(d)[2]["callsite"]["function"] == "reduce_expert_grads"
+
+
+def test_collective_missing_from_backward(tmp_path):
+    code, d, _ = _watch(tmp_path, "backward_missing.py")
+    assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+    r = _by_rank(d)
+    assert r[0]["phase"] == "backward" and r[0]["autograd_function"] == "GatherTokens"
+    assert "backward" in d["summary"]
+
+
+def test_straggler_is_left_running_and_the_job_finishes(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    argv = moe_hang_argv("watch", "--stall", "2", "--out", str(tmp_path / "w"), "--json",
+                         "--", *torchrun_argv("straggler.py", 2))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the job's output and moe-hang's notices (stderr with --json)
+            seen.append(line)
+            if "straggler, not a hang" in line:
+                break
+        assert any("rank 1 still computing" in x for x in seen), "".join(seen)[-2000:]
+        (marks / "release").write_text("go")
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert json.loads(out)["verdict"] == "healthy"
+
+
+def test_killed_torchrun_agent_leaves_no_orphans(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    argv = moe_hang_argv("watch", "--stall", "60", "--out", str(tmp_path / "w"), "--json",
+                         "--", *torchrun_argv("straggler.py", 2))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(marks.glob("hang.rank*"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        agent = next(p for p in psutil.Process(proc.pid).children()
+                     if "torch.distributed.run" in " ".join(p.cmdline()))
+        ranks = [p.pid for p in agent.children()]
+        agent.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err[-2000:]
+    d = json.loads(out)
+    assert d["verdict"] == "crash" and "torchrun agent" in d["summary"]
+    assert not [p for p in ranks if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert_no_survivors(str(JOBS / "straggler.py"))
+
+
+def test_healthy_job_and_plain_exit_codes_pass_through(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "dist.all_reduce(__import__('torch').ones(2))\n"
+                      "dist.destroy_process_group()\n")
+    proc = run_cli("watch", "--out", str(tmp_path / "w"), "--json", "--", sys.executable, "-m",
+                   "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(free_port()), str(script), timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["verdict"] == "healthy"
+    plain = run_cli("watch", "--out", str(tmp_path / "p"), "--", sys.executable, "-c",
+                    "import sys; sys.exit(7)", timeout=60)
+    assert plain.returncode == 7
+
+
+def test_command_that_does_not_exist(tmp_path):
+    proc = run_cli("watch", "--out", str(tmp_path / "w"), "--", "no-such-command-xyz",
+                   timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "[error] command not found: no-such-command-xyz"
+
+
+def test_two_nodes_watched_separately_then_merged(tmp_path):
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        argv = moe_hang_argv(
+            "watch", "--stall", "3", "--out", str(tmp_path / f"node{node}"), "--json", "--",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            f"127.0.0.1:{port}", "--rdzv_id", "merge-test", str(JOBS / "skip_collective.py"))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=_env(SKIP_RANK="3"), cwd=ROOT))
+    try:
+        results = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [3, 3], [r[1][-1500:] for r in results]
+    merged = run_cli("analyze", str(tmp_path / "node0"), str(tmp_path / "node1"), "--json",
+                     timeout=60)
+    assert merged.returncode == 3, merged.stderr
+    d = json.loads(merged.stdout)
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [3]
+    assert sorted(r["rank"] for r in d["ranks"]) == [0, 1, 2, 3]
+    fd = d["first_divergence"]
+    assert fd["per_rank"]["3"]["op"] == "barrier"
+    assert all(fd["per_rank"][str(r)]["op"] == "all_gather" for r in (0, 1, 2))
+    assert_no_survivors(str(JOBS / "skip_collective.py"))
+
+
+def _no_ptrace(argv: list[str]) -> list[str]:
+    return ["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace", *argv]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops CAP_SYS_PTRACE from root")
+def test_without_ptrace_watch_falls_back_to_the_probe(tmp_path):
+    out = tmp_path / "w"
+    argv = _no_ptrace(moe_hang_argv("watch", "--stall", "2", "--out", str(out), "--json", "--",
+                                    *torchrun_argv("skip_collective.py", 2)))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env=_env(JOB_NONDUMPABLE="1"))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    d = json.loads(proc.stdout)
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+    assert any("no ptrace permission" in e for e in d["evidence"])
+    r = _by_rank(d)
+    assert r[0]["stack_source"].startswith("faulthandler")
+    assert r[0]["callsite"]["function"] == "dispatch"
+    assert_no_survivors(str(JOBS / "skip_collective.py"))
