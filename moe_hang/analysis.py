@@ -60,12 +60,14 @@ def _record_to_collective(rec: dict) -> Collective | None:
     except (KeyError, TypeError, ValueError):
         return None
     return Collective(
+        frames=parse_probe_frames(rec.get("frames")),
         pg=str(rec.get("pg", DEFAULT_PG)), seq=seq, op=normalise_op(str(rec.get("op", "?"))),
         raw_op=f"probe:{rec.get('op')}", pg_desc=str(rec.get("pg_desc", "")),
         input_sizes=[list(map(int, s)) for s in rec.get("input_sizes") or []],
         dtypes=[_dtype(str(rec["dtype"]))] if rec.get("dtype") else [],
         time_created_ns=int(float(rec["time"]) * 1e9) if rec.get("time") else None,
-        source="probe", name=rec.get("name"), phase=rec.get("phase"))
+        source="probe", name=rec.get("name"), phase=rec.get("phase"), tag=rec.get("tag"),
+        autograd_fn=rec.get("autograd_fn"))
 
 
 def timeline(ev: RankEvidence) -> RankTimeline:
@@ -80,6 +82,8 @@ def timeline(ev: RankEvidence) -> RankTimeline:
             # keep the richer source but learn the probe's step name and phase
             old.name = old.name or c.name
             old.phase = old.phase or c.phase
+            old.tag = old.tag or c.tag
+            old.autograd_fn = old.autograd_fn or c.autograd_fn
             return
         slot[c.seq] = c
         enq[c.pg] = max(enq.get(c.pg, -1), c.seq)
@@ -228,7 +232,7 @@ def _to_rc(c: Collective | None) -> RankCollective | None:
         return None
     return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
                           dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
-                          time_created_ns=c.time_created_ns)
+                          time_created_ns=c.time_created_ns, tag=c.tag)
 
 
 @dataclass
@@ -263,6 +267,11 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
             absent = [r for r, c in present.items()
                       if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
             kind = _mismatch_kind(list(have.values()))
+            tag_culprits: list[int] | None = None
+            if kind is None:
+                tag_culprits = _skipped_by_tag(pg, seq, have, views)
+                if tag_culprits is not None:
+                    kind = "missing_rank"
             if kind is None and absent:
                 stuck = [r for r in absent if _blocked_elsewhere(views[r])]
                 waiting = [r for r, c in have.items() if c.completed is not True]
@@ -278,13 +287,44 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
                 phase = "backward"
             div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
                              members=members, per_rank=per_rank, phase=phase)
-            culprits = absent if kind == "missing_rank" else _culprits(have, views)
+            if tag_culprits is not None:
+                culprits = tag_culprits
+            elif kind == "missing_rank":
+                culprits = absent
+            else:
+                culprits = _culprits(have, views)
             t = min((c.time_created_ns or 0) for c in have.values())
             found.append(Found(div, sorted(culprits), t))
             break
     if not found:
         return None
     return min(found, key=lambda f: (f.time_ns, f.div.seq))
+
+
+def _skipped_by_tag(pg: str, seq: int, have: dict[int, Collective],
+                    views: dict[int, RankView]) -> list[int] | None:
+    """Same op and sizes, but the probe says they are different collectives (FSDP all-gathers
+    of different experts have identical shapes and pair up silently). The rank that is
+    *ahead* (its collective comes next on the others) skipped one: that is the culprit."""
+    tags = {r: c.tag for r, c in have.items() if c.tag}
+    if len(tags) < 2 or len(set(tags.values())) < 2:
+        return None
+    ahead = []
+    for r, tag in tags.items():
+        for q in tags:
+            nxt = views[q].tl.by_pg.get(pg, {}).get(seq + 1)
+            if q != r and nxt is not None and nxt.tag == tag and tags[q] != tag:
+                ahead.append(r)
+                break
+    if ahead:
+        return sorted(ahead)
+    counts: dict[str, list[int]] = {}
+    for r, tag in tags.items():
+        counts.setdefault(tag, []).append(r)
+    ranked = sorted(counts.values(), key=len, reverse=True)
+    if len(ranked[0]) > len(ranked[1]):
+        return sorted(r for rs in ranked[1:] for r in rs)
+    return sorted(tags)
 
 
 def _frames_in_backward(frames: list[Frame]) -> bool:
@@ -393,8 +433,10 @@ def _user_frames_outer_first(v: RankView) -> list[Frame]:
 def _fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"
-    sizes = ", ".join("×".join(map(str, s)) for s in c.input_sizes) if c.input_sizes else ""
-    return f"{c.op}({sizes})" if sizes else c.op
+    sizes = ", ".join("×".join(map(str, s)) or "scalar" for s in c.input_sizes) \
+        if c.input_sizes else ""
+    text = f"{c.op}({sizes})" if sizes else c.op
+    return f"{text} of {c.tag}" if c.tag else text
 
 
 def _site_str(site: Frame | None) -> str:
@@ -425,23 +467,34 @@ def _tokens(ev: RankEvidence) -> dict | None:
 def _report(v: RankView, div: Divergence | None) -> RankReport:
     ev = v.ev
     coll = v.current
-    if div is not None and ev.rank in div.per_rank and div.per_rank[ev.rank] is not None:
+    if coll is None and div is not None and div.per_rank.get(ev.rank) is not None:
+        # nothing pending (it died): show its side of the divergence
         pick = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         if pick is not None and v.state in ("in_collective", "exited"):
             coll = pick
     rc = _to_rc(coll)
     if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
         rc = div.per_rank[ev.rank]
+        coll = None  # known from the stack only: its last logged collective is not this one
     if rc is None and v.state == "in_collective" and v.stack.op:
         rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
-    site = v.site
-    if coll is not None and coll.frames:
-        site = callsite(coll.frames) or site
+    # where it posted the collective: the recorder's frames are exact; a stack is exact when
+    # it is still in that collective; the probe's own record points at the line before it
+    site = None
+    if coll is not None and coll.frames and coll.source != "probe":
+        site = callsite(coll.frames)
+    if site is None and v.stack.callsite is not None and (
+            coll is None or rc is None or v.stack.op in (None, "unknown", rc.op)):
+        site = v.stack.callsite
+    if site is None and coll is not None and coll.frames:
+        site = callsite(coll.frames)
+    if site is None:
+        site = v.site
     phase = coll.phase if coll is not None and coll.phase else None
     if phase is None and (v.stack.in_backward or (coll is not None and coll.frames
                                                   and _frames_in_backward(coll.frames))):
         phase = "backward"
-    fn = v.stack.autograd_function
+    fn = coll.autograd_fn if coll is not None and coll.autograd_fn else v.stack.autograd_function
     if fn is None and coll is not None and coll.frames and _frames_in_backward(coll.frames):
         from moe_hang.stacks import autograd_function
 
@@ -734,6 +787,19 @@ def _desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: l
     if div.seq is None:
         return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
             + "."
+    pg_name = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
+    tags = {r: c.tag for r, c in div.per_rank.items() if c is not None and c.tag}
+    if div.kind == "missing_rank" and len(set(tags.values())) > 1:
+        ahead = [r for r in culprits if r in tags]
+        behind = [r for r in tags if r not in ahead]
+        if ahead and behind:
+            skipped, posted = tags[behind[0]], tags[ahead[0]]
+            first_ahead = div.per_rank.get(ahead[0])
+            op = first_ahead.op if first_ahead is not None else "collective"
+            return (f"Rank {_ranks(ahead)} never posted the {op} of {skipped}: at seq "
+                    f"{div.seq} of {pg_name} its {op} of {posted} paired with rank "
+                    f"{_ranks(behind)}'s {op} of {skipped} (same size, so silently), and every "
+                    "later collective paired with the wrong partner" + tail + ".")
     pg = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
     if div.pg != DEFAULT_PG and div.members:
         pg += f" (ranks {', '.join(map(str, div.members))})"

@@ -27,7 +27,7 @@ Stall = Annotated[float, typer.Option("--stall", help="seconds without progress 
 Out = Annotated[Path | None, typer.Option("--out", help="run directory (default runs/<ts>-...)")]
 Json = Annotated[bool, typer.Option("--json", help="print only the diagnosis JSON")]
 Html = Annotated[Path | None, typer.Option("--html", help="also save the report as HTML")]
-Steps = Annotated[int, typer.Option("--steps", help="training steps")]
+Steps = Annotated[int | None, typer.Option("--steps", help="training steps (3; fsdp-skip 5)")]
 Hidden = Annotated[int, typer.Option("--hidden", help="model width D")]
 Ffn = Annotated[int, typer.Option("--ffn", help="expert FFN width F")]
 Experts = Annotated[int | None,
@@ -39,6 +39,10 @@ Seed = Annotated[int, typer.Option("--seed", help="seed for inputs and weights")
 Dead = Annotated[str | None, typer.Option("--dead-experts",
                                           help="experts no token is routed to, e.g. 3 or 1,3")]
 Port = Annotated[int | None, typer.Option("--port", help="rendezvous port (default: a free one)")]
+LoraOutside = Annotated[bool, typer.Option(
+    "--lora-outside-fsdp", help="fsdp-skip: add LoRA after fully_shard (the wrapping mistake)")]
+DeadLayers = Annotated[str | None, typer.Option("--dead-layers",
+                                                help="layers where --dead-experts apply")]
 
 
 def _fail(exc: MoeHangError) -> typer.Exit:
@@ -50,7 +54,7 @@ def _command() -> list[str]:
     return ["moe-hang", *sys.argv[1:]]
 
 
-def _run(kind: str, *, variant: str, fix: str, scenario: str, nproc: int | None,
+def _run(kind: str, *, variant: str, fix: str | None, scenario: str, nproc: int | None,
          tokens: str | None, backend: str, stall: float, out: Path | None, as_json: bool,
          html: Path | None, **model: object) -> None:
     from moe_hang import pipeline, report
@@ -81,36 +85,40 @@ def _run(kind: str, *, variant: str, fix: str, scenario: str, nproc: int | None,
 @app.command()
 def repro(scenario: Scenario = "ep-ragged", nproc: Nproc = None, tokens: Tokens = None,
           backend: Backend = "auto", stall: Stall = DEFAULT_STALL_S, out: Out = None,
-          as_json: Json = False, html: Html = None, steps: Steps = 3, hidden: Hidden = 64,
+          as_json: Json = False, html: Html = None, steps: Steps = None, hidden: Hidden = 64,
           ffn: Ffn = 128, experts: Experts = None, topk: Topk = 2, lora_rank: LoraRank = 8,
           lora_alpha: LoraAlpha = 16.0, seed: Seed = 0, dead_experts: Dead = None,
-          port: Port = None) -> None:
+          dead_layers: DeadLayers = None, port: Port = None,
+          lora_outside_fsdp: LoraOutside = False) -> None:
     """Launch the minimal MoE+LoRA model with the *unfixed* exchange and reproduce the hang.
 
     Exit 3 when reproduced, 0 when ruled out (it ran clean), 1 on a tool error.
     """
-    _run("repro", variant="broken", fix="varlen", scenario=scenario, nproc=nproc, tokens=tokens,
+    _run("repro", variant="broken", fix=None, scenario=scenario, nproc=nproc, tokens=tokens,
          backend=backend, stall=stall, out=out, as_json=as_json, html=html, steps=steps,
          hidden=hidden, ffn=ffn, experts=experts, topk=topk, lora_rank=lora_rank,
-         lora_alpha=lora_alpha, seed=seed, dead_experts=dead_experts, port=port)
+         lora_alpha=lora_alpha, seed=seed, dead_experts=dead_experts, dead_layers=dead_layers,
+         port=port, lora_outside_fsdp=lora_outside_fsdp)
 
 
 @app.command()
 def verify(fixed: Annotated[bool, typer.Option("--fixed", help="run the fix and prove it")] = False,
-           fix: Annotated[str, typer.Option("--fix", help="varlen | a2a")] = "varlen",
+           fix: Annotated[str | None, typer.Option(
+               "--fix", help="varlen | a2a (ep-*), all-experts (fsdp-skip)")] = None,
            scenario: Scenario = "ep-ragged", nproc: Nproc = None, tokens: Tokens = None,
            backend: Backend = "auto", stall: Stall = DEFAULT_STALL_S, out: Out = None,
-           as_json: Json = False, html: Html = None, steps: Steps = 3, hidden: Hidden = 64,
+           as_json: Json = False, html: Html = None, steps: Steps = None, hidden: Hidden = 64,
            ffn: Ffn = 128, experts: Experts = None, topk: Topk = 2, lora_rank: LoraRank = 8,
            lora_alpha: LoraAlpha = 16.0, seed: Seed = 0, dead_experts: Dead = None,
-           port: Port = None) -> None:
+           dead_layers: DeadLayers = None, port: Port = None,
+           lora_outside_fsdp: LoraOutside = False) -> None:
     """With --fixed: run the fix, check every step completes and matches a single-process
     reference (exit 0, or 4). Without: check the broken code still reproduces (exit 0, or 4)."""
     _run("verify", variant="fixed" if fixed else "broken", fix=fix, scenario=scenario,
          nproc=nproc, tokens=tokens, backend=backend, stall=stall, out=out, as_json=as_json,
          html=html, steps=steps, hidden=hidden, ffn=ffn, experts=experts, topk=topk,
          lora_rank=lora_rank, lora_alpha=lora_alpha, seed=seed, dead_experts=dead_experts,
-         port=port)
+         dead_layers=dead_layers, port=port, lora_outside_fsdp=lora_outside_fsdp)
 
 
 def _show(diag: object, *, as_json: bool, title: str, html: Path | None,

@@ -14,7 +14,10 @@ from typing import Any
 from moe_hang.errors import MoeHangError
 
 SCENARIOS = ("ep-ragged", "ep-no-anchor", "fsdp-skip")
-FIXES = ("varlen", "a2a")
+FIXES = ("varlen", "a2a", "all-experts")
+# which fixes apply to which scenario; the first is the default
+SCENARIO_FIXES = {"ep-ragged": ("varlen", "a2a"), "ep-no-anchor": ("varlen", "a2a"),
+                  "fsdp-skip": ("all-experts",)}
 BACKENDS = ("auto", "gloo", "nccl")
 VARIANTS = ("broken", "fixed")
 
@@ -26,8 +29,12 @@ DEFAULT_PG_TIMEOUT_S = 60.0
 MAX_NPROC = 64
 
 
-def default_tokens(nproc: int) -> list[int]:
+def default_tokens(nproc: int, scenario: str = "ep-ragged") -> list[int]:
     """The default ragged per-rank token counts for ``nproc`` ranks."""
+    if scenario == "fsdp-skip":
+        # rank 0 holds few tokens: steps 1-4 reach every expert on every rank; step 5 routes
+        # none of rank 0's tokens to expert 2 of layer 1 (checked in tests/test_scenarios.py)
+        return [8] + [64] * (nproc - 1)
     if nproc == 2:
         return [68, 401]
     return [_RAGGED[i % len(_RAGGED)] + 17 * (i // len(_RAGGED)) for i in range(nproc)]
@@ -75,6 +82,7 @@ class ReproConfig:
     seed: int = 0
     lr: float = 0.1
     dead_experts: list[int] = field(default_factory=list)
+    dead_layers: list[int] = field(default_factory=list)  # empty: every layer
     port: int | None = None
     # fsdp-skip: wrap LoRA outside fully_shard (the coverage mistake verify must catch)
     lora_outside_fsdp: bool = False
@@ -108,12 +116,12 @@ def build_config(
     *,
     scenario: str = "ep-ragged",
     variant: str = "broken",
-    fix: str = "varlen",
+    fix: str | None = None,
     nproc: int | None = None,
     tokens: str | None = None,
     backend: str = "auto",
     stall_s: float = DEFAULT_STALL_S,
-    steps: int = 3,
+    steps: int | None = None,
     hidden: int = 64,
     ffn: int = 128,
     experts: int | None = None,
@@ -122,6 +130,7 @@ def build_config(
     lora_alpha: float = 16.0,
     seed: int = 0,
     dead_experts: str | None = None,
+    dead_layers: str | None = None,
     port: int | None = None,
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
     lora_outside_fsdp: bool = False,
@@ -129,8 +138,13 @@ def build_config(
     """Validate the user's options and fill in defaults; raises :class:`MoeHangError`."""
     if scenario not in SCENARIOS:
         raise MoeHangError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+    allowed = SCENARIO_FIXES[scenario]
+    fix = fix or allowed[0]
     if fix not in FIXES:
         raise MoeHangError(f"unknown fix {fix!r}; choose one of {', '.join(FIXES)}")
+    if fix not in allowed:
+        raise MoeHangError(f"--fix {fix} does not apply to {scenario}; "
+                           f"choose {' or '.join(allowed)}")
     if backend not in BACKENDS:
         raise MoeHangError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     counts = parse_tokens(tokens) if tokens is not None else None
@@ -140,7 +154,7 @@ def build_config(
         raise MoeHangError(f"--nproc {nproc}: at most {MAX_NPROC} ranks on one machine")
     if counts is None:
         world = nproc if nproc is not None else 2
-        counts = default_tokens(world)
+        counts = default_tokens(world, scenario)
     else:
         world = nproc if nproc is not None else len(counts)
         if len(counts) != world:
@@ -159,6 +173,14 @@ def build_config(
             "(each rank owns experts/world experts)"
         )
     dead = parse_expert_list(dead_experts, n_experts) if dead_experts else []
+    layers_dead = parse_index_list(dead_layers, 2, "--dead-layers") if dead_layers else []
+    if scenario == "ep-no-anchor" and dead_experts is None:
+        # in the last layer no token anywhere reaches the last rank's experts
+        per = n_experts // world
+        dead = list(range(n_experts - per, n_experts))
+        layers_dead = layers_dead or [1]
+    if steps is None:
+        steps = 5 if scenario == "fsdp-skip" else 3
     if topk < 1 or topk > n_experts - len(dead):
         raise MoeHangError(
             f"--topk {topk}: must be between 1 and the {n_experts - len(dead)} routable experts"
@@ -189,9 +211,23 @@ def build_config(
         lora_alpha=lora_alpha,
         seed=seed,
         dead_experts=dead,
+        dead_layers=layers_dead,
         port=port,
         lora_outside_fsdp=lora_outside_fsdp,
     )
+
+
+def parse_index_list(text: str, n: int, option: str) -> list[int]:
+    out: list[int] = []
+    for p in text.split(","):
+        try:
+            i = int(p.strip())
+        except ValueError:
+            raise MoeHangError(f"{option} {text!r}: {p.strip()!r} is not an index") from None
+        if not 0 <= i < n:
+            raise MoeHangError(f"{option} {text!r}: {i} is not in 0..{n - 1}")
+        out.append(i)
+    return sorted(set(out))
 
 
 def parse_expert_list(text: str, n_experts: int) -> list[int]:

@@ -28,10 +28,13 @@ class RankCollective:
     source: str = "flight_recorder"
     pg_desc: str = ""
     time_created_ns: int | None = None
+    tag: str | None = None  # which logical collective (e.g. layer1.expert2), from the probe
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "pg": self.pg, "seq": self.seq,
                              "input_sizes": self.input_sizes}
+        if self.tag:
+            d["tag"] = self.tag
         if self.dtypes:
             d["dtypes"] = self.dtypes
         if self.pg_desc:

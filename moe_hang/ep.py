@@ -140,7 +140,8 @@ def sum_gathered_grads(grad_GX: torch.Tensor, lengths: list[int], group: Any,
                        step: str) -> torch.Tensor:
     """Backward of a gather: every rank's experts contributed to every row; sum, keep mine."""
     grad_GX = grad_GX.contiguous()
-    _observe(step, "all_reduce", [grad_GX], backward=True, lengths=lengths)
+    _observe(step, "all_reduce", [grad_GX], backward=True, lengths=lengths,
+             autograd_fn="_GatherVarlen")
     dist.all_reduce(grad_GX, group=group)
     start, n = _my_rows(lengths, group)
     return grad_GX.narrow(0, start, n)
@@ -177,7 +178,8 @@ def spread_output_grads(grad_TD: torch.Tensor, lengths: list[int], group: Any) -
     start, n = _my_rows(lengths, group)
     grad_GD = grad_TD.new_zeros((sum(lengths), *grad_TD.shape[1:]))
     grad_GD[start : start + n] = grad_TD
-    _observe("combine", "all_reduce", [grad_GD], backward=True, lengths=lengths)
+    _observe("combine", "all_reduce", [grad_GD], backward=True, lengths=lengths,
+             autograd_fn="_CombineVarlen")
     dist.all_reduce(grad_GD, group=group)
     return grad_GD
 

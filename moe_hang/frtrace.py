@@ -37,6 +37,8 @@ class Collective:
     source: str = "flight_recorder"  # flight_recorder | probe | heartbeat
     name: str | None = None  # the probe's step name (gather_tokens, combine, ...)
     phase: str | None = None  # forward | backward, when known
+    tag: str | None = None  # the probe's identity of the collective (layer1.expert2)
+    autograd_fn: str | None = None  # the autograd.Function whose backward posted it
 
 
 @dataclass

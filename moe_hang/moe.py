@@ -37,6 +37,10 @@ class MoEConfig:
     layers: int = 2
     seed: int = 0
     dead_experts: tuple[int, ...] = ()
+    dead_layers: tuple[int, ...] = ()  # where dead_experts apply; empty: every layer
+
+    def dead_in(self, layer: int) -> tuple[int, ...]:
+        return self.dead_experts if not self.dead_layers or layer in self.dead_layers else ()
 
     @property
     def lora_scale(self) -> float:
@@ -170,7 +174,7 @@ class MoELayer(nn.Module):
         super().__init__()
         w = layer_weights(cfg, layer)
         self.layer = layer
-        self.router = Router(w["router_DE"], cfg.topk, cfg.dead_experts)
+        self.router = Router(w["router_DE"], cfg.topk, cfg.dead_in(layer))
         self.experts = experts
         self.dispatch = dispatch
 

@@ -34,6 +34,10 @@ FIX_HINTS = {
     "ep-ragged": ("Replace DTensor.from_local(x, mesh, [Shard(0)]).full_tensor() with the varlen "
                   "exchange: all-gather lengths, pad + all-gather + trim, gradient anchor, "
                   "all-reduce + narrow (moe_hang.ep.VarlenDispatch; NeMo Automodel PR #3631)."),
+    "fsdp-skip": ("Call every expert every step, with an empty input where this rank routed it "
+                  "no token (moe_hang.fsdp.FSDPExperts(call_all=True)), so FSDP's all-gather "
+                  "runs on every rank; keep each expert's LoRA inside the same fully_shard unit "
+                  "as the weights it adapts (apply LoRA before fully_shard)."),
     "ep-no-anchor": ("Add the gradient anchor y = y + x.sum() * 0 after the local experts "
                      "(moe_hang.ep.anchor_gradients) so every rank's backward runs the gathers' "
                      "all-reduce even when no token reached its experts."),
@@ -45,6 +49,8 @@ FIXES_UNDER_TEST = {
                "gradient anchor, all-reduce + narrow"),
     "a2a": ("a2a (moe_hang.a2a.AllToAllDispatch): per-expert counts, all-to-all dispatch to the "
             "owning rank, experts, reverse all-to-all, combine"),
+    "all-experts": ("all-experts (moe_hang.fsdp.FSDPExperts(call_all=True)): every expert is "
+                    "called every step, on an empty input where it has no token"),
 }
 
 
@@ -266,14 +272,21 @@ def verify(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]
     fixed = cfg.variant == "fixed"
     res = run_scenario(cfg, out_dir, say, command=command, with_reference=fixed)
     d = res.diagnosis
+    uncovered = _uncovered(res.run_dir)
     if fixed:
         ref = d.extra.get("reference") or {}
-        ok = d.verdict == "healthy" and bool(ref.get("ok"))
+        ok = d.verdict == "healthy" and bool(ref.get("ok")) and not uncovered
         if d.verdict == "healthy" and not ref.get("ok"):
             fails = "; ".join(ref.get("failures", [])[:3]) or "no comparison"
             d.summary = (f"All steps completed, but the results differ from the single-process "
                          f"reference: {fails}.")
             d.verdict = "healthy"
+        if uncovered:
+            names = ", ".join(uncovered[:6]) + (" …" if len(uncovered) > 6 else "")
+            d.summary = (f"{len(uncovered)} trainable LoRA parameter(s) are outside fully_shard "
+                         f"(no gradient reduction, ranks drift apart): {names}. Apply LoRA "
+                         "before fully_shard so the adapters shard with the weights they adapt.")
+            d.extra["uncovered_trainable"] = uncovered
         elif ok:
             d.summary = (f"Fixed ({cfg.fix}): all {cfg.steps} steps completed on {cfg.nproc} ranks "
                          f"with tokens {','.join(map(str, cfg.tokens))}; outputs, loss and every "
@@ -287,6 +300,16 @@ def verify(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]
     res.exit_code = EXIT_OK if ok else EXIT_VERIFY_FAILED
     _save(res)
     return res
+
+
+def _uncovered(run_dir: Path) -> list[str]:
+    names: list[str] = []
+    for p in sorted((run_dir / "ranks").glob("rank*.coverage.json")):
+        with contextlib.suppress(OSError, ValueError):
+            for n in json.loads(p.read_text()).get("uncovered_trainable", []):
+                if n not in names:
+                    names.append(n)
+    return names
 
 
 def _save(res: RunResult) -> None:

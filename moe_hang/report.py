@@ -83,7 +83,7 @@ def live_status(enabled: bool = True) -> Iterator[Any]:
 
 
 def _sizes(sizes: list[list[int]]) -> str:
-    return ", ".join("×".join(str(x) for x in s) for s in sizes) or "-"
+    return ", ".join("×".join(str(x) for x in s) or "scalar" for s in sizes) or "-"
 
 
 def _coll(c: dict[str, Any] | None) -> str:
@@ -93,7 +93,8 @@ def _coll(c: dict[str, Any] | None) -> str:
         return f"{c['op']} (from stack)"
     pg = c.get("pg_desc") or ("default_pg" if c.get("pg") == "0" else f"pg {c.get('pg')}")
     seq = f"#{c['seq']}" if c.get("seq") is not None else ""
-    return f"{c['op']} {pg}{seq} [{_sizes(c.get('input_sizes') or [])}]"
+    what = f" ({c['tag']})" if c.get("tag") else ""
+    return f"{c['op']} {pg}{seq} [{_sizes(c.get('input_sizes') or [])}]{what}"
 
 
 def _site(cs: dict[str, Any] | None) -> str:
@@ -140,7 +141,12 @@ def verdict_panel(d: dict[str, Any], title: str) -> Panel:
         label = "fix under test: " if d.get("variant") == "fixed" else "fix: "
         body.append("\n" + label, style="bold green")
         body.append(str(hint))
-    return Panel(body, title=f"[{style}]{title}: {d['verdict'].upper()}[/]", border_style=style,
+    label = d["verdict"].upper()
+    if d.get("verified") is False:
+        style, label = "bold red", f"NOT VERIFIED ({d['verdict']})"
+    elif d.get("verified") is True and d.get("variant") == "fixed":
+        label = "VERIFIED"
+    return Panel(body, title=f"[{style}]{title}: {label}[/]", border_style=style,
                  box=box.ROUNDED, expand=True)
 
 
@@ -246,8 +252,11 @@ def render(diag: Diagnosis, console: Console, *, title: str = "moe-hang") -> Non
         console.print(sp)
     if d.get("reference"):
         console.print(reference_table(d["reference"]))
-        for f in d["reference"].get("failures") or []:
+        fails = d["reference"].get("failures") or []
+        for f in fails[:8]:
             console.print(f"  [red]✗[/] {f}")
+        if len(fails) > 8:
+            console.print(f"  [red]✗[/] … and {len(fails) - 8} more (reference.json)")
     if d.get("evidence"):
         console.print(Text("evidence", style="bold"))
         for line in d["evidence"][:10]:

@@ -1,49 +1,62 @@
 """Which model each scenario builds on a rank, broken or fixed (torch; runs inside the workers).
 
-ep-ragged     broken: NaiveDTensorDispatch            fixed: VarlenDispatch / a2a
-ep-no-anchor  broken: VarlenDispatch(anchor=False)    fixed: VarlenDispatch / a2a
+============  ==================================  ========================================
+scenario      broken                              fixes
+============  ==================================  ========================================
+ep-ragged     NaiveDTensorDispatch (pre-#3631)    varlen (VarlenDispatch), a2a
+ep-no-anchor  VarlenDispatch(anchor=False)        varlen (with the anchor), a2a
+fsdp-skip     FSDPExperts(call_all=False)         all-experts (FSDPExperts(call_all=True))
+============  ==================================  ========================================
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from moe_hang.a2a import AllToAllDispatch
 from moe_hang.config import ReproConfig
 from moe_hang.ep import NaiveDTensorDispatch, VarlenDispatch
+from moe_hang.fsdp import FSDPExperts, full_grads, shard_experts, uncovered_trainable
 from moe_hang.moe import (
     GroupedExpertsLoRA,
     MoEConfig,
     MoELayer,
     MoEModel,
     layer_weights,
+    local_dispatch,
 )
 
 
 def moe_config(cfg: ReproConfig) -> MoEConfig:
     return MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts, topk=cfg.topk,
                      lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, layers=cfg.layers,
-                     seed=cfg.seed, dead_experts=tuple(cfg.dead_experts))
+                     seed=cfg.seed, dead_experts=tuple(cfg.dead_experts),
+                     dead_layers=tuple(cfg.dead_layers))
 
 
 @dataclass
-class EPModel:
+class Built:
     model: MoEModel
-    first_expert: int
+    first_expert: int  # the experts whose gradients this rank reports: [first, first + n)
     num_local: int
+    grads: Callable[[], dict[str, torch.Tensor | None]]
+    uncovered: list[str] = field(default_factory=list)  # trainable params outside FSDP
 
 
 def dispatch_name(cfg: ReproConfig) -> str:
-    """The exchange a run uses: ``naive``, ``varlen``, ``varlen-no-anchor`` or ``a2a``."""
+    """The exchange a run uses: naive, varlen, varlen-no-anchor, a2a, fsdp-skip, all-experts."""
     if cfg.variant == "fixed":
         return cfg.fix
-    return {"ep-ragged": "naive", "ep-no-anchor": "varlen-no-anchor"}.get(cfg.scenario, "naive")
+    return {"ep-ragged": "naive", "ep-no-anchor": "varlen-no-anchor",
+            "fsdp-skip": "fsdp-skip"}[cfg.scenario]
 
 
-def make_dispatch(name: str, mesh: Any) -> Any:
+def make_dispatch(name: str, mesh: Any, num_local: int) -> Any:
     group = mesh.get_group()
     if name == "naive":
         return NaiveDTensorDispatch(mesh)
@@ -51,10 +64,26 @@ def make_dispatch(name: str, mesh: Any) -> Any:
         return VarlenDispatch(group)
     if name == "varlen-no-anchor":
         return VarlenDispatch(group, anchor=False)
+    if name == "a2a":
+        return AllToAllDispatch(group, num_local)
     raise ValueError(f"no dispatch named {name!r}")
 
 
-def build_ep_model(cfg: ReproConfig, mesh: Any, rank: int, device: torch.device) -> EPModel:
+def _ep_grads(layers: list[Any]) -> Callable[[], dict[str, torch.Tensor | None]]:
+    def grads() -> dict[str, torch.Tensor | None]:
+        out: dict[str, torch.Tensor | None] = {}
+        for li, layer in enumerate(layers):
+            for name, p in layer.experts.lora_params().items():
+                g = p.grad
+                if g is not None and hasattr(g, "to_local"):
+                    g = g.to_local()
+                out[f"{li}.{name}"] = None if g is None else g.detach().cpu().clone()
+        return out
+
+    return grads
+
+
+def build_ep_model(cfg: ReproConfig, mesh: Any, rank: int, device: torch.device) -> Built:
     """Experts sharded over the 1-D EP mesh: rank r owns experts [r*L, (r+1)*L)."""
     from torch.distributed.tensor import DTensor, Shard
 
@@ -67,11 +96,35 @@ def build_ep_model(cfg: ReproConfig, mesh: Any, rank: int, device: torch.device)
         dt = DTensor.from_local(t.to(device), mesh, [Shard(0)], run_check=False)
         return nn.Parameter(dt, requires_grad=trainable)
 
-    dispatch = make_dispatch(dispatch_name(cfg), mesh)
+    dispatch = make_dispatch(dispatch_name(cfg), mesh, num_local)
     layers = []
     for i in range(cfg.layers):
         experts = GroupedExpertsLoRA(layer_weights(mcfg, i), first, num_local, mcfg.lora_scale,
                                      wrap=shard)
         layers.append(MoELayer(mcfg, i, experts, dispatch))
     model = MoEModel(layers).to(device)
-    return EPModel(model, first, num_local)
+    return Built(model, first, num_local, _ep_grads(layers))
+
+
+def build_fsdp_model(cfg: ReproConfig, mesh: Any, device: torch.device,
+                     before_unshard: Callable[[int, int], Callable[..., None]] | None = None,
+                     ) -> Built:
+    """Every expert a ``fully_shard`` unit over all ranks; tokens stay on their rank."""
+    mcfg = moe_config(cfg)
+    call_all = cfg.variant == "fixed"
+    layers = []
+    for i in range(cfg.layers):
+        experts = FSDPExperts(layer_weights(mcfg, i), cfg.experts, mcfg.lora_scale, call_all,
+                              with_lora=not cfg.lora_outside_fsdp)
+        layers.append(MoELayer(mcfg, i, experts, local_dispatch))
+    model = MoEModel(layers).to(device)
+    shard_experts(layers, mesh, cfg.lora_outside_fsdp, lambda li: layer_weights(mcfg, li),
+                  before_unshard)
+    return Built(model, 0, cfg.experts, lambda: full_grads(layers), uncovered_trainable(model))
+
+
+def build(cfg: ReproConfig, mesh: Any, rank: int, device: torch.device,
+          before_unshard: Callable[[int, int], Callable[..., None]] | None = None) -> Built:
+    if cfg.scenario == "fsdp-skip":
+        return build_fsdp_model(cfg, mesh, device, before_unshard)
+    return build_ep_model(cfg, mesh, rank, device)

@@ -123,8 +123,7 @@ def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
 
 # Frames that are never "the user's line": torch itself, typing_extensions shims, the
 # interpreter's runners and moe-hang's own machinery (its model code *is* user code).
-_TOOL_FILES = ("moe_hang/probe.py", "moe_hang/worker.py", "moe_hang/_probe_site/",
-               "moe_hang/sitecustomize.py")
+_TOOL_FILES = ("moe_hang/probe.py", "moe_hang/_probe_site/")
 
 
 def is_library_frame(f: Frame) -> bool:

@@ -41,7 +41,7 @@ class TokenLog:
     def __call__(self, name: str, op: str, sizes: list[list[int]], dtype: str,
                  info: dict[str, Any]) -> None:
         backward = bool(info.pop("backward", False))
-        rec = {
+        rec = {"frames": _caller_frames(),
             "time": time.time(), "step": self.step,
             "layer": None if backward else self.layer,
             "phase": "backward" if backward else "forward",
@@ -52,6 +52,18 @@ class TokenLog:
             "tokens": None if backward else self.tokens.get(self.layer or 0), **info,
         }
         self.f.write(json.dumps(rec) + "\n")
+
+
+def _caller_frames(limit: int = 12) -> list[list[Any]]:
+    """Who is posting this collective (innermost first), without the logging itself."""
+    frame = sys._getframe(2)  # 0: here, 1: TokenLog.__call__
+    out: list[list[Any]] = []
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        if code.co_name != "_observe":
+            out.append([code.co_filename, frame.f_lineno, code.co_name])
+        frame = frame.f_back  # type: ignore[assignment]
+    return out
 
 
 def _choose_backend(requested: str, world: int) -> str:
@@ -81,7 +93,7 @@ def run(run_dir: Path) -> int:
     from moe_hang import ep
     from moe_hang.config import ReproConfig
     from moe_hang.moe import global_batch, local_loss, tokens_per_expert
-    from moe_hang.scenarios import build_ep_model, moe_config
+    from moe_hang.scenarios import build, moe_config
 
     cfg = ReproConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     backend = _choose_backend(cfg.backend, cfg.nproc)
@@ -99,8 +111,21 @@ def run(run_dir: Path) -> int:
     log = TokenLog(ranks_dir / f"rank{rank}.tokens.jsonl", group)
     ep.set_collective_observer(log)
     mcfg = moe_config(cfg)
-    built = build_ep_model(cfg, mesh, rank, device)
+
+    def before_unshard(layer_idx: int, expert: int) -> Any:
+        def hook(_mod: Any, args: Any) -> None:
+            # FSDP all-gathers this expert's shards next: record it as the EP exchange is
+            log.layer = layer_idx
+            # sizes unknown here (FSDP's flat shard): only the identity of the collective
+            log("fsdp_unshard", "all_gather", [], "", {
+                "tag": f"layer{layer_idx}.expert{expert}",
+                "rows": int(args[0].shape[0]) if args else None})
+        return hook
+
+    built = build(cfg, mesh, rank, device, before_unshard)
     model = built.model
+    probe.write_atomic(ranks_dir / f"rank{rank}.coverage.json",
+                       json.dumps({"uncovered_trainable": built.uncovered}).encode())
 
     def on_route(layer_idx: int) -> Any:
         def hook(_mod: Any, _inp: Any, out: Any) -> None:
@@ -123,6 +148,7 @@ def run(run_dir: Path) -> int:
     def reduce_loss(loss: torch.Tensor) -> float:
         """Sum the per-rank loss shares (reporting only; outside the EP exchange)."""
         total = loss.detach().clone()
+        log("reduce_loss", "all_reduce", [list(total.shape)], str(total.dtype), {})
         dist.all_reduce(total)
         return float(total)
 
@@ -133,15 +159,10 @@ def run(run_dir: Path) -> int:
         out_TD = model(x_TD)
         loss = local_loss(out_TD, cfg.total_tokens)
         probe.set_progress(phase="backward")
-        loss.backward()
+        # FSDP averages gradients over ranks; EP sums them through its collectives
+        (loss * cfg.nproc if cfg.scenario == "fsdp-skip" else loss).backward()
         probe.set_progress(phase="optimizer")
-        grads = {}
-        for li, layer in enumerate(layers):
-            for name, p in layer.experts.lora_params().items():
-                g = p.grad
-                if g is not None and hasattr(g, "to_local"):
-                    g = g.to_local()
-                grads[f"{li}.{name}"] = None if g is None else g.detach().cpu().clone()
+        grads = built.grads()
         results.append({"out": out_TD.detach().cpu().clone(), "loss": reduce_loss(loss),
                         "grads": grads})
         opt.step()
