@@ -243,7 +243,11 @@ class Found:
 
 
 def _blocked_elsewhere(v: RankView) -> bool:
-    return v.state in ("exited", "idle", "in_collective") and not v.ev.progressed
+    """Known not to be on its way to the missing collective: dead, or seen not moving. A
+    single snapshot of a live rank proves nothing (it may be one step behind, computing)."""
+    if v.state == "exited":
+        return True
+    return v.state in ("idle", "in_collective") and v.ev.progressed is False
 
 
 def align(views: dict[int, RankView], world: int | None) -> Found | None:
@@ -682,6 +686,11 @@ def diagnose(ev: Evidence) -> Diagnosis:
                    and (r in waiting or reports[r].state == "exited")]
         return ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in victims)
 
+    agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
+    if div is not None and agent_died and not all(
+            views[r].state == "in_collective" for r in alive):
+        div = None  # orphans still running: a snapshot of moving ranks is not a desync
+        reports = {r: _report(v, None) for r, v in views.items()}
     if div is not None:
         verdict = "desync"
         summary = _desync_summary(div, reports, culprits, bad_exit, ev)
@@ -690,7 +699,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
         if stack_div is not None:
             summary += (" (from stacks alone: Flight Recorder dumps, e.g. by running under "
                         "`moe-hang watch`, would name the group and sequence number)")
-    elif ev.agent_exit_code is not None and ev.agent_exit_code < 0 and alive:
+    elif agent_died:
         verdict, culprits = "crash", []
         summary = (f"The launcher (torchrun agent) was {_exit_desc(ev.agent_exit_code)}; rank "
                    f"{_ranks(alive)} were left orphaned"

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,48 +64,72 @@ def _pyspy_error(stderr: str, returncode: int) -> str:
     return f"py-spy failed: {first[:200]}"
 
 
-def pyspy_dump(pid: int, *, native: bool = False, timeout: float = PYSPY_TIMEOUT_S,
-               exe: str | None = None) -> StackResult:
-    exe = exe or find_pyspy()
-    t0 = time.monotonic()
-    if exe is None:
-        return StackResult(pid, None, "py-spy is not installed (pip install py-spy)", 0.0)
-    argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+def _parse_result(pid: int, returncode: int | None, out: bytes, err: bytes,
+                  seconds: float, timeout: float) -> StackResult:
+    if returncode is None:
+        return StackResult(pid, None, f"py-spy did not answer within {timeout:.0f} s", seconds)
+    if returncode != 0:
+        return StackResult(pid, None, _pyspy_error(err.decode(errors="replace"), returncode),
+                           seconds)
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, text=True,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return StackResult(pid, None, f"py-spy did not answer within {timeout:.0f} s",
-                           time.monotonic() - t0)
-    except OSError as exc:
-        return StackResult(pid, None, f"py-spy could not run: {exc.strerror}",
-                           time.monotonic() - t0)
-    dt = time.monotonic() - t0
-    if proc.returncode != 0:
-        return StackResult(pid, None, _pyspy_error(proc.stderr, proc.returncode), dt)
-    try:
-        return StackResult(pid, json.loads(proc.stdout), None, dt)
-    except json.JSONDecodeError:
-        return StackResult(pid, None, "py-spy printed something that is not JSON", dt)
+        return StackResult(pid, json.loads(out), None, seconds)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return StackResult(pid, None, "py-spy printed something that is not JSON", seconds)
 
 
 def pyspy_many(pids: dict[int, int], *, native: bool = False,
                timeout: float = PYSPY_TIMEOUT_S) -> dict[int, StackResult]:
-    """rank -> stacks, all ranks in parallel (one py-spy per rank)."""
+    """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``.
+
+    Outputs go to temporary files (no pipe can fill up), and every py-spy still running when
+    we leave (deadline, Ctrl-C, an error) is killed: none outlives this call."""
     exe = find_pyspy()
+    if exe is None:
+        return {r: StackResult(p, None, "py-spy is not installed (pip install py-spy)", 0.0)
+                for r, p in pids.items()}
+    t0 = time.monotonic()
+    running: dict[int, tuple[subprocess.Popen[bytes], Any, Any]] = {}
     out: dict[int, StackResult] = {}
-
-    def one(rank: int, pid: int) -> None:
-        out[rank] = pyspy_dump(pid, native=native, timeout=timeout, exe=exe)
-
-    threads = [threading.Thread(target=one, args=(r, p), daemon=True) for r, p in pids.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 2.0)
-    for r, p in pids.items():
-        out.setdefault(r, StackResult(p, None, "py-spy did not return", timeout))
+    try:
+        for rank, pid in pids.items():
+            argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+            fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+            try:
+                proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            except OSError as exc:
+                fo.close()
+                fe.close()
+                out[rank] = StackResult(pid, None, f"py-spy could not run: {exc.strerror}", 0.0)
+                continue
+            running[rank] = (proc, fo, fe)
+        deadline = t0 + timeout
+        while running and time.monotonic() < deadline:
+            for rank in [r for r, (p, _, _) in running.items() if p.poll() is not None]:
+                proc, fo, fe = running.pop(rank)
+                fo.seek(0)
+                fe.seek(0)
+                out[rank] = _parse_result(pids[rank], proc.returncode, fo.read(), fe.read(),
+                                          time.monotonic() - t0, timeout)
+                fo.close()
+                fe.close()
+            if running:
+                time.sleep(0.01)
+    finally:
+        for rank, (proc, fo, fe) in running.items():
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2.0)
+            fo.close()
+            fe.close()
+            out.setdefault(rank, _parse_result(pids[rank], None, b"", b"", timeout, timeout))
     return out
+
+
+def pyspy_dump(pid: int, *, native: bool = False,
+               timeout: float = PYSPY_TIMEOUT_S) -> StackResult:
+    return pyspy_many({0: pid}, native=native, timeout=timeout)[0]
 
 
 def save_stacks(results: dict[int, StackResult], directory: Path) -> None:

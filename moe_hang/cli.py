@@ -45,6 +45,11 @@ DeadLayers = Annotated[str | None, typer.Option("--dead-layers",
                                                 help="layers where --dead-experts apply")]
 
 
+def _interrupt_code(exc: BaseException) -> int:
+    """128 + the signal, as a shell reports it (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 143 if "SIGTERM" in str(exc) else 130
+
+
 def _fail(exc: MoeHangError) -> typer.Exit:
     typer.echo(f"[error] {exc}", err=True)
     return typer.Exit(EXIT_TOOL_ERROR)
@@ -70,7 +75,7 @@ def _run(kind: str, *, variant: str, fix: str | None, scenario: str, nproc: int 
     except pipeline.Interrupted as exc:
         typer.echo(f"[error] interrupted ({exc}); every process this run started was ended",
                    err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(_interrupt_code(exc)) from None
     title = "moe-hang repro" if kind == "repro" else (
         "moe-hang verify --fixed" if variant == "fixed" else "moe-hang verify")
     # the report is always rendered (into console.log); --json prints only the JSON
@@ -156,7 +161,7 @@ def diagnose(pid: Annotated[int, typer.Argument(help="the torchrun agent's PID o
         raise _fail(exc) from None
     except pipeline.Interrupted as exc:
         typer.echo(f"[error] interrupted ({exc})", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(_interrupt_code(exc)) from None
     _show(diag, as_json=as_json, title=f"moe-hang diagnose {pid}", html=html,
           save_to=Path(diag.artifacts) if diag.artifacts else None)
     raise typer.Exit(0 if diag.verdict in ("healthy", "straggler") else 3)
@@ -194,7 +199,7 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
     except pipeline.Interrupted as exc:
         typer.echo(f"[error] interrupted ({exc}); the job and every process it started "
                    "were ended", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(_interrupt_code(exc)) from None
     del err_console
     if res.diagnosis is not None:
         _show(res.diagnosis, as_json=as_json, title="moe-hang watch", html=html,

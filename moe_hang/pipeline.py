@@ -156,9 +156,13 @@ def _write_processes(run_dir: Path, out: Outcome, cfg: ReproConfig, alive: dict[
         hb = out.heartbeats.get(r, {})
         ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
                          "alive": alive.get(r, False), "exit_code": exit_codes.get(r)}
+        if out.kind in ("stalled", "desync") and alive.get(r):
+            # by construction no rank moved for --stall seconds (or they cannot move)
+            ranks[str(r)]["progressed"] = False
+    agent_code = out.returncode if out.returncode is not None and out.returncode < 0 else None
     rundir.write_json(run_dir / "processes.json", {
         "world_size": cfg.nproc, "job": out.kind, "job_exit_code": out.returncode,
-        "ranks": ranks})
+        "agent_exit_code": agent_code, "ranks": ranks})
 
 
 def _crash_onset(run_dir: Path) -> float | None:
@@ -213,6 +217,9 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
             outcome = watch(job, settings, say, quick_check=lambda hbs: analysis.quick_divergence(
                 hbs, cfg.nproc) is not None)
             alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+            if outcome.kind == "failed" and any(alive.values()):
+                # the agent died and left its ranks running: see where they are, then end them
+                capture_stalled(outcome, run_dir, say, native=native, live_only=True)
             if outcome.kind in ("stalled", "desync"):
                 capture_stalled(outcome, run_dir, say, native=native)
                 say("analysing")

@@ -54,9 +54,14 @@ def allowed_env(env: dict[str, str]) -> dict[str, str]:
 def write_atomic(path: Path, data: bytes) -> None:
     """temp file + rename: a reader never sees half a file, even if we die mid-write."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def enable_flight_recorder() -> None:

@@ -24,6 +24,15 @@ def _mkdir_private(path: Path) -> None:
 
 def create(out: str | os.PathLike[str] | None, label: str) -> Path:
     """``--out DIR`` (must not hold a previous run) or ``runs/<timestamp>-<label>/``."""
+    try:
+        return _create(out, label)
+    except PermissionError as exc:
+        where = f"--out {out}" if out is not None else f"{RUNS_DIR}/"
+        raise MoeHangError(f"{where}: permission denied ({exc.filename or 'a parent'} is not "
+                           "accessible)") from None
+
+
+def _create(out: str | os.PathLike[str] | None, label: str) -> Path:
     if out is not None:
         path = Path(out)
         if path.exists() and not path.is_dir():

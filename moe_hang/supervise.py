@@ -69,6 +69,8 @@ def _write_processes(run_dir: Path, out: Outcome, alive: dict[int, bool]) -> Non
             code = 0
         ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
                          "alive": alive.get(r, False), "exit_code": code}
+        if out.kind in ("stalled", "desync") and alive.get(r):
+            ranks[str(r)]["progressed"] = False  # nothing moved for --stall seconds
     world = next((int(hb["world"]) for hb in out.heartbeats.values() if hb.get("world")), None)
     agent_code = out.returncode if out.returncode is not None and out.returncode < 0 else None
     rundir.write_json(run_dir / "processes.json", {

@@ -20,6 +20,8 @@ from moe_hang.launcher import Job
 from moe_hang.procs import is_alive
 
 Phase = Callable[[str], None]
+CPU_MOVING_S = 0.02
+CPU_MOVING_RATE = 0.02  # of one core
 
 
 @dataclass
@@ -34,6 +36,9 @@ class WatchSettings:
     desync_fast_path: bool = True
     # say so (once per episode) when ranks wait while another computes; keep watching
     straggler_notice: bool = False
+    # nothing moves and no collective is pending (a deadlock outside torch.distributed, a
+    # stuck data loader): stalled after this long (default max(30 s, 3 × stall_s))
+    idle_stall_s: float | None = None
 
 
 @dataclass
@@ -149,7 +154,12 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
             for r, hb in hbs.items():
                 fp = _fingerprint(hb)
                 cpu = float(hb.get("cpu_s", 0.0))
-                if fp != last_fp.get(r) or cpu - last_cpu.get(r, cpu) > 0.2 * settings.stall_s:
+                # CPU use counts as movement: a rank blocked in a collective burns next to
+                # none (the probe's heartbeat is ~0.5 ms/s), while even a starved rank on a
+                # loaded machine computes at a few percent of a core
+                used = cpu - last_cpu.get(r, cpu)
+                rate = used / max(now - last_move.get(r, now), settings.poll_s)
+                if fp != last_fp.get(r) or (used > CPU_MOVING_S and rate > CPU_MOVING_RATE):
                     last_move[r] = now
                     last_fp[r], last_cpu[r] = fp, cpu
             pending = any(_has_pending(hb) for hb in hbs.values())
@@ -171,9 +181,11 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
                     straggling = True
             else:
                 straggling = False
-            if pending and idle_for >= settings.stall_s:
+            idle_limit = settings.idle_stall_s or max(30.0, 3 * settings.stall_s)
+            if (pending and idle_for >= settings.stall_s) or idle_for >= idle_limit:
                 out.kind = "stalled"
-                out.reason = f"no progress on any rank for {idle_for:.1f} s"
+                out.reason = (f"no progress on any rank for {idle_for:.1f} s"
+                              + ("" if pending else " (and no collective pending)"))
                 out.t_detect = time.time()
                 out.onset_ns = onset_ns(hbs)
                 return out

@@ -115,3 +115,89 @@ def test_reads_torch_json_dump_format_by_rank_in_filename(fixtures):
     assert not errors and sorted(dumps) == [0, 1]
     assert [(c.seq, c.op) for c in dumps[1].entries if c.pg == "0"] == [(1, "barrier")]
     assert dumps[0].entries[0].input_sizes == [[4, 8]]
+
+
+def test_everything_unreadable_is_inconclusive_not_a_crash(fixtures, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(fixtures / "op_mismatch", run)
+    for p in (run / "ranks").iterdir():
+        p.write_bytes(p.read_bytes()[:7])  # a rank died while writing
+    (run / "stacks").mkdir()
+    (run / "stacks" / "rank0.pyspy.json").write_text('[{"thread_name": "MainThread", "fra')
+    d = _diag(run)
+    _assert_schema(d)
+    assert d["verdict"] == "inconclusive" and d["culprit_ranks"] == []
+    assert any("unreadable" in e for e in d["evidence"])
+
+
+def _ev(ranks):
+    from moe_hang.evidence import Evidence
+
+    return Evidence(ranks={r.rank: r for r in ranks}, world_size=len(ranks), job="stalled")
+
+
+def _pyspy(*frames, active=False):
+    from moe_hang.stacks import Frame, ThreadStack
+
+    return [ThreadStack("MainThread", [Frame(*f) for f in frames], active=active, is_main=True)]
+
+
+TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def test_stacks_alone_name_the_rank_that_went_past():
+    from moe_hang.evidence import RankEvidence
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=False, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 10, "all_reduce"), ("/job/train.py", 30, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    r1 = RankEvidence(rank=1, alive=True, progressed=False, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 20, "barrier"), ("/job/train.py", 52, "<module>")))
+    d = analysis.diagnose(_ev([r0, r1])).to_dict()
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+    assert d["first_divergence"]["seq"] is None and "from stacks alone" in d["summary"]
+
+
+def test_a_computing_rank_is_a_straggler_not_a_hang():
+    from moe_hang.evidence import RankEvidence
+
+    waiting = RankEvidence(rank=0, alive=True, progressed=False,
+                           threads=_pyspy((TORCH, 10, "all_reduce"), ("/job/t.py", 3, "f")))
+    busy = RankEvidence(rank=1, alive=True, progressed=True,
+                        threads=_pyspy(("/job/t.py", 9, "compute"), active=True))
+    d = analysis.diagnose(_ev([waiting, busy])).to_dict()
+    assert d["verdict"] == "straggler" and d["culprit_ranks"] == [1]
+
+
+def test_same_op_same_size_but_different_expert_is_a_skip():
+    """FSDP all-gathers of two experts look identical to the recorder; the probe's tags don't."""
+    from moe_hang.evidence import RankEvidence
+
+    def recs(tags, start=10):
+        return [{"seq": start + i, "op": "all_gather", "pg": "0", "input_sizes": [],
+                 "phase": "forward", "tag": t, "name": "fsdp_unshard"} for i, t in enumerate(tags)]
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=False,
+                      records=recs(["l1.e0", "l1.e1", "l1.e3"]))
+    r1 = RankEvidence(rank=1, alive=True, progressed=False,
+                      records=recs(["l1.e0", "l1.e1", "l1.e2", "l1.e3"]))
+    d = analysis.diagnose(_ev([r0, r1])).to_dict()
+    fd = d["first_divergence"]
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [0]
+    assert (fd["seq"], fd["kind"]) == (12, "missing_rank")
+    assert "never posted the all_gather of l1.e2" in d["summary"]
+
+
+def test_heartbeats_alone_catch_a_size_mismatch(fixtures):
+    from moe_hang.analysis import quick_divergence
+
+    def hb(rank, rows):
+        return {"rank": rank, "pid": 100 + rank, "pg_status": {"0": {"enqueued": 5,
+                                                                     "completed": 4}},
+                "pending": [{"pg_id": 0, "process_group": ["0", "default_pg"],
+                             "collective_seq_id": 5, "profiling_name": "nccl:all_gather",
+                             "input_sizes": [[rows, 64]], "input_dtypes": ["Float"]}]}
+
+    div = quick_divergence({0: hb(0, 68), 1: hb(1, 401)}, 2)
+    assert div is not None and (div.seq, div.kind) == (5, "size_mismatch")
+    assert quick_divergence({0: hb(0, 68), 1: hb(1, 68)}, 2) is None
