@@ -189,9 +189,9 @@ SECRET = "s3cr3t-token-5f1c9e"
 def _files_containing(root: Path, needle: str) -> list[Path]:
     hits = []
     for p in root.rglob("*"):
-        if p.is_file() and not stat.S_ISFIFO(p.stat().st_mode):
-            if needle.encode() in p.read_bytes():
-                hits.append(p)
+        if p.is_file() and not stat.S_ISFIFO(p.stat().st_mode) and \
+                needle.encode() in p.read_bytes():
+            hits.append(p)
     return hits
 
 
