@@ -230,9 +230,11 @@ def _ops_match(a: Collective, b: Collective) -> bool:
 def _to_rc(c: Collective | None) -> RankCollective | None:
     if c is None:
         return None
+    site = callsite(c.frames) if c.frames else None
     return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
                           dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
-                          time_created_ns=c.time_created_ns, tag=c.tag)
+                          time_created_ns=c.time_created_ns, tag=c.tag,
+                          callsite=site.as_dict() if site else None)
 
 
 @dataclass
@@ -546,6 +548,10 @@ def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: st
     return ""
 
 
+def _site_dict(site: Frame | None) -> dict | None:
+    return site.as_dict() if site is not None else None
+
+
 def _stack_divergence(views: dict[int, RankView],
                       waiting: list[int]) -> tuple[Divergence, list[int]] | None:
     """Without recorder data: ranks blocked in *different* collectives can never complete."""
@@ -556,7 +562,8 @@ def _stack_divergence(views: dict[int, RankView],
     groups: dict[str, list[int]] = {}
     for r, op in sorted(ops.items()):
         groups.setdefault(op, []).append(r)
-    per_rank = {r: RankCollective(op=op, pg="?", seq=None, source="stack")
+    per_rank = {r: RankCollective(op=op, pg="?", seq=None, source="stack",
+                                  callsite=_site_dict(views[r].stack.callsite))
                 for r, op in ops.items()}
     div = Divergence(pg="?", seq=None, kind="op_mismatch", members=sorted(ops),
                      per_rank=dict(per_rank),
@@ -611,7 +618,8 @@ def _size_abort_divergence(views: dict[int, RankView],
     per_rank: dict[int, RankCollective | None] = {r: _to_rc(c) for r, c in found.items()}
     for r in aborted:
         per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
-                                     source="stack")
+                                     source="stack",
+                                     callsite=_site_dict(views[r].stack.callsite))
     m = _GLOO_SIZE.search(text)
     detail = (f"gloo aborted rank {_ranks(aborted)}: it received {m.group(1)} bytes where it "
               f"expected {m.group(2)}") if m else f"gloo aborted rank {_ranks(aborted)}"

@@ -29,12 +29,15 @@ class RankCollective:
     pg_desc: str = ""
     time_created_ns: int | None = None
     tag: str | None = None  # which logical collective (e.g. layer1.expert2), from the probe
+    callsite: dict[str, Any] | None = None  # the line that posted this collective
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "pg": self.pg, "seq": self.seq,
                              "input_sizes": self.input_sizes}
         if self.tag:
             d["tag"] = self.tag
+        if self.callsite:
+            d["callsite"] = self.callsite
         if self.dtypes:
             d["dtypes"] = self.dtypes
         if self.pg_desc:

@@ -135,7 +135,10 @@ def verdict_panel(d: dict[str, Any], title: str) -> Panel:
                     + "\n")
         for r, c in fd.get("per_rank", {}).items():
             body.append(f"  rank {r}: ", style="bold")
-            body.append((_coll(c) if c else "never posted it") + "\n")
+            body.append(_coll(c) if c else "never posted it")
+            if c and c.get("callsite"):
+                body.append(f"  ← {_site(c['callsite'])}", style="cyan")
+            body.append("\n")
     hint = d.get("fix_hint") or d.get("fix")
     if hint:
         label = "fix under test: " if d.get("variant") == "fixed" else "fix: "

@@ -72,8 +72,10 @@ def test_ragged_dtensor_gather_aborts_gloo(tmp_path):
     assert d["first_divergence"]["kind"] == "size_mismatch"
     r = _by_rank(d)
     assert r[0]["exit_code"] == -signal.SIGABRT
-    assert r[1]["collective"]["input_sizes"] == [[401, 64]]
-    assert all(x["callsite"]["function"] == "gather_tokens" for x in d["ranks"])
+    # rank 1 received fewer bytes than it expected, finished the gather and may be further on
+    assert d["first_divergence"]["per_rank"]["1"]["input_sizes"] == [[401, 64]]
+    assert all(c["callsite"]["function"] == "gather_tokens"
+               for c in d["first_divergence"]["per_rank"].values())
     assert "Received data size" in " ".join(d["evidence"])
 
 
