@@ -15,6 +15,7 @@ from moe_hang.diagnosis import EXIT_TOOL_ERROR
 from moe_hang.errors import MoeHangError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown",
                   help="Find, explain and prove the fix for collective deadlocks in "
                        "distributed PyTorch (MoE + LoRA first).")
 

@@ -231,14 +231,4 @@ def parse_index_list(text: str, n: int, option: str) -> list[int]:
 
 
 def parse_expert_list(text: str, n_experts: int) -> list[int]:
-    out: list[int] = []
-    for p in text.split(","):
-        p = p.strip()
-        try:
-            e = int(p)
-        except ValueError:
-            raise MoeHangError(f"--dead-experts {text!r}: {p!r} is not an expert index") from None
-        if not 0 <= e < n_experts:
-            raise MoeHangError(f"--dead-experts {text!r}: expert {e} is not in 0..{n_experts - 1}")
-        out.append(e)
-    return sorted(set(out))
+    return parse_index_list(text, n_experts, "--dead-experts")

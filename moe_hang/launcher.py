@@ -56,10 +56,33 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def torchrun_argv(nproc: int, port: int, module_args: list[str]) -> list[str]:
+def torchrun_argv(nproc: int, port: int, module_args: list[str],
+                  log_dir: Path | None = None) -> list[str]:
+    """torchrun's argv. ``log_dir`` keeps its per-run directory out of /tmp (torchrun makes
+    one with mkdtemp and never removes it)."""
+    logs = ["--log_dir", str(log_dir)] if log_dir is not None else []
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
             "--nnodes", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-            "--max_restarts", "0", *module_args]
+            "--max_restarts", "0", *logs, *module_args]
+
+
+def remove_empty_torchrun_dirs(since: float) -> list[str]:
+    """Empty ``torchelastic_*`` trees torchrun left in the temp directory after ``since``
+    (the job we ran made them). Anything holding a file is kept."""
+    import shutil
+    import tempfile
+
+    removed = []
+    root = Path(tempfile.gettempdir())
+    for d in root.glob("torchelastic_*"):
+        try:
+            if d.stat().st_mtime < since - 1 or any(p.is_file() for p in d.rglob("*")):
+                continue
+            shutil.rmtree(d)
+            removed.append(str(d))
+        except OSError:
+            continue
+    return removed
 
 
 @dataclass

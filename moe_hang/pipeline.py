@@ -197,9 +197,9 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
     (run_dir / "ranks").mkdir(mode=0o700)
     t0 = time.time()
     rundir.write_json(run_dir / "config.json", json.loads(cfg.to_json()))
-    rundir.write_json(run_dir / "meta.json", rundir.meta(command, {"config": json.loads(
-        cfg.to_json())}))
     port = launcher.pick_port(cfg.port)
+    rundir.write_json(run_dir / "meta.json", rundir.meta(command, {
+        "config": json.loads(cfg.to_json()), "port": port}))
     ref = _start_reference(run_dir) if with_reference else None
     job: Job | None = None
     outcome: Outcome | None = None
@@ -210,7 +210,8 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
         try:
             say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
             argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.worker",
-                                                             str(run_dir)])
+                                                             str(run_dir)],
+                                          log_dir=run_dir / "torchrun")
             job = launcher.start(argv, run_dir / "job.log", launcher.job_env(), cwd=run_dir)
             settings = WatchSettings(probe_dir=run_dir / "ranks", world=cfg.nproc,
                                      stall_s=cfg.stall_s)

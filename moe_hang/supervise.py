@@ -174,6 +174,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         if pump is not None:
             pump.join(2.0)
         log.close()
+        launcher.remove_empty_torchrun_dirs(t0)
     if interrupted is not None:
         raise Interrupted(interrupted)
     if not outcome.heartbeats:

@@ -67,7 +67,7 @@ def _fr_bytes(lo: int, hi: int) -> int | None:
     """Input bytes of this rank's collectives with seq in (lo, hi] on the default group."""
     if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
         return None
-    raw = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    raw = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)  # type: ignore[attr-defined]
     total = 0
     for e in pickle.loads(raw)["entries"]:
         if e.get("process_group", ("",))[0] != "0" or not lo < e["collective_seq_id"] <= hi:

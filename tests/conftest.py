@@ -69,6 +69,26 @@ def assert_no_survivors(needle: str, wait: float = 5.0) -> None:
     assert not left, f"processes survived: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment for a CLI or job subprocess: this checkout importable, one thread."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def spawn_ranks(fn, args: tuple, tmp: Path, nprocs: int = 2) -> None:
+    """Run ``fn(rank, *args, out_dir)`` on ``nprocs`` real processes; each writes ok<r> or
+    err<r> (a traceback) to ``tmp``; fail the test with the first traceback."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(fn, args=(*args, str(tmp)), nprocs=nprocs, join=True,
+                       start_method="spawn")
+    errors = [p.read_text() for p in tmp.glob("err*")]
+    assert not errors, errors[0]
+    assert sorted(p.name for p in tmp.glob("ok*")) == [f"ok{r}" for r in range(nprocs)]
+
+
 def line_of(path: Path, needle: str) -> int:
     """The line number of the first line containing ``needle`` (tests never hard-code it)."""
     for i, line in enumerate(path.read_text().splitlines(), start=1):

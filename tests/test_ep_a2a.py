@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import spawn_ranks
 from torch import nn
 
 from moe_hang.a2a import AllToAllDispatch
@@ -98,8 +98,4 @@ def _worker(rank, world, counts, topk, dead, lora, init_file, out_dir):
     ((5, 3), 1, (), False),
 ])
 def test_a2a_matches_reference(tmp_path, counts, topk, dead, lora):
-    mp.start_processes(_worker, args=(2, counts, topk, dead, lora, str(tmp_path / "init"),
-                                      str(tmp_path)), nprocs=2, join=True, start_method="spawn")
-    errors = [p.read_text() for p in tmp_path.glob("err*")]
-    assert not errors, errors[0]
-    assert sorted(p.name for p in tmp_path.glob("ok*")) == ["ok0", "ok1"]
+    spawn_ranks(_worker, (2, counts, topk, dead, lora, str(tmp_path / "init")), tmp_path)

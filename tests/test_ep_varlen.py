@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import spawn_ranks
 
 from moe_hang import ep
 
@@ -75,8 +75,4 @@ def _worker(rank, world, counts, skip_rank, init_file, out_dir):
 @pytest.mark.parametrize("counts,skip_rank", [((3, 2), -1), ((0, 5), -1), ((0, 5), 0),
                                               ((4, 1), 1)])
 def test_varlen_gather_combine_matches_reference(tmp_path, counts, skip_rank):
-    mp.start_processes(_worker, args=(2, counts, skip_rank, str(tmp_path / "init"), str(tmp_path)),
-                       nprocs=2, join=True, start_method="spawn")
-    errors = [p.read_text() for p in tmp_path.glob("err*")]
-    assert not errors, errors[0]
-    assert sorted(p.name for p in tmp_path.glob("ok*")) == ["ok0", "ok1"]
+    spawn_ranks(_worker, (2, counts, skip_rank, str(tmp_path / "init")), tmp_path)

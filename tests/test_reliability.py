@@ -18,6 +18,7 @@ from conftest import (
     ROOT,
     HungJob,
     assert_no_survivors,
+    job_env,
     moe_hang_argv,
     processes_mentioning,
     run_cli,
@@ -29,10 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
+    return job_env(**extra)
 
 
 def _start(args: list[str], **env: str) -> subprocess.Popen[str]:

@@ -17,6 +17,7 @@ from conftest import (
     ROOT,
     assert_no_survivors,
     free_port,
+    job_env,
     line_of,
     moe_hang_argv,
     run_cli,
@@ -27,10 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
+    return job_env(**extra)
 
 
 def _watch(tmp_path: Path, script: str, nproc: int = 2, stall: str = "2",
@@ -46,6 +44,17 @@ def _watch(tmp_path: Path, script: str, nproc: int = 2, stall: str = "2",
 
 def _by_rank(d: dict) -> dict[int, dict]:
     return {r["rank"]: r for r in d["ranks"]}
+
+
+def _start_watch(tmp_path: Path, stall: str, script: str) -> tuple[subprocess.Popen[str], Path]:
+    """``moe-hang watch --json`` on a job, in the background; returns it and the marks dir."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    argv = moe_hang_argv("watch", "--stall", stall, "--out", str(tmp_path / "w"), "--json",
+                         "--", *torchrun_argv(script, 2))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    return proc, marks
 
 
 def test_skipped_collective(tmp_path):
@@ -106,12 +115,7 @@ def test_collective_missing_from_backward(tmp_path):
 
 
 def test_straggler_is_left_running_and_the_job_finishes(tmp_path):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    argv = moe_hang_argv("watch", "--stall", "2", "--out", str(tmp_path / "w"), "--json",
-                         "--", *torchrun_argv("straggler.py", 2))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    proc, marks = _start_watch(tmp_path, "2", "straggler.py")
     try:
         assert proc.stderr is not None
         seen = []
@@ -131,12 +135,7 @@ def test_straggler_is_left_running_and_the_job_finishes(tmp_path):
 
 
 def test_killed_torchrun_agent_leaves_no_orphans(tmp_path):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    argv = moe_hang_argv("watch", "--stall", "60", "--out", str(tmp_path / "w"), "--json",
-                         "--", *torchrun_argv("straggler.py", 2))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    proc, marks = _start_watch(tmp_path, "60", "straggler.py")
     try:
         deadline = time.monotonic() + 90
         while len(list(marks.glob("hang.rank*"))) < 2:

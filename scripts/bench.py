@@ -1,0 +1,253 @@
+"""Benchmarks: time to verdict, diagnose latency, probe overhead, and the cost of each fix.
+
+    python scripts/bench.py [--quick] [--json bench.json]
+
+Prints a table per section and writes bench.json with the keys ``time_to_verdict_s``,
+``repro_wall_s``, ``pg_timeout_s``, ``diagnose_s``, ``probe_overhead_ratio``,
+``detail_overhead_ratio`` and ``fix_cost``. ``--quick`` (under 3 minutes on a 2-core machine)
+runs fewer repeats and a smaller fix matrix. Nothing here is asserted by the test suite.
+
+What each number is:
+
+* time to verdict: from hang onset (the Flight Recorder's creation time of the collective that
+  never completes, or the crash time) to diagnosis.json on disk (``timings.onset_to_verdict_s``
+  of the run), against what you wait today: the process-group timeout before the recorder
+  dumps (NCCL 600 s, gloo 1800 s by default).
+* diagnose: wall time of ``moe-hang diagnose PID`` on N hung ranks (median of 3).
+* probe overhead: steps/s of the healthy model (varlen fix) plain vs. under ``moe-hang watch``
+  (recorder + probe) vs. with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, runs interleaved, median of
+  the per-round ratios (>1 means slower).
+* fix cost: step time, bytes this rank hands to its collectives per step per layer (summed
+  from the recorder's input sizes, forward and backward) and RSS high-water growth of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "tests" / "jobs"
+PG_TIMEOUT_S = {"nccl (default)": 600, "gloo (default)": 1800}
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    e.update(extra)
+    return e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli(*args: str, extra_env: dict[str, str] | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "moe_hang.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env(**(extra_env or {})), cwd=ROOT)
+
+
+def torchrun(nproc: int, *script: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script]
+
+
+def table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)))
+
+
+# ----------------------------------------------------------------------------- 1. verdicts
+
+
+def time_to_verdict(tmp: Path) -> tuple[dict[str, float], dict[str, float]]:
+    ttv: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    for scenario in ("ep-ragged", "ep-no-anchor", "fsdp-skip"):
+        out = tmp / f"repro-{scenario}"
+        t0 = time.monotonic()
+        proc = cli("repro", "--scenario", scenario, "--out", str(out), "--json")
+        wall[scenario] = round(time.monotonic() - t0, 2)
+        d = json.loads(proc.stdout)
+        ttv[scenario] = d["timings"]["onset_to_verdict_s"]
+    out = tmp / "watch-skip"
+    proc = cli("watch", "--stall", "5", "--out", str(out), "--json", "--",
+               *torchrun(2, str(JOBS / "skip_collective.py")))
+    ttv["watch: skip_collective.py"] = json.loads(proc.stdout)["timings"]["onset_to_verdict_s"]
+    table("time to verdict (hang onset -> diagnosis.json)",
+          ["case", "moe-hang", "repro wall", "vs NCCL timeout", "vs gloo timeout"],
+          [[k, f"{v:.2f} s", f"{wall.get(k, '-')} s" if k in wall else "-",
+            f"{600 / v:.0f}x sooner", f"{1800 / v:.0f}x sooner"] for k, v in ttv.items()])
+    return ttv, wall
+
+
+# ----------------------------------------------------------------------------- 2. diagnose
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def diagnose_latency(tmp: Path, sizes: list[int]) -> dict[str, float]:
+    import psutil
+
+    out: dict[str, float] = {}
+    for n in sizes:
+        marks = Path(tempfile.mkdtemp(prefix="marks-", dir=tmp))
+        job = subprocess.Popen(torchrun(n, str(JOBS / "skip_collective.py")), cwd=JOBS,
+                               env=env(JOB_MARKS=str(marks), SKIP_RANK=str(n - 1)),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while len(list(marks.glob("hang.rank*"))) < n:
+                if time.monotonic() > deadline or job.poll() is not None:
+                    raise RuntimeError(f"{n}-rank job did not reach its hang")
+                time.sleep(0.1)
+            ranks = [c.pid for c in psutil.Process(job.pid).children()]
+            while True:  # until every rank sits blocked (no CPU over 0.3 s)
+                a = [_cpu_ticks(p) for p in ranks]
+                time.sleep(0.3)
+                if a == [_cpu_ticks(p) for p in ranks]:
+                    break
+            times = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                proc = cli("diagnose", str(job.pid), "--json")
+                times.append(time.monotonic() - t0)
+                assert json.loads(proc.stdout)["verdict"] == "desync", proc.stdout[:300]
+            out[str(n)] = round(statistics.median(times), 3)
+        finally:
+            for p in psutil.Process(job.pid).children(recursive=True):
+                p.kill()
+            job.kill()
+            job.wait()
+    table("diagnose PID on hung ranks (wall, median of 3)", ["ranks", "seconds"],
+          [[k, f"{v:.2f}"] for k, v in out.items()])
+    return out
+
+
+# ----------------------------------------------------------------------------- 3. overhead
+
+
+def _steps_run(mode: str, tmp: Path, steps: int) -> float:
+    res = tmp / f"overhead-{mode}-{time.monotonic_ns()}.jsonl"
+    case = json.dumps([{"fix": "varlen", "experts": 8, "topk": 2, "tokens": "256,768",
+                        "hidden": 128, "ffn": 256}])
+    job = torchrun(2, str(ROOT / "scripts" / "bench_steps.py"), "--cases", case,
+                   "--steps", str(steps), "--warmup", "5", "--out", str(res))
+    if mode == "watch":
+        proc = cli("watch", "--stall", "30", "--out", str(tmp / f"w-{res.stem}"), "--json",
+                   "--", *job)
+    else:
+        extra = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if mode == "detail" else {}
+        proc = subprocess.run(job, capture_output=True, text=True, timeout=600,
+                              env=env(**extra), cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} run failed: {proc.stderr[-1000:]}")
+    return float(json.loads(res.read_text().splitlines()[0])["steps_per_s"])
+
+
+def overhead(tmp: Path, rounds: int, steps: int) -> tuple[float, float, list[list[float]]]:
+    per_round = []
+    for _ in range(rounds):  # interleaved, so drift in machine load hits every mode alike
+        plain = _steps_run("plain", tmp, steps)
+        probe = _steps_run("watch", tmp, steps)
+        detail = _steps_run("detail", tmp, steps)
+        per_round.append([plain, probe, detail])
+    probe_ratio = statistics.median(p / w for p, w, _ in per_round)
+    detail_ratio = statistics.median(p / d for p, _, d in per_round)
+    table("probe overhead (steps/s, healthy varlen model, 2 ranks)",
+          ["round", "plain", "under watch", "DETAIL"],
+          [[i + 1, *[f"{x:.2f}" for x in r]] for i, r in enumerate(per_round)])
+    print(f"median slowdown: watch probe {100 * (probe_ratio - 1):+.1f} %, "
+          f"TORCH_DISTRIBUTED_DEBUG=DETAIL {100 * (detail_ratio - 1):+.1f} %")
+    return round(probe_ratio, 4), round(detail_ratio, 4), per_round
+
+
+# ----------------------------------------------------------------------------- 4. fix cost
+
+
+def fix_cost(tmp: Path, quick: bool, steps: int) -> list[dict]:
+    rows: list[dict] = []
+    worlds = (2, 4)
+    for world in worlds:
+        uniform = ",".join(["512"] * world)
+        ragged = ",".join(str(x) for x in [256, 768, 1280, 384][:world])
+        cases = []
+        for topk in ((2,) if quick else (1, 2)):
+            cases.append({"fix": "naive", "experts": 8, "topk": topk, "tokens": uniform})
+            for fix in ("varlen", "a2a"):
+                for tokens in ((ragged,) if quick else (uniform, ragged)):
+                    cases.append({"fix": fix, "experts": 8, "topk": topk, "tokens": tokens})
+        res = tmp / f"fixcost-{world}.jsonl"
+        proc = subprocess.run(
+            torchrun(world, str(ROOT / "scripts" / "bench_steps.py"), "--cases",
+                     json.dumps(cases), "--steps", str(steps), "--warmup", "3",
+                     "--out", str(res)),
+            capture_output=True, text=True, timeout=1200, cwd=ROOT,
+            env=env(TORCH_FR_BUFFER_SIZE="20000", MALLOC_MMAP_THRESHOLD_="65536"))
+        if proc.returncode != 0:
+            raise RuntimeError(f"fix-cost run failed: {proc.stderr[-1500:]}")
+        rows.extend(json.loads(line) for line in res.read_text().splitlines())
+    for r in rows:
+        r["kind"] = "uniform" if len(set(r["tokens"].split(","))) == 1 else "ragged"
+    table("cost of each fix (E=8, D=256, F=512, 2 layers; bytes per step per layer)",
+          ["fix", "world", "top-k", "tokens", "step ms", "MB/step/layer", "peak MB"],
+          [[r["fix"], r["world"], r["topk"], r["tokens"], f"{r['step_ms']:.1f}",
+            f"{r['bytes_per_step'] / 2**20:.2f}", f"{r['peak_mem_mb']:.1f}"] for r in rows])
+    return [{"fix": r["fix"], "world": r["world"], "experts": r["experts"], "topk": r["topk"],
+             "tokens": r["tokens"], "kind": r["kind"], "step_ms": r["step_ms"],
+             "bytes_per_step": r["bytes_per_step"], "peak_mem_mb": r["peak_mem_mb"]}
+            for r in rows]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="moe-hang benchmarks")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (under 3 minutes)")
+    ap.add_argument("--json", default="bench.json", help="where to write the results")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="moe-hang-bench-"))
+    try:
+        ttv, wall = time_to_verdict(tmp)
+        diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8])
+        probe_ratio, detail_ratio, rounds = overhead(tmp, 2 if args.quick else 5,
+                                                     30 if args.quick else 60)
+        costs = fix_cost(tmp, args.quick, 5 if args.quick else 10)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "command": "python scripts/bench.py" + (" --quick" if args.quick else ""),
+        "quick": args.quick, "time_to_verdict_s": ttv, "repro_wall_s": wall,
+        "pg_timeout_s": PG_TIMEOUT_S, "diagnose_s": diag, "probe_overhead_ratio": probe_ratio,
+        "detail_overhead_ratio": detail_ratio, "overhead_rounds_steps_per_s": rounds,
+        "fix_cost": costs, "total_s": round(time.monotonic() - t0, 1),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+    }
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.json} in {result['total_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

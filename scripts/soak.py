@@ -1,0 +1,127 @@
+"""Soak: many repro/verify cycles, then two repros at once; report what leaked (not in CI).
+
+    python scripts/soak.py [--cycles 20] [--json soak.json]
+
+After every command it checks the process table (anything whose command line or environment
+mentions the run directory), listening ports opened since the start, this process's open file
+descriptors, and files left in the temporary directory. Every leak count must be zero, every
+exit code the expected one, and the two concurrent repros must use different ports and run
+directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "moe_hang.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+
+
+def listening_ports() -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
+
+
+def survivors(needle: str) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if any(needle in c for c in p.info["cmdline"] or []):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def tmp_entries() -> set[str]:
+    return set(os.listdir(tempfile.gettempdir()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--json", default="soak.json")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="moe-hang-soak-"))
+    ports0, fds0, tmp0 = listening_ports(), psutil.Process().num_fds(), tmp_entries()
+    rows: list[dict[str, Any]] = []
+    t_start = time.time()
+
+    def check(kind: str, run: Path, proc: subprocess.CompletedProcess[str],
+              want: int) -> dict[str, Any]:
+        time.sleep(0.2)  # let the kernel finish reaping before we look
+        row: dict[str, Any] = {"kind": kind, "exit": proc.returncode, "expected": want,
+               "leaked_processes": len(survivors(str(run))),
+               "wall_s": None}
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            row["wall_s"] = json.loads((run / "diagnosis.json").read_text())["timings"]["wall_s"]
+        rows.append(row)
+        print(f"{len(rows):3d} {kind:14s} exit {row['exit']} (want {want})  "
+              f"leaked processes {row['leaked_processes']}  wall {row['wall_s']}", flush=True)
+        return row
+
+    for i in range(args.cycles):
+        run = base / f"repro-{i}"
+        check("repro", run, cli("repro", "--out", str(run)), 3)
+        run = base / f"verify-{i}"
+        check("verify --fixed", run, cli("verify", "--fixed", "--out", str(run)), 0)
+
+    # two at once: different ports and run directories, no collision
+    results: dict[str, subprocess.CompletedProcess[str]] = {}
+    runs = [base / "concurrent-a", base / "concurrent-b"]
+
+    def go(run: Path) -> None:
+        results[run.name] = cli("repro", "--out", str(run), "--json")
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for run in runs:
+        check("concurrent repro", run, results[run.name], 3)
+    job_ports = [json.loads((run / "meta.json").read_text()).get("port") for run in runs]
+    time.sleep(1.0)
+    leaked_ports = sorted(listening_ports() - ports0)
+    leaked_fds = psutil.Process().num_fds() - fds0
+    leaked_tmp = sorted(e for e in tmp_entries() - tmp0 if not e.startswith("moe-hang-soak-"))
+    summary = {
+        "commands": len(rows),
+        "wrong_exit_codes": sum(r["exit"] != r["expected"] for r in rows),
+        "leaked_processes": sum(r["leaked_processes"] for r in rows),
+        "leaked_listening_ports": leaked_ports,
+        "leaked_fds": leaked_fds,
+        "leaked_tmp_files": leaked_tmp,
+        "concurrent_ports": job_ports,
+        "concurrent_ports_distinct": len(set(job_ports)) == len(job_ports),
+        "run_dirs_distinct": len({str(r) for r in runs}) == len(runs),
+        "total_s": round(time.time() - t_start, 1),
+    }
+    Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    ok = (summary["wrong_exit_codes"] == 0 and summary["leaked_processes"] == 0
+          and not leaked_ports and leaked_fds <= 0 and not leaked_tmp
+          and summary["concurrent_ports_distinct"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
