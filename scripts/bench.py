@@ -17,8 +17,11 @@ What each number is:
 * probe overhead: steps/s of the healthy model (varlen fix) plain vs. under ``moe-hang watch``
   (recorder + probe) vs. with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, runs interleaved, median of
   the per-round ratios (>1 means slower).
-* fix cost: step time, bytes this rank hands to its collectives per step per layer (summed
-  from the recorder's input sizes, forward and backward) and RSS high-water growth of a step.
+* fix cost: step time; bytes a rank puts on the wire per step per layer, forward and backward
+  (from the recorder's sizes of every collective of one step, with nccl-tests' bus-bandwidth
+  factors: all-reduce 2(n-1)/n of the buffer, all-gather (n-1)/n of the output, all-to-all
+  (n-1)/n of the input), and the plain sum of input sizes beside it; RSS high-water growth
+  of one step.
 """
 
 from __future__ import annotations
@@ -211,14 +214,16 @@ def fix_cost(tmp: Path, quick: bool, steps: int) -> list[dict]:
         rows.extend(json.loads(line) for line in res.read_text().splitlines())
     for r in rows:
         r["kind"] = "uniform" if len(set(r["tokens"].split(","))) == 1 else "ragged"
-    table("cost of each fix (E=8, D=256, F=512, 2 layers; bytes per step per layer)",
-          ["fix", "world", "top-k", "tokens", "step ms", "MB/step/layer", "peak MB"],
+    table("cost of each fix (E=8, D=256, F=512, 2 layers; per rank, per step, per layer)",
+          ["fix", "world", "top-k", "tokens", "step ms", "wire MB", "input MB", "peak MB"],
           [[r["fix"], r["world"], r["topk"], r["tokens"], f"{r['step_ms']:.1f}",
-            f"{r['bytes_per_step'] / 2**20:.2f}", f"{r['peak_mem_mb']:.1f}"] for r in rows])
+            f"{r['bytes_per_step'] / 2**20:.2f}", f"{r['input_bytes_per_step'] / 2**20:.2f}",
+            f"{r['peak_mem_mb']:.1f}"] for r in rows])
     return [{"fix": r["fix"], "world": r["world"], "experts": r["experts"], "topk": r["topk"],
              "tokens": r["tokens"], "kind": r["kind"], "step_ms": r["step_ms"],
-             "bytes_per_step": r["bytes_per_step"], "peak_mem_mb": r["peak_mem_mb"]}
-            for r in rows]
+             "bytes_per_step": r["bytes_per_step"],
+             "input_bytes_per_step": r["input_bytes_per_step"],
+             "peak_mem_mb": r["peak_mem_mb"]} for r in rows]
 
 
 def main() -> int:

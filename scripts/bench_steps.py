@@ -3,9 +3,10 @@
 Run by scripts/bench.py under torchrun (plain, under `moe-hang watch`, or with
 TORCH_DISTRIBUTED_DEBUG=DETAIL). Each case: a dispatch (naive | varlen | a2a), experts, top-k
 and per-rank token counts. Rank 0 writes one JSON line per case to --out:
-step_ms (median over the timed steps), bytes_per_step per layer (summed from the Flight
-Recorder's input sizes of one step, when the recorder is on) and peak_mem_mb (RSS high-water
-mark growth during the steps, max over ranks).
+step_ms (median over the timed steps), bytes_per_step per layer (the bytes a rank puts on the
+wire in one step, from the Flight Recorder's sizes with nccl-tests' bus-bandwidth factors;
+input_bytes_per_step is the plain sum of input sizes), and peak_mem_mb (RSS high-water mark
+growth during one step, max over ranks).
 """
 
 from __future__ import annotations
@@ -63,21 +64,44 @@ class PeakRSS:
         return self.peak - self.base
 
 
-def _fr_bytes(lo: int, hi: int) -> int | None:
-    """Input bytes of this rank's collectives with seq in (lo, hi] on the default group."""
+def _nbytes(sizes: list, dtypes: list) -> int:
+    total = 0
+    for size, dtype in zip(sizes, dtypes, strict=False):
+        n = 1
+        for x in size:
+            n *= int(x)
+        total += n * ELEM_BYTES.get(dtype, 4)
+    return total
+
+
+# Bytes a rank puts on the wire per collective, from its sizes, with nccl-tests' bus-bandwidth
+# factors (ring all-reduce 2(n-1)/n of the buffer; all-gather (n-1)/n of the output;
+# reduce-scatter and all-to-all (n-1)/n of the input).
+def _wire_bytes(op: str, inp: int, out: int, n: int) -> float:
+    if op in ("all_reduce", "allreduce"):
+        return inp * 2 * (n - 1) / n
+    if op in ("all_gather", "allgather", "_allgather_base"):
+        return out * (n - 1) / n
+    return inp * (n - 1) / n
+
+
+def _fr_bytes(lo: int, hi: int, world: int) -> tuple[int, int] | None:
+    """(input bytes, wire bytes) of this rank's collectives with seq in (lo, hi] on the
+    default group, from the Flight Recorder's sizes."""
     if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
         return None
-    raw = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)  # type: ignore[attr-defined]
-    total = 0
+    raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+        includeStackTraces=False)
+    inputs, wire = 0, 0.0
     for e in pickle.loads(raw)["entries"]:
         if e.get("process_group", ("",))[0] != "0" or not lo < e["collective_seq_id"] <= hi:
             continue
-        for size, dtype in zip(e["input_sizes"], e["input_dtypes"], strict=False):
-            n = 1
-            for x in size:
-                n *= int(x)
-            total += n * ELEM_BYTES.get(dtype, 4)
-    return total
+        op = e["profiling_name"].rsplit(":", 1)[-1]
+        inp = _nbytes(e["input_sizes"], e["input_dtypes"])
+        out = _nbytes(e["output_sizes"], e["output_dtypes"])
+        inputs += inp
+        wire += _wire_bytes(op, inp, out, world)
+    return inputs, int(wire)
 
 
 def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -> dict:
@@ -115,11 +139,12 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
         if i >= warmup:
             times.append(dt)
             if nbytes is None:
-                nbytes = _fr_bytes(seq0, seq1)
+                nbytes = _fr_bytes(seq0, seq1, world)
     dist.barrier()
     with PeakRSS() as mem:  # one more step, untimed, for the memory high-water mark
         step(warmup + steps)
-    vals = torch.tensor([statistics.median(times), float(nbytes or 0), mem.mb],
+    inp, wire = nbytes if nbytes is not None else (0, 0)
+    vals = torch.tensor([statistics.median(times), float(wire), mem.mb, float(inp)],
                         dtype=torch.float64)
     gathered = [torch.zeros_like(vals) for _ in range(world)]
     dist.all_gather(gathered, vals)
@@ -129,6 +154,8 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
             "steps_per_s": round(1.0 / float(rows[:, 0].max()), 2),
             "bytes_per_step": (None if nbytes is None
                                else int(rows[:, 1].mean() / cfg.layers)),
+            "input_bytes_per_step": (None if nbytes is None
+                                     else int(rows[:, 3].mean() / cfg.layers)),
             "peak_mem_mb": round(float(rows[:, 2].max()), 1)}
 
 

@@ -56,14 +56,17 @@ def test_repro_reproduces_the_ragged_gather(tmp_path):
     assert_no_survivors(str(run))
 
 
-def test_repro_human_output(tmp_path):
+def test_repro_human_output_and_html(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("repro", "--out", str(run))
+    html = tmp_path / "report.html"
+    proc = run_cli("repro", "--out", str(run), "--html", str(html))
     assert proc.returncode == 3, proc.stderr
     out = proc.stdout
     for needle in ("moe-hang repro: DESYNC", "size_mismatch", "68×64", "401×64",
-                   "naive_gather", "VarlenDispatch", "rank"):
+                   "naive_gather", "VarlenDispatch", "rank", "collectives of default_pg"):
         assert needle in out, needle
+    page = html.read_text()
+    assert page.lstrip().startswith("<!DOCTYPE html>") and "DESYNC" in page
     assert "Traceback" not in out + proc.stderr
     assert_no_survivors(str(run))
 
