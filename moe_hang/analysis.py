@@ -304,7 +304,26 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
             break
     if not found:
         return None
-    return min(found, key=lambda f: (f.time_ns, f.div.seq))
+    # Two groups can each miss a rank (rank 3 skipped group 2's all-reduce and waits in the
+    # barrier; rank 2 waits in that all-reduce and so never reaches the barrier). Blame the
+    # divergence whose absent rank went *past* the collective, not the one stuck before it.
+    return min(found, key=lambda f: (_is_consequence(f, views), f.time_ns, f.div.seq or 0))
+
+
+def _is_consequence(f: Found, views: dict[int, RankView]) -> bool:
+    """A missing rank that is still *behind* the others in program order did not skip
+    anything: it is held up earlier, by another group's divergence."""
+    if f.div.kind != "missing_rank" or not f.culprits:
+        return False
+    present = [(r, c) for r, c in f.div.per_rank.items() if c is not None]
+    if not present:
+        return False
+    r_wait, _ = present[0]
+    waiting = views[r_wait].tl.by_pg.get(f.div.pg, {}).get(f.div.seq or -1)
+    absent = views[f.culprits[0]].current
+    if waiting is None or absent is None:
+        return False
+    return _who_skipped(waiting, absent, views, [r_wait], [f.culprits[0]]) == "a"
 
 
 def _skipped_by_tag(pg: str, seq: int, have: dict[int, Collective],

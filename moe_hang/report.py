@@ -219,9 +219,7 @@ def timeline_table(d: dict[str, Any]) -> Table | None:
     tl = d.get("timeline")
     if not tl or not tl.get("seqs"):
         return None
-    pg = tl.get("pg_desc") or ("default_pg" if tl["pg"] == "0" else f"group {tl['pg']}")
-    t = Table(box=box.SIMPLE, title=f"collectives of {pg} by sequence number "
-              "(done · [yellow]pending[/] · [red]missing[/])", title_justify="left")
+    t = Table(box=box.SIMPLE)
     t.add_column("rank", style="bold")
     hi = tl.get("highlight")
     for s in tl["seqs"]:
@@ -249,6 +247,11 @@ def render(diag: Diagnosis, console: Console, *, title: str = "moe-hang") -> Non
     console.print(ranks_table(d))
     tt = timeline_table(d)
     if tt is not None and d["verdict"] not in ("healthy",):
+        tl = d["timeline"]
+        pg = tl.get("pg_desc") or ("default_pg" if tl["pg"] == "0" else f"group {tl['pg']}")
+        console.print(Text.from_markup(
+            f"[bold]collectives of {pg} by sequence number[/] (done · [yellow]pending[/] · "
+            "[red]missing[/])"))
         console.print(tt)
     sp = stacks_panel(d)
     if sp is not None and d["verdict"] != "healthy":

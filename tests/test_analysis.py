@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from moe_hang import analysis, collect, frtrace
 from moe_hang.diagnosis import SCHEMA
 
@@ -201,3 +203,42 @@ def test_heartbeats_alone_catch_a_size_mismatch(fixtures):
     div = quick_divergence({0: hb(0, 68), 1: hb(1, 401)}, 2)
     assert div is not None and (div.seq, div.kind) == (5, "size_mismatch")
     assert quick_divergence({0: hb(0, 68), 1: hb(1, 68)}, 2) is None
+
+
+@pytest.mark.parametrize("barrier_first", [True, False])
+def test_two_groups_each_missing_a_rank_blames_the_one_that_went_past(barrier_first):
+    """Rank 3 skipped group 2's all-reduce and waits in the barrier; rank 2 waits in that
+    all-reduce, so it is also missing from the barrier. Only rank 3 skipped anything,
+    whichever collective the recorder saw first."""
+    from moe_hang.evidence import RankEvidence
+
+    t_ar, t_bar = (2e18, 1e18) if barrier_first else (1e18, 2e18)
+
+    def rec(seq, op, pg, t):
+        return {"seq": seq, "op": op, "pg": pg, "input_sizes": [[4]] if op != "barrier" else [],
+                "time": t / 1e9}
+
+    warm = [rec(1, "all_reduce", "0", 1e17), rec(2, "all_reduce", "0", 1.1e17)]
+    sub = [rec(1, "all_reduce", "2", 1.2e17), rec(2, "all_reduce", "2", 1.3e17)]
+    job = "/job/subgroup.py"
+    at_barrier = _pyspy((TORCH, 5, "barrier"), (job, 22, "<module>"))
+    at_reduce = _pyspy((TORCH, 9, "all_reduce"), (job, 17, "reduce_expert_grads"),
+                       (job, 20, "<module>"))
+    ranks = []
+    for r in range(4):
+        records = list(warm)
+        if r in (2, 3):
+            records += sub
+        if r == 2:
+            records.append(rec(3, "all_reduce", "2", t_ar))
+        else:
+            records.append(rec(3, "barrier", "0", t_bar))
+        ev = RankEvidence(rank=r, alive=True, progressed=False, records=records,
+                          threads=at_reduce if r == 2 else at_barrier,
+                          groups={"0": [0, 1, 2, 3], "2": [2, 3]})
+        ev.heartbeat = {"pg_status": {"0": {"enqueued": 3 if r != 2 else 2, "completed": 2},
+                                      "2": {"enqueued": 3 if r == 2 else 2, "completed": 2}}}
+        ranks.append(ev)
+    d = analysis.diagnose(_ev(ranks)).to_dict()
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [3]
+    assert d["first_divergence"]["pg"] == "2" and d["first_divergence"]["ranks"] == [2, 3]
