@@ -286,7 +286,8 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
             if kind is None:
                 continue
             first = next(iter(have.values()))
-            per_rank = {r: _to_rc(present.get(r)) for r in with_data}
+            per_rank = {r: _with_stack_site(_to_rc(present.get(r)), views[r])
+                        for r in with_data}
             phase = next((c.phase for c in have.values() if c.phase), None)
             if phase is None and any(c.frames and _frames_in_backward(c.frames)
                                      for c in have.values()):
@@ -565,6 +566,19 @@ def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: st
                 "fine: suspect the transport (NCCL_DEBUG=INFO), a peer outside this job, or a "
                 "device fault; Flight Recorder dumps from every rank would settle it.")
     return ""
+
+
+def _with_stack_site(rc: RankCollective | None, v: RankView) -> RankCollective | None:
+    """Where the recorder has no frames (or only the probe's approximate ones), a stack that
+    is inside the same collective gives the exact line."""
+    if rc is None or (rc.callsite is not None and rc.source != "probe"):
+        return rc
+    pending = v.current
+    same = v.stack.op == rc.op and (pending is None or pending.seq == rc.seq
+                                    or v.state == "exited")
+    if same and v.stack.callsite is not None:
+        rc.callsite = v.stack.callsite.as_dict()
+    return rc
 
 
 def _site_dict(site: Frame | None) -> dict | None:

@@ -54,6 +54,22 @@ FIXES_UNDER_TEST = {
 }
 
 
+def recommend_fix(cfg: ReproConfig) -> tuple[str, str]:
+    """varlen for few experts per token; a2a once E/k is large, with the reason."""
+    if cfg.scenario == "fsdp-skip":
+        return "all-experts", ""
+    ratio = cfg.experts / cfg.topk
+    if ratio < 4:
+        return "varlen", ""
+    w = cfg.nproc
+    return "a2a", (
+        f"With E/k = {cfg.experts}/{cfg.topk} = {ratio:g}, prefer the all-to-all fix "
+        "(--fix a2a, moe_hang.a2a.AllToAllDispatch): it sends each token only to the ranks of "
+        f"its {cfg.topk} experts (about 2·k·T·D per rank per layer), where varlen gathers "
+        f"every token to all {w} ranks and all-reduces a full-size output (about "
+        f"{w}·T·D·(1 + 2·{w - 1}/{w})); prove it with moe-hang verify --fixed --fix a2a.")
+
+
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM: unwind through every ``finally`` so children are ended."""
 
@@ -257,9 +273,12 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
             timings["onset_to_detect_s"] = round(outcome.t_detect - onset, 3)
     backend = next((hb.get("progress", {}).get("backend") for hb in outcome.heartbeats.values()),
                    cfg.backend)
+    recommended, reason = recommend_fix(cfg)
+    hint = FIX_HINTS.get(cfg.scenario, diag.fix) + (f" {reason}" if reason else "")
     diag.extra.update({
         "scenario": cfg.scenario, "variant": cfg.variant, "fix": cfg.fix,
-        "fix_hint": (FIX_HINTS.get(cfg.scenario, diag.fix) if cfg.variant == "broken"
+        "recommended_fix": recommended,
+        "fix_hint": (hint if cfg.variant == "broken"
                      else diag.fix or FIXES_UNDER_TEST.get(cfg.fix, cfg.fix)),
         "backend": backend, "nproc": cfg.nproc, "tokens": cfg.tokens, "timings": timings,
     })

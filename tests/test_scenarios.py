@@ -82,6 +82,12 @@ def test_a2a_at_three_ranks_top1_with_an_empty_rank(tmp_path):
     assert code == 0, d["summary"]
 
 
+def test_a2a_is_recommended_when_experts_per_token_is_large(tmp_path):
+    code, d = _cli(tmp_path, "repro", "--nproc", "4")  # E = 8, top-2: E/k = 4
+    assert code == 3 and d["recommended_fix"] == "a2a"
+    assert "--fix a2a" in d["fix_hint"] and "E/k = 8/2" in d["fix_hint"]
+
+
 def test_varlen_at_four_ranks_with_eight_experts(tmp_path):
     code, d = _cli(tmp_path, "verify", "--fixed", "--nproc", "4", "--experts", "8",
                    "--steps", "2")
