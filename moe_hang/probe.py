@@ -30,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ class Probe:
         self._fatal_file: Any = None
         self._main_ident = threading.main_thread().ident
         self._requested = False
+        self._torch_lock = threading.Lock()
+        self._stopping = False
 
     # -------------------------------------------------------------- files
 
@@ -92,15 +95,30 @@ class Probe:
     def _torch(self) -> Any:
         return sys.modules.get("torch")
 
+    @contextlib.contextmanager
+    def _calling_torch(self) -> Iterator[Any]:
+        """torch, or None once the process is shutting down: the interpreter and then C++
+        static destructors tear torch down at exit, and a dump running in this thread then
+        would abort a rank that had finished cleanly."""
+        with self._torch_lock:
+            yield None if self._stopping else self._torch()
+
+    def stop(self) -> None:
+        """First thing at interpreter shutdown: no more calls into torch from our threads."""
+        acquired = self._torch_lock.acquire(timeout=2.0)
+        self._stopping = True
+        if acquired:
+            self._torch_lock.release()
+
     def _fr_status(self) -> dict[str, Any] | None:
-        torch = self._torch()
-        if torch is None:
-            return None
-        try:
-            raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
-            status = json.loads(raw).get("pg_status", {})
-        except Exception:
-            return None
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+                status = json.loads(raw).get("pg_status", {})
+            except Exception:
+                return None
         return {pg: {"enqueued": int(s.get("last_enqueued_collective", -1)),
                      "completed": int(s.get("last_completed_collective", -1))}
                 for pg, s in status.items()}
@@ -118,14 +136,14 @@ class Probe:
         return "torch._dynamo" in sys.modules
 
     def _fr_pickle(self) -> bytes | None:
-        torch = self._torch()
-        if torch is None:
-            return None
-        try:
-            return bytes(torch._C._distributed_c10d._dump_fr_trace(
-                includeStackTraces=self._want_stacks()))
-        except Exception:
-            return None
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                return bytes(torch._C._distributed_c10d._dump_fr_trace(
+                    includeStackTraces=self._want_stacks()))
+            except Exception:
+                return None
 
     def _pending_entries(self, status: dict[str, Any]) -> list[dict[str, Any]]:
         raw = self._fr_pickle()
@@ -179,15 +197,15 @@ class Probe:
 
     def _groups(self) -> dict[str, list[int]] | None:
         """Process group name -> global member ranks (subgroups, device-mesh dimensions)."""
-        torch = self._torch()
-        if torch is None:
-            return None
-        try:
-            world = torch.distributed.distributed_c10d._world
-            return {str(pg.group_name): sorted(int(r) for r in ranks)
-                    for pg, ranks in world.pg_group_ranks.items()}
-        except Exception:
-            return None
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                world = torch.distributed.distributed_c10d._world
+                return {str(pg.group_name): sorted(int(r) for r in ranks)
+                        for pg, ranks in world.pg_group_ranks.items()}
+            except Exception:
+                return None
 
     def dump(self, request: str, reason: str) -> None:
         """Flight Recorder pickle + all-thread stacks, then a marker naming the request."""
@@ -299,6 +317,10 @@ class Probe:
                 # Unblock before interpreter shutdown freezes the sigwait thread.
                 (register or __import__("atexit").register)(_unblock_sigterm)
         self._chain_excepthook()
+        with contextlib.suppress(Exception):
+            # runs before atexit handlers, module teardown and C++ static destructors
+            (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(
+                self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
         if in_main:
             threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",

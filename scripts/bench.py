@@ -27,6 +27,7 @@ What each number is:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -166,7 +167,11 @@ def _steps_run(mode: str, tmp: Path, steps: int) -> float:
         proc = subprocess.run(job, capture_output=True, text=True, timeout=600,
                               env=env(**extra), cwd=ROOT)
     if proc.returncode != 0:
-        raise RuntimeError(f"{mode} run failed: {proc.stderr[-1000:]}")
+        detail = proc.stderr[-1000:]
+        if mode == "watch":  # the watch run directory says what went wrong, keep its verdict
+            with contextlib.suppress(OSError, ValueError):
+                detail = json.loads(proc.stdout)["summary"] + "\n" + detail
+        raise RuntimeError(f"{mode} run failed: {detail}")
     return float(json.loads(res.read_text().splitlines()[0])["steps_per_s"])
 
 
