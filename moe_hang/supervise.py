@@ -145,9 +145,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                                         daemon=True)
                 pump.start()
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
+                # a slower poll than repro's: watch sits beside long jobs, and on a small
+                # machine its own CPU would show up in theirs
                 settings = WatchSettings(probe_dir=run_dir / "ranks", world=None,
                                          stall_s=stall_s, startup_timeout_s=float("inf"),
-                                         straggler_notice=True)
+                                         straggler_notice=True, poll_s=0.25, refresh_s=2.0)
                 outcome = watch(job, settings, say, quick_check=lambda hbs: (
                     analysis.quick_divergence(hbs, _world(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))

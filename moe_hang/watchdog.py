@@ -31,6 +31,8 @@ class WatchSettings:
     stall_s: float
     startup_timeout_s: float = 180.0
     poll_s: float = 0.1
+    # walking the process tree (psutil over /proc) is the loop's main cost: not every poll
+    refresh_s: float = 1.0
     # after a rank failed, how long torchrun may take to end the others before we do
     teardown_wait_s: float = 15.0
     desync_fast_path: bool = True
@@ -110,11 +112,14 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
     last_move: dict[int, float] = {}
     failed_at: float | None = None
     t0 = time.monotonic()
+    last_refresh = -1e9
     shown = ""
     straggling = False
     while True:
         now = time.monotonic()
-        job.refresh()
+        if now - last_refresh >= settings.refresh_s:
+            job.refresh()  # new descendants, so that none can outlive us
+            last_refresh = now
         rc = job.poll()
         hbs = read_heartbeats(settings.probe_dir)
         out.heartbeats = hbs
