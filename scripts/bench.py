@@ -14,9 +14,10 @@ What each number is:
   of the run), against what you wait today: the process-group timeout before the recorder
   dumps (NCCL 600 s, gloo 1800 s by default).
 * diagnose: wall time of ``moe-hang diagnose PID`` on N hung ranks (median of 3).
-* probe overhead: steps/s of the healthy model (varlen fix) plain vs. under ``moe-hang watch``
-  (recorder + probe) vs. with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, runs interleaved, median of
-  the per-round ratios (>1 means slower).
+* probe overhead: steps/s of the healthy model (varlen fix) plain vs. with only the Flight
+  Recorder on vs. under ``moe-hang watch`` (recorder + probe + the watcher process) vs. with
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, runs interleaved, median of the per-round ratios (>1
+  means slower).
 * fix cost: step time; bytes a rank puts on the wire per step per layer, forward and backward
   (from the recorder's sizes of every collective of one step, with nccl-tests' bus-bandwidth
   factors: all-reduce 2(n-1)/n of the buffer, all-gather (n-1)/n of the output, all-to-all
@@ -163,7 +164,8 @@ def _steps_run(mode: str, tmp: Path, steps: int) -> float:
         proc = cli("watch", "--stall", "30", "--out", str(tmp / f"w-{res.stem}"), "--json",
                    "--", *job)
     else:
-        extra = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if mode == "detail" else {}
+        extra = {"detail": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+                 "recorder": {"TORCH_FR_BUFFER_SIZE": "2000"}}.get(mode, {})
         proc = subprocess.run(job, capture_output=True, text=True, timeout=600,
                               env=env(**extra), cwd=ROOT)
     if proc.returncode != 0:
@@ -175,21 +177,20 @@ def _steps_run(mode: str, tmp: Path, steps: int) -> float:
     return float(json.loads(res.read_text().splitlines()[0])["steps_per_s"])
 
 
-def overhead(tmp: Path, rounds: int, steps: int) -> tuple[float, float, list[list[float]]]:
+def overhead(tmp: Path, rounds: int,
+             steps: int) -> tuple[float, float, float, list[list[float]]]:
     per_round = []
     for _ in range(rounds):  # interleaved, so drift in machine load hits every mode alike
-        plain = _steps_run("plain", tmp, steps)
-        probe = _steps_run("watch", tmp, steps)
-        detail = _steps_run("detail", tmp, steps)
-        per_round.append([plain, probe, detail])
-    probe_ratio = statistics.median(p / w for p, w, _ in per_round)
-    detail_ratio = statistics.median(p / d for p, _, d in per_round)
-    table("probe overhead (steps/s, healthy varlen model, 2 ranks)",
-          ["round", "plain", "under watch", "DETAIL"],
+        per_round.append([_steps_run(m, tmp, steps)
+                          for m in ("plain", "recorder", "watch", "detail")])
+    ratio = [statistics.median(r[0] / r[i] for r in per_round) for i in (1, 2, 3)]
+    table("overhead (steps/s, healthy varlen model, 2 ranks; higher is faster)",
+          ["round", "plain", "recorder only", "under watch", "DETAIL"],
           [[i + 1, *[f"{x:.2f}" for x in r]] for i, r in enumerate(per_round)])
-    print(f"median slowdown: watch probe {100 * (probe_ratio - 1):+.1f} %, "
-          f"TORCH_DISTRIBUTED_DEBUG=DETAIL {100 * (detail_ratio - 1):+.1f} %")
-    return round(probe_ratio, 4), round(detail_ratio, 4), per_round
+    print(f"median slowdown: Flight Recorder alone {100 * (ratio[0] - 1):+.1f} %, "
+          f"watch (recorder + probe + watcher) {100 * (ratio[1] - 1):+.1f} %, "
+          f"TORCH_DISTRIBUTED_DEBUG=DETAIL {100 * (ratio[2] - 1):+.1f} %")
+    return round(ratio[1], 4), round(ratio[2], 4), round(ratio[0], 4), per_round
 
 
 # ----------------------------------------------------------------------------- 4. fix cost
@@ -241,8 +242,8 @@ def main() -> int:
     try:
         ttv, wall = time_to_verdict(tmp)
         diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8])
-        probe_ratio, detail_ratio, rounds = overhead(tmp, 2 if args.quick else 5,
-                                                     30 if args.quick else 60)
+        probe_ratio, detail_ratio, fr_ratio, rounds = overhead(tmp, 2 if args.quick else 5,
+                                                               30 if args.quick else 60)
         costs = fix_cost(tmp, args.quick, 5 if args.quick else 10)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -250,7 +251,9 @@ def main() -> int:
         "command": "python scripts/bench.py" + (" --quick" if args.quick else ""),
         "quick": args.quick, "time_to_verdict_s": ttv, "repro_wall_s": wall,
         "pg_timeout_s": PG_TIMEOUT_S, "diagnose_s": diag, "probe_overhead_ratio": probe_ratio,
-        "detail_overhead_ratio": detail_ratio, "overhead_rounds_steps_per_s": rounds,
+        "detail_overhead_ratio": detail_ratio, "recorder_overhead_ratio": fr_ratio,
+        "overhead_rounds_steps_per_s": rounds,
+        "overhead_columns": ["plain", "recorder", "watch", "detail"],
         "fix_cost": costs, "total_s": round(time.monotonic() - t0, 1),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
