@@ -112,7 +112,7 @@ def _cpu_ticks(pid: int) -> int | None:
         return None
 
 
-def diagnose_latency(tmp: Path, sizes: list[int]) -> dict[str, float]:
+def diagnose_latency(tmp: Path, sizes: list[int], samples: int = 3) -> dict[str, float]:
     import psutil
 
     out: dict[str, float] = {}
@@ -135,7 +135,7 @@ def diagnose_latency(tmp: Path, sizes: list[int]) -> dict[str, float]:
                 if a == [_cpu_ticks(p) for p in ranks]:
                     break
             times = []
-            for _ in range(3):
+            for _ in range(samples):
                 t0 = time.monotonic()
                 proc = cli("diagnose", str(job.pid), "--json")
                 times.append(time.monotonic() - t0)
@@ -146,7 +146,7 @@ def diagnose_latency(tmp: Path, sizes: list[int]) -> dict[str, float]:
                 p.kill()
             job.kill()
             job.wait()
-    table("diagnose PID on hung ranks (wall, median of 3)", ["ranks", "seconds"],
+    table(f"diagnose PID on hung ranks (wall, median of {samples})", ["ranks", "seconds"],
           [[k, f"{v:.2f}"] for k, v in out.items()])
     return out
 
@@ -154,12 +154,12 @@ def diagnose_latency(tmp: Path, sizes: list[int]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- 3. overhead
 
 
-def _steps_run(mode: str, tmp: Path, steps: int) -> float:
+def _steps_run(mode: str, tmp: Path, steps: int, warmup: int = 5) -> float:
     res = tmp / f"overhead-{mode}-{time.monotonic_ns()}.jsonl"
     case = json.dumps([{"fix": "varlen", "experts": 8, "topk": 2, "tokens": "256,768",
                         "hidden": 128, "ffn": 256}])
     job = torchrun(2, str(ROOT / "scripts" / "bench_steps.py"), "--cases", case,
-                   "--steps", str(steps), "--warmup", "5", "--out", str(res))
+                   "--steps", str(steps), "--warmup", str(warmup), "--out", str(res))
     if mode == "watch":
         proc = cli("watch", "--stall", "30", "--out", str(tmp / f"w-{res.stem}"), "--json",
                    "--", *job)
@@ -196,7 +196,7 @@ def overhead(tmp: Path, rounds: int,
 # ----------------------------------------------------------------------------- 4. fix cost
 
 
-def fix_cost(tmp: Path, quick: bool, steps: int) -> list[dict]:
+def fix_cost(tmp: Path, quick: bool, steps: int, warmup: int = 3) -> list[dict]:
     rows: list[dict] = []
     worlds = (2, 4)
     for world in worlds:
@@ -211,7 +211,7 @@ def fix_cost(tmp: Path, quick: bool, steps: int) -> list[dict]:
         res = tmp / f"fixcost-{world}.jsonl"
         proc = subprocess.run(
             torchrun(world, str(ROOT / "scripts" / "bench_steps.py"), "--cases",
-                     json.dumps(cases), "--steps", str(steps), "--warmup", "3",
+                     json.dumps(cases), "--steps", str(steps), "--warmup", str(warmup),
                      "--out", str(res)),
             capture_output=True, text=True, timeout=1200, cwd=ROOT,
             env=env(TORCH_FR_BUFFER_SIZE="20000", MALLOC_MMAP_THRESHOLD_="65536"))
@@ -234,17 +234,20 @@ def fix_cost(tmp: Path, quick: bool, steps: int) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="moe-hang benchmarks")
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (under 3 minutes)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one round each, fewer sizes (under 3 minutes); numbers are indicative")
     ap.add_argument("--json", default="bench.json", help="where to write the results")
     args = ap.parse_args()
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="moe-hang-bench-"))
     try:
         ttv, wall = time_to_verdict(tmp)
-        diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8])
-        probe_ratio, detail_ratio, fr_ratio, rounds = overhead(tmp, 2 if args.quick else 5,
-                                                               30 if args.quick else 60)
-        costs = fix_cost(tmp, args.quick, 5 if args.quick else 10)
+        diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8],
+                                samples=1 if args.quick else 3)
+        probe_ratio, detail_ratio, fr_ratio, rounds = overhead(tmp, 1 if args.quick else 5,
+                                                               20 if args.quick else 60)
+        costs = fix_cost(tmp, args.quick, 3 if args.quick else 10,
+                         warmup=1 if args.quick else 3)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
