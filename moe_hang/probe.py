@@ -85,6 +85,7 @@ class Probe:
         self._main_ident = threading.main_thread().ident
         self._requested = False
         self._torch_lock = threading.Lock()
+        self._hb_lock = threading.Lock()
         self._stopping = False
 
     # -------------------------------------------------------------- files
@@ -104,11 +105,19 @@ class Probe:
             yield None if self._stopping else self._torch()
 
     def stop(self) -> None:
-        """First thing at interpreter shutdown: no more calls into torch from our threads."""
+        """First thing at interpreter shutdown: no more calls into torch from our threads, and
+        a last heartbeat that says so. What follows (module teardown, a garbage collection of
+        everything torch imported) can hold the GIL for seconds and starve our thread; the
+        watcher must see a rank on its way out there, not one still waiting in the collective
+        of its last beat."""
         acquired = self._torch_lock.acquire(timeout=2.0)
         self._stopping = True
         if acquired:
             self._torch_lock.release()
+        with self._lock:
+            self.progress["phase"] = "exiting"
+        with contextlib.suppress(Exception):
+            self.heartbeat()
 
     def _fr_status(self) -> dict[str, Any] | None:
         with self._calling_torch() as torch:
@@ -165,6 +174,16 @@ class Probe:
         return out
 
     def heartbeat(self) -> None:
+        # the main thread writes the last beat at shutdown while ours may be mid-beat: one at
+        # a time, so an older beat never lands after the final one
+        if not self._hb_lock.acquire(timeout=2.0):
+            return
+        try:
+            self._heartbeat()
+        finally:
+            self._hb_lock.release()
+
+    def _heartbeat(self) -> None:
         status = self._fr_status()
         self._beat += 1
         pending_somewhere = status is not None and any(

@@ -37,6 +37,29 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+class CpuClock:
+    """CPU seconds (user + system) of processes, read from /proc by the watcher itself.
+
+    A rank's own heartbeat cannot speak for it when its interpreter holds the GIL for seconds
+    (a full garbage collection, module teardown at exit): the probe thread is starved, yet the
+    rank is busy, not blocked in a collective. Process objects are cached (pid + create time),
+    so a recycled pid is never read as ours."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def seconds(self, pid: int) -> float | None:
+        try:
+            p = self._procs.get(pid)
+            if p is None:
+                p = self._procs[pid] = psutil.Process(pid)
+            t = p.cpu_times()
+            return float(t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            self._procs.pop(pid, None)
+            return None
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)

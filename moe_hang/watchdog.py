@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.launcher import Job
-from moe_hang.procs import is_alive
+from moe_hang.procs import CpuClock, is_alive
 
 Phase = Callable[[str], None]
 CPU_MOVING_S = 0.02
@@ -110,6 +110,7 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
     last_fp: dict[int, str] = {}
     last_cpu: dict[int, float] = {}
     last_move: dict[int, float] = {}
+    clock = CpuClock()
     failed_at: float | None = None
     t0 = time.monotonic()
     last_refresh = -1e9
@@ -158,10 +159,14 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
         if out.t_up is not None and failed_at is None:
             for r, hb in hbs.items():
                 fp = _fingerprint(hb)
-                cpu = float(hb.get("cpu_s", 0.0))
                 # CPU use counts as movement: a rank blocked in a collective burns next to
                 # none (the probe's heartbeat is ~0.5 ms/s), while even a starved rank on a
-                # loaded machine computes at a few percent of a core
+                # loaded machine computes at a few percent of a core. Read it from /proc, not
+                # from the heartbeat: a rank holding the GIL for seconds (a full GC, teardown
+                # at exit) starves its probe thread but is busy, not stuck.
+                measured = clock.seconds(out.rank_pids.get(r, 0)) if r in out.rank_pids else None
+                cpu = measured if measured is not None else last_cpu.get(
+                    r, float(hb.get("cpu_s", 0.0)))
                 used = cpu - last_cpu.get(r, cpu)
                 rate = used / max(now - last_move.get(r, now), settings.poll_s)
                 if fp != last_fp.get(r) or (used > CPU_MOVING_S and rate > CPU_MOVING_RATE):

@@ -104,6 +104,24 @@ def test_rank_killed_mid_step_while_the_other_waits(tmp_path):
         assert any("still holds its connections" in e for e in d["evidence"])
 
 
+def test_users_own_recorder_dumps_name_the_sequence_number(tmp_path):
+    dumps = tmp_path / "fr"
+    dumps.mkdir()
+    env = {"JOB_FR_DUMP_DIR": str(dumps), "TORCH_FR_BUFFER_SIZE": "1000"}
+    with HungJob("skip_collective.py", tmp=tmp_path, env=env) as job:
+        job.wait_marks()
+        deadline = time.monotonic() + 60
+        while len(list(dumps.glob("nccl_trace_rank_*"))) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        code, d = _diagnose(job.popen.pid, "--fr-dir", str(dumps))
+        assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+        fd = d["first_divergence"]
+        assert fd["pg"] == "0" and fd["seq"] == 7 and fd["kind"] == "op_mismatch"
+        assert fd["per_rank"]["0"]["source"] == "flight_recorder"
+        assert d["timeline"]["highlight"] == 7
+
+
 def test_out_keeps_the_captures(tmp_path):
     with HungJob("skip_collective.py", tmp=tmp_path) as job:
         job.wait_marks()

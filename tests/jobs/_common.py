@@ -1,6 +1,7 @@
 """Shared setup for the small hung jobs the tests diagnose (plain torch, no moe-hang)."""
 
 import datetime
+import json
 import os
 import time
 from pathlib import Path
@@ -32,3 +33,28 @@ def mark(name: str) -> None:
     d = os.environ.get("JOB_MARKS")
     if d:
         Path(d, f"{name}.rank{dist.get_rank()}").write_text(str(time.time()))
+    if name == "hang" and os.environ.get("JOB_FR_DUMP_DIR"):
+        _dump_recorder_when_stuck(Path(os.environ["JOB_FR_DUMP_DIR"]))
+
+
+def _dump_recorder_when_stuck(directory: Path) -> None:
+    """What a user's own job does without moe-hang: once its collective has been pending a
+    while, write torch's Flight Recorder dump as nccl_trace_rank_<r> (torch's default name)."""
+    import threading
+
+    def pending() -> bool:
+        raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+        status = json.loads(raw).get("pg_status", {}).values()
+        return any(int(s["last_enqueued_collective"]) > int(s["last_completed_collective"])
+                   for s in status)
+
+    def dump() -> None:
+        deadline = time.monotonic() + 60
+        while not pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raw = torch._C._distributed_c10d._dump_fr_trace()
+        tmp = directory / f".nccl_trace_rank_{dist.get_rank()}.tmp"
+        tmp.write_bytes(raw)
+        tmp.rename(directory / f"nccl_trace_rank_{dist.get_rank()}")
+
+    threading.Thread(target=dump, daemon=True).start()
