@@ -9,12 +9,19 @@ Stacks say what each rank is doing now; exit codes and error records say who die
 
 from __future__ import annotations
 
-import re
 import signal
 from dataclasses import dataclass
 from itertools import pairwise
 
-from moe_hang.diagnosis import Diagnosis, Divergence, RankCollective, RankReport
+from moe_hang.diagnosis import (
+    DEFAULT_PG,
+    Diagnosis,
+    Divergence,
+    RankCollective,
+    RankReport,
+    fmt_shape,
+    pg_label,
+)
 from moe_hang.evidence import Evidence, RankEvidence
 from moe_hang.frtrace import SAME_SIZE_OPS, Collective, entry_to_collective, normalise_op
 from moe_hang.stacks import (
@@ -28,7 +35,6 @@ from moe_hang.stacks import (
     view,
 )
 
-DEFAULT_PG = "0"
 _DTYPE_NAMES = {
     "torch.float32": "Float", "torch.float": "Float", "torch.float16": "Half",
     "torch.half": "Half", "torch.bfloat16": "BFloat16", "torch.float64": "Double",
@@ -234,7 +240,7 @@ def _to_rc(c: Collective | None) -> RankCollective | None:
     return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
                           dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
                           time_created_ns=c.time_created_ns, tag=c.tag,
-                          callsite=site.as_dict() if site else None)
+                          callsite=_site_dict(site))
 
 
 @dataclass
@@ -308,23 +314,26 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
     # Two groups can each miss a rank (rank 3 skipped group 2's all-reduce and waits in the
     # barrier; rank 2 waits in that all-reduce and so never reaches the barrier). Blame the
     # divergence whose absent rank went *past* the collective, not the one stuck before it.
-    return min(found, key=lambda f: (_is_consequence(f, views), f.time_ns, f.div.seq or 0))
+    return min(found, key=lambda f: (_is_consequence(f, views), f.time_ns, f.div.seq))
 
 
 def _is_consequence(f: Found, views: dict[int, RankView]) -> bool:
     """A missing rank that is still *behind* the others in program order did not skip
     anything: it is held up earlier, by another group's divergence."""
-    if f.div.kind != "missing_rank" or not f.culprits:
+    if f.div.kind != "missing_rank" or not f.culprits or f.div.seq is None:
         return False
-    present = [(r, c) for r, c in f.div.per_rank.items() if c is not None]
+    culprit = f.culprits[0]
+    if f.div.per_rank.get(culprit) is not None:
+        return False  # it posted this collective (a tag mismatch): it is not held up earlier
+    present = [r for r, c in f.div.per_rank.items() if c is not None]
     if not present:
         return False
-    r_wait, _ = present[0]
-    waiting = views[r_wait].tl.by_pg.get(f.div.pg, {}).get(f.div.seq or -1)
-    absent = views[f.culprits[0]].current
+    r_wait = present[0]
+    waiting = views[r_wait].tl.by_pg.get(f.div.pg, {}).get(f.div.seq)
+    absent = views[culprit].current
     if waiting is None or absent is None:
         return False
-    return _who_skipped(waiting, absent, views, [r_wait], [f.culprits[0]]) == "a"
+    return _who_skipped(waiting, absent, views, [r_wait], [culprit]) == "a"
 
 
 def _skipped_by_tag(pg: str, seq: int, have: dict[int, Collective],
@@ -347,10 +356,17 @@ def _skipped_by_tag(pg: str, seq: int, have: dict[int, Collective],
     counts: dict[str, list[int]] = {}
     for r, tag in tags.items():
         counts.setdefault(tag, []).append(r)
-    ranked = sorted(counts.values(), key=len, reverse=True)
-    if len(ranked[0]) > len(ranked[1]):
+    minority = _minority(list(counts.values()))
+    return minority if minority is not None else sorted(tags)
+
+
+def _minority(groups: list[list[int]]) -> list[int] | None:
+    """Majority vote over groups of ranks that agree: the ranks outside the largest group when
+    it is strictly bigger than every other, else None (no majority: blame is undecided)."""
+    ranked = sorted(groups, key=len, reverse=True)
+    if len(ranked) > 1 and len(ranked[0]) > len(ranked[1]):
         return sorted(r for rs in ranked[1:] for r in rs)
-    return sorted(tags)
+    return None
 
 
 def _frames_in_backward(frames: list[Frame]) -> bool:
@@ -391,10 +407,10 @@ def _culprits(have: dict[int, Collective], views: dict[int, RankView]) -> list[i
                 break
         else:
             groups.append((c, [r]))
-    groups.sort(key=lambda g: -len(g[1]))
-    if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]):
-        return [r for _, rs in groups[1:] for r in rs]
-    if kind == "op_mismatch" and len(groups) == 2:
+    minority = _minority([rs for _, rs in groups])
+    if minority is not None:
+        return minority
+    if kind == "op_mismatch" and len(groups) == 2:  # two groups of equal size
         (a, ra), (b, rb) = groups
         ahead = _who_skipped(a, b, views, ra, rb)
         if ahead is not None:
@@ -435,11 +451,20 @@ def _who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
         fa = _user_frames_outer_first(views[ra[0]])
     if not fb:
         fb = _user_frames_outer_first(views[rb[0]])
+    first = _earlier_in_program(fa, fb)
+    if first is None:
+        return None
+    return "b" if first == "a" else "a"  # the side whose line comes later skipped ahead
+
+
+def _earlier_in_program(fa: list[Frame], fb: list[Frame]) -> str | None:
+    """Which of two user stacks (outermost frame first) is earlier in program order: at the
+    deepest frame they share, the one on the lower line ("a" or "b"; None: undecided)."""
     for x, y in zip(fa, fb, strict=False):
         if (x.file, x.function) != (y.file, y.function):
-            break
+            return None
         if x.line != y.line:
-            return "b" if x.line < y.line else "a"
+            return "a" if x.line < y.line else "b"
     return None
 
 
@@ -459,8 +484,7 @@ def _user_frames_outer_first(v: RankView) -> list[Frame]:
 def _fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"
-    sizes = ", ".join("×".join(map(str, s)) or "scalar" for s in c.input_sizes) \
-        if c.input_sizes else ""
+    sizes = fmt_shape(c.input_sizes)
     text = f"{c.op}({sizes})" if sizes else c.op
     return f"{text} of {c.tag}" if c.tag else text
 
@@ -500,8 +524,7 @@ def _report(v: RankView, div: Divergence | None) -> RankReport:
             coll = pick
     rc = _to_rc(coll)
     if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
-        rc = div.per_rank[ev.rank]
-        coll = None  # known from the stack only: its last logged collective is not this one
+        rc = div.per_rank[ev.rank]  # known from the stack only (coll is None here)
     if rc is None and v.state == "in_collective" and v.stack.op:
         rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
     # where it posted the collective: the recorder's frames are exact; a stack is exact when
@@ -534,7 +557,7 @@ def _report(v: RankView, div: Divergence | None) -> RankReport:
         note = _exit_desc(ev.exit_code)
     return RankReport(
         rank=ev.rank, pid=ev.pid, host=ev.host, state=v.state, collective=rc,
-        callsite=site.as_dict() if site else None, tokens=_tokens(ev), exit_code=ev.exit_code,
+        callsite=_site_dict(site), tokens=_tokens(ev), exit_code=ev.exit_code,
         phase=phase, autograd_function=fn,
         stack=[f.short() for f in v.stack.frames[:40]], stack_source=ev.stack_source, note=note)
 
@@ -595,11 +618,12 @@ def _stack_divergence(views: dict[int, RankView],
     groups: dict[str, list[int]] = {}
     for r, op in sorted(ops.items()):
         groups.setdefault(op, []).append(r)
-    per_rank = {r: RankCollective(op=op, pg="?", seq=None, source="stack",
-                                  callsite=_site_dict(views[r].stack.callsite))
-                for r, op in ops.items()}
+    per_rank: dict[int, RankCollective | None] = {
+        r: RankCollective(op=op, pg="?", seq=None, source="stack",
+                          callsite=_site_dict(views[r].stack.callsite))
+        for r, op in ops.items()}
     div = Divergence(pg="?", seq=None, kind="op_mismatch", members=sorted(ops),
-                     per_rank=dict(per_rank),
+                     per_rank=per_rank,
                      phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
     # the group furthest behind in program order waits; the others went past it (skipped it)
     order = list(groups.items())
@@ -607,20 +631,10 @@ def _stack_divergence(views: dict[int, RankView],
     for cand in order[1:]:
         fa = _user_frames_outer_first(views[behind[1][0]])
         fb = _user_frames_outer_first(views[cand[1][0]])
-        for x, y in zip(fa, fb, strict=False):
-            if (x.file, x.function) != (y.file, y.function):
-                break
-            if x.line != y.line:
-                if y.line < x.line:
-                    behind = cand
-                break
+        if _earlier_in_program(fa, fb) == "b":
+            behind = cand
     culprits = [r for op, rs in groups.items() if op != behind[0] for r in rs]
-    if not culprits:
-        culprits = sorted(ops)
     return div, culprits
-
-
-_GLOO_SIZE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
 
 
 def _size_abort_divergence(views: dict[int, RankView],
@@ -628,8 +642,8 @@ def _size_abort_divergence(views: dict[int, RankView],
     """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
     data size doesn't match expected size"): a size mismatch, even where the aborted rank left
     no recorder dump. The survivors' entries name the group and sequence number."""
-    text = " ".join(ev.log_lines)
-    if "Received data size doesn't match" not in text:
+    abort = ev.size_abort
+    if abort is None:
         return None
     aborted = [r for r, v in views.items()
                if v.ev.fatal or v.ev.exit_code == -signal.SIGABRT]
@@ -653,9 +667,9 @@ def _size_abort_divergence(views: dict[int, RankView],
         per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
                                      source="stack",
                                      callsite=_site_dict(views[r].stack.callsite))
-    m = _GLOO_SIZE.search(text)
-    detail = (f"gloo aborted rank {_ranks(aborted)}: it received {m.group(1)} bytes where it "
-              f"expected {m.group(2)}") if m else f"gloo aborted rank {_ranks(aborted)}"
+    detail = f"gloo aborted rank {_ranks(aborted)}"
+    if abort.received is not None:
+        detail += f": it received {abort.received} bytes where it expected {abort.expected}"
     div = Divergence(pg=pg, seq=seq, kind="size_mismatch", pg_desc=ref.pg_desc if ref else "",
                      members=sorted(per_rank), per_rank=per_rank, phase=ref.phase if ref else None)
     return div, sorted(per_rank), detail
@@ -742,9 +756,10 @@ def diagnose(ev: Evidence) -> Diagnosis:
                         "`moe-hang watch`, would name the group and sequence number)")
     elif agent_died:
         verdict, culprits = "crash", []
+        w = waits()
         summary = (f"The launcher (torchrun agent) was {_exit_desc(ev.agent_exit_code)}; rank "
                    f"{_ranks(alive)} were left orphaned"
-                   + (f", blocked: {waits()}" if waits() else "") + ". moe-hang ended them.")
+                   + (f", blocked: {w}" if w else "") + ". moe-hang ended them.")
     elif killed:
         verdict, culprits = "rank_died", killed
         w = waits()
@@ -837,7 +852,7 @@ def _desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: l
     if div.seq is None:
         return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
             + "."
-    pg_name = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
+    pg_name = pg_label(div.pg, div.pg_desc)
     tags = {r: c.tag for r, c in div.per_rank.items() if c is not None and c.tag}
     if div.kind == "missing_rank" and len(set(tags.values())) > 1:
         ahead = [r for r in culprits if r in tags]
@@ -850,7 +865,7 @@ def _desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: l
                     f"{div.seq} of {pg_name} its {op} of {posted} paired with rank "
                     f"{_ranks(behind)}'s {op} of {skipped} (same size, so silently), and every "
                     "later collective paired with the wrong partner" + tail + ".")
-    pg = div.pg_desc or ("default_pg" if div.pg == DEFAULT_PG else f"group {div.pg}")
+    pg = pg_name
     if div.pg != DEFAULT_PG and div.members:
         pg += f" (ranks {', '.join(map(str, div.members))})"
     kind = {"size_mismatch": "different sizes", "op_mismatch": "different collectives",

@@ -15,7 +15,6 @@ Anything unreadable (a rank died while writing it) is reported on that rank and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ from moe_hang import frtrace
 from moe_hang.evidence import (
     Evidence,
     RankEvidence,
+    gloo_size_abort,
     notable_log_lines,
     parse_torchrun_failures,
     rank_errors_from_log,
@@ -133,7 +133,9 @@ def _is_probe_thread(t: ThreadStack) -> bool:
     return any("moe_hang/probe.py" in f.file for f in t.frames)
 
 
-def rank_numbers(root: Path) -> list[int]:
+def rank_numbers(root: Path, procs: dict[int, dict[str, Any]] | None = None) -> list[int]:
+    """Every rank with a file in the capture or an entry in processes.json (``procs``: that
+    file's ranks, already read; read here when None)."""
     found: set[int] = set()
     for d in (root / "ranks", root / "stacks"):
         if d.is_dir():
@@ -141,25 +143,31 @@ def rank_numbers(root: Path) -> list[int]:
                 m = re.match(r"rank(\d+)\.", p.name)
                 if m:
                     found.add(int(m.group(1)))
-    procs = _processes(root)
-    found.update(procs)
+    found.update(_processes(_read_processes(root)) if procs is None else procs)
     return sorted(found)
 
 
-def _processes(root: Path) -> dict[int, dict[str, Any]]:
+def _read_processes(root: Path) -> dict[str, Any]:
+    """processes.json, or {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads((root / "processes.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _processes(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """processes.json's per-rank entries by rank ({} when malformed)."""
+    try:
         return {int(k): v for k, v in data.get("ranks", {}).items()}
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, AttributeError):
         return {}
 
 
 def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evidence:
     """Evidence from one capture directory (one node, or a whole single-node job)."""
-    procs_all: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        procs_all = json.loads((root / "processes.json").read_text())
-    procs = _processes(root)
+    procs_all = _read_processes(root)
+    procs = _processes(procs_all)
     log_text = ""
     log = root / "job.log"
     if log.exists():
@@ -167,7 +175,7 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
     failures = parse_torchrun_failures(log_text)
     log_errors = rank_errors_from_log(log_text)
     ranks = {}
-    for r in rank_numbers(root):
+    for r in rank_numbers(root, procs):
         ev = load_rank(root, r)
         info = procs.get(r, {})
         ev.pid = info.get("pid", ev.pid)
@@ -181,9 +189,8 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
         if "progressed" in info:
             ev.progressed = info["progressed"]
         if ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
-            msg = log_errors[r]
-            ev.error = {"type": msg.split(":", 1)[0], "message": msg.split(":", 1)[-1].strip(),
-                        "source": "job log"}
+            typ, _, message = log_errors[r].partition(":")
+            ev.error = {"type": typ, "message": message.strip(), "source": "job log"}
         ranks[r] = ev
     w = world or procs_all.get("world_size")
     if w is None:
@@ -194,7 +201,8 @@ def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evi
                     job_exit_code=procs_all.get("job_exit_code"),
                     agent_exit_code=procs_all.get("agent_exit_code"),
                     root_cause_rank=torchrun_root_cause(log_text),
-                    log_lines=notable_log_lines(log_text), artifacts=str(root))
+                    log_lines=notable_log_lines(log_text), artifacts=str(root),
+                    size_abort=gloo_size_abort(log_text))
 
 
 def load_many(roots: list[Path]) -> Evidence:
@@ -218,9 +226,11 @@ def load_many(roots: list[Path]) -> Evidence:
         lines.extend(x for x in p.log_lines if x not in lines)
     agent = next((p.agent_exit_code for p in parts if p.agent_exit_code is not None), None)
     root_cause = next((p.root_cause_rank for p in parts if p.root_cause_rank is not None), None)
+    aborts = [p.size_abort for p in parts if p.size_abort is not None]
+    size_abort = next((a for a in aborts if a.received is not None), aborts[0] if aborts else None)
     return Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
                     agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
-                    artifacts=", ".join(str(r) for r in roots))
+                    artifacts=", ".join(str(r) for r in roots), size_abort=size_abort)
 
 
 def _richness(ev: RankEvidence) -> int:

@@ -17,6 +17,21 @@ EXIT_USAGE = 2
 EXIT_PROBLEM = 3
 EXIT_VERIFY_FAILED = 4
 
+DEFAULT_PG = "0"  # the default process group's name in Flight Recorder and the probe
+
+
+def fmt_shape(sizes: list[list[int]]) -> str:
+    """Tensor sizes for a person: ``68×64, scalar``; empty when there are none."""
+    return ", ".join("×".join(map(str, s)) or "scalar" for s in sizes)
+
+
+def pg_label(pg: str | None, desc: str | None = "", *, word: str = "group") -> str:
+    """A process group for a person: its description, else ``default_pg``, else ``group N``
+    (``word`` replaces "group")."""
+    if desc:
+        return desc
+    return "default_pg" if pg == DEFAULT_PG else f"{word} {pg}"
+
 
 @dataclass
 class RankCollective:

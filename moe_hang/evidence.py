@@ -35,6 +35,15 @@ class RankEvidence:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SizeAbort:
+    """gloo aborted a rank because a peer sent more bytes than it expected ("Received data size
+    doesn't match expected size"); the byte counts when the log gives them."""
+
+    received: int | None = None
+    expected: int | None = None
+
+
 @dataclass
 class Evidence:
     ranks: dict[int, RankEvidence]
@@ -43,8 +52,9 @@ class Evidence:
     job_exit_code: int | None = None
     agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
     root_cause_rank: int | None = None  # torchrun's "first observed failure"
-    log_lines: list[str] = field(default_factory=list)
+    log_lines: list[str] = field(default_factory=list)  # for display only
     artifacts: str = ""
+    size_abort: SizeAbort | None = None  # from the whole job log (see gloo_size_abort)
 
 
 _NOTABLE = re.compile(
@@ -69,6 +79,18 @@ def notable_log_lines(text: str, limit: int = 8) -> list[str]:
         if len(seen) >= limit:
             break
     return seen
+
+
+_GLOO_SIZE_ABORT = "Received data size doesn't match"
+_GLOO_SIZE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+def gloo_size_abort(text: str) -> SizeAbort | None:
+    """gloo's size-mismatch abort anywhere in a job log (not only its first notable lines)."""
+    if _GLOO_SIZE_ABORT not in text:
+        return None
+    m = _GLOO_SIZE.search(text)
+    return SizeAbort(int(m.group(1)), int(m.group(2))) if m else SizeAbort()
 
 
 _FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")

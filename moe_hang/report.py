@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from moe_hang.diagnosis import Diagnosis
+from moe_hang.diagnosis import Diagnosis, fmt_shape, pg_label
 from moe_hang.stacks import short_path
 
 VERDICT_STYLE = {
@@ -83,7 +83,7 @@ def live_status(enabled: bool = True) -> Iterator[Any]:
 
 
 def _sizes(sizes: list[list[int]]) -> str:
-    return ", ".join("×".join(str(x) for x in s) or "scalar" for s in sizes) or "-"
+    return fmt_shape(sizes) or "-"
 
 
 def _coll(c: dict[str, Any] | None) -> str:
@@ -91,7 +91,7 @@ def _coll(c: dict[str, Any] | None) -> str:
         return "-"
     if c.get("pg") == "?":  # known from the stack only
         return f"{c['op']} (from stack)"
-    pg = c.get("pg_desc") or ("default_pg" if c.get("pg") == "0" else f"pg {c.get('pg')}")
+    pg = pg_label(c.get("pg"), c.get("pg_desc"), word="pg")
     seq = f"#{c['seq']}" if c.get("seq") is not None else ""
     what = f" ({c['tag']})" if c.get("tag") else ""
     return f"{c['op']} {pg}{seq} [{_sizes(c.get('input_sizes') or [])}]{what}"
@@ -125,8 +125,8 @@ def verdict_panel(d: dict[str, Any], title: str) -> Panel:
         body.append(", ".join(map(str, d["culprit_ranks"])) + "\n")
     fd = d.get("first_divergence")
     if fd:
-        pg = fd.get("pg_desc") or ("default_pg" if fd["pg"] == "0" else (
-            "an unknown group" if fd["pg"] == "?" else f"group {fd['pg']}"))
+        pg = ("an unknown group" if fd["pg"] == "?" and not fd.get("pg_desc")
+              else pg_label(fd["pg"], fd.get("pg_desc")))
         body.append("first divergence: ", style="bold")
         seq = f"seq {fd['seq']}" if fd.get("seq") is not None else "(stacks only)"
         body.append(f"{fd['kind']} at {pg} {seq}"
@@ -246,9 +246,9 @@ def render(diag: Diagnosis, console: Console, *, title: str = "moe-hang") -> Non
     console.print(verdict_panel(d, title))
     console.print(ranks_table(d))
     tt = timeline_table(d)
-    if tt is not None and d["verdict"] not in ("healthy",):
+    if tt is not None and d["verdict"] != "healthy":
         tl = d["timeline"]
-        pg = tl.get("pg_desc") or ("default_pg" if tl["pg"] == "0" else f"group {tl['pg']}")
+        pg = pg_label(tl["pg"], tl.get("pg_desc"))
         console.print(Text.from_markup(
             f"[bold]collectives of {pg} by sequence number[/] (done · [yellow]pending[/] · "
             "[red]missing[/])"))

@@ -190,7 +190,7 @@ def test_same_op_same_size_but_different_expert_is_a_skip():
     assert "never posted the all_gather of l1.e2" in d["summary"]
 
 
-def test_heartbeats_alone_catch_a_size_mismatch(fixtures):
+def test_heartbeats_alone_catch_a_size_mismatch():
     from moe_hang.analysis import quick_divergence
 
     def hb(rank, rows):
@@ -242,3 +242,33 @@ def test_two_groups_each_missing_a_rank_blames_the_one_that_went_past(barrier_fi
     d = analysis.diagnose(_ev(ranks)).to_dict()
     assert d["verdict"] == "desync" and d["culprit_ranks"] == [3]
     assert d["first_divergence"]["pg"] == "2" and d["first_divergence"]["ranks"] == [2, 3]
+
+
+def test_gloo_size_abort_found_past_the_first_notable_log_lines(tmp_path):
+    """The abort line can come after more notable lines than the evidence list keeps."""
+    from moe_hang.evidence import SizeAbort, gloo_size_abort, notable_log_lines
+
+    run = tmp_path / "run"
+    (run / "ranks").mkdir(parents=True)
+    (run / "processes.json").write_text(json.dumps({
+        "world_size": 2, "job": "stalled",
+        "ranks": {"0": {"pid": 100, "alive": False, "exit_code": -6},
+                  "1": {"pid": 101, "alive": True, "progressed": False}}}))
+    (run / "ranks" / "rank1.tokens.jsonl").write_text(json.dumps(
+        {"seq": 1, "op": "all_gather", "pg": "0", "input_sizes": [[401, 64]], "time": 1.0}) + "\n")
+    abort = ("  what():  [enforce fail at /gloo/transport/tcp/pair.cc:456] op.preamble.length "
+             "<= op.nbytes. 51328 vs 8704. Received data size doesn't match expected size.")
+    noise = [f"[rank1]: RuntimeError: unrelated warning number {i}" for i in range(12)]
+    log = "\n".join([*noise, abort]) + "\n"
+    (run / "job.log").write_text(log)
+    assert len(notable_log_lines(log)) == 8
+    assert not any("Received data size" in line for line in notable_log_lines(log))
+    assert gloo_size_abort(log) == SizeAbort(51328, 8704)
+    assert gloo_size_abort("\n".join(noise)) is None
+
+    d = _diag(run)
+    _assert_schema(d)
+    assert d["verdict"] == "desync"
+    fd = d["first_divergence"]
+    assert (fd["pg"], fd["seq"], fd["kind"]) == ("0", 1, "size_mismatch")
+    assert "gloo aborted rank 0: it received 51328 bytes where it expected 8704" in d["summary"]
