@@ -14,7 +14,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ Phase = Callable[[str], None]
 SAMPLE_INTERVAL_S = 0.3
 PROBE_FILES = ("hb.json", "fr.pkl", "stack.txt", "groups.json", "tokens.jsonl", "fatal.txt",
                "error.json", "dump.json")
-
-
-@dataclass
-class Captured:
-    directory: Path
-    job: Job
-    seconds: float
 
 
 def _sample(data: Any) -> tuple[tuple | None, bool]:
@@ -68,27 +60,23 @@ def _copy_probe_files(job: Job, out: Path) -> None:
                     shutil.copyfile(p, out / "ranks" / p.name)
 
 
-def _copy_fr_dir(fr_dir: Path, out: Path, ranks: set[int]) -> list[str]:
+def _copy_fr_dir(fr_dir: Path, out: Path) -> list[str]:
     if not fr_dir.is_dir():
         raise MoeHangError(f"--fr-dir {fr_dir}: not a directory")
-    notes = []
     dumps, errors = frtrace.load_dir(fr_dir)
-    for name, err in errors.items():
-        notes.append(f"{name}: {err}")
-    for p in sorted(fr_dir.iterdir()):
-        r = frtrace.rank_from_filename(p.name)
-        if r is None or r not in dumps:
-            continue
-        dest = out / "ranks" / f"rank{r}.fr.pkl"
-        if not dest.exists():  # a fresh dump from a live probe wins over an old file
-            shutil.copyfile(p, dest)
+    notes = [f"{name}: {err}" for name, err in errors.items()]
+    for r, dump in dumps.items():
+        dest = out / "ranks" / f"rank{r}.fr.pkl"  # pickle or JSON: collect reads either
+        if dump.source is not None and not dest.exists():
+            # a fresh dump from a live probe wins over an old file
+            shutil.copyfile(dump.source, dest)
     if not dumps:
         notes.append(f"no Flight Recorder dump found in {fr_dir}")
     return notes
 
 
 def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
-                fr_dir: Path | None = None) -> Captured:
+                fr_dir: Path | None = None) -> float:
     t0 = time.monotonic()
     (out / "ranks").mkdir(exist_ok=True, mode=0o700)
     pids = {r.rank: r.pid for r in job.ranks}
@@ -114,7 +102,7 @@ def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
     _copy_probe_files(job, out)
     notes: list[str] = []
     if fr_dir is not None:
-        notes = _copy_fr_dir(fr_dir, out, set(pids))
+        notes = _copy_fr_dir(fr_dir, out)
     procs: dict[str, Any] = {}
     for r in job.ranks:
         a, b = first[r.rank], second[r.rank]
@@ -132,7 +120,7 @@ def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
         "world_size": job.world_size, "job": "running", "agent_pid": job.agent,
         "target_pid": job.target, "ranks": procs, "notes": notes, "orphans": orphans,
         "probe_errors": {str(k): v for k, v in dump_errors.items() if v}})
-    return Captured(out, job, time.monotonic() - t0)
+    return time.monotonic() - t0  # seconds the capture took
 
 
 @contextlib.contextmanager
@@ -153,12 +141,12 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
     say(f"finding the ranks of PID {pid}")
     job = find_job(pid)
     has_probe = any(r.probe_dir for r in job.ranks)
-    if capture.find_pyspy() is None and not has_probe and fr_dir is None:
-        raise MoeHangError("py-spy is not installed", hint="pip install py-spy")
+    if not has_probe and fr_dir is None:
+        capture.require_pyspy()  # nothing else could tell us where the ranks are
     with _capture_dir(out) as d:
         rundir.write_json(d / "meta.json", rundir.meta(command or ["moe-hang", "diagnose",
                                                                    str(pid)]))
-        cap = capture_job(job, d, say, native=native, fr_dir=fr_dir)
+        capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
         errs = [(d / "stacks" / f"rank{r.rank}.pyspy.err") for r in job.ranks]
         if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
             raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
@@ -176,7 +164,7 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
         diag = analysis.diagnose(ev)
         diag.artifacts = str(d) if out is not None else ""
         diag.extra.update({"target_pid": pid, "agent_pid": job.agent,
-                           "timings": {"capture_s": round(cap.seconds, 3),
+                           "timings": {"capture_s": round(capture_s, 3),
                                        "wall_s": round(time.monotonic() - t0, 3)}})
         if out is not None:
             rundir.write_json(d / "diagnosis.json", diag.to_dict())

@@ -127,11 +127,6 @@ def pyspy_many(pids: dict[int, int], *, native: bool = False,
     return out
 
 
-def pyspy_dump(pid: int, *, native: bool = False,
-               timeout: float = PYSPY_TIMEOUT_S) -> StackResult:
-    return pyspy_many({0: pid}, native=native, timeout=timeout)[0]
-
-
 def save_stacks(results: dict[int, StackResult], directory: Path) -> None:
     directory.mkdir(exist_ok=True, mode=0o700)
     from moe_hang.probe import write_atomic

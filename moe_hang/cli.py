@@ -184,7 +184,6 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
 
     if stall <= 0:
         raise _fail(MoeHangError(f"--stall {stall}: must be a positive number of seconds"))
-    err_console = report.make_console(stderr=True) if as_json else None
 
     def echo(line: str) -> None:
         # the job's own output goes through untouched (to stderr with --json)
@@ -201,7 +200,6 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
         typer.echo(f"[error] interrupted ({exc}); the job and every process it started "
                    "were ended", err=True)
         raise typer.Exit(_interrupt_code(exc)) from None
-    del err_console
     if res.diagnosis is not None:
         _show(res.diagnosis, as_json=as_json, title="moe-hang watch", html=html,
               save_to=res.run_dir)

@@ -159,20 +159,18 @@ def _ranks_under(root: psutil.Process, host: str) -> list[RankProc]:
         kids = root.children(recursive=True)
     except psutil.Error:
         kids = []
-    pids = {k.pid for k in kids}
+    # each process's environment is read once; a process gone mid-scan is simply not a rank
+    ranks = {k.pid: rp for k in kids if _live(k) and (rp := _rank_of(k, host)) is not None}
     for k in kids:
-        if not _live(k):
-            continue
-        rp = _rank_of(k, host)
+        rp = ranks.get(k.pid)
         if rp is None:
             continue
         # a rank's own children (DataLoader workers) inherit RANK: keep the topmost
         try:
-            parent = k.ppid()
+            parent = ranks.get(k.ppid())
         except psutil.Error:
             parent = None
-        if parent in pids and (pr := _rank_of(psutil.Process(parent), host)) and \
-                pr.rank == rp.rank:
+        if parent is not None and parent.rank == rp.rank:
             continue
         found.setdefault(rp.rank, rp)
     return sorted(found.values(), key=lambda r: r.rank)
@@ -201,10 +199,13 @@ def find_job(pid: int) -> Job:
             parent = None
         if parent is not None and _is_launcher(parent):
             agent = parent
-    elif _is_launcher(p) or _ranks_under(p, host):
-        agent = p
+    under: list[RankProc] = []
+    if me is None:  # the agent itself, or some launcher above the ranks: one walk of its tree
+        under = _ranks_under(p, host)
+        if under or _is_launcher(p):
+            agent = p
     if agent is not None:
-        ranks = _ranks_under(agent, host)
+        ranks = under or _ranks_under(agent, host)
     elif me is not None:
         # launched without torchrun (mpirun, srun, a script): match by rendezvous settings
         ranks = []

@@ -48,6 +48,7 @@ class FRDump:
     pg_ranks: dict[str, list[int]] = field(default_factory=dict)
     version: str = ""
     backend: str = ""
+    source: Path | None = None  # the file it was read from (load_dir)
 
     def by_pg(self) -> dict[str, list[Collective]]:
         out: dict[str, list[Collective]] = {}
@@ -198,6 +199,7 @@ def load_dir(directory: Path) -> tuple[dict[int, FRDump], dict[str, str]]:
             continue
         try:
             dumps[rank] = load(p)
+            dumps[rank].source = p
         except Exception as exc:  # truncated, corrupt, not a dump: say so and go on
             errors[p.name] = f"{type(exc).__name__}: {exc}"[:200]
     return dumps, errors

@@ -66,25 +66,6 @@ def torchrun_argv(nproc: int, port: int, module_args: list[str],
             "--max_restarts", "0", *logs, *module_args]
 
 
-def remove_empty_torchrun_dirs(since: float) -> list[str]:
-    """Empty ``torchelastic_*`` trees torchrun left in the temp directory after ``since``
-    (the job we ran made them). Anything holding a file is kept."""
-    import shutil
-    import tempfile
-
-    removed = []
-    root = Path(tempfile.gettempdir())
-    for d in root.glob("torchelastic_*"):
-        try:
-            if d.stat().st_mtime < since - 1 or any(p.is_file() for p in d.rglob("*")):
-                continue
-            shutil.rmtree(d)
-            removed.append(str(d))
-        except OSError:
-            continue
-    return removed
-
-
 @dataclass
 class Job:
     """A running command (typically torchrun) and every process it has started."""

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,11 +144,12 @@ def _finish_reference(ref: subprocess.Popen[bytes], run_dir: Path, compare: bool
         end_tree(ref, tracker, grace=1.0)
 
 
-def capture_stalled(out: Outcome, run_dir: Path, say: Phase, *, native: bool = False,
-                    live_only: bool = False) -> None:
-    """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time."""
+def capture_stalled(out: Outcome, run_dir: Path, say: Phase, *, native: bool = False) -> None:
+    """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time: of every
+    rank of a stalled or desynced job, or of the survivors of one that failed."""
     live = {r: pid for r, pid in out.rank_pids.items() if is_alive(pid)}
-    what = "capturing the surviving ranks" if live_only else "stalled → capturing stacks"
+    stalled = out.kind in ("stalled", "desync")
+    what = "stalled → capturing stacks" if stalled else "capturing the surviving ranks"
     say(f"{what} ({len(live)} ranks)")
     dumps: dict[int, str | None] = {}
 
@@ -165,22 +166,6 @@ def capture_stalled(out: Outcome, run_dir: Path, say: Phase, *, native: bool = F
             (run_dir / "ranks" / f"rank{r}.dump.err").write_text(err)
 
 
-def _write_processes(run_dir: Path, out: Outcome, cfg: ReproConfig, alive: dict[int, bool],
-                     exit_codes: dict[int, int]) -> None:
-    ranks = {}
-    for r in range(cfg.nproc):
-        hb = out.heartbeats.get(r, {})
-        ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
-                         "alive": alive.get(r, False), "exit_code": exit_codes.get(r)}
-        if out.kind in ("stalled", "desync") and alive.get(r):
-            # by construction no rank moved for --stall seconds (or they cannot move)
-            ranks[str(r)]["progressed"] = False
-    agent_code = out.returncode if out.returncode is not None and out.returncode < 0 else None
-    rundir.write_json(run_dir / "processes.json", {
-        "world_size": cfg.nproc, "job": out.kind, "job_exit_code": out.returncode,
-        "agent_exit_code": agent_code, "ranks": ranks})
-
-
 def _crash_onset(run_dir: Path) -> float | None:
     times = []
     for p in (run_dir / "ranks").glob("rank*.fatal.txt"):
@@ -193,16 +178,28 @@ def _crash_onset(run_dir: Path) -> float | None:
     return min(times) if times else None
 
 
-def _analyse(run_dir: Path, cfg: ReproConfig, outcome: Outcome,
-             alive: dict[int, bool]) -> Diagnosis:
+def analyse(run_dir: Path, outcome: Outcome, alive: dict[int, bool], *, world: int | None,
+            ranks: Iterable[int], extra: dict[str, Any] | None = None) -> Diagnosis:
+    """processes.json from what the watcher saw, then the diagnosis, written at once: when the
+    job hung, the ranks are still frozen where they hung, and "onset -> verdict" is the time
+    to a diagnosis on disk."""
     log_text = (run_dir / "job.log").read_text(errors="replace")
-    exit_codes = {r: code for r, (code, _pid) in parse_torchrun_failures(log_text).items()}
-    if outcome.kind == "completed":
-        exit_codes = {r: 0 for r in range(cfg.nproc)}
-    _write_processes(run_dir, outcome, cfg, alive, exit_codes)
-    ev = collect.load(run_dir, world=cfg.nproc, job=outcome.kind)
-    diag = analysis.diagnose(ev)
-    # written now, so "onset -> verdict" is the time to a diagnosis on disk
+    failures = parse_torchrun_failures(log_text)
+    procs: dict[str, Any] = {}
+    for r in ranks:
+        hb = outcome.heartbeats.get(r, {})
+        code = 0 if outcome.kind == "completed" else failures.get(r, (None, None))[0]
+        procs[str(r)] = {"pid": outcome.rank_pids.get(r), "host": hb.get("host"),
+                         "alive": alive.get(r, False), "exit_code": code}
+        if outcome.kind in ("stalled", "desync") and alive.get(r):
+            # by construction no rank moved for --stall seconds (or they cannot move)
+            procs[str(r)]["progressed"] = False
+    rc = outcome.returncode
+    rundir.write_json(run_dir / "processes.json", {
+        "world_size": world, "job": outcome.kind, "job_exit_code": rc,
+        "agent_exit_code": rc if rc is not None and rc < 0 else None, "ranks": procs})
+    diag = analysis.diagnose(collect.load(run_dir, world=world, job=outcome.kind))
+    diag.extra.update(extra or {})
     rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
     return diag
 
@@ -236,11 +233,13 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
             alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
             if outcome.kind == "failed" and any(alive.values()):
                 # the agent died and left its ranks running: see where they are, then end them
-                capture_stalled(outcome, run_dir, say, native=native, live_only=True)
+                capture_stalled(outcome, run_dir, say, native=native)
             if outcome.kind in ("stalled", "desync"):
                 capture_stalled(outcome, run_dir, say, native=native)
                 say("analysing")
-                diag = _analyse(run_dir, cfg, outcome, alive)  # before teardown: ranks frozen
+                # before teardown: the ranks are frozen where they hung
+                diag = analyse(run_dir, outcome, alive, world=cfg.nproc,
+                               ranks=range(cfg.nproc))
                 t_verdict = time.time()
             if outcome.kind == "startup_timeout":
                 raise MoeHangError(f"{outcome.reason} (see {run_dir / 'job.log'})")
@@ -261,7 +260,7 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
             ref_report = _finish_reference(ref, run_dir, compare=True)
     if diag is None:
         say("analysing")
-        diag = _analyse(run_dir, cfg, outcome, alive)
+        diag = analyse(run_dir, outcome, alive, world=cfg.nproc, ranks=range(cfg.nproc))
         t_verdict = time.time()
     onset = outcome.onset_ns / 1e9 if outcome.onset_ns else _crash_onset(run_dir)
     timings = {"wall_s": round(time.time() - t0, 3)}
@@ -291,7 +290,7 @@ def repro(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str])
     res = run_scenario(cfg, out_dir, say, command=command)
     res.exit_code = EXIT_PROBLEM if res.diagnosis.verdict != "healthy" else EXIT_OK
     res.diagnosis.extra["reproduced"] = res.diagnosis.verdict != "healthy"
-    _save(res)
+    save(res.run_dir, res.diagnosis)
     return res
 
 
@@ -325,7 +324,7 @@ def verify(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]
         d.extra["reproduced"] = ok
     d.extra["verified"] = ok
     res.exit_code = EXIT_OK if ok else EXIT_VERIFY_FAILED
-    _save(res)
+    save(res.run_dir, res.diagnosis)
     return res
 
 
@@ -339,8 +338,9 @@ def _uncovered(run_dir: Path) -> list[str]:
     return names
 
 
-def _save(res: RunResult) -> None:
-    rundir.write_json(res.run_dir / "diagnosis.json", res.diagnosis.to_dict())
+def save(run_dir: Path, diag: Diagnosis) -> None:
+    """The final diagnosis; the probes' FIFOs go, they are only useful while the ranks live."""
+    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
     with contextlib.suppress(OSError):
-        for p in (res.run_dir / "ranks").glob("rank*.ctl"):
-            p.unlink()  # FIFOs are only useful while the ranks live
+        for p in (run_dir / "ranks").glob("rank*.ctl"):
+            p.unlink()

@@ -325,21 +325,20 @@ class Probe:
         self._fatal_file = open(self.path("fatal.txt"), "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
         in_main = threading.current_thread() is threading.main_thread()
+        # threading's own exit hooks run before atexit, module teardown and C++ destructors
+        at_exit = getattr(threading, "_register_atexit", None) or __import__("atexit").register
         if in_main:
             # Block SIGTERM in this (main) thread *before* any other thread exists, so every
             # thread (ours, torch's) inherits the mask and only the sigwait thread receives
             # it, even while the main thread is stuck in C++ inside a collective.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             os.register_at_fork(after_in_child=_unblock_sigterm)
-            register = getattr(threading, "_register_atexit", None)
             with contextlib.suppress(Exception):
                 # Unblock before interpreter shutdown freezes the sigwait thread.
-                (register or __import__("atexit").register)(_unblock_sigterm)
+                at_exit(_unblock_sigterm)
         self._chain_excepthook()
         with contextlib.suppress(Exception):
-            # runs before atexit handlers, module teardown and C++ static destructors
-            (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(
-                self.stop)
+            at_exit(self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
         if in_main:
             threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",

@@ -42,8 +42,8 @@ class CpuClock:
 
     A rank's own heartbeat cannot speak for it when its interpreter holds the GIL for seconds
     (a full garbage collection, module teardown at exit): the probe thread is starved, yet the
-    rank is busy, not blocked in a collective. Process objects are cached (pid + create time),
-    so a recycled pid is never read as ours."""
+    rank is busy, not blocked in a collective. Process objects are cached per pid; a pid gone
+    (or not ours to read) gives None, and the watcher's own liveness check sees it die."""
 
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}
@@ -74,6 +74,8 @@ class Tracker:
     seen: dict[int, float] = field(default_factory=dict)
 
     def add(self, pid: int) -> None:
+        if pid in self.seen:  # the first sighting's create time is what identifies it
+            return
         ct = create_time(pid)
         if ct is not None:
             self.seen.setdefault(pid, ct)

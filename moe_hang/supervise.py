@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from moe_hang import analysis, collect, launcher, probe, rundir
+from moe_hang import analysis, launcher, probe, rundir
 from moe_hang.diagnosis import EXIT_PROBLEM, Diagnosis
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence import parse_torchrun_failures
 from moe_hang.launcher import Job
-from moe_hang.pipeline import Interrupted, capture_stalled, interruptible
+from moe_hang.pipeline import Interrupted, analyse, capture_stalled, interruptible, save
 from moe_hang.procs import is_alive
 from moe_hang.watchdog import Outcome, WatchSettings, watch
 
@@ -46,7 +45,9 @@ def probe_env(run_dir: Path, base: dict[str, str] | None = None) -> dict[str, st
     pp = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(PROBE_SITE) + (os.pathsep + pp if pp else "")
     env[probe.ENV_DIR] = str(run_dir / "ranks")
-    env["MOE_HANG_PROBE_FILE"] = str(Path(probe.__file__).resolve())
+    # torchrun's --log-dir by environment: its logs stay in the run directory instead of an
+    # empty /tmp/torchelastic_* tree left behind by every launch (a job's own flag still wins)
+    env.setdefault("PET_LOG_DIR", str(run_dir / "torchrun"))
     env.setdefault("TORCH_FR_BUFFER_SIZE", probe.FR_BUFFER)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -57,25 +58,6 @@ def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[str], None]) -> Non
         log.write(raw)
         log.flush()
         echo(raw.decode(errors="replace").rstrip("\n"))
-
-
-def _write_processes(run_dir: Path, out: Outcome, alive: dict[int, bool]) -> None:
-    log_text = (run_dir / "job.log").read_text(errors="replace")
-    fails = parse_torchrun_failures(log_text)
-    ranks: dict[str, Any] = {}
-    for r, hb in sorted(out.heartbeats.items()):
-        code = fails.get(r, (None, None))[0]
-        if out.kind == "completed":
-            code = 0
-        ranks[str(r)] = {"pid": out.rank_pids.get(r), "host": hb.get("host"),
-                         "alive": alive.get(r, False), "exit_code": code}
-        if out.kind in ("stalled", "desync") and alive.get(r):
-            ranks[str(r)]["progressed"] = False  # nothing moved for --stall seconds
-    world = next((int(hb["world"]) for hb in out.heartbeats.values() if hb.get("world")), None)
-    agent_code = out.returncode if out.returncode is not None and out.returncode < 0 else None
-    rundir.write_json(run_dir / "processes.json", {
-        "world_size": world, "job": out.kind, "job_exit_code": out.returncode,
-        "agent_exit_code": agent_code, "ranks": ranks})
 
 
 def _resolve(cmd: list[str]) -> list[str]:
@@ -101,21 +83,18 @@ class _Echo:
             self.echo(line)
 
 
-def _diagnose(run_dir: Path, outcome: Outcome, alive: dict[int, bool], t0: float,
-              cmd: list[str]) -> tuple[Diagnosis, float]:
-    _write_processes(run_dir, outcome, alive)
-    ev = collect.load(run_dir, job=outcome.kind)
-    diag = analysis.diagnose(ev)
-    t_verdict = time.time()
+def _diagnose(run_dir: Path, outcome: Outcome, alive: dict[int, bool],
+              cmd: list[str]) -> Diagnosis:
     timings: dict[str, float] = {}
-    if outcome.onset_ns:
-        timings["onset_to_verdict_s"] = round(t_verdict - outcome.onset_ns / 1e9, 3)
+    diag = analyse(run_dir, outcome, alive, world=_world(outcome.heartbeats),
+                   ranks=sorted(outcome.heartbeats),
+                   extra={"command": cmd, "job_exit_code": outcome.returncode,
+                          "detected": outcome.kind, "timings": timings})
+    if outcome.onset_ns:  # on disk with the final save
+        timings["onset_to_verdict_s"] = round(time.time() - outcome.onset_ns / 1e9, 3)
         if outcome.t_detect:
             timings["onset_to_detect_s"] = round(outcome.t_detect - outcome.onset_ns / 1e9, 3)
-    diag.extra.update({"command": cmd, "job_exit_code": outcome.returncode,
-                       "detected": outcome.kind, "timings": timings})
-    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
-    return diag, t_verdict
+    return diag
 
 
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
@@ -155,12 +134,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))
                 alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
                 if outcome.kind in ("stalled", "desync") or any(alive.values()):
-                    capture_stalled(outcome, run_dir, say, native=native,
-                                    live_only=outcome.kind not in ("stalled", "desync"))
+                    capture_stalled(outcome, run_dir, say, native=native)
                     gate.on = False
                     say("analysing")
                     # before teardown: the ranks are frozen where they hung
-                    diag, _ = _diagnose(run_dir, outcome, alive, t0, cmd)
+                    diag = _diagnose(run_dir, outcome, alive, cmd)
             except Interrupted as exc:
                 interrupted = str(exc)
                 say("interrupted → stopping the job")
@@ -176,7 +154,6 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         if pump is not None:
             pump.join(2.0)
         log.close()
-        launcher.remove_empty_torchrun_dirs(t0)
     if interrupted is not None:
         raise Interrupted(interrupted)
     if not outcome.heartbeats:
@@ -184,11 +161,9 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         return WatchResult(None, _own_code(outcome.returncode), run_dir, outcome)
     if diag is None:
         say("analysing")
-        diag, _ = _diagnose(run_dir, outcome, alive, t0, cmd)
+        diag = _diagnose(run_dir, outcome, alive, cmd)
     diag.extra.setdefault("timings", {})["wall_s"] = round(time.time() - t0, 3)
-    rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
-    for p in (run_dir / "ranks").glob("rank*.ctl"):
-        p.unlink(missing_ok=True)
+    save(run_dir, diag)
     if diag.verdict not in ("healthy", "straggler"):
         code = EXIT_PROBLEM
     else:

@@ -164,9 +164,8 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
                 # loaded machine computes at a few percent of a core. Read it from /proc, not
                 # from the heartbeat: a rank holding the GIL for seconds (a full GC, teardown
                 # at exit) starves its probe thread but is busy, not stuck.
-                measured = clock.seconds(out.rank_pids.get(r, 0)) if r in out.rank_pids else None
-                cpu = measured if measured is not None else last_cpu.get(
-                    r, float(hb.get("cpu_s", 0.0)))
+                measured = clock.seconds(out.rank_pids[r])
+                cpu = measured if measured is not None else last_cpu.get(r, 0.0)
                 used = cpu - last_cpu.get(r, cpu)
                 rate = used / max(now - last_move.get(r, now), settings.poll_s)
                 if fp != last_fp.get(r) or (used > CPU_MOVING_S and rate > CPU_MOVING_RATE):

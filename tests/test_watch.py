@@ -16,44 +16,36 @@ from conftest import (
     JOBS,
     ROOT,
     assert_no_survivors,
+    by_rank,
     free_port,
     job_env,
     line_of,
     moe_hang_argv,
     run_cli,
+    start_cli,
     torchrun_argv,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return job_env(**extra)
-
-
 def _watch(tmp_path: Path, script: str, nproc: int = 2, stall: str = "2",
            **env: str) -> tuple[int, dict, Path]:
     out = tmp_path / "w"
     proc = run_cli("watch", "--stall", stall, "--out", str(out), "--json", "--",
-                   *torchrun_argv(script, nproc), timeout=180, env=_env(**env))
+                   *torchrun_argv(script, nproc), timeout=180, env=job_env(**env))
     assert proc.stdout.strip(), proc.stderr[-3000:]
     d = json.loads(proc.stdout)
     assert_no_survivors(str(JOBS / script))
     return proc.returncode, d, out
 
 
-def _by_rank(d: dict) -> dict[int, dict]:
-    return {r["rank"]: r for r in d["ranks"]}
-
-
 def _start_watch(tmp_path: Path, stall: str, script: str) -> tuple[subprocess.Popen[str], Path]:
     """``moe-hang watch --json`` on a job, in the background; returns it and the marks dir."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    argv = moe_hang_argv("watch", "--stall", stall, "--out", str(tmp_path / "w"), "--json",
-                         "--", *torchrun_argv(script, 2))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(JOB_MARKS=str(marks)), cwd=ROOT)
+    proc = start_cli("watch", "--stall", stall, "--out", str(tmp_path / "w"), "--json",
+                     "--", *torchrun_argv(script, 2), JOB_MARKS=str(marks))
     return proc, marks
 
 
@@ -64,7 +56,7 @@ def test_skipped_collective(tmp_path):
     assert fd["kind"] == "op_mismatch" and fd["pg"] == "0"
     assert fd["per_rank"]["0"]["op"] == "all_gather" and fd["per_rank"]["1"]["op"] == "barrier"
     assert fd["per_rank"]["0"]["seq"] == fd["per_rank"]["1"]["seq"] == fd["seq"]
-    r = _by_rank(d)
+    r = by_rank(d)
     script = JOBS / "skip_collective.py"
     assert r[0]["callsite"]["line"] == line_of(script, "dist.all_gather_into_tensor(out, x)")
     assert r[1]["callsite"]["line"] == line_of(script, "dist.barrier()")
@@ -79,7 +71,7 @@ def test_ragged_dtensor_gather_aborts_gloo(tmp_path):
     code, d, _ = _watch(tmp_path, "ragged_dtensor.py")
     assert code == 3 and d["verdict"] == "desync"
     assert d["first_divergence"]["kind"] == "size_mismatch"
-    r = _by_rank(d)
+    r = by_rank(d)
     assert r[0]["exit_code"] == -signal.SIGABRT
     # rank 1 received fewer bytes than it expected, finished the gather and may be further on
     assert d["first_divergence"]["per_rank"]["1"]["input_sizes"] == [[401, 64]]
@@ -91,7 +83,7 @@ def test_ragged_dtensor_gather_aborts_gloo(tmp_path):
 def test_rank_killed_mid_step(tmp_path):
     code, d, _ = _watch(tmp_path, "killed_rank.py")
     assert code == 3 and d["verdict"] == "rank_died" and d["culprit_ranks"] == [1]
-    r = _by_rank(d)
+    r = by_rank(d)
     assert r[1]["exit_code"] == -signal.SIGKILL
     assert r[0]["collective"]["op"] == "all_reduce"  # what the survivor was blocked in
     assert "all_reduce" in d["summary"]
@@ -103,13 +95,13 @@ def test_desync_inside_a_subgroup_names_the_group(tmp_path):
     fd = d["first_divergence"]
     assert fd["pg"] != "0" and fd["ranks"] == [2, 3] and fd["kind"] == "missing_rank"
     assert fd["per_rank"]["3"] is None and fd["per_rank"]["2"]["op"] == "all_reduce"
-    assert _by_rank(d)[2]["callsite"]["function"] == "reduce_expert_grads"
+    assert by_rank(d)[2]["callsite"]["function"] == "reduce_expert_grads"
 
 
 def test_collective_missing_from_backward(tmp_path):
     code, d, _ = _watch(tmp_path, "backward_missing.py")
     assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [1]
-    r = _by_rank(d)
+    r = by_rank(d)
     assert r[0]["phase"] == "backward" and r[0]["autograd_function"] == "GatherTokens"
     assert "backward" in d["summary"]
 
@@ -164,11 +156,16 @@ def test_healthy_job_and_plain_exit_codes_pass_through(tmp_path):
                       "dist.init_process_group('gloo')\n"
                       "dist.all_reduce(__import__('torch').ones(2))\n"
                       "dist.destroy_process_group()\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     proc = run_cli("watch", "--out", str(tmp_path / "w"), "--json", "--", sys.executable, "-m",
                    "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                   str(free_port()), str(script), timeout=120, env=_env())
+                   str(free_port()), str(script), timeout=120, env=job_env(TMPDIR=str(tmp)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["verdict"] == "healthy"
+    # torchrun's per-run log tree lands in the run directory, not as litter in the temp dir
+    assert any((tmp_path / "w" / "torchrun").iterdir())
+    assert not list(tmp.glob("torchelastic_*"))
     plain = run_cli("watch", "--out", str(tmp_path / "p"), "--", sys.executable, "-c",
                     "import sys; sys.exit(7)", timeout=60)
     assert plain.returncode == 7
@@ -191,7 +188,7 @@ def test_two_nodes_watched_separately_then_merged(tmp_path):
             "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
             f"127.0.0.1:{port}", "--rdzv_id", "merge-test", str(JOBS / "skip_collective.py"))
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=_env(SKIP_RANK="3"), cwd=ROOT))
+                                      text=True, env=job_env(SKIP_RANK="3"), cwd=ROOT))
     try:
         results = [p.communicate(timeout=180) for p in procs]
     finally:
@@ -222,12 +219,12 @@ def test_without_ptrace_watch_falls_back_to_the_probe(tmp_path):
     argv = _no_ptrace(moe_hang_argv("watch", "--stall", "2", "--out", str(out), "--json", "--",
                                     *torchrun_argv("skip_collective.py", 2)))
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
-                          env=_env(JOB_NONDUMPABLE="1"))
+                          env=job_env(JOB_NONDUMPABLE="1"))
     assert proc.returncode == 3, proc.stderr[-2000:]
     d = json.loads(proc.stdout)
     assert d["verdict"] == "desync" and d["culprit_ranks"] == [1]
     assert any("no ptrace permission" in e for e in d["evidence"])
-    r = _by_rank(d)
+    r = by_rank(d)
     assert r[0]["stack_source"].startswith("faulthandler")
     assert r[0]["callsite"]["function"] == "dispatch"
     assert_no_survivors(str(JOBS / "skip_collective.py"))

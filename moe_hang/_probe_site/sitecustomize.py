@@ -16,8 +16,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def _install_probe() -> None:
     if not os.environ.get("RANK") or not os.environ.get("MOE_HANG_PROBE_DIR"):
         return
-    path = os.environ.get("MOE_HANG_PROBE_FILE") or os.path.join(os.path.dirname(_HERE),
-                                                                 "probe.py")
+    path = os.path.join(os.path.dirname(_HERE), "probe.py")
     try:
         spec = importlib.util.spec_from_file_location("moe_hang_probe", path)
         if spec is None or spec.loader is None:
