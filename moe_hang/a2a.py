@@ -18,7 +18,7 @@ to what they received and to their trainable parameters, so every rank's backwar
 all-to-alls even when its experts received nothing.
 
     from moe_hang.a2a import AllToAllDispatch
-    y_TD = AllToAllDispatch(ep_group)(x_TD, weights_TK, experts_TK, local_experts)
+    y_TD = AllToAllDispatch(ep_group, num_local)(x_TD, weights_TK, experts_TK, local_experts)
 
 Shape suffixes as in :mod:`moe_hang.moe`; ``P`` = (token, expert) pairs this rank sends,
 ``R`` = pairs it receives.

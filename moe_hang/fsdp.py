@@ -76,7 +76,7 @@ def shard_experts(layers: list[Any], mesh: Any, lora_outside: bool,
                   weights_of: Callable[[int], dict[str, torch.Tensor]],
                   before_unshard: Callable[[int, int], Callable[..., None]] | None = None,
                   ) -> None:
-    """``fully_shard`` every expert (LoRA included), then the root of each layer.
+    """``fully_shard`` every expert (LoRA included); the layers themselves are not sharded.
 
     With ``lora_outside`` the adapters are added after wrapping: the wrapping-order mistake.
     FSDP averages gradients over ranks; the worker scales each rank's loss share by the world
@@ -93,8 +93,9 @@ def shard_experts(layers: list[Any], mesh: Any, lora_outside: bool,
                 expert.register_forward_pre_hook(before_unshard(li, e), prepend=True)
     if lora_outside:
         for li, layer in enumerate(layers):
+            weights = weights_of(li)
             for e, expert in enumerate(layer.experts.experts):
-                expert.add_lora(weights_of(li), e)
+                expert.add_lora(weights, e)
 
 
 def uncovered_trainable(model: nn.Module) -> list[str]:

@@ -29,6 +29,7 @@ from moe_hang.moe import (
     MoEModel,
     layer_weights,
     local_dispatch,
+    local_tensor,
 )
 
 
@@ -49,11 +50,11 @@ class Built:
 
 
 def dispatch_name(cfg: ReproConfig) -> str:
-    """The exchange a run uses: naive, varlen, varlen-no-anchor, a2a, fsdp-skip, all-experts."""
+    """The exchange an EP run uses: naive, varlen, varlen-no-anchor or a2a (fsdp-skip builds
+    no dispatch: see :func:`build`)."""
     if cfg.variant == "fixed":
         return cfg.fix
-    return {"ep-ragged": "naive", "ep-no-anchor": "varlen-no-anchor",
-            "fsdp-skip": "fsdp-skip"}[cfg.scenario]
+    return {"ep-ragged": "naive", "ep-no-anchor": "varlen-no-anchor"}[cfg.scenario]
 
 
 def make_dispatch(name: str, mesh: Any, num_local: int) -> Any:
@@ -75,9 +76,8 @@ def _ep_grads(layers: list[Any]) -> Callable[[], dict[str, torch.Tensor | None]]
         for li, layer in enumerate(layers):
             for name, p in layer.experts.lora_params().items():
                 g = p.grad
-                if g is not None and hasattr(g, "to_local"):
-                    g = g.to_local()
-                out[f"{li}.{name}"] = None if g is None else g.detach().cpu().clone()
+                out[f"{li}.{name}"] = (None if g is None
+                                       else local_tensor(g).detach().cpu().clone())
         return out
 
     return grads

@@ -42,6 +42,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "jobs"
+if str(JOBS) not in sys.path:
+    sys.path.append(str(JOBS))  # tests/jobs/_wait.py: the waits the tests use
+from _wait import wait_blocked, wait_marks  # noqa: E402
+
 PG_TIMEOUT_S = {"nccl (default)": 600, "gloo (default)": 1800}
 
 
@@ -104,14 +108,6 @@ def time_to_verdict(tmp: Path) -> tuple[dict[str, float], dict[str, float]]:
 # ----------------------------------------------------------------------------- 2. diagnose
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def diagnose_latency(tmp: Path, sizes: list[int], samples: int = 3) -> dict[str, float]:
     import psutil
 
@@ -123,17 +119,10 @@ def diagnose_latency(tmp: Path, sizes: list[int], samples: int = 3) -> dict[str,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
         try:
-            deadline = time.monotonic() + 300
-            while len(list(marks.glob("hang.rank*"))) < n:
-                if time.monotonic() > deadline or job.poll() is not None:
-                    raise RuntimeError(f"{n}-rank job did not reach its hang")
-                time.sleep(0.1)
+            if not wait_marks(marks, n, job, timeout=300):
+                raise RuntimeError(f"{n}-rank job did not reach its hang")
             ranks = [c.pid for c in psutil.Process(job.pid).children()]
-            while True:  # until every rank sits blocked (no CPU over 0.3 s)
-                a = [_cpu_ticks(p) for p in ranks]
-                time.sleep(0.3)
-                if a == [_cpu_ticks(p) for p in ranks]:
-                    break
+            wait_blocked(ranks, timeout=120)  # every rank sits blocked (no CPU over 0.3 s)
             times = []
             for _ in range(samples):
                 t0 = time.monotonic()

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from moe_hang.config import build_config
+from moe_hang.frtrace import normalise_op
 from moe_hang.moe import global_batch, local_loss
 from moe_hang.scenarios import build_ep_model, moe_config
 
@@ -78,9 +79,9 @@ def _nbytes(sizes: list, dtypes: list) -> int:
 # factors (ring all-reduce 2(n-1)/n of the buffer; all-gather (n-1)/n of the output;
 # reduce-scatter and all-to-all (n-1)/n of the input).
 def _wire_bytes(op: str, inp: int, out: int, n: int) -> float:
-    if op in ("all_reduce", "allreduce"):
+    if op == "all_reduce":
         return inp * 2 * (n - 1) / n
-    if op in ("all_gather", "allgather", "_allgather_base"):
+    if op == "all_gather":
         return out * (n - 1) / n
     return inp * (n - 1) / n
 
@@ -96,7 +97,7 @@ def _fr_bytes(lo: int, hi: int, world: int) -> tuple[int, int] | None:
     for e in pickle.loads(raw)["entries"]:
         if e.get("process_group", ("",))[0] != "0" or not lo < e["collective_seq_id"] <= hi:
             continue
-        op = e["profiling_name"].rsplit(":", 1)[-1]
+        op = normalise_op(e["profiling_name"])
         inp = _nbytes(e["input_sizes"], e["input_dtypes"])
         out = _nbytes(e["output_sizes"], e["output_dtypes"])
         inputs += inp
@@ -118,22 +119,21 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
     group = mesh.get_group()
     times, nbytes = [], None
 
-    def step(i: int) -> None:
-        x = global_batch(mcfg, cfg.total_tokens, i)[off:off + n]
+    def batch(i: int) -> torch.Tensor:
+        return global_batch(mcfg, cfg.total_tokens, i)[off:off + n]
+
+    def step(x: torch.Tensor) -> None:
         loss = local_loss(model(x), cfg.total_tokens)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     for i in range(warmup + steps):
-        x = global_batch(mcfg, cfg.total_tokens, i)[off:off + n]
+        x = batch(i)
         dist.barrier()
         seq0 = group._get_sequence_number_for_group()
         t0 = time.perf_counter()
-        loss = local_loss(model(x), cfg.total_tokens)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step(x)
         dt = time.perf_counter() - t0
         seq1 = group._get_sequence_number_for_group()
         if i >= warmup:
@@ -142,7 +142,7 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
                 nbytes = _fr_bytes(seq0, seq1, world)
     dist.barrier()
     with PeakRSS() as mem:  # one more step, untimed, for the memory high-water mark
-        step(warmup + steps)
+        step(batch(warmup + steps))
     inp, wire = nbytes if nbytes is not None else (0, 0)
     vals = torch.tensor([statistics.median(times), float(wire), mem.mb, float(inp)],
                         dtype=torch.float64)

@@ -2,11 +2,12 @@
 
     python scripts/soak.py [--cycles 20] [--json soak.json]
 
-After every command it checks the process table (anything whose command line or environment
-mentions the run directory), listening ports opened since the start, this process's open file
+After every command it checks the process table (anything whose command line mentions the run
+directory, polled for up to 5 s), listening ports opened since the start, this process's open file
 descriptors, and files left in the temporary directory. Every leak count must be zero, every
-exit code the expected one, and the two concurrent repros must use different ports and run
-directories.
+exit code the expected one, and the two concurrent repros must use different ports and each
+write its own run directory (meta.json, and a diagnosis.json naming that directory and its own
+rank pids).
 """
 
 from __future__ import annotations
@@ -38,17 +39,51 @@ def listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
 
 
-def survivors(needle: str) -> list[int]:
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+def survivors(needle: str, wait: float = 5.0) -> list[int]:
+    """Pids of live processes whose command line mentions ``needle``, polled until none is left
+    or ``wait`` seconds have passed (the kernel may still be reaping a just-ended job)."""
+    deadline = time.monotonic() + wait
+    while True:
+        out = []
+        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                    continue
+                if any(needle in c for c in p.info["cmdline"] or []):
+                    out.append(p.pid)
+            except psutil.Error:
                 continue
-            if any(needle in c for c in p.info["cmdline"] or []):
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
+        if not out or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.1)
+
+
+def leaked_listening_ports(before: set[int], wait: float = 5.0) -> list[int]:
+    """Listening ports not in ``before``, polled until none is left or ``wait`` has passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        leaked = sorted(listening_ports() - before)
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(0.1)
+
+
+def own_run(run: Path, printed: str) -> dict[str, Any] | None:
+    """What a run recorded in its own directory, or None unless ``run`` holds meta.json and a
+    diagnosis.json that names ``run`` as its artifacts and the same rank pids as the diagnosis
+    the command printed (``--json``)."""
+    try:
+        meta = json.loads((run / "meta.json").read_text())
+        on_disk = json.loads((run / "diagnosis.json").read_text())
+        shown = json.loads(printed)
+    except (OSError, ValueError):
+        return None
+    pids = sorted(r["pid"] for r in on_disk.get("ranks", []) if r.get("pid") is not None)
+    if (on_disk.get("artifacts") != str(run.resolve()) or not pids
+            or pids != sorted(r["pid"] for r in shown.get("ranks", [])
+                              if r.get("pid") is not None)):
+        return None
+    return {"port": meta.get("port"), "pids": pids}
 
 
 def tmp_entries() -> set[str]:
@@ -67,7 +102,6 @@ def main() -> int:
 
     def check(kind: str, run: Path, proc: subprocess.CompletedProcess[str],
               want: int) -> dict[str, Any]:
-        time.sleep(0.2)  # let the kernel finish reaping before we look
         row: dict[str, Any] = {"kind": kind, "exit": proc.returncode, "expected": want,
                "leaked_processes": len(survivors(str(run))),
                "wall_s": None}
@@ -99,8 +133,12 @@ def main() -> int:
     for run in runs:
         check("concurrent repro", run, results[run.name], 3)
     job_ports = [json.loads((run / "meta.json").read_text()).get("port") for run in runs]
-    time.sleep(1.0)
-    leaked_ports = sorted(listening_ports() - ports0)
+    owned = [own_run(run, results[run.name].stdout) for run in runs]
+    # each run wrote its own directory (artifacts, rank pids) and no two runs share a rank
+    run_dirs_distinct = all(o is not None for o in owned) and len(
+        {pid for o in owned if o is not None for pid in o["pids"]}) == sum(
+        len(o["pids"]) for o in owned if o is not None)
+    leaked_ports = leaked_listening_ports(ports0)
     leaked_fds = psutil.Process().num_fds() - fds0
     leaked_tmp = sorted(e for e in tmp_entries() - tmp0 if not e.startswith("moe-hang-soak-"))
     summary = {
@@ -112,14 +150,14 @@ def main() -> int:
         "leaked_tmp_files": leaked_tmp,
         "concurrent_ports": job_ports,
         "concurrent_ports_distinct": len(set(job_ports)) == len(job_ports),
-        "run_dirs_distinct": len({str(r) for r in runs}) == len(runs),
+        "run_dirs_distinct": run_dirs_distinct,
         "total_s": round(time.time() - t_start, 1),
     }
     Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     ok = (summary["wrong_exit_codes"] == 0 and summary["leaked_processes"] == 0
           and not leaked_ports and leaked_fds <= 0 and not leaked_tmp
-          and summary["concurrent_ports_distinct"])
+          and summary["concurrent_ports_distinct"] and run_dirs_distinct)
     return 0 if ok else 1
 
 

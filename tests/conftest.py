@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 JOBS = Path(__file__).resolve().parent / "jobs"
 
+if str(JOBS) not in sys.path:
+    sys.path.append(str(JOBS))  # tests/jobs/_wait.py, shared with scripts/bench.py
+from _wait import cpu_ticks, wait_blocked, wait_marks  # noqa: E402, F401 - tests import these
+
 
 def moe_hang_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "moe_hang.cli", *args]
@@ -77,13 +81,47 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def rank_entry(rank: int, fn, world: int, init_file: str, out_dir: str, *args) -> None:
+    """One spawned rank (module level, so spawn can pickle it): join a gloo group through
+    ``init_file``, run ``fn(rank, world, *args)``, then barrier, destroy the group and write
+    ok<r> to ``out_dir``; on any exception write err<r> (the traceback) and exit 1."""
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=30))
+        fn(rank, world, *args)
+        dist.barrier()
+        dist.destroy_process_group()
+        Path(out_dir, f"ok{rank}").write_text("ok")
+    except BaseException:
+        Path(out_dir, f"err{rank}").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def start_cli(*args: str, **env: str) -> subprocess.Popen[str]:
+    """``moe-hang ARGS`` in the background (stdout and stderr piped, as text) with
+    ``job_env(**env)``, from the checkout root."""
+    return subprocess.Popen(moe_hang_argv(*args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=job_env(**env), cwd=ROOT)
+
+
+def by_rank(d: dict) -> dict[int, dict]:
+    """A diagnosis's ``ranks`` keyed by rank."""
+    return {r["rank"]: r for r in d["ranks"]}
+
+
 def spawn_ranks(fn, args: tuple, tmp: Path, nprocs: int = 2) -> None:
-    """Run ``fn(rank, *args, out_dir)`` on ``nprocs`` real processes; each writes ok<r> or
-    err<r> (a traceback) to ``tmp``; fail the test with the first traceback."""
+    """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` real processes in one gloo group (see
+    :func:`rank_entry`); each writes ok<r> or err<r> (a traceback) to ``tmp``; fail the test
+    with the first traceback."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(fn, args=(*args, str(tmp)), nprocs=nprocs, join=True,
-                       start_method="spawn")
+    mp.start_processes(rank_entry, args=(fn, nprocs, str(tmp / "init"), str(tmp), *args),
+                       nprocs=nprocs, join=True, start_method="spawn")
     errors = [p.read_text() for p in tmp.glob("err*")]
     assert not errors, errors[0]
     assert sorted(p.name for p in tmp.glob("ok*")) == [f"ok{r}" for r in range(nprocs)]
@@ -111,26 +149,6 @@ def torchrun_argv(script: str, nproc: int, *extra: str) -> list[str]:
             str(JOBS / script)]
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime of the main thread
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def wait_blocked(pids: list[int], timeout: float = 60.0) -> None:
-    """Until every pid's main thread is asleep and used no CPU over 0.3 s (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        before = {p: _cpu_ticks(p) for p in pids}
-        time.sleep(0.3)
-        after = {p: _cpu_ticks(p) for p in pids}
-        if all(before[p] is not None and before[p] == after[p] for p in pids):
-            return
-    raise AssertionError(f"ranks {pids} did not block within {timeout} s")
-
-
 class HungJob:
     """A small job from tests/jobs, started in its own session, waited for until it reached
     its ``mark("hang")`` point, and killed (every process of it) on exit."""
@@ -152,12 +170,9 @@ class HungJob:
         self.nproc = nproc
 
     def wait_marks(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(list(self.marks.glob("hang.rank*"))) < self.nproc:
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"job did not reach its hang point: "
-                                     f"{Path(self.log.name).read_text()[-2000:]}")
-            time.sleep(0.1)
+        if not wait_marks(self.marks, self.nproc, self.popen, timeout):
+            raise AssertionError(f"job did not reach its hang point: "
+                                 f"{Path(self.log.name).read_text()[-2000:]}")
 
     def rank_pids(self) -> dict[int, int]:
         out = {}

@@ -7,10 +7,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import JOBS, HungJob, line_of, run_cli, wait_blocked
+from conftest import JOBS, ROOT, HungJob, by_rank, line_of, run_cli, wait_blocked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -19,10 +18,6 @@ def _diagnose(pid: int, *extra: str) -> tuple[int, dict]:
     proc = run_cli("diagnose", str(pid), "--json", *extra, timeout=60)
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
-
-
-def _by_rank(d: dict) -> dict[int, dict]:
-    return {r["rank"]: r for r in d["ranks"]}
 
 
 def test_skipped_collective_through_the_agent_and_through_a_rank(tmp_path):
@@ -35,7 +30,7 @@ def test_skipped_collective_through_the_agent_and_through_a_rank(tmp_path):
             assert code == 3
             assert d["verdict"] == "desync" and d["culprit_ranks"] == [1]
             assert d["first_divergence"]["kind"] == "op_mismatch"
-            r = _by_rank(d)
+            r = by_rank(d)
             assert r[0]["state"] == r[1]["state"] == "in_collective"
             assert r[0]["collective"]["op"] == "all_gather"
             assert r[1]["collective"]["op"] == "barrier"
@@ -55,7 +50,7 @@ def test_straggler_is_not_a_deadlock(tmp_path):
         code, d = _diagnose(job.popen.pid)
         assert d["verdict"] == "straggler" and d["culprit_ranks"] == [1], d["summary"]
         assert code == 0
-        r = _by_rank(d)
+        r = by_rank(d)
         assert r[0]["state"] == "in_collective" and r[0]["collective"]["op"] == "all_reduce"
         assert r[1]["state"] == "computing"
         assert r[1]["callsite"]["function"] == "long_compute"
@@ -69,7 +64,7 @@ def test_collective_missing_from_one_ranks_backward(tmp_path):
         wait_blocked(list(job.rank_pids().values()))
         code, d = _diagnose(job.popen.pid)
         assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [1]
-        r = _by_rank(d)
+        r = by_rank(d)
         assert r[0]["phase"] == "backward"
         assert r[0]["autograd_function"] == "GatherTokens"
         assert r[0]["callsite"]["function"] == "GatherTokens.backward"
@@ -83,7 +78,7 @@ def test_desync_inside_a_subgroup_of_four_ranks(tmp_path):
         wait_blocked(list(job.rank_pids().values()))
         code, d = _diagnose(job.popen.pid)
         assert code == 3 and d["verdict"] == "desync"
-        r = _by_rank(d)
+        r = by_rank(d)
         assert r[2]["callsite"]["function"] == "reduce_expert_grads"
         assert r[2]["collective"]["op"] == "all_reduce"
         assert all(r[k]["collective"]["op"] == "barrier" for k in (0, 1, 3))
@@ -94,12 +89,12 @@ def test_desync_inside_a_subgroup_of_four_ranks(tmp_path):
 def test_rank_killed_mid_step_while_the_other_waits(tmp_path):
     with HungJob("killed_rank_forked.py", launcher="spawn", tmp=tmp_path) as job:
         job.wait_marks()
-        time.sleep(0)  # rank 1 kills itself right after its mark; rank 0 then blocks
+        # rank 1 kills itself right after its mark; rank 0 then blocks
         pids = job.rank_pids()
         wait_blocked([pids[0]])
         code, d = _diagnose(pids[0])
         assert code == 3 and d["verdict"] == "rank_died" and d["culprit_ranks"] == [1]
-        r = _by_rank(d)
+        r = by_rank(d)
         assert r[0]["collective"]["op"] == "all_reduce" and r[1]["state"] == "exited"
         assert any("still holds its connections" in e for e in d["evidence"])
 
@@ -163,26 +158,21 @@ def test_pid_1():
 def test_its_own_pid():
     code = ("import os,sys; os.execv(sys.executable, [sys.executable, '-m', 'moe_hang.cli', "
             "'diagnose', str(os.getpid())])")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30, env=env)
     _error(proc, "is moe-hang itself")
 
 
-def test_not_python():
-    p = subprocess.Popen(["sleep", "30"])
+@pytest.mark.parametrize("argv,env,needle", [
+    (["sleep", "30"], None, "is not a Python process"),
+    ([sys.executable, "-c", "import time; time.sleep(30)"],
+     {k: v for k, v in os.environ.items() if k != "RANK"}, "not a torch.distributed job"),
+], ids=["not_python", "python_but_not_distributed"])
+def test_not_a_torch_distributed_process(argv, env, needle):
+    p = subprocess.Popen(argv, env=env)
     try:
-        _error(run_cli("diagnose", str(p.pid), timeout=30), "is not a Python process")
-    finally:
-        p.kill()
-        p.wait()
-
-
-def test_python_but_not_distributed():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                         env={k: v for k, v in os.environ.items() if k != "RANK"})
-    try:
-        _error(run_cli("diagnose", str(p.pid), timeout=30), "not a torch.distributed job")
+        _error(run_cli("diagnose", str(p.pid), timeout=30), needle)
     finally:
         p.kill()
         p.wait()
@@ -205,8 +195,7 @@ def test_zombie():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the tool as another user")
 def test_another_users_process_is_refused_without_root():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root), HOME="/tmp")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME="/tmp")
     try:
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                                sys.executable, "-m", "moe_hang.cli", "diagnose", str(p.pid)],
@@ -221,11 +210,10 @@ def test_another_users_process_is_refused_without_root():
 def test_without_ptrace_diagnose_says_so_in_one_line(tmp_path):
     with HungJob("skip_collective.py", tmp=tmp_path, env={"JOB_NONDUMPABLE": "1"}) as job:
         job.wait_marks()
-        root = Path(__file__).resolve().parent.parent
         proc = subprocess.run(["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace",
                                sys.executable, "-m", "moe_hang.cli", "diagnose",
                                str(job.popen.pid)], capture_output=True, text=True, timeout=60,
-                              env=dict(os.environ, PYTHONPATH=str(root)))
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
         _error(proc, "no ptrace permission")
         assert "CAP_SYS_PTRACE" in proc.stderr
 

@@ -19,23 +19,14 @@ from conftest import (
     HungJob,
     assert_no_survivors,
     job_env,
-    moe_hang_argv,
     processes_mentioning,
     run_cli,
+    start_cli,
     torchrun_argv,
     wait_blocked,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return job_env(**extra)
-
-
-def _start(args: list[str], **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(moe_hang_argv(*args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=ROOT)
 
 
 def _wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 90):
@@ -72,7 +63,7 @@ def _ended_within(proc: subprocess.Popen[str], needle: str, seconds: float) -> s
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupting_verify_ends_every_process(tmp_path, sig, code):
     run = tmp_path / "run"
-    proc = _start(["verify", "--fixed", "--steps", "100000", "--out", str(run)])
+    proc = start_cli("verify", "--fixed", "--steps", "100000", "--out", str(run))
     _wait_for_step(run, 2, proc)
     proc.send_signal(sig)
     err = _ended_within(proc, str(run), 5.0)
@@ -83,8 +74,8 @@ def test_interrupting_verify_ends_every_process(tmp_path, sig, code):
 def test_interrupting_watch_passes_the_signal_and_ends_the_job(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    proc = _start(["watch", "--stall", "60", "--out", str(tmp_path / "w"), "--",
-                   *torchrun_argv("straggler.py", 2)], JOB_MARKS=str(marks))
+    proc = start_cli("watch", "--stall", "60", "--out", str(tmp_path / "w"), "--",
+                     *torchrun_argv("straggler.py", 2), JOB_MARKS=str(marks))
     deadline = time.monotonic() + 90
     while len(list(marks.glob("hang.rank*"))) < 2:
         assert time.monotonic() < deadline and proc.poll() is None
@@ -116,8 +107,8 @@ def test_interrupting_diagnose_kills_its_py_spy(tmp_path):
     with HungJob("skip_collective.py", tmp=tmp_path) as job:
         job.wait_marks()
         fake = _fake_pyspy(tmp_path, sleep_all=True)
-        proc = _start(["diagnose", str(job.popen.pid)], MOE_HANG_PYSPY=str(fake),
-                      MOE_HANG_PYSPY_TIMEOUT="120")
+        proc = start_cli("diagnose", str(job.popen.pid), MOE_HANG_PYSPY=str(fake),
+                         MOE_HANG_PYSPY_TIMEOUT="120")
         deadline = time.monotonic() + 30
         while not processes_mentioning(str(fake)):
             assert time.monotonic() < deadline and proc.poll() is None
@@ -149,7 +140,7 @@ def test_py_spy_hanging_on_one_rank_does_not_stop_the_others(tmp_path):
 
 def test_rank_killed_during_verify(tmp_path):
     run = tmp_path / "run"
-    proc = _start(["verify", "--fixed", "--steps", "100000", "--out", str(run), "--json"])
+    proc = start_cli("verify", "--fixed", "--steps", "100000", "--out", str(run), "--json")
     beats = _wait_for_step(run, 2, proc)
     victim = next(b for b in beats if b["rank"] == 1)["pid"]
     os.kill(victim, signal.SIGKILL)
@@ -161,9 +152,9 @@ def test_rank_killed_during_verify(tmp_path):
     assert_no_survivors(str(run))
 
 
-def test_agent_killed_during_repro_leaves_no_orphans(tmp_path):
+def test_agent_killed_during_verify_leaves_no_orphans(tmp_path):
     run = tmp_path / "run"
-    proc = _start(["verify", "--fixed", "--steps", "100000", "--out", str(run), "--json"])
+    proc = start_cli("verify", "--fixed", "--steps", "100000", "--out", str(run), "--json")
     beats = _wait_for_step(run, 2, proc)
     ranks = [b["pid"] for b in beats]
     agent = psutil.Process(ranks[0]).parent()
@@ -240,7 +231,7 @@ def test_unwritable_out_is_refused(tmp_path):
     proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                            sys.executable, "-m", "moe_hang.cli", "repro", "--out",
                            str(locked / "run")], capture_output=True, text=True, timeout=60,
-                          env=_env(HOME="/tmp"), cwd="/tmp")
+                          env=job_env(HOME="/tmp"), cwd="/tmp")
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr.strip()
     assert err.startswith("[error] --out") and ("not writable" in err or "permission denied" in err)

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT, assert_no_survivors, line_of, run_cli
+from conftest import ROOT, assert_no_survivors, by_rank, line_of, run_cli
 
 from moe_hang.config import build_config
-from moe_hang.moe import build_reference_model, global_batch, tokens_per_expert
+from moe_hang.moe import build_reference_model, global_batch, local_loss, tokens_per_expert
 from moe_hang.scenarios import moe_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -24,16 +24,12 @@ def _cli(tmp_path, *args: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
-def _by_rank(d: dict) -> dict[int, dict]:
-    return {r["rank"]: r for r in d["ranks"]}
-
-
 def test_ep_no_anchor_desyncs_in_backward(tmp_path):
     code, d = _cli(tmp_path, "repro", "--scenario", "ep-no-anchor")
     assert code == 3 and d["verdict"] == "desync"
     fd = d["first_divergence"]
     assert fd["phase"] == "backward"
-    r = _by_rank(d)
+    r = by_rank(d)
     # rank 0 runs the gather's backward all-reduce; rank 1's graph lacks it (no anchor)
     assert r[0]["phase"] == "backward" and r[0]["autograd_function"] == "_GatherVarlen"
     assert r[0]["callsite"]["function"] == "sum_gathered_grads"
@@ -49,7 +45,7 @@ def test_fsdp_skip_names_the_skipped_expert(tmp_path):
     assert fd["kind"] == "missing_rank"
     assert fd["per_rank"]["1"]["tag"] == "layer1.expert2"  # what rank 0 never gathered
     assert fd["per_rank"]["0"]["tag"] == "layer1.expert3"
-    r = _by_rank(d)
+    r = by_rank(d)
     assert r[0]["tokens"]["per_expert"][2] == 0 and r[0]["tokens"]["step"] == 5
     assert r[1]["callsite"]["file"].endswith("moe_hang/fsdp.py")
     assert "never posted the all_gather of layer1.expert2" in d["summary"]
@@ -111,7 +107,7 @@ def test_fsdp_default_batch_routes_nothing_to_one_expert_only_at_step_5():
         layer.router.register_forward_hook(hook(i))
     for step in range(1, cfg.steps + 1):
         out = model(global_batch(mcfg, cfg.total_tokens, step))
-        ((out * out).mean(-1).sum() / cfg.total_tokens).backward()
+        local_loss(out, cfg.total_tokens).backward()
         opt.step()
         opt.zero_grad()
         zero = [(li, e) for li, t in routed.items()
