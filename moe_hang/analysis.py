@@ -742,9 +742,12 @@ def diagnose(ev: Evidence) -> Diagnosis:
         return ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in victims)
 
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
-    if div is not None and agent_died and not all(
-            views[r].state == "in_collective" for r in alive):
-        div = None  # orphans still running: a snapshot of moving ranks is not a desync
+    if div is not None and agent_died and (
+            any(views[r].ev.progressed for r in alive)
+            or not all(views[r].state == "in_collective" for r in alive)):
+        # orphans still stepping when captured: a snapshot of ranks in flight (one already in
+        # the next collective) is not a desync
+        div = None
         reports = {r: _report(v, None) for r, v in views.items()}
     if div is not None:
         verdict = "desync"
@@ -757,9 +760,12 @@ def diagnose(ev: Evidence) -> Diagnosis:
     elif agent_died:
         verdict, culprits = "crash", []
         w = waits()
+        running = any(views[r].ev.progressed for r in alive)
         summary = (f"The launcher (torchrun agent) was {_exit_desc(ev.agent_exit_code)}; rank "
                    f"{_ranks(alive)} were left orphaned"
-                   + (f", blocked: {w}" if w else "") + ". moe-hang ended them.")
+                   + (" and still running" if running else "")
+                   + (f" ({'when captured' if running else 'blocked'}: {w})" if w else "")
+                   + ". moe-hang ended them.")
     elif killed:
         verdict, culprits = "rank_died", killed
         w = waits()

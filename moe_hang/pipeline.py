@@ -25,7 +25,7 @@ from moe_hang.errors import MoeHangError
 from moe_hang.evidence import notable_log_lines, parse_torchrun_failures
 from moe_hang.launcher import Job
 from moe_hang.procs import Tracker, end_tree, is_alive
-from moe_hang.watchdog import Outcome, WatchSettings, watch
+from moe_hang.watchdog import Outcome, ProgressSample, WatchSettings, watch
 
 Phase = Callable[[str], None]
 PROBLEM_VERDICTS = ("desync", "hang", "crash", "rank_died")
@@ -156,10 +156,14 @@ def capture_stalled(out: Outcome, run_dir: Path, say: Phase, *, native: bool = F
     def ask_probes() -> None:
         dumps.update(capture.request_dumps(run_dir / "ranks", sorted(live)))
 
+    # a stalled job cannot move by construction; orphans of a dead agent may still be stepping
+    sample = None if stalled else ProgressSample(run_dir / "ranks", live)
     t = threading.Thread(target=ask_probes, daemon=True)
     t.start()
     stacks = capture.pyspy_many(live, native=native)
     t.join(capture.DUMP_TIMEOUT_S + 2.0)
+    if sample is not None:
+        out.progressed = sample.finish()
     capture.save_stacks(stacks, run_dir / "stacks")
     for r, err in dumps.items():
         if err:
@@ -194,6 +198,8 @@ def analyse(run_dir: Path, outcome: Outcome, alive: dict[int, bool], *, world: i
         if outcome.kind in ("stalled", "desync") and alive.get(r):
             # by construction no rank moved for --stall seconds (or they cannot move)
             procs[str(r)]["progressed"] = False
+        elif r in outcome.progressed:
+            procs[str(r)]["progressed"] = outcome.progressed[r]
     rc = outcome.returncode
     rundir.write_json(run_dir / "processes.json", {
         "world_size": world, "job": outcome.kind, "job_exit_code": rc,

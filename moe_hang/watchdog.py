@@ -55,6 +55,8 @@ class Outcome:
     t_up: float | None = None
     t_detect: float | None = None
     onset_ns: int | None = None
+    # ranks left running after the agent died: did each move while we captured it?
+    progressed: dict[int, bool] = field(default_factory=dict)
 
 
 def read_heartbeats(probe_dir: Path) -> dict[int, dict[str, Any]]:
@@ -203,6 +205,37 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
             say(text)
             shown = text
         time.sleep(settings.poll_s)
+
+
+class ProgressSample:
+    """Did each live rank move between two readings (heartbeat fingerprint or CPU time)?
+
+    Used on ranks left orphaned by a dead agent: a job that was healthy when its launcher died
+    keeps stepping, and a snapshot of ranks in flight (one in all_gather, one already in
+    all_reduce) must not be read as a desync. A rank blocked in a collective burns next to no
+    CPU and its heartbeat does not change."""
+
+    def __init__(self, probe_dir: Path, pids: dict[int, int]):
+        self.probe_dir, self.pids, self.clock = probe_dir, dict(pids), CpuClock()
+        self.t0 = time.monotonic()
+        self.before = self._read()
+
+    def _read(self) -> dict[int, tuple[str, float | None]]:
+        hbs = read_heartbeats(self.probe_dir)
+        return {r: (_fingerprint(hbs.get(r, {})), self.clock.seconds(pid))
+                for r, pid in self.pids.items()}
+
+    def finish(self, min_window_s: float = 1.0) -> dict[int, bool]:
+        """Bounded: waits at most ``min_window_s`` beyond the first reading."""
+        time.sleep(max(0.0, min_window_s - (time.monotonic() - self.t0)))
+        after = self._read()
+        moved: dict[int, bool] = {}
+        for r, (fp, cpu) in self.before.items():
+            fp2, cpu2 = after[r]
+            if cpu is None or cpu2 is None:
+                continue  # gone meanwhile: the liveness check speaks for it
+            moved[r] = fp2 != fp or cpu2 - cpu > CPU_MOVING_S
+        return moved
 
 
 def _local_world_from(hbs: dict[int, dict[str, Any]]) -> int | None:

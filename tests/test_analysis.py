@@ -160,6 +160,28 @@ def test_stacks_alone_name_the_rank_that_went_past():
     assert d["first_divergence"]["seq"] is None and "from stacks alone" in d["summary"]
 
 
+@pytest.mark.parametrize("moving", [True, False])
+def test_orphans_of_a_dead_agent_in_flight_are_not_a_desync(moving):
+    """The agent died under a healthy job: its ranks keep stepping, and a snapshot can catch
+    one in the all_gather and the next already in the all_reduce. Only ranks that did not move
+    while captured can be in a desync."""
+    from moe_hang.evidence import Evidence, RankEvidence
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=moving, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 10, "all_gather"), ("/job/train.py", 30, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    r1 = RankEvidence(rank=1, alive=True, progressed=moving, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 20, "all_reduce"), ("/job/train.py", 31, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    ev = Evidence(ranks={0: r0, 1: r1}, world_size=2, job="failed", agent_exit_code=-9)
+    d = analysis.diagnose(ev).to_dict()
+    if moving:
+        assert d["verdict"] == "crash" and d["first_divergence"] is None
+        assert "torchrun agent" in d["summary"] and "still running" in d["summary"]
+    else:
+        assert d["verdict"] == "desync"
+
+
 def test_a_computing_rank_is_a_straggler_not_a_hang():
     from moe_hang.evidence import RankEvidence
 

@@ -164,6 +164,10 @@ def test_agent_killed_during_verify_leaves_no_orphans(tmp_path):
     assert proc.returncode == 4, err[-2000:]
     d = json.loads(out)
     assert d["verdict"] == "crash" and "torchrun agent" in d["summary"]
+    # the orphans kept stepping: measured, so a snapshot of them in flight is not a desync
+    assert "still running" in d["summary"]
+    procs = json.loads((run / "processes.json").read_text())["ranks"]
+    assert [procs[str(r)]["progressed"] for r in range(2)] == [True, True]
     assert_no_survivors(str(run))
     assert not [p for p in ranks if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -77,3 +77,22 @@ def test_the_probe_says_exiting_in_its_last_beat(tmp_path):
     hb = json.loads((tmp_path / "rank0.hb.json").read_text())
     assert hb["progress"]["phase"] == "exiting"
     assert hb["pending"] == [] and not hb["pg_status"]
+
+
+def test_progress_sample_tells_running_orphans_from_frozen_ones(tmp_path):
+    """After the agent died, ranks left behind are sampled: one still stepping (CPU) moved,
+    one blocked (no CPU, same heartbeat) did not, one gone has no answer."""
+    from moe_hang.watchdog import ProgressSample
+
+    busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=10)], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", IDLE.format(s=10)], start_new_session=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        gone.wait(timeout=10)
+        _stale_heartbeat(tmp_path / "probe", idle.pid)
+        sample = ProgressSample(tmp_path / "probe", {0: idle.pid, 1: busy.pid, 2: gone.pid})
+        assert sample.finish(min_window_s=1.0) == {0: False, 1: True}
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait(timeout=10)
