@@ -197,12 +197,25 @@ def rank_view(ev: RankEvidence) -> RankView:
         state = "in_collective"
     else:
         state = "unknown"
-    site = None
-    if current is not None and current.frames:
-        site = callsite(current.frames)
-    if site is None:
-        site = sv.callsite
+    site = _posting_site(current, sv, current, state) or sv.callsite
     return RankView(ev, tl, sv, state, current, site)
+
+
+def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
+                  state: str) -> Frame | None:
+    """The user line that posted ``coll`` (with no collective: where the stack is). The
+    recorder's frames are exact; a stack is exact while it is still inside that same
+    collective (same op, and ``coll`` is the one pending); the probe's own record, taken just
+    before the call, points near it. The one rule for every place that names a line."""
+    if coll is not None and coll.frames and coll.source != "probe":
+        return callsite(coll.frames)
+    in_it = coll is None or (sv.op == coll.op and (
+        pending is None or state == "exited" or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
+    if in_it and sv.callsite is not None:
+        return sv.callsite
+    if coll is not None and coll.frames:
+        return callsite(coll.frames)
+    return None
 
 
 # ----------------------------------------------------------------------------- alignment
@@ -233,10 +246,10 @@ def _ops_match(a: Collective, b: Collective) -> bool:
     return mixed and {a.op, b.op} <= {"reduce_scatter", "all_reduce"}
 
 
-def _to_rc(c: Collective | None) -> RankCollective | None:
+def _to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
     if c is None:
         return None
-    site = callsite(c.frames) if c.frames else None
+    site = _posting_site(c, v.stack, v.current, v.state)
     return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
                           dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
                           time_created_ns=c.time_created_ns, tag=c.tag,
@@ -292,8 +305,7 @@ def align(views: dict[int, RankView], world: int | None) -> Found | None:
             if kind is None:
                 continue
             first = next(iter(have.values()))
-            per_rank = {r: _with_stack_site(_to_rc(present.get(r)), views[r])
-                        for r in with_data}
+            per_rank = {r: _to_rc(present.get(r), views[r]) for r in with_data}
             phase = next((c.phase for c in have.values() if c.phase), None)
             if phase is None and any(c.frames and _frames_in_backward(c.frames)
                                      for c in have.values()):
@@ -522,23 +534,12 @@ def _report(v: RankView, div: Divergence | None) -> RankReport:
         pick = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         if pick is not None and v.state in ("in_collective", "exited"):
             coll = pick
-    rc = _to_rc(coll)
+    rc = _to_rc(coll, v)
     if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
         rc = div.per_rank[ev.rank]  # known from the stack only (coll is None here)
     if rc is None and v.state == "in_collective" and v.stack.op:
         rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
-    # where it posted the collective: the recorder's frames are exact; a stack is exact when
-    # it is still in that collective; the probe's own record points at the line before it
-    site = None
-    if coll is not None and coll.frames and coll.source != "probe":
-        site = callsite(coll.frames)
-    if site is None and v.stack.callsite is not None and (
-            coll is None or rc is None or v.stack.op in (None, "unknown", rc.op)):
-        site = v.stack.callsite
-    if site is None and coll is not None and coll.frames:
-        site = callsite(coll.frames)
-    if site is None:
-        site = v.site
+    site = _posting_site(coll, v.stack, v.current, v.state) or v.site
     phase = coll.phase if coll is not None and coll.phase else None
     if phase is None and (v.stack.in_backward or (coll is not None and coll.frames
                                                   and _frames_in_backward(coll.frames))):
@@ -589,19 +590,6 @@ def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: st
                 "fine: suspect the transport (NCCL_DEBUG=INFO), a peer outside this job, or a "
                 "device fault; Flight Recorder dumps from every rank would settle it.")
     return ""
-
-
-def _with_stack_site(rc: RankCollective | None, v: RankView) -> RankCollective | None:
-    """Where the recorder has no frames (or only the probe's approximate ones), a stack that
-    is inside the same collective gives the exact line."""
-    if rc is None or (rc.callsite is not None and rc.source != "probe"):
-        return rc
-    pending = v.current
-    same = v.stack.op == rc.op and (pending is None or pending.seq == rc.seq
-                                    or v.state == "exited")
-    if same and v.stack.callsite is not None:
-        rc.callsite = v.stack.callsite.as_dict()
-    return rc
 
 
 def _site_dict(site: Frame | None) -> dict | None:
@@ -662,7 +650,8 @@ def _size_abort_divergence(views: dict[int, RankView],
     ref = next(iter(found.values()), None)
     pg = ref.pg if ref else "?"
     seq = ref.seq if ref else None
-    per_rank: dict[int, RankCollective | None] = {r: _to_rc(c) for r, c in found.items()}
+    per_rank: dict[int, RankCollective | None] = {r: _to_rc(c, views[r])
+                                                      for r, c in found.items()}
     for r in aborted:
         per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
                                      source="stack",

@@ -11,7 +11,7 @@ import typer
 
 from moe_hang import __version__
 from moe_hang.config import DEFAULT_STALL_S, build_config
-from moe_hang.diagnosis import EXIT_TOOL_ERROR
+from moe_hang.diagnosis import EXIT_TOOL_ERROR, exit_code_for
 from moe_hang.errors import MoeHangError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -165,7 +165,7 @@ def diagnose(pid: Annotated[int, typer.Argument(help="the torchrun agent's PID o
         raise typer.Exit(_interrupt_code(exc)) from None
     _show(diag, as_json=as_json, title=f"moe-hang diagnose {pid}", html=html,
           save_to=Path(diag.artifacts) if diag.artifacts else None)
-    raise typer.Exit(0 if diag.verdict in ("healthy", "straggler") else 3)
+    raise typer.Exit(exit_code_for(diag.verdict))
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -226,7 +226,7 @@ def analyze(dirs: Annotated[list[Path], typer.Argument(help="capture directories
     except (OSError, ValueError) as exc:
         raise _fail(MoeHangError(f"cannot read the captures: {exc}")) from None
     _show(diag, as_json=as_json, title="moe-hang analyze", html=html, save_to=None)
-    raise typer.Exit(0 if diag.verdict in ("healthy", "straggler") else 3)
+    raise typer.Exit(exit_code_for(diag.verdict))
 
 
 def _version(value: bool) -> None:

@@ -16,6 +16,7 @@ Anything unreadable (a rank died while writing it) is reported on that rank and 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -164,14 +165,30 @@ def _processes(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
         return {}
 
 
-def load(root: Path, *, world: int | None = None, job: str | None = None) -> Evidence:
-    """Evidence from one capture directory (one node, or a whole single-node job)."""
+LOG_TAIL_BYTES = 16 << 20
+
+
+def read_job_log(root: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The end of the job's output: torchrun's failure summary, the aborts and tracebacks that
+    end a job are at its end, and a long training job's log may be gigabytes."""
+    try:
+        with open(root / "job.log", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def load(root: Path, *, world: int | None = None, job: str | None = None,
+         log_text: str | None = None) -> Evidence:
+    """Evidence from one capture directory (one node, or a whole single-node job).
+    ``log_text``: the job log when the caller has already read it."""
     procs_all = _read_processes(root)
     procs = _processes(procs_all)
-    log_text = ""
-    log = root / "job.log"
-    if log.exists():
-        log_text = log.read_text(errors="replace")
+    if log_text is None:
+        log_text = read_job_log(root)
     failures = parse_torchrun_failures(log_text)
     log_errors = rank_errors_from_log(log_text)
     ranks = {}

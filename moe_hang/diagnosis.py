@@ -17,6 +17,17 @@ EXIT_USAGE = 2
 EXIT_PROBLEM = 3
 EXIT_VERIFY_FAILED = 4
 
+# Verdicts that are not a problem: a straggler is slow, not deadlocked.
+NO_PROBLEM = ("healthy", "straggler")
+PROBLEM_VERDICTS = ("desync", "hang", "crash", "rank_died")
+
+
+def exit_code_for(verdict: str) -> int:
+    """A diagnosis's exit code (DESIGN §3): 3 unless the job is fine. An inconclusive
+    diagnosis is 3 too: a script must not read "could not tell" as "healthy"."""
+    return EXIT_OK if verdict in NO_PROBLEM else EXIT_PROBLEM
+
+
 DEFAULT_PG = "0"  # the default process group's name in Flight Recorder and the probe
 
 

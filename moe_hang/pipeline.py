@@ -20,7 +20,13 @@ from typing import Any
 
 from moe_hang import analysis, capture, collect, launcher, rundir
 from moe_hang.config import ReproConfig
-from moe_hang.diagnosis import EXIT_OK, EXIT_PROBLEM, EXIT_VERIFY_FAILED, Diagnosis
+from moe_hang.diagnosis import (
+    EXIT_OK,
+    EXIT_VERIFY_FAILED,
+    PROBLEM_VERDICTS,
+    Diagnosis,
+    exit_code_for,
+)
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import notable_log_lines, parse_torchrun_failures
 from moe_hang.launcher import Job
@@ -28,7 +34,6 @@ from moe_hang.procs import Tracker, end_tree, is_alive
 from moe_hang.watchdog import Outcome, ProgressSample, WatchSettings, watch
 
 Phase = Callable[[str], None]
-PROBLEM_VERDICTS = ("desync", "hang", "crash", "rank_died")
 
 FIX_HINTS = {
     "ep-ragged": ("Replace DTensor.from_local(x, mesh, [Shard(0)]).full_tensor() with the varlen "
@@ -81,7 +86,14 @@ def interruptible() -> Iterator[None]:
         yield
         return
 
+    fired: list[int] = []
+
     def raise_interrupt(signum: int, _frame: Any) -> None:
+        if fired:
+            # already unwinding: an impatient second Ctrl-C must not abort the teardown half
+            # way (and leave ranks behind); the teardown is bounded anyway
+            return
+        fired.append(signum)
         raise Interrupted(signal.Signals(signum).name)
 
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -187,7 +199,7 @@ def analyse(run_dir: Path, outcome: Outcome, alive: dict[int, bool], *, world: i
     """processes.json from what the watcher saw, then the diagnosis, written at once: when the
     job hung, the ranks are still frozen where they hung, and "onset -> verdict" is the time
     to a diagnosis on disk."""
-    log_text = (run_dir / "job.log").read_text(errors="replace")
+    log_text = collect.read_job_log(run_dir)
     failures = parse_torchrun_failures(log_text)
     procs: dict[str, Any] = {}
     for r in ranks:
@@ -204,7 +216,8 @@ def analyse(run_dir: Path, outcome: Outcome, alive: dict[int, bool], *, world: i
     rundir.write_json(run_dir / "processes.json", {
         "world_size": world, "job": outcome.kind, "job_exit_code": rc,
         "agent_exit_code": rc if rc is not None and rc < 0 else None, "ranks": procs})
-    diag = analysis.diagnose(collect.load(run_dir, world=world, job=outcome.kind))
+    diag = analysis.diagnose(collect.load(run_dir, world=world, job=outcome.kind,
+                                          log_text=log_text))
     diag.extra.update(extra or {})
     rundir.write_json(run_dir / "diagnosis.json", diag.to_dict())
     return diag
@@ -256,7 +269,7 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
             if ref is not None and (outcome is None or outcome.kind != "completed"):
                 _finish_reference(ref, run_dir, compare=False)
         if outcome.kind == "failed" and not outcome.heartbeats:
-            text = (run_dir / "job.log").read_text(errors="replace")
+            text = collect.read_job_log(run_dir)
             why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
             raise MoeHangError("torchrun failed before any rank started: "
                                + (why[0][:300] if why else "no output")
@@ -294,8 +307,8 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
 
 def repro(cfg: ReproConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
     res = run_scenario(cfg, out_dir, say, command=command)
-    res.exit_code = EXIT_PROBLEM if res.diagnosis.verdict != "healthy" else EXIT_OK
-    res.diagnosis.extra["reproduced"] = res.diagnosis.verdict != "healthy"
+    res.exit_code = exit_code_for(res.diagnosis.verdict)
+    res.diagnosis.extra["reproduced"] = res.diagnosis.verdict in PROBLEM_VERDICTS
     save(res.run_dir, res.diagnosis)
     return res
 

@@ -42,8 +42,9 @@ class CpuClock:
 
     A rank's own heartbeat cannot speak for it when its interpreter holds the GIL for seconds
     (a full garbage collection, module teardown at exit): the probe thread is starved, yet the
-    rank is busy, not blocked in a collective. Process objects are cached per pid; a pid gone
-    (or not ours to read) gives None, and the watcher's own liveness check sees it die."""
+    rank is busy, not blocked in a collective. Process objects are cached per pid (and checked
+    against the pid's creation time, so a reused pid is not read as the rank); a pid gone (or
+    not ours to read) gives None, and the watcher's own liveness check sees it die."""
 
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}
@@ -51,6 +52,9 @@ class CpuClock:
     def seconds(self, pid: int) -> float | None:
         try:
             p = self._procs.get(pid)
+            if p is not None and not p.is_running():  # gone, or the pid now names another
+                del self._procs[pid]
+                return None
             if p is None:
                 p = self._procs[pid] = psutil.Process(pid)
             t = p.cpu_times()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from moe_hang import analysis, launcher, probe, rundir
-from moe_hang.diagnosis import EXIT_PROBLEM, Diagnosis
+from moe_hang.diagnosis import EXIT_OK, Diagnosis, exit_code_for
 from moe_hang.errors import MoeHangError
 from moe_hang.launcher import Job
 from moe_hang.pipeline import Interrupted, analyse, capture_stalled, interruptible, save
@@ -114,6 +114,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     diag: Diagnosis | None = None
     pump: threading.Thread | None = None
     interrupted: str | None = None
+    ended = False
     alive: dict[int, bool] = {}
     try:
         with interruptible():
@@ -143,11 +144,14 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 interrupted = str(exc)
                 say("interrupted → stopping the job")
                 if job is not None:
+                    # the way torchrun expects it: the signal to the whole group, then SIGKILL
                     sig = signal.SIGINT if interrupted == "SIGINT" else signal.SIGTERM
                     job.terminate(grace=3.0, first_signal=sig, group=True)
+                    ended = True
             finally:
                 gate.on = False
-                if job is not None:
+                # a second Ctrl-C during the first teardown lands here with ended still False
+                if job is not None and not ended:
                     say("ending the job")
                     job.terminate(grace=3.0)
     finally:
@@ -164,9 +168,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         diag = _diagnose(run_dir, outcome, alive, cmd)
     diag.extra.setdefault("timings", {})["wall_s"] = round(time.time() - t0, 3)
     save(run_dir, diag)
-    if diag.verdict not in ("healthy", "straggler"):
-        code = EXIT_PROBLEM
-    else:
+    code = exit_code_for(diag.verdict)
+    if code == EXIT_OK:
         code = _own_code(outcome.returncode)
     return WatchResult(diag, code, run_dir, outcome)
 

@@ -294,3 +294,15 @@ def test_gloo_size_abort_found_past_the_first_notable_log_lines(tmp_path):
     fd = d["first_divergence"]
     assert (fd["pg"], fd["seq"], fd["kind"]) == ("0", 1, "size_mismatch")
     assert "gloo aborted rank 0: it received 51328 bytes where it expected 8704" in d["summary"]
+
+
+def test_a_huge_job_log_is_read_from_its_end(tmp_path):
+    """A long job's output can be gigabytes; the failure summary is at the end."""
+    from moe_hang.collect import read_job_log
+
+    with open(tmp_path / "job.log", "wb") as f:
+        f.write(b"step 1 loss 2.0\n" * 4096)
+        f.write(b"[rank1]: RuntimeError: boom\n")
+    text = read_job_log(tmp_path, max_bytes=1024)
+    assert len(text) <= 1024 and text.endswith("[rank1]: RuntimeError: boom\n")
+    assert read_job_log(tmp_path / "missing") == ""

@@ -50,3 +50,12 @@ def test_nproc_follows_tokens_and_experts_follow_world():
 def test_build_config_rejects_bad_input(kwargs, needle):
     with pytest.raises(MoeHangError, match=needle):
         build_config(**kwargs)
+
+
+def test_exit_codes_follow_the_verdict():
+    """DESIGN §3: 3 when a problem was found (or nothing could be told), 0 when the job is fine."""
+    from moe_hang.diagnosis import VERDICTS, exit_code_for
+
+    codes = {v: exit_code_for(v) for v in VERDICTS}
+    assert codes == {"desync": 3, "hang": 3, "crash": 3, "rank_died": 3, "inconclusive": 3,
+                     "straggler": 0, "healthy": 0}

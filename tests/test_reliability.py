@@ -71,6 +71,22 @@ def test_interrupting_verify_ends_every_process(tmp_path, sig, code):
     assert err.strip().startswith("[error] interrupted")
 
 
+@pytest.mark.parametrize("gap", [0.2, 0.6])
+def test_ctrl_c_twice_still_ends_every_process(tmp_path, gap):
+    """An impatient user presses Ctrl-C again while the tool is tearing the job down: the
+    second one must not cut the teardown short and leave ranks behind."""
+    run = tmp_path / "run"
+    proc = start_cli("verify", "--fixed", "--steps", "100000", "--out", str(run))
+    _wait_for_step(run, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(gap)  # lands in the teardown (torchrun stopping its workers), or after it
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    err = _ended_within(proc, str(run), 5.0)
+    assert proc.returncode == 130
+    assert err.strip().startswith("[error] interrupted")
+
+
 def test_interrupting_watch_passes_the_signal_and_ends_the_job(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()

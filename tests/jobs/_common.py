@@ -42,11 +42,17 @@ def _dump_recorder_when_stuck(directory: Path) -> None:
     while, write torch's Flight Recorder dump as nccl_trace_rank_<r> (torch's default name)."""
     import threading
 
-    def pending() -> bool:
+    def status() -> list[tuple[int, int]]:
         raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
-        status = json.loads(raw).get("pg_status", {}).values()
-        return any(int(s["last_enqueued_collective"]) > int(s["last_completed_collective"])
-                   for s in status)
+        return [(int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
+                for s in json.loads(raw).get("pg_status", {}).values()]
+
+    # the collective that hangs is the first one posted after this mark; the warm-up's last
+    # one may still read as pending (gloo marks completion lazily), so wait for a new one
+    before = max((e for e, _ in status()), default=-1)
+
+    def pending() -> bool:
+        return any(e > before and e > c for e, c in status())
 
     def dump() -> None:
         deadline = time.monotonic() + 60
