@@ -758,9 +758,15 @@ def diagnose(ev: Evidence) -> Diagnosis:
     elif killed:
         verdict, culprits = "rank_died", killed
         w = waits()
-        how = ("is gone (no process)" if ev.ranks[killed[0]].exit_code is None
-               else f"died ({_exit_desc(ev.ranks[killed[0]].exit_code)})")
-        summary = (f"Rank {_ranks(killed)} {how} mid-step"
+        dead = ev.ranks[killed[0]]
+        finished = ((dead.heartbeat or {}).get("progress") or {}).get("phase") == "exiting"
+        if finished:  # its interpreter shut down normally: it left, it was not killed
+            how = "exited (its interpreter shut down normally) before the others"
+        elif dead.exit_code is None:
+            how = "is gone (no process) mid-step"
+        else:
+            how = f"died ({_exit_desc(dead.exit_code)}) mid-step"
+        summary = (f"Rank {_ranks(killed)} {how}"
                    + (f" while {w} waited for it." if w else "."))
     elif bad_exit:
         verdict = "crash"

@@ -22,30 +22,37 @@ from moe_hang.diagnosis import Diagnosis
 from moe_hang.discover import Job, find_job
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import RankEvidence
-from moe_hang.stacks import main_thread, parse_pyspy
+from moe_hang.procs import CpuClock
+from moe_hang.stacks import main_thread, parse_pyspy, view
 
 Phase = Callable[[str], None]
 SAMPLE_INTERVAL_S = 0.3
+BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
 PROBE_FILES = ("hb.json", "fr.pkl", "stack.txt", "groups.json", "tokens.jsonl", "fatal.txt",
                "error.json", "dump.json")
 
 
-def _sample(data: Any) -> tuple[tuple | None, bool]:
-    """(main-thread frames, on CPU) of one py-spy sample."""
+def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
+    """(main-thread frames, on CPU, inside a collective) of one py-spy sample."""
     try:
         t = main_thread(parse_pyspy(data))
     except (ValueError, TypeError, AttributeError):
-        return None, False
+        return None, False, False
     if t is None:
-        return None, False
-    return tuple((f.file, f.line, f.function) for f in t.frames), bool(t.active)
+        return None, False, False
+    frames = tuple((f.file, f.line, f.function) for f in t.frames)
+    return frames, bool(t.active), view(t).state == "in_collective"
 
 
-def progressed(a: Any, b: Any) -> bool:
+def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:
     """A rank moved between two samples: other frames, or on CPU both times (a long
-    computation can sit on one line; a rank blocked in a collective is off CPU)."""
-    (fa, on_a), (fb, on_b) = _sample(a), _sample(b)
-    return fa != fb or (on_a and on_b)
+    computation can sit on one line; a rank blocked in a collective is off CPU), or, outside
+    any collective, its process kept cores busy over the interval (``cpu_cores``): a rank
+    computing with OpenMP threads is often caught off CPU, its main thread in a futex waiting
+    for its workers. Inside a collective CPU proves nothing (a spin-wait burns it too)."""
+    (fa, on_a, coll_a), (fb, on_b, coll_b) = _sample(a), _sample(b)
+    busy = cpu_cores is not None and cpu_cores > BUSY_CORES and not (coll_a or coll_b)
+    return fa != fb or (on_a and on_b) or busy
 
 
 def _copy_probe_files(job: Job, out: Path) -> None:
@@ -93,9 +100,17 @@ def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
 
     asker = threading.Thread(target=ask_probes, daemon=True)
     asker.start()
+    clock = CpuClock()
+    cpu0, t_cpu0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
     first = capture.pyspy_many(pids, native=native)
     time.sleep(SAMPLE_INTERVAL_S)
     second = capture.pyspy_many(pids, native=native)
+    cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    cores: dict[int, float | None] = {}
+    for rank in pids:
+        c0, c1 = cpu0[rank], cpu1[rank]
+        cores[rank] = (c1 - c0) / max(t_cpu1 - t_cpu0, 1e-3) if c0 is not None and \
+            c1 is not None else None
     asker.join(capture.DUMP_TIMEOUT_S + 2.0)
     final = {r: (second[r] if second[r].data is not None else first[r]) for r in pids}
     capture.save_stacks(final, out / "stacks")
@@ -108,7 +123,7 @@ def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
         a, b = first[r.rank], second[r.rank]
         moved = None
         if a.data is not None and b.data is not None:
-            moved = progressed(a.data, b.data)
+            moved = progressed(a.data, b.data, cores[r.rank])
         procs[str(r.rank)] = {"pid": r.pid, "host": r.host, "alive": True, "exit_code": None,
                               "progressed": moved, "local_rank": r.local_rank,
                               "env": r.env}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.errors import MoeHangError
+from moe_hang.procs import starting_child
 
 PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
 DUMP_TIMEOUT_S = 5.0
@@ -94,15 +95,17 @@ def pyspy_many(pids: dict[int, int], *, native: bool = False,
         for rank, pid in pids.items():
             argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
             fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
-            try:
-                proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
-            except OSError as exc:
-                fo.close()
-                fe.close()
-                out[rank] = StackResult(pid, None, f"py-spy could not run: {exc.strerror}", 0.0)
-                continue
-            running[rank] = (proc, fo, fe)
+            with starting_child():
+                try:
+                    proc = subprocess.Popen(argv, stdout=fo, stderr=fe,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                except OSError as exc:
+                    fo.close()
+                    fe.close()
+                    out[rank] = StackResult(pid, None, f"py-spy could not run: {exc.strerror}",
+                                            0.0)
+                    continue
+                running[rank] = (proc, fo, fe)
         deadline = t0 + timeout
         while running and time.monotonic() < deadline:
             for rank in [r for r, (p, _, _) in running.items() if p.poll() is not None]:

@@ -244,10 +244,13 @@ def _split_orphans(cands: list[RankProc]) -> tuple[list[RankProc], list[RankProc
             return 0
 
     cand_pids = {c.pid for c in cands}
-    launchers = [ppids[c.pid] for c in cands if ppids[c.pid] not in cand_pids]
-    real = [p for p in launchers if p > 1]
-    common = max(set(real), key=real.count) if real else None
     n_threads = {c.pid: threads(c.pid) for c in cands}
+    # the launcher is the parent of the real ranks; a fork left behind by a dead rank (one
+    # thread) is re-parented to init or to a subreaper, which must not win a tie against it
+    voters = [c for c in cands if n_threads[c.pid] > 1] or cands
+    launchers = [ppids[c.pid] for c in voters if ppids[c.pid] not in cand_pids]
+    real = [p for p in launchers if p > 1]
+    common = max(sorted(set(real)), key=real.count) if real else None
     ranks: dict[int, RankProc] = {}
     orphans = []
     for c in sorted(cands, key=lambda r: r.create_time):

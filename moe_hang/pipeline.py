@@ -30,7 +30,7 @@ from moe_hang.diagnosis import (
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import notable_log_lines, parse_torchrun_failures
 from moe_hang.launcher import Job
-from moe_hang.procs import Tracker, end_tree, is_alive
+from moe_hang.procs import Tracker, defer_interrupt, end_tree, is_alive, starting_child
 from moe_hang.watchdog import Outcome, ProgressSample, WatchSettings, watch
 
 Phase = Callable[[str], None]
@@ -89,6 +89,8 @@ def interruptible() -> Iterator[None]:
     fired: list[int] = []
 
     def raise_interrupt(signum: int, _frame: Any) -> None:
+        if not fired and defer_interrupt(lambda: raise_interrupt(signum, None)):
+            return  # a child is being started: raised as soon as it is on record
         if fired:
             # already unwinding: an impatient second Ctrl-C must not abort the teardown half
             # way (and leave ranks behind); the teardown is bounded anyway
@@ -232,7 +234,7 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
     port = launcher.pick_port(cfg.port)
     rundir.write_json(run_dir / "meta.json", rundir.meta(command, {
         "config": json.loads(cfg.to_json()), "port": port}))
-    ref = _start_reference(run_dir) if with_reference else None
+    ref: subprocess.Popen[bytes] | None = None
     job: Job | None = None
     outcome: Outcome | None = None
     diag: Diagnosis | None = None
@@ -240,11 +242,16 @@ def run_scenario(cfg: ReproConfig, out_dir: str | None, say: Phase, *, command: 
     ref_report: dict[str, Any] | None = None
     with interruptible():
         try:
+            if with_reference:
+                with starting_child():
+                    ref = _start_reference(run_dir)
             say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
             argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.worker",
                                                              str(run_dir)],
                                           log_dir=run_dir / "torchrun")
-            job = launcher.start(argv, run_dir / "job.log", launcher.job_env(), cwd=run_dir)
+            with starting_child():
+                job = launcher.start(argv, run_dir / "job.log", launcher.job_env(),
+                                     cwd=run_dir)
             settings = WatchSettings(probe_dir=run_dir / "ranks", world=cfg.nproc,
                                      stall_s=cfg.stall_s)
             outcome = watch(job, settings, say, quick_check=lambda hbs: analysis.quick_divergence(

@@ -12,9 +12,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -28,6 +30,55 @@ def is_alive(pid: int, create_time: float | None = None) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+
+
+class _Deferred:
+    depth = 0
+    pending: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def starting_child() -> Iterator[None]:
+    """Start a child and record it (in a tracker, in the caller's variable) with no interrupt
+    in between: a Ctrl-C raised between fork and the bookkeeping would leave a child no
+    teardown knows about. An interrupt that arrives inside is raised on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers only run in the main thread
+        return
+    _Deferred.depth += 1
+    try:
+        yield
+    finally:
+        _Deferred.depth -= 1
+        if _Deferred.depth == 0 and _Deferred.pending is not None:
+            fire, _Deferred.pending = _Deferred.pending, None
+            fire()
+
+
+def defer_interrupt(fire: Callable[[], None]) -> bool:
+    """For a signal handler: inside :func:`starting_child`, keep ``fire`` for its exit and
+    return True; elsewhere return False (the handler acts now)."""
+    if _Deferred.depth > 0:
+        _Deferred.pending = _Deferred.pending or fire
+        return True
+    return False
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu(pid: int) -> float | None:
+    """CPU seconds of ``pid``'s main thread alone (``/proc/PID/task/PID/stat``).
+
+    The main thread is the one that posts collectives and blocks in them. Other threads of a
+    blocked rank may still work (the probe answering a dump request, torch's watchdog, a data
+    loader), so their CPU says nothing about whether the rank is stuck."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def create_time(pid: int) -> float | None:

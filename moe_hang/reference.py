@@ -10,7 +10,9 @@ compares every rank's outputs, loss and LoRA gradients, step by step, writing
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
     cfg = ReproConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    # the parent's word arrives on stdin, maybe while we still compute: "compare", or EOF
+    # (the run failed, or the parent died, even by SIGKILL): then stop at once, so that no
+    # reference outlives the command that started it
+    word: list[str] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        word.append(sys.stdin.readline().strip())
+        done.set()
+        if word[0] != "compare":
+            os._exit(0)
+
+    threading.Thread(target=listen, daemon=True).start()
     torch.manual_seed(cfg.seed)
     ref = reference_steps(cfg)
-    line = sys.stdin.readline()  # bounded: the parent always writes or closes
-    if line.strip() != "compare":
+    done.wait()  # bounded: the parent always writes or closes, or dies (EOF)
+    if word[0] != "compare":
         return 0
     results = {}
     for p in sorted((run_dir / "ranks").glob("rank*.result.pt")):

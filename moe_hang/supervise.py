@@ -25,7 +25,7 @@ from moe_hang.diagnosis import EXIT_OK, Diagnosis, exit_code_for
 from moe_hang.errors import MoeHangError
 from moe_hang.launcher import Job
 from moe_hang.pipeline import Interrupted, analyse, capture_stalled, interruptible, save
-from moe_hang.procs import is_alive
+from moe_hang.procs import is_alive, starting_child
 from moe_hang.watchdog import Outcome, WatchSettings, watch
 
 Phase = Callable[[str], None]
@@ -119,7 +119,9 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     try:
         with interruptible():
             try:
-                job = launcher.start(cmd, run_dir / "job.log", probe_env(run_dir), stream=True)
+                with starting_child():
+                    job = launcher.start(cmd, run_dir / "job.log", probe_env(run_dir),
+                                         stream=True)
                 assert job.popen.stdout is not None
                 pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
                                         daemon=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.launcher import Job
-from moe_hang.procs import CpuClock, is_alive
+from moe_hang.procs import CpuClock, is_alive, main_thread_cpu
 
 Phase = Callable[[str], None]
 CPU_MOVING_S = 0.02
@@ -114,6 +114,7 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
     last_move: dict[int, float] = {}
     clock = CpuClock()
     failed_at: float | None = None
+    abnormal: list[int] = []
     t0 = time.monotonic()
     last_refresh = -1e9
     shown = ""
@@ -148,14 +149,17 @@ def watch(job: Job, settings: WatchSettings, on_phase: Phase | None = None,
                           f"{settings.startup_timeout_s:.0f} s")
             out.t_detect = time.time()
             return out
-        # a rank died while the agent is still up: torchrun is tearing the job down
+        # a rank died while the agent is still up: torchrun is tearing the job down. A rank
+        # that finished (the others may still checkpoint or evaluate for minutes) is not that.
         for r, pid in out.rank_pids.items():
             if r not in out.dead_ranks and not is_alive(pid):
                 out.dead_ranks[r] = time.time()
-                failed_at = failed_at or now
+                if not _left_cleanly(settings.probe_dir, r, hbs.get(r, {})):
+                    abnormal.append(r)
+                    failed_at = failed_at or now
         if failed_at is not None and now - failed_at > settings.teardown_wait_s:
             out.kind = "failed"
-            out.reason = f"rank {min(out.dead_ranks)} exited and torchrun did not end the job"
+            out.reason = f"rank {min(abnormal)} exited and torchrun did not end the job"
             out.t_detect = time.time()
             return out
         if out.t_up is not None and failed_at is None:
@@ -216,13 +220,15 @@ class ProgressSample:
     CPU and its heartbeat does not change."""
 
     def __init__(self, probe_dir: Path, pids: dict[int, int]):
-        self.probe_dir, self.pids, self.clock = probe_dir, dict(pids), CpuClock()
+        self.probe_dir, self.pids = probe_dir, dict(pids)
         self.t0 = time.monotonic()
         self.before = self._read()
 
     def _read(self) -> dict[int, tuple[str, float | None]]:
+        # the main thread's CPU only: the window covers the dump requests, which the probe's
+        # own thread answers, with CPU, in a rank that is blocked all the same
         hbs = read_heartbeats(self.probe_dir)
-        return {r: (_fingerprint(hbs.get(r, {})), self.clock.seconds(pid))
+        return {r: (_fingerprint(hbs.get(r, {})), main_thread_cpu(pid))
                 for r, pid in self.pids.items()}
 
     def finish(self, min_window_s: float = 1.0) -> dict[int, bool]:
@@ -236,6 +242,20 @@ class ProgressSample:
                 continue  # gone meanwhile: the liveness check speaks for it
             moved[r] = fp2 != fp or cpu2 - cpu > CPU_MOVING_S
         return moved
+
+
+def _left_cleanly(probe_dir: Path, rank: int, hb: dict[str, Any]) -> bool:
+    """The rank's interpreter shut down normally: the probe's last beat says ``exiting`` and it
+    left no exception and no fatal-signal dump (an abort or SIGKILL never says ``exiting``)."""
+    if (hb.get("progress") or {}).get("phase") != "exiting":
+        return False
+    if (probe_dir / f"rank{rank}.error.json").exists():
+        return False
+    fatal = probe_dir / f"rank{rank}.fatal.txt"
+    try:
+        return fatal.stat().st_size == 0
+    except OSError:
+        return True
 
 
 def _local_world_from(hbs: dict[int, dict[str, Any]]) -> int | None:

@@ -19,7 +19,7 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 
 if str(JOBS) not in sys.path:
     sys.path.append(str(JOBS))  # tests/jobs/_wait.py, shared with scripts/bench.py
-from _wait import cpu_ticks, wait_blocked, wait_marks  # noqa: E402, F401 - tests import these
+from _wait import cpu_ticks, wait_blocked, wait_gone, wait_marks  # noqa: E402, F401 - tests import these
 
 
 def moe_hang_argv(*args: str) -> list[str]:

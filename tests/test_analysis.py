@@ -306,3 +306,23 @@ def test_a_huge_job_log_is_read_from_its_end(tmp_path):
     text = read_job_log(tmp_path, max_bytes=1024)
     assert len(text) <= 1024 and text.endswith("[rank1]: RuntimeError: boom\n")
     assert read_job_log(tmp_path / "missing") == ""
+
+
+def test_progress_between_two_py_spy_samples():
+    """Same frames off CPU is stuck, unless the process kept cores busy outside a collective
+    (OpenMP workers computing while the main thread waits for them in a futex)."""
+    from moe_hang.attach import progressed
+
+    def sample(*frames, active=False):
+        return [{"thread_name": "MainThread", "active": active,
+                 "frames": [{"filename": f, "line": n, "name": fn} for f, n, fn in frames]}]
+
+    computing = sample(("/job/t.py", 9, "forward"), ("/job/t.py", 30, "<module>"))
+    waiting = sample((TORCH, 10, "all_reduce"), ("/job/t.py", 31, "<module>"))
+    assert progressed(computing, computing) is False
+    assert progressed(computing, computing, cpu_cores=1.5) is True
+    assert progressed(computing, computing, cpu_cores=0.01) is False
+    assert progressed(waiting, waiting, cpu_cores=1.5) is False  # a spin-wait is not progress
+    assert progressed(computing, waiting) is True
+    busy = sample(("/job/t.py", 9, "forward"), active=True)
+    assert progressed(busy, busy) is True

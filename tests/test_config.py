@@ -59,3 +59,39 @@ def test_exit_codes_follow_the_verdict():
     codes = {v: exit_code_for(v) for v in VERDICTS}
     assert codes == {"desync": 3, "hang": 3, "crash": 3, "rank_died": 3, "inconclusive": 3,
                      "straggler": 0, "healthy": 0}
+
+
+def test_an_interrupt_while_a_child_starts_is_raised_once_it_is_on_record():
+    """Ctrl-C between fork and bookkeeping would leave a child no teardown knows about: it is
+    held until the child is recorded, then raised; and a second one during the teardown is
+    not raised at all (it must not cut the teardown short)."""
+    import os
+    import signal
+
+    import pytest
+
+    from moe_hang.pipeline import Interrupted, interruptible
+    from moe_hang.procs import starting_child
+
+    recorded = []
+    with pytest.raises(Interrupted), interruptible():
+        with starting_child():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between bytecodes: give it many
+                pass
+            recorded.append("child")
+        raise AssertionError("the held interrupt was not raised")
+    assert recorded == ["child"]
+
+    torn_down = []
+    with pytest.raises(Interrupted), interruptible():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+            torn_down.append(True)
+    assert torn_down == [True]

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import JOBS, ROOT, HungJob, by_rank, line_of, run_cli, wait_blocked
+from conftest import JOBS, ROOT, HungJob, by_rank, line_of, run_cli, wait_blocked, wait_gone
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -92,6 +92,8 @@ def test_rank_killed_mid_step_while_the_other_waits(tmp_path):
         # rank 1 kills itself right after its mark; rank 0 then blocks
         pids = job.rank_pids()
         wait_blocked([pids[0]])
+        if 1 in pids:  # not listed once it is a zombie
+            wait_gone(pids[1])
         code, d = _diagnose(pids[0])
         assert code == 3 and d["verdict"] == "rank_died" and d["culprit_ranks"] == [1]
         r = by_rank(d)
@@ -225,3 +227,30 @@ def test_pyspy_missing_is_one_line(tmp_path):
                        env={"MOE_HANG_PYSPY": str(tmp_path / "no-py-spy")})
         _error(proc, "py-spy is not installed")
         assert "pip install py-spy" in proc.stderr
+
+
+@pytest.mark.parametrize("launcher,subreaper", [(5007, 1232), (5000, 1239)])
+def test_a_dead_ranks_fork_under_a_subreaper_is_not_taken_for_the_rank(monkeypatch, launcher,
+                                                                       subreaper):
+    """Rank 1 died; the DataLoader-style fork it left (RANK=1, one thread) was re-parented to a
+    subreaper (systemd --user, a container init). One vote each for the launcher and for the
+    subreaper: the fork must not win, whatever the pids."""
+    from moe_hang import discover
+
+    procs = {101: (launcher, 8), 102: (subreaper, 1)}  # pid: (ppid, threads)
+
+    class FakeProcess:
+        def __init__(self, pid):
+            self.pid = pid
+
+        def ppid(self):
+            return procs[self.pid][0]
+
+        def num_threads(self):
+            return procs[self.pid][1]
+
+    monkeypatch.setattr(discover.psutil, "Process", FakeProcess)
+    cands = [discover.RankProc(rank=0, pid=101, host="h", create_time=1.0),
+             discover.RankProc(rank=1, pid=102, host="h", create_time=2.0)]
+    ranks, orphans = discover._split_orphans(cands)
+    assert [r.pid for r in ranks] == [101] and [o.pid for o in orphans] == [102]

@@ -154,6 +154,26 @@ def test_py_spy_hanging_on_one_rank_does_not_stop_the_others(tmp_path):
         assert not processes_mentioning(str(fake))
 
 
+def test_the_reference_stops_when_its_parent_is_gone(tmp_path):
+    """The single-process reference of verify --fixed computes while the job runs; if the
+    command dies (even by SIGKILL: its end of the pipe closes), the reference stops at once
+    instead of computing, and holding memory, for nobody."""
+    from moe_hang.config import ReproConfig
+
+    (tmp_path / "config.json").write_text(ReproConfig(steps=100000).to_json())
+    ref = subprocess.Popen([sys.executable, "-m", "moe_hang.reference", str(tmp_path)],
+                           stdin=subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    try:
+        assert ref.stdin is not None
+        ref.stdin.close()  # what the kernel does for a parent that died
+        assert ref.wait(timeout=60) == 0
+        assert not (tmp_path / "reference.json").exists()
+    finally:
+        if ref.poll() is None:
+            ref.kill()
+            ref.wait()
+
+
 def test_rank_killed_during_verify(tmp_path):
     run = tmp_path / "run"
     proc = start_cli("verify", "--fixed", "--steps", "100000", "--out", str(run), "--json")

@@ -89,6 +89,15 @@ def test_rank_killed_mid_step(tmp_path):
     assert "all_reduce" in d["summary"]
 
 
+def test_rank_that_left_early_is_the_culprit_not_the_one_that_failed(tmp_path):
+    """Rank 1 exits normally without the last all_reduce; rank 0 is failed by gloo for it."""
+    code, d, _ = _watch(tmp_path, "early_exit.py")
+    assert code == 3 and d["verdict"] == "rank_died" and d["culprit_ranks"] == [1]
+    assert "exited (its interpreter shut down normally)" in d["summary"]
+    r = by_rank(d)
+    assert r[0]["collective"]["op"] == "all_reduce" and "Connection closed" in r[0]["note"]
+
+
 def test_desync_inside_a_subgroup_names_the_group(tmp_path):
     code, d, _ = _watch(tmp_path, "subgroup_desync.py", nproc=4)
     assert code == 3 and d["verdict"] == "desync" and d["culprit_ranks"] == [3]

@@ -79,20 +79,68 @@ def test_the_probe_says_exiting_in_its_last_beat(tmp_path):
     assert hb["pending"] == [] and not hb["pg_status"]
 
 
+HELPER_BUSY = ("import threading, time\n"
+               "def burn():\n"
+               "    end = time.time() + {s}\n"
+               "    while time.time() < end:\n"
+               "        pass\n"
+               "threading.Thread(target=burn, daemon=True).start()\n"
+               "time.sleep({s})\n")
+
+
 def test_progress_sample_tells_running_orphans_from_frozen_ones(tmp_path):
-    """After the agent died, ranks left behind are sampled: one still stepping (CPU) moved,
-    one blocked (no CPU, same heartbeat) did not, one gone has no answer."""
+    """After the agent died, ranks left behind are sampled: one still stepping (CPU) moved;
+    one blocked (same heartbeat) did not, even while another of its threads works (the probe
+    answering a dump request); one gone has no answer."""
+    from conftest import wait_blocked
+
     from moe_hang.watchdog import ProgressSample
 
-    busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=10)], start_new_session=True)
-    idle = subprocess.Popen([sys.executable, "-c", IDLE.format(s=10)], start_new_session=True)
+    busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=20)], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", IDLE.format(s=20)], start_new_session=True)
+    helper = subprocess.Popen([sys.executable, "-c", HELPER_BUSY.format(s=20)],
+                              start_new_session=True)
     gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     try:
         gone.wait(timeout=10)
+        wait_blocked([idle.pid, helper.pid], timeout=15)  # past interpreter start-up
         _stale_heartbeat(tmp_path / "probe", idle.pid)
-        sample = ProgressSample(tmp_path / "probe", {0: idle.pid, 1: busy.pid, 2: gone.pid})
-        assert sample.finish(min_window_s=1.0) == {0: False, 1: True}
+        sample = ProgressSample(tmp_path / "probe",
+                                {0: idle.pid, 1: busy.pid, 2: gone.pid, 3: helper.pid})
+        assert sample.finish(min_window_s=1.0) == {0: False, 1: True, 3: False}
     finally:
-        for p in (busy, idle):
+        for p in (busy, idle, helper):
             p.kill()
             p.wait(timeout=10)
+
+
+LAUNCHER = ("import subprocess, sys\n"
+            "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3)'])\n"
+            "b = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+            "print(a.pid, b.pid, flush=True)\n"
+            "a.wait(); b.wait()\n")
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_rank_that_finished_first_does_not_end_the_job(tmp_path, clean):
+    """Rank 1 is done while rank 0 still works (a final checkpoint, an evaluation) for longer
+    than torchrun's teardown window: that is a job finishing, not one tearing down. A rank that
+    dies without its probe's last beat (SIGKILL, an abort) is."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    popen = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(burn=BURN.format(s=3))],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = Job(popen=popen, log_path=tmp_path / "job.log")
+    try:
+        assert popen.stdout is not None
+        a, b = map(int, popen.stdout.readline().split())
+        for rank, pid, phase in ((0, b, "forward"), (1, a, "exiting" if clean else "forward")):
+            (probe / f"rank{rank}.hb.json").write_text(json.dumps(
+                {"rank": rank, "pid": pid, "world": "2", "progress": {"phase": phase},
+                 "pg_status": {}, "pending": []}))
+        out = watch(job, WatchSettings(probe_dir=probe, world=2, stall_s=1.0, poll_s=0.05,
+                                       refresh_s=0.2, teardown_wait_s=1.0, idle_stall_s=20.0))
+        assert out.kind == ("completed" if clean else "failed"), out.reason
+        assert 1 in out.dead_ranks
+    finally:
+        job.terminate(grace=1.0)

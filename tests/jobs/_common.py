@@ -37,6 +37,18 @@ def mark(name: str) -> None:
         _dump_recorder_when_stuck(Path(os.environ["JOB_FR_DUMP_DIR"]))
 
 
+def wait_mark(name: str, rank: int, timeout_s: float = 60.0) -> None:
+    """Until rank ``rank`` wrote its mark ``name`` (bounded; no-op without $JOB_MARKS)."""
+    d = os.environ.get("JOB_MARKS")
+    if not d:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not Path(d, f"{name}.rank{rank}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank} never reached {name}")
+        time.sleep(0.02)
+
+
 def _dump_recorder_when_stuck(directory: Path) -> None:
     """What a user's own job does without moe-hang: once its collective has been pending a
     while, write torch's Flight Recorder dump as nccl_trace_rank_<r> (torch's default name)."""

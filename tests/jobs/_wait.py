@@ -31,6 +31,21 @@ def wait_blocked(pids: list[int], timeout: float = 60.0) -> None:
     raise AssertionError(f"ranks {pids} did not block within {timeout} s")
 
 
+def wait_gone(pid: int, timeout: float = 30.0) -> None:
+    """Until ``pid`` is gone or a zombie; AssertionError after ``timeout`` seconds."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still running after {timeout} s")
+
+
 def wait_marks(marks: Path, nproc: int, proc: subprocess.Popen[Any], timeout: float,
                name: str = "hang") -> bool:
     """Until ``nproc`` ranks wrote ``<marks>/<name>.rank*`` (see tests/jobs/_common.mark):
