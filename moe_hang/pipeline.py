@@ -105,7 +105,9 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            # once interrupted, the command is on its way out with 130/143: a further Ctrl-C
+            # must not turn that into a KeyboardInterrupt ("Aborted!", exit 1) on the way
+            signal.signal(s, signal.SIG_IGN if fired else h)
 
 
 @dataclass
