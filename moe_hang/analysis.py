@@ -22,7 +22,7 @@ from moe_hang.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.evidence import Evidence, RankEvidence
+from moe_hang.evidence import Evidence, RankEvidence, said_exiting
 from moe_hang.frtrace import SAME_SIZE_OPS, Collective, entry_to_collective, normalise_op
 from moe_hang.stacks import (
     Frame,
@@ -731,9 +731,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
         return ", ".join(f"rank {r} in {_fmt_sizes(reports[r].collective)}" for r in victims)
 
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
+    orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     if div is not None and agent_died and (
-            any(views[r].ev.progressed for r in alive)
-            or not all(views[r].state == "in_collective" for r in alive)):
+            orphans_moving or not all(views[r].state == "in_collective" for r in alive)):
         # orphans still stepping when captured: a snapshot of ranks in flight (one already in
         # the next collective) is not a desync
         div = None
@@ -749,18 +749,16 @@ def diagnose(ev: Evidence) -> Diagnosis:
     elif agent_died:
         verdict, culprits = "crash", []
         w = waits()
-        running = any(views[r].ev.progressed for r in alive)
         summary = (f"The launcher (torchrun agent) was {_exit_desc(ev.agent_exit_code)}; rank "
                    f"{_ranks(alive)} were left orphaned"
-                   + (" and still running" if running else "")
-                   + (f" ({'when captured' if running else 'blocked'}: {w})" if w else "")
+                   + (" and still running" if orphans_moving else "")
+                   + (f" ({'when captured' if orphans_moving else 'blocked'}: {w})" if w else "")
                    + ". moe-hang ended them.")
     elif killed:
         verdict, culprits = "rank_died", killed
         w = waits()
         dead = ev.ranks[killed[0]]
-        finished = ((dead.heartbeat or {}).get("progress") or {}).get("phase") == "exiting"
-        if finished:  # its interpreter shut down normally: it left, it was not killed
+        if said_exiting(dead.heartbeat):  # its interpreter shut down: it left, not killed
             how = "exited (its interpreter shut down normally) before the others"
         elif dead.exit_code is None:
             how = "is gone (no process) mid-step"

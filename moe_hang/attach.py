@@ -55,6 +55,11 @@ def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:
     return fa != fb or (on_a and on_b) or busy
 
 
+def _cores(before: float | None, after: float | None, span_s: float) -> float | None:
+    """Cores a process kept busy between two CPU-time readings (None: one is missing)."""
+    return None if before is None or after is None else (after - before) / span_s
+
+
 def _copy_probe_files(job: Job, out: Path) -> None:
     for r in job.ranks:
         if not r.probe_dir:
@@ -106,11 +111,8 @@ def capture_job(job: Job, out: Path, say: Phase, *, native: bool = False,
     time.sleep(SAMPLE_INTERVAL_S)
     second = capture.pyspy_many(pids, native=native)
     cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
-    cores: dict[int, float | None] = {}
-    for rank in pids:
-        c0, c1 = cpu0[rank], cpu1[rank]
-        cores[rank] = (c1 - c0) / max(t_cpu1 - t_cpu0, 1e-3) if c0 is not None and \
-            c1 is not None else None
+    span = max(t_cpu1 - t_cpu0, 1e-3)
+    cores = {r: _cores(cpu0[r], cpu1[r], span) for r in pids}
     asker.join(capture.DUMP_TIMEOUT_S + 2.0)
     final = {r: (second[r] if second[r].data is not None else first[r]) for r in pids}
     capture.save_stacks(final, out / "stacks")

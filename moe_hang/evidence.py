@@ -57,6 +57,12 @@ class Evidence:
     size_abort: SizeAbort | None = None  # from the whole job log (see gloo_size_abort)
 
 
+def said_exiting(heartbeat: dict[str, Any] | None) -> bool:
+    """The probe's last beat says the rank's interpreter was shutting down normally (written
+    at exit; an abort or a SIGKILL never gets there)."""
+    return ((heartbeat or {}).get("progress") or {}).get("phase") == "exiting"
+
+
 _NOTABLE = re.compile(
     r"enforce fail|Received data size|doesn't match|Detected mismatch|Timed out|timed out|"
     r"Watchdog caught|Connection reset|Connection closed|Broken pipe|collective operation timeout|"

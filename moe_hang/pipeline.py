@@ -89,12 +89,12 @@ def interruptible() -> Iterator[None]:
     fired: list[int] = []
 
     def raise_interrupt(signum: int, _frame: Any) -> None:
-        if not fired and defer_interrupt(lambda: raise_interrupt(signum, None)):
-            return  # a child is being started: raised as soon as it is on record
         if fired:
             # already unwinding: an impatient second Ctrl-C must not abort the teardown half
             # way (and leave ranks behind); the teardown is bounded anyway
             return
+        if defer_interrupt(lambda: raise_interrupt(signum, None)):
+            return  # a child is being started: raised as soon as it is on record
         fired.append(signum)
         raise Interrupted(signal.Signals(signum).name)
 

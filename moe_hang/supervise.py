@@ -152,7 +152,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     ended = True
             finally:
                 gate.on = False
-                # a second Ctrl-C during the first teardown lands here with ended still False
+                # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
+                # ignored by interruptible, so it cannot cut that teardown short)
                 if job is not None and not ended:
                     say("ending the job")
                     job.terminate(grace=3.0)

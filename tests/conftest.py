@@ -19,7 +19,13 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 
 if str(JOBS) not in sys.path:
     sys.path.append(str(JOBS))  # tests/jobs/_wait.py, shared with scripts/bench.py
-from _wait import cpu_ticks, wait_blocked, wait_gone, wait_marks  # noqa: E402, F401 - tests import these
+from _wait import (  # noqa: E402, F401 - tests import these
+    processes_mentioning,
+    wait_blocked,
+    wait_files,
+    wait_gone,
+    wait_marks,
+)
 
 
 def moe_hang_argv(*args: str) -> list[str]:
@@ -33,21 +39,6 @@ def run_cli(*args: str, timeout: float = 120, cwd: Path | None = None,
     full_env.update(env or {})
     return subprocess.run(moe_hang_argv(*args), capture_output=True, text=True, timeout=timeout,
                           cwd=cwd or ROOT, env=full_env, stdin=subprocess.DEVNULL)
-
-
-def processes_mentioning(needle: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line mentions ``needle``."""
-    found = []
-    me = os.getpid()
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(needle in part for part in (p.info["cmdline"] or [])):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 def processes_with_env(key: str, value: str) -> list[psutil.Process]:
@@ -149,6 +140,16 @@ def torchrun_argv(script: str, nproc: int, *extra: str) -> list[str]:
             str(JOBS / script)]
 
 
+def start_watch(tmp_path: Path, stall: str, script: str) -> tuple[subprocess.Popen[str], Path]:
+    """``moe-hang watch --json`` on a 2-rank job, in the background; returns it and the marks
+    directory the job writes to."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = start_cli("watch", "--stall", stall, "--out", str(tmp_path / "w"), "--json",
+                     "--", *torchrun_argv(script, 2), JOB_MARKS=str(marks))
+    return proc, marks
+
+
 class HungJob:
     """A small job from tests/jobs, started in its own session, waited for until it reached
     its ``mark("hang")`` point, and killed (every process of it) on exit."""
@@ -170,9 +171,10 @@ class HungJob:
         self.nproc = nproc
 
     def wait_marks(self, timeout: float = 90.0) -> None:
-        if not wait_marks(self.marks, self.nproc, self.popen, timeout):
-            raise AssertionError(f"job did not reach its hang point: "
-                                 f"{Path(self.log.name).read_text()[-2000:]}")
+        try:
+            wait_marks(self.marks, self.nproc, self.popen, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {Path(self.log.name).read_text()[-2000:]}") from None
 
     def rank_pids(self) -> dict[int, int]:
         out = {}

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -22,8 +21,9 @@ from conftest import (
     line_of,
     moe_hang_argv,
     run_cli,
-    start_cli,
+    start_watch,
     torchrun_argv,
+    wait_marks,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -32,21 +32,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 def _watch(tmp_path: Path, script: str, nproc: int = 2, stall: str = "2",
            **env: str) -> tuple[int, dict, Path]:
     out = tmp_path / "w"
+    marks = tmp_path / "marks"  # the jobs that order their steps by marks need it
+    marks.mkdir()
     proc = run_cli("watch", "--stall", stall, "--out", str(out), "--json", "--",
-                   *torchrun_argv(script, nproc), timeout=180, env=job_env(**env))
+                   *torchrun_argv(script, nproc), timeout=180,
+                   env=job_env(JOB_MARKS=str(marks), **env))
     assert proc.stdout.strip(), proc.stderr[-3000:]
     d = json.loads(proc.stdout)
     assert_no_survivors(str(JOBS / script))
     return proc.returncode, d, out
-
-
-def _start_watch(tmp_path: Path, stall: str, script: str) -> tuple[subprocess.Popen[str], Path]:
-    """``moe-hang watch --json`` on a job, in the background; returns it and the marks dir."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    proc = start_cli("watch", "--stall", stall, "--out", str(tmp_path / "w"), "--json",
-                     "--", *torchrun_argv(script, 2), JOB_MARKS=str(marks))
-    return proc, marks
 
 
 def test_skipped_collective(tmp_path):
@@ -116,7 +110,7 @@ def test_collective_missing_from_backward(tmp_path):
 
 
 def test_straggler_is_left_running_and_the_job_finishes(tmp_path):
-    proc, marks = _start_watch(tmp_path, "2", "straggler.py")
+    proc, marks = start_watch(tmp_path, "2", "straggler.py")
     try:
         assert proc.stderr is not None
         seen = []
@@ -136,12 +130,9 @@ def test_straggler_is_left_running_and_the_job_finishes(tmp_path):
 
 
 def test_killed_torchrun_agent_leaves_no_orphans(tmp_path):
-    proc, marks = _start_watch(tmp_path, "60", "straggler.py")
+    proc, marks = start_watch(tmp_path, "60", "straggler.py")
     try:
-        deadline = time.monotonic() + 90
-        while len(list(marks.glob("hang.rank*"))) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
+        wait_marks(marks, 2, proc, 90)
         agent = next(p for p in psutil.Process(proc.pid).children()
                      if "torch.distributed.run" in " ".join(p.cmdline()))
         ranks = [p.pid for p in agent.children()]

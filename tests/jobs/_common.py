@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -37,16 +38,14 @@ def mark(name: str) -> None:
         _dump_recorder_when_stuck(Path(os.environ["JOB_FR_DUMP_DIR"]))
 
 
-def wait_mark(name: str, rank: int, timeout_s: float = 60.0) -> None:
-    """Until rank ``rank`` wrote its mark ``name`` (bounded; no-op without $JOB_MARKS)."""
-    d = os.environ.get("JOB_MARKS")
-    if not d:
-        return
-    deadline = time.monotonic() + timeout_s
-    while not Path(d, f"{name}.rank{rank}").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {rank} never reached {name}")
-        time.sleep(0.02)
+def die_once_rank0_posts() -> None:
+    """SIGKILL this rank (as the OOM killer would) once rank 0 marked "hang", i.e. is about to
+    post the collective it will then wait in for ever. Needs $JOB_MARKS."""
+    from _wait import wait_files
+
+    wait_files(Path(os.environ["JOB_MARKS"]), "hang.rank0", 1, timeout=60.0)
+    mark("hang")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _dump_recorder_when_stuck(directory: Path) -> None:

@@ -1,38 +1,32 @@
-"""Waiting on the small hung jobs from outside (stdlib + psutil, no pytest, no torch): shared by
-tests/conftest.py and scripts/bench.py."""
+"""Waiting on the small hung jobs (stdlib at import; psutil and moe_hang.procs where a wait needs
+them): shared by tests/conftest.py, scripts/bench.py, scripts/soak.py and the jobs themselves
+(tests/jobs/_common.py). Every wait is bounded and raises AssertionError when it runs out."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 
-def cpu_ticks(pid: int) -> int | None:
-    """utime + stime of ``pid``'s main thread, in clock ticks; None if it cannot be read."""
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime of the main thread
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def wait_blocked(pids: list[int], timeout: float = 60.0) -> None:
-    """Until every pid's main thread is asleep and used no CPU over 0.3 s; AssertionError after
-    ``timeout`` seconds."""
+    """Until every pid's main thread used no CPU over 0.3 s (blocked, e.g. in a collective)."""
+    from moe_hang.procs import main_thread_cpu
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = {p: cpu_ticks(p) for p in pids}
+        before = {p: main_thread_cpu(p) for p in pids}
         time.sleep(0.3)
-        after = {p: cpu_ticks(p) for p in pids}
+        after = {p: main_thread_cpu(p) for p in pids}
         if all(before[p] is not None and before[p] == after[p] for p in pids):
             return
     raise AssertionError(f"ranks {pids} did not block within {timeout} s")
 
 
 def wait_gone(pid: int, timeout: float = 30.0) -> None:
-    """Until ``pid`` is gone or a zombie; AssertionError after ``timeout`` seconds."""
+    """Until ``pid`` is gone or a zombie."""
     import psutil
 
     deadline = time.monotonic() + timeout
@@ -46,13 +40,39 @@ def wait_gone(pid: int, timeout: float = 30.0) -> None:
     raise AssertionError(f"process {pid} still running after {timeout} s")
 
 
-def wait_marks(marks: Path, nproc: int, proc: subprocess.Popen[Any], timeout: float,
-               name: str = "hang") -> bool:
-    """Until ``nproc`` ranks wrote ``<marks>/<name>.rank*`` (see tests/jobs/_common.mark):
-    True, or False as soon as ``proc`` exited or ``timeout`` seconds passed first."""
+def wait_files(directory: Path, pattern: str, count: int, timeout: float,
+               proc: subprocess.Popen[Any] | None = None, what: str = "") -> None:
+    """Until ``count`` files match ``directory/pattern``; fails at once if ``proc`` exits."""
     deadline = time.monotonic() + timeout
-    while len(list(marks.glob(f"{name}.rank*"))) < nproc:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    while len(list(directory.glob(pattern))) < count:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what or pattern}: the process exited first "
+                                 f"(code {proc.returncode})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what or pattern}: not there within {timeout} s")
+        time.sleep(0.05)
+
+
+def wait_marks(marks: Path, nproc: int, proc: subprocess.Popen[Any] | None, timeout: float,
+               name: str = "hang") -> None:
+    """Until ``nproc`` ranks wrote ``<marks>/<name>.rank*`` (see tests/jobs/_common.mark)."""
+    wait_files(marks, f"{name}.rank*", nproc, timeout, proc,
+               what=f"{nproc} ranks reaching {name!r}")
+
+
+def processes_mentioning(needle: str) -> list[Any]:
+    """Live (non-zombie) psutil processes, other than this one, whose command line mentions
+    ``needle``."""
+    import psutil
+
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(needle in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found

@@ -3,12 +3,11 @@ still holds its sockets, so rank 0 gets no connection error and waits forever, e
 NCCL ranks wait for a dead peer."""
 
 import os
-import signal
 import time
 
 import torch
 import torch.distributed as dist
-from _common import init, mark, wait_mark, warmup
+from _common import die_once_rank0_posts, init, mark, warmup
 
 rank, world = init()
 warmup()
@@ -16,10 +15,7 @@ if os.fork() == 0:  # the "DataLoader worker": inherits the process-group socket
     time.sleep(120)
     os._exit(0)
 if rank == 1:
-    # die only once rank 0 is about to post its all_reduce, so that is what it waits in
-    wait_mark("hang", 0)
-    mark("hang")
-    os.kill(os.getpid(), signal.SIGKILL)
+    die_once_rank0_posts()  # so rank 0's all_reduce is what it waits in
 mark("hang")
 dist.all_reduce(torch.ones(4))
 dist.destroy_process_group()
