@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.moe-hang-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-matrix lint bench bench-quick soak clean
+.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the pure and in-process tests only (no torchrun): under a minute
+test-fast: setup
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test-matrix: setup
 	$(PY) -m pytest -q -m matrix --matrix $(PYTEST_ARGS)

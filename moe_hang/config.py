@@ -1,7 +1,6 @@
 """Run configuration: parsing and validation of what the user asked for (no torch here).
 
-A :class:`ReproConfig` is written to ``config.json`` in the run directory and read back by every
-rank, so the parent and the workers agree on the scenario without passing long argument lists.
+One :class:`RunConfig` per repro/verify run, the model's :class:`ModelConfig` nested in it.
 """
 
 from __future__ import annotations
@@ -12,32 +11,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hang.errors import MoeHangError
+from moe_hang.scenarios.registry import FIXES, SCENARIOS, default_tokens
 
-SCENARIOS = ("ep-ragged", "ep-no-anchor", "fsdp-skip")
-FIXES = ("varlen", "a2a", "all-experts")
-# which fixes apply to which scenario; the first is the default
-SCENARIO_FIXES = {"ep-ragged": ("varlen", "a2a"), "ep-no-anchor": ("varlen", "a2a"),
-                  "fsdp-skip": ("all-experts",)}
 BACKENDS = ("auto", "gloo", "nccl")
 VARIANTS = ("broken", "fixed")
-
-# Fixed ragged patterns, so the same command routes the same tokens on every machine.
-# 68/401/1607 are the per-rank counts from the NeMo Automodel report (PR #3631).
-_RAGGED = (68, 401, 1607, 230, 911, 5, 1203, 333)
 DEFAULT_STALL_S = 3.0
 DEFAULT_PG_TIMEOUT_S = 60.0
 MAX_NPROC = 64
 
 
-def default_tokens(nproc: int, scenario: str = "ep-ragged") -> list[int]:
-    """The default ragged per-rank token counts for ``nproc`` ranks."""
-    if scenario == "fsdp-skip":
-        # rank 0 holds few tokens: steps 1-4 reach every expert on every rank; step 5 routes
-        # none of rank 0's tokens to expert 2 of layer 1 (checked in tests/test_scenarios.py)
-        return [8] + [64] * (nproc - 1)
-    if nproc == 2:
-        return [68, 401]
-    return [_RAGGED[i % len(_RAGGED)] + 17 * (i // len(_RAGGED)) for i in range(nproc)]
+@dataclass(frozen=True)
+class ModelConfig:
+    """The 2-layer MoE + LoRA model (:mod:`moe_hang.scenarios.moe`): identical on every rank
+    and in the single-process reference, so weights come from the seed, not from a scatter."""
+
+    hidden: int = 64
+    ffn: int = 128
+    experts: int = 4
+    topk: int = 2
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    layers: int = 2
+    seed: int = 0
+    dead_experts: tuple[int, ...] = ()  # experts no token is routed to
+    dead_layers: tuple[int, ...] = ()  # where dead_experts apply; empty: every layer
+
+    def dead_in(self, layer: int) -> tuple[int, ...]:
+        return self.dead_experts if not self.dead_layers or layer in self.dead_layers else ()
+
+    @property
+    def lora_scale(self) -> float:
+        return self.lora_alpha / self.lora_rank
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -60,32 +64,25 @@ def parse_tokens(text: str) -> list[int]:
 
 
 @dataclass
-class ReproConfig:
-    """Everything one repro/verify run needs; serialisable to JSON."""
+class RunConfig:
+    """Everything one repro/verify run needs; written to ``config.json`` in the run directory
+    and read back by every rank, so the parent and the workers agree on the scenario without
+    passing long argument lists."""
 
     scenario: str = "ep-ragged"
     variant: str = "broken"  # broken | fixed
-    fix: str = "varlen"  # varlen | a2a (used when variant == fixed)
+    fix: str = "varlen"  # varlen | a2a | all-experts (used when variant == fixed)
     nproc: int = 2
     tokens: list[int] = field(default_factory=lambda: default_tokens(2))
     backend: str = "auto"
     stall_s: float = DEFAULT_STALL_S
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
     steps: int = 3
-    hidden: int = 64
-    ffn: int = 128
-    experts: int = 4
-    topk: int = 2
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    layers: int = 2
-    seed: int = 0
     lr: float = 0.1
-    dead_experts: list[int] = field(default_factory=list)
-    dead_layers: list[int] = field(default_factory=list)  # empty: every layer
     port: int | None = None
     # fsdp-skip: wrap LoRA outside fully_shard (the coverage mistake verify must catch)
     lora_outside_fsdp: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
     def world(self) -> int:
@@ -95,6 +92,12 @@ class ReproConfig:
     def total_tokens(self) -> int:
         return sum(self.tokens)
 
+    @property
+    def label(self) -> str:
+        """The run directory's suffix: ``ep-ragged-broken``, ``ep-ragged-fixed-varlen``."""
+        return f"{self.scenario}-{self.variant}" + (
+            f"-{self.fix}" if self.variant == "fixed" else "")
+
     def offsets(self) -> list[int]:
         """Rank r owns rows ``[offsets[r], offsets[r] + tokens[r])`` of the global batch."""
         out, acc = [], 0
@@ -103,13 +106,21 @@ class ReproConfig:
             acc += n
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ReproConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        names = {f.name for f in dataclasses.fields(cls)} - {"model"}
+        model_names = {f.name for f in dataclasses.fields(ModelConfig)}
+        raw = data.get("model") or {}
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in raw.items() if k in model_names}
+        model = ModelConfig(**fields)
+        return cls(model=model, **{k: v for k, v in data.items() if k in names})
 
 
 def build_config(
@@ -134,11 +145,12 @@ def build_config(
     port: int | None = None,
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
     lora_outside_fsdp: bool = False,
-) -> ReproConfig:
+) -> RunConfig:
     """Validate the user's options and fill in defaults; raises :class:`MoeHangError`."""
     if scenario not in SCENARIOS:
         raise MoeHangError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
-    allowed = SCENARIO_FIXES[scenario]
+    spec = SCENARIOS[scenario]
+    allowed = spec.fixes
     fix = fix or allowed[0]
     if fix not in FIXES:
         raise MoeHangError(f"unknown fix {fix!r}; choose one of {', '.join(FIXES)}")
@@ -162,7 +174,7 @@ def build_config(
                 f"--tokens has {len(counts)} count(s) but --nproc is {world}: "
                 "give one count per rank"
             )
-    if world < 2 and scenario != "fsdp-skip":
+    if world < spec.min_ranks:
         raise MoeHangError(f"--nproc {world}: expert parallelism needs at least 2 ranks")
     if sum(counts) < 1:
         raise MoeHangError(f"--tokens {tokens}: the batch needs at least one token in total")
@@ -180,7 +192,7 @@ def build_config(
         dead = list(range(n_experts - per, n_experts))
         layers_dead = layers_dead or [1]
     if steps is None:
-        steps = 5 if scenario == "fsdp-skip" else 3
+        steps = spec.steps
     if topk < 1 or topk > n_experts - len(dead):
         raise MoeHangError(
             f"--topk {topk}: must be between 1 and the {n_experts - len(dead)} routable experts"
@@ -193,28 +205,13 @@ def build_config(
         raise MoeHangError(f"--stall {stall_s}: must be a positive number of seconds")
     if port is not None and not (1 <= port <= 65535):
         raise MoeHangError(f"--port {port}: not a TCP port")
-    return ReproConfig(
-        scenario=scenario,
-        variant=variant,
-        fix=fix,
-        nproc=world,
-        tokens=counts,
-        backend=backend,
-        stall_s=stall_s,
-        pg_timeout_s=pg_timeout_s,
-        steps=steps,
-        hidden=hidden,
-        ffn=ffn,
-        experts=n_experts,
-        topk=topk,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        seed=seed,
-        dead_experts=dead,
-        dead_layers=layers_dead,
-        port=port,
+    return RunConfig(
+        scenario=scenario, variant=variant, fix=fix, nproc=world, tokens=counts,
+        backend=backend, stall_s=stall_s, pg_timeout_s=pg_timeout_s, steps=steps, port=port,
         lora_outside_fsdp=lora_outside_fsdp,
-    )
+        model=ModelConfig(hidden=hidden, ffn=ffn, experts=n_experts, topk=topk,
+                          lora_rank=lora_rank, lora_alpha=lora_alpha, seed=seed,
+                          dead_experts=tuple(dead), dead_layers=tuple(layers_dead)))
 
 
 def parse_index_list(text: str, n: int, option: str) -> list[int]:

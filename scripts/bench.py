@@ -41,9 +41,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-JOBS = ROOT / "tests" / "jobs"
+JOBS = ROOT / "tests" / "e2e" / "jobs"
 if str(JOBS) not in sys.path:
-    sys.path.append(str(JOBS))  # tests/jobs/_wait.py: the waits the tests use
+    sys.path.append(str(JOBS))  # tests/e2e/jobs/_wait.py: the waits the tests use
 from _wait import wait_blocked, wait_marks  # noqa: E402
 
 PG_TIMEOUT_S = {"nccl (default)": 600, "gloo (default)": 1800}

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from moe_hang.config import build_config
-from moe_hang.frtrace import normalise_op
-from moe_hang.moe import global_batch, local_loss
-from moe_hang.scenarios import build_ep_model, moe_config
+from moe_hang.evidence.ops import normalise_op
+from moe_hang.scenarios.build import build_ep_model
+from moe_hang.scenarios.moe import global_batch, local_loss
 
 ELEM_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
               "Bool": 1, "Char": 1, "Byte": 1}
@@ -110,7 +110,7 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
                        fix=case["fix"] if case["fix"] != "naive" else None,
                        tokens=case["tokens"], experts=case["experts"], topk=case["topk"],
                        hidden=case.get("hidden", 256), ffn=case.get("ffn", 512), steps=1)
-    mcfg = moe_config(cfg)
+    mcfg = cfg.model
     built = build_ep_model(cfg, mesh, rank, torch.device("cpu"))
     model = built.model
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3,
@@ -149,13 +149,13 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
     gathered = [torch.zeros_like(vals) for _ in range(world)]
     dist.all_gather(gathered, vals)
     rows = torch.stack(gathered)
-    return {**case, "world": world, "layers": cfg.layers,
+    return {**case, "world": world, "layers": cfg.model.layers,
             "step_ms": round(float(rows[:, 0].max()) * 1e3, 3),
             "steps_per_s": round(1.0 / float(rows[:, 0].max()), 2),
             "bytes_per_step": (None if nbytes is None
-                               else int(rows[:, 1].mean() / cfg.layers)),
+                               else int(rows[:, 1].mean() / cfg.model.layers)),
             "input_bytes_per_step": (None if nbytes is None
-                                     else int(rows[:, 3].mean() / cfg.layers)),
+                                     else int(rows[:, 3].mean() / cfg.model.layers)),
             "peak_mem_mb": round(float(rows[:, 2].max()), 1)}
 
 

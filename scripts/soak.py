@@ -27,8 +27,8 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "tests" / "jobs") not in sys.path:
-    sys.path.append(str(ROOT / "tests" / "jobs"))  # tests/jobs/_wait.py, shared with the tests
+if str(ROOT / "tests" / "e2e" / "jobs") not in sys.path:
+    sys.path.append(str(ROOT / "tests" / "e2e" / "jobs"))  # its _wait.py, shared with the tests
 from _wait import processes_mentioning  # noqa: E402
 
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-JOBS = Path(__file__).resolve().parent / "jobs"
+FIXTURES = Path(__file__).resolve().parent / "unit" / "fixtures"
+JOBS = Path(__file__).resolve().parent / "e2e" / "jobs"
 
 if str(JOBS) not in sys.path:
-    sys.path.append(str(JOBS))  # tests/jobs/_wait.py, shared with scripts/bench.py
+    sys.path.append(str(JOBS))  # tests/e2e/jobs/_wait.py, shared with scripts/bench.py
 from _wait import (  # noqa: E402, F401 - tests import these
     processes_mentioning,
     wait_blocked,
@@ -151,7 +154,7 @@ def start_watch(tmp_path: Path, stall: str, script: str) -> tuple[subprocess.Pop
 
 
 class HungJob:
-    """A small job from tests/jobs, started in its own session, waited for until it reached
+    """A small job from tests/e2e/jobs, started in its own session, waited for until it reached
     its ``mark("hang")`` point, and killed (every process of it) on exit."""
 
     def __init__(self, script: str, nproc: int = 2, *, launcher: str = "torchrun",
@@ -209,6 +212,79 @@ class HungJob:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def typer_file() -> str:
+    import typer
+
+    return str(typer.__file__)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # same file system: no copy; its mode stays (site-packages: 644)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+class AsNobody:
+    """Run the tool as user ``nobody``, wherever the checkout lives: a checkout (and its .venv)
+    inside a directory only root can enter is invisible to nobody, so the tool and the
+    packages it imports are copied to a world-readable directory, run by an interpreter nobody
+    can execute. ``sandbox`` is a directory nobody can reach (root owns it)."""
+
+    def __init__(self, root: Path):
+        self.sandbox = root / "sandbox"
+        self.sandbox.mkdir(mode=0o755)
+        lib = root / "lib"
+        shutil.copytree(ROOT / "moe_hang", lib / "moe_hang",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        # the packages the CLI imports, some lazily (typer -> pydantic): all of site-packages
+        # but the big ones nothing here needs (no rank is launched as nobody)
+        site = Path(typer_file()).parent.parent
+        heavy = ("torch*", "nvidia*", "triton*", "sympy*", "networkx*", "numpy*", "mypy*",
+                 "*mypyc*", "transformers*", "tokenizers*", "hf_xet*", "pip", "pip-*",
+                 "__editable__*", "*.pth", "__pycache__")
+        shutil.copytree(site, lib, ignore=shutil.ignore_patterns(*heavy), dirs_exist_ok=True,
+                        copy_function=_link_or_copy)
+        for p in [root, *(d for d in root.rglob("*") if d.is_dir())]:
+            p.chmod(0o755)
+        self.env = {"PYTHONPATH": str(lib), "HOME": "/tmp", "PATH": os.environ["PATH"]}
+        self.python = self._interpreter()
+
+    @staticmethod
+    def _prefix() -> list[str]:
+        return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+    def _interpreter(self) -> str:
+        want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        for cand in (os.path.realpath(sys.executable), f"/usr/bin/python{want}"):
+            try:
+                got = subprocess.run([*self._prefix(), cand, "-c",
+                                      "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                     capture_output=True, text=True, timeout=30, env=self.env)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if got.returncode == 0 and got.stdout.strip() == want:
+                return cand
+        pytest.skip(f"no Python {want} that user nobody may execute (the interpreter lives "
+                    "in a directory only root can enter)")
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self._prefix(), self.python, "-m", "moe_hang.cli", *args],
+                              capture_output=True, text=True, timeout=timeout, env=self.env,
+                              cwd="/tmp", stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def as_nobody() -> Iterator[AsNobody]:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the tool as another user")
+    root = Path(tempfile.mkdtemp(prefix="moe-hang-nobody-", dir="/tmp"))
+    try:
+        yield AsNobody(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def load_json(path: Path) -> dict:

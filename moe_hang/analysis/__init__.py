@@ -1,0 +1,1 @@
+"""Evidence -> Diagnosis (pure: no torch, no rich, no processes)."""

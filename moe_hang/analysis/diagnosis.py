@@ -1,0 +1,354 @@
+"""The verdict data model and its JSON form (``moe-hang/diagnosis/v1``, docs/DESIGN.md §5).
+Pure.
+
+Verdicts, rank states and mismatch kinds are ``str`` enums: they compare equal to their JSON
+spelling and serialise as it, so the JSON is what it always was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
+from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence.stacks import Frame
+
+SCHEMA = "moe-hang/diagnosis/v1"
+
+
+class _StrEnum(str, Enum):
+    """A str whose f-string and str() are its value on every Python (3.11 changed format())."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Verdict(_StrEnum):
+    DESYNC = "desync"
+    HANG = "hang"
+    CRASH = "crash"
+    RANK_DIED = "rank_died"
+    STRAGGLER = "straggler"
+    HEALTHY = "healthy"
+    INCONCLUSIVE = "inconclusive"
+
+
+class RankState(_StrEnum):
+    IN_COLLECTIVE = "in_collective"
+    COMPUTING = "computing"
+    IDLE = "idle"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+class MismatchKind(_StrEnum):
+    OP = "op_mismatch"
+    SIZE = "size_mismatch"
+    DTYPE = "dtype_mismatch"
+    MISSING = "missing_rank"
+
+
+VERDICTS = tuple(v.value for v in Verdict)
+STATES = tuple(s.value for s in RankState)
+KINDS = tuple(k.value for k in MismatchKind)
+
+# Verdicts that are not a problem: a straggler is slow, not deadlocked.
+NO_PROBLEM = (Verdict.HEALTHY, Verdict.STRAGGLER)
+PROBLEM_VERDICTS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED)
+
+
+def exit_code_for(verdict: str) -> int:
+    """A diagnosis's exit code (docs/DESIGN.md §4): 3 unless the job is fine. An inconclusive
+    diagnosis is 3 too: a script must not read "could not tell" as "healthy"."""
+    return EXIT_OK if verdict in NO_PROBLEM else EXIT_PROBLEM
+
+
+def fmt_shape(sizes: list[list[int]]) -> str:
+    """Tensor sizes for a person: ``68×64, scalar``; empty when there are none."""
+    return ", ".join("×".join(map(str, s)) or "scalar" for s in sizes)
+
+
+def pg_label(pg: str | None, desc: str | None = "", *, word: str = "group") -> str:
+    """A process group for a person: its description, else ``default_pg``, else ``group N``
+    (``word`` replaces "group")."""
+    if desc:
+        return desc
+    return "default_pg" if pg == DEFAULT_PG else f"{word} {pg}"
+
+
+@dataclass
+class RankCollective:
+    op: str
+    pg: str
+    seq: int | None
+    input_sizes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    source: str = "flight_recorder"
+    pg_desc: str = ""
+    time_created_ns: int | None = None
+    tag: str | None = None  # which logical collective (e.g. layer1.expert2), from the probe
+    callsite: Frame | None = None  # the user line that posted this collective
+
+    @property
+    def from_stack_only(self) -> bool:
+        return self.pg == "?"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "pg": self.pg, "seq": self.seq,
+                             "input_sizes": self.input_sizes}
+        if self.tag:
+            d["tag"] = self.tag
+        if self.callsite:
+            d["callsite"] = self.callsite.as_dict()
+        if self.dtypes:
+            d["dtypes"] = self.dtypes
+        if self.pg_desc:
+            d["pg_desc"] = self.pg_desc
+        d["source"] = self.source
+        return d
+
+
+@dataclass
+class RankReport:
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    state: RankState = RankState.UNKNOWN
+    collective: RankCollective | None = None
+    callsite: Frame | None = None
+    tokens: dict[str, Any] | None = None
+    exit_code: int | None = None
+    phase: str | None = None  # forward | backward
+    autograd_function: str | None = None
+    stack: list[str] = field(default_factory=list)  # short frames, innermost first
+    stack_source: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "rank": self.rank, "pid": self.pid, "host": self.host, "state": self.state,
+            "collective": self.collective.to_dict() if self.collective else None,
+            "callsite": self.callsite.as_dict() if self.callsite else None,
+            "tokens": self.tokens, "exit_code": self.exit_code,
+        }
+        if self.phase:
+            d["phase"] = self.phase
+        if self.autograd_function:
+            d["autograd_function"] = self.autograd_function
+        if self.stack:
+            d["stack"] = self.stack
+        if self.stack_source:
+            d["stack_source"] = self.stack_source
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class Divergence:
+    pg: str
+    seq: int | None  # None when only stacks were available
+    kind: MismatchKind
+    pg_desc: str = ""
+    members: list[int] = field(default_factory=list)
+    per_rank: dict[int, RankCollective | None] = field(default_factory=dict)
+    phase: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pg": self.pg, "seq": self.seq, "kind": self.kind}
+        if self.pg_desc:
+            d["pg_desc"] = self.pg_desc
+        if self.members:
+            d["ranks"] = self.members
+        if self.phase:
+            d["phase"] = self.phase
+        d["per_rank"] = {str(r): (c.to_dict() if c else None)
+                         for r, c in sorted(self.per_rank.items())}
+        return d
+
+
+@dataclass
+class TimelineCell:
+    op: str
+    sizes: list[list[int]]
+    state: str  # done | pending | posted
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "sizes": self.sizes, "state": self.state, "name": self.name}
+
+
+@dataclass
+class Timeline:
+    """One group's collectives around the divergence: ranks × sequence numbers."""
+
+    pg: str
+    pg_desc: str
+    seqs: list[int]
+    highlight: int | None
+    ranks: dict[int, list[TimelineCell | None]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pg": self.pg, "pg_desc": self.pg_desc, "seqs": self.seqs,
+                "highlight": self.highlight,
+                "ranks": {str(r): [c.to_dict() if c else None for c in cells]
+                          for r, cells in self.ranks.items()}}
+
+
+@dataclass
+class Timings:
+    """Seconds, measured by the command (docs/DESIGN.md §5)."""
+
+    wall_s: float | None = None
+    startup_s: float | None = None
+    capture_s: float | None = None
+    onset_to_verdict_s: float | None = None
+    onset_to_detect_s: float | None = None
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("capture_s", self.capture_s), ("wall_s", self.wall_s),
+                                  ("startup_s", self.startup_s),
+                                  ("onset_to_verdict_s", self.onset_to_verdict_s),
+                                  ("onset_to_detect_s", self.onset_to_detect_s))
+                if v is not None}
+
+
+@dataclass
+class ReferenceReport:
+    """verify --fixed: the comparison with the single-process reference (reference.json)."""
+
+    ok: bool
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    tolerance: float = 0.0
+    rtol: float = 0.0
+    worst: str | None = None
+    compared: int = 0
+    failures: list[str] = field(default_factory=list)
+    steps: int = 0
+    what: str = ""
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> ReferenceReport:
+        return cls(ok=bool(d.get("ok")), max_abs_err=float(d.get("max_abs_err", 0.0)),
+                   max_rel_err=float(d.get("max_rel_err", 0.0)),
+                   tolerance=float(d.get("tolerance", 0.0)), rtol=float(d.get("rtol", 0.0)),
+                   worst=d.get("worst"), compared=int(d.get("compared", 0)),
+                   failures=[str(f) for f in d.get("failures") or []],
+                   steps=int(d.get("steps", 0)), what=str(d.get("what", "")))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
+                "tolerance": self.tolerance, "rtol": self.rtol, "worst": self.worst,
+                "compared": self.compared, "failures": self.failures, "steps": self.steps,
+                "what": self.what}
+
+
+@dataclass
+class ScenarioRun:
+    """What repro and verify add to a diagnosis (docs/DESIGN.md §5). ``fix`` is the fix's
+    name here; its sentence is ``fix_hint``."""
+
+    scenario: str
+    variant: str  # broken | fixed
+    fix: str
+    recommended_fix: str
+    fix_hint: str
+    backend: str
+    nproc: int
+    tokens: list[int]
+    timings: Timings = field(default_factory=Timings)
+    reference: ReferenceReport | None = None
+    uncovered_trainable: list[str] | None = None
+    reproduced: bool | None = None
+    verified: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "scenario": self.scenario, "variant": self.variant, "fix": self.fix,
+            "recommended_fix": self.recommended_fix, "fix_hint": self.fix_hint,
+            "backend": self.backend, "nproc": self.nproc, "tokens": self.tokens,
+            "timings": self.timings.to_dict()}
+        if self.reference is not None:
+            d["reference"] = self.reference.to_dict()
+        if self.uncovered_trainable is not None:
+            d["uncovered_trainable"] = self.uncovered_trainable
+        if self.reproduced is not None:
+            d["reproduced"] = self.reproduced
+        if self.verified is not None:
+            d["verified"] = self.verified
+        return d
+
+
+@dataclass
+class WatchRun:
+    """What watch adds: the job's command line, its own exit code, what was detected."""
+
+    command: list[str]
+    job_exit_code: int | None
+    detected: str
+    timings: Timings = field(default_factory=Timings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "job_exit_code": self.job_exit_code,
+                "detected": self.detected, "timings": self.timings.to_dict()}
+
+
+@dataclass
+class AttachRun:
+    """What diagnose adds: the PID it was given and the launcher it found."""
+
+    target_pid: int
+    agent_pid: int | None
+    timings: Timings = field(default_factory=Timings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target_pid": self.target_pid, "agent_pid": self.agent_pid,
+                "timings": self.timings.to_dict()}
+
+
+RunInfo = ScenarioRun | WatchRun | AttachRun
+
+
+@dataclass
+class Diagnosis:
+    verdict: Verdict
+    summary: str
+    culprit_ranks: list[int] = field(default_factory=list)
+    first_divergence: Divergence | None = None
+    ranks: list[RankReport] = field(default_factory=list)
+    fix: str = ""
+    artifacts: str = ""
+    evidence: list[str] = field(default_factory=list)
+    timeline: Timeline | None = None
+    run: RunInfo | None = None  # what the command that made it adds
+
+    def rank(self, r: int) -> RankReport | None:
+        return next((x for x in self.ranks if x.rank == r), None)
+
+    @property
+    def timings(self) -> Timings | None:
+        return self.run.timings if self.run is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema": SCHEMA,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "culprit_ranks": sorted(self.culprit_ranks),
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "ranks": [r.to_dict() for r in sorted(self.ranks, key=lambda r: r.rank)],
+            "fix": self.fix,
+            "artifacts": self.artifacts,
+            "evidence": self.evidence,
+        }
+        if self.timeline is not None:
+            d["timeline"] = self.timeline.to_dict()
+        if self.run is not None:
+            d.update(self.run.to_dict())
+        return d

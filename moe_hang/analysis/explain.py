@@ -1,0 +1,117 @@
+"""Sentences and advice for a person, from the facts the rules established (pure)."""
+
+from __future__ import annotations
+
+import signal
+
+from moe_hang.analysis.diagnosis import (
+    DEFAULT_PG,
+    Divergence,
+    MismatchKind,
+    RankCollective,
+    RankReport,
+    Verdict,
+    fmt_shape,
+    pg_label,
+)
+from moe_hang.analysis.kinds import ROW
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.stacks import Frame
+
+
+def exit_desc(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def ranks_text(rs: list[int]) -> str:
+    """``1``, ``0 and 1``, ``0, 1 and 3``."""
+    rs = sorted(rs)
+    if not rs:
+        return "-"
+    if len(rs) == 1:
+        return str(rs[0])
+    return ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def fmt_sizes(c: RankCollective | Collective | None) -> str:
+    if c is None:
+        return "nothing"
+    sizes = fmt_shape(c.input_sizes)
+    text = f"{c.op}({sizes})" if sizes else c.op
+    return f"{text} of {c.tag}" if c.tag else text
+
+
+def site_str(site: Frame | None) -> str:
+    return site.short() if site else "unknown line"
+
+
+def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: list[int],
+                   exits: dict[int, int | None]) -> str:
+    """``exits``: the ranks that exited badly, with their exit codes."""
+    where = " in backward" if div.phase == "backward" else ""
+    callsites = {r: cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)}
+    same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
+
+    parts = []
+    for r, c in sorted(div.per_rank.items()):
+        if c is None:
+            parts.append(f"rank {r} never posted it")
+            continue
+        text = f"rank {r} {fmt_sizes(c)}"
+        if not same_site and r in callsites:
+            text += f" at {callsites[r].short()}"
+        parts.append(text)
+    site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
+    tail = ""
+    if exits:
+        tail = "; " + ", ".join(f"rank {r} {exit_desc(code)}"
+                                for r, code in list(exits.items())[:4])
+    if div.seq is None:
+        return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
+            + "."
+    pg_name = pg_label(div.pg, div.pg_desc)
+    tags = {r: c.tag for r, c in div.per_rank.items() if c is not None and c.tag}
+    if div.kind == MismatchKind.MISSING and len(set(tags.values())) > 1:
+        ahead = [r for r in culprits if r in tags]
+        behind = [r for r in tags if r not in ahead]
+        if ahead and behind:
+            skipped, posted = tags[behind[0]], tags[ahead[0]]
+            first_ahead = div.per_rank.get(ahead[0])
+            op = first_ahead.op if first_ahead is not None else "collective"
+            return (f"Rank {ranks_text(ahead)} never posted the {op} of {skipped}: at seq "
+                    f"{div.seq} of {pg_name} its {op} of {posted} paired with rank "
+                    f"{ranks_text(behind)}'s {op} of {skipped} (same size, so silently), and "
+                    "every later collective paired with the wrong partner" + tail + ".")
+    pg = pg_name
+    if div.pg != DEFAULT_PG and div.members:
+        pg += f" (ranks {', '.join(map(str, div.members))})"
+    return (f"Ranks posted {ROW[div.kind].phrase} at seq {div.seq} of {pg}{where}{site}: "
+            + "; ".join(parts) + tail + ".")
+
+
+_VERDICT_ADVICE = {
+    Verdict.RANK_DIED: ("A rank died while the others wait in a collective: find why it died "
+                        "(OOM killer, signal, node failure); the survivors will only leave at "
+                        "the timeout."),
+    Verdict.CRASH: ("A rank raised an error; fix it first: the other ranks only fail as a "
+                    "consequence."),
+    Verdict.STRAGGLER: ("Not a deadlock: a rank is still computing while the others wait. "
+                        "Look at what it computes (stack below); raise the timeout or balance "
+                        "the work."),
+    Verdict.HANG: ("Every rank waits in the same collective with matching sizes, so the order "
+                   "is fine: suspect the transport (NCCL_DEBUG=INFO), a peer outside this job, "
+                   "or a device fault; Flight Recorder dumps from every rank would settle it."),
+}
+
+
+def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: Verdict) -> str:
+    if div is not None:
+        return ROW[div.kind].advice(div, reports)
+    return _VERDICT_ADVICE.get(verdict, "")

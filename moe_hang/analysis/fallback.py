@@ -1,0 +1,82 @@
+"""Divergences found without the recorder's alignment: ranks whose stacks wait in different
+collectives, and gloo's size-mismatch abort read from the job log (pure)."""
+
+from __future__ import annotations
+
+import signal
+
+from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankCollective
+from moe_hang.analysis.explain import ranks_text
+from moe_hang.analysis.order import earlier_in_program
+from moe_hang.analysis.ranks import to_rc
+from moe_hang.analysis.timeline import RankView
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.model import Evidence
+
+
+def stack_divergence(views: dict[int, RankView],
+                     waiting: list[int]) -> tuple[Divergence, list[int]] | None:
+    """Without recorder data: ranks blocked in *different* collectives can never complete."""
+    ops: dict[int, str] = {r: op for r in waiting
+                           if (op := views[r].stack.op) is not None and op != "unknown"}
+    if len(set(ops.values())) < 2:
+        return None
+    groups: dict[str, list[int]] = {}
+    for r, op in sorted(ops.items()):
+        groups.setdefault(op, []).append(r)
+    per_rank: dict[int, RankCollective | None] = {
+        r: RankCollective(op=op, pg="?", seq=None, source="stack",
+                          callsite=views[r].stack.callsite)
+        for r, op in ops.items()}
+    div = Divergence(pg="?", seq=None, kind=MismatchKind.OP, members=sorted(ops),
+                     per_rank=per_rank,
+                     phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
+    # the group furthest behind in program order waits; the others went past it (skipped it)
+    order = list(groups.items())
+    behind = order[0]
+    for cand in order[1:]:
+        fa = views[behind[1][0]].user_frames_outer_first()
+        fb = views[cand[1][0]].user_frames_outer_first()
+        if earlier_in_program(fa, fb) == "b":
+            behind = cand
+    culprits = [r for op, rs in groups.items() if op != behind[0] for r in rs]
+    return div, culprits
+
+
+def size_abort_divergence(views: dict[int, RankView],
+                          ev: Evidence) -> tuple[Divergence, list[int], str] | None:
+    """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
+    data size doesn't match expected size"): a size mismatch, even where the aborted rank left
+    no recorder dump. The survivors' entries name the group and sequence number."""
+    abort = ev.size_abort
+    if abort is None:
+        return None
+    aborted = [r for r, v in views.items()
+               if v.ev.fatal or v.ev.exit_code == -signal.SIGABRT]
+    if not aborted:
+        return None
+    ops = [views[r].stack.op for r in aborted if views[r].stack.op not in (None, "unknown")]
+    op = ops[0] if ops else None
+    found: dict[int, Collective] = {}
+    for r, v in views.items():
+        if r in aborted:
+            continue
+        same = [c for coll in v.tl.by_pg.values() for c in coll.values()
+                if op is None or c.op == op]
+        if same:
+            found[r] = max(same, key=lambda c: (c.time_created_ns or 0, c.seq))
+    ref = next(iter(found.values()), None)
+    pg = ref.pg if ref else "?"
+    seq = ref.seq if ref else None
+    per_rank: dict[int, RankCollective | None] = {r: to_rc(c, views[r])
+                                                  for r, c in found.items()}
+    for r in aborted:
+        per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
+                                     source="stack", callsite=views[r].stack.callsite)
+    detail = f"gloo aborted rank {ranks_text(aborted)}"
+    if abort.received is not None:
+        detail += f": it received {abort.received} bytes where it expected {abort.expected}"
+    div = Divergence(pg=pg, seq=seq, kind=MismatchKind.SIZE,
+                     pg_desc=ref.pg_desc if ref else "", members=sorted(per_rank),
+                     per_rank=per_rank, phase=ref.phase if ref else None)
+    return div, sorted(per_rank), detail

@@ -1,0 +1,95 @@
+"""The ways ranks can disagree at one sequence number of a group — one row each: how it is
+detected, how two ranks agree on it (for the majority vote), how the summary names it, and the
+advice it gives (docs/DESIGN.md §8). A new kind is a new row here. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankReport
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.ops import SAME_SIZE_OPS
+
+
+def ops_match(a: Collective, b: Collective) -> bool:
+    if a.op == b.op:
+        return True
+    # gloo implements DTensor's reduce-scatter as an all-reduce; the probe names the intent.
+    mixed = "probe" in (a.source, b.source) and a.source != b.source
+    return mixed and {a.op, b.op} <= {"reduce_scatter", "all_reduce"}
+
+
+def _sizes_differ(base: Collective, c: Collective) -> bool:
+    return (base.op in SAME_SIZE_OPS and bool(c.input_sizes) and bool(base.input_sizes)
+            and c.input_sizes != base.input_sizes)
+
+
+def _dtypes_differ(base: Collective, c: Collective) -> bool:
+    return bool(c.dtypes) and bool(base.dtypes) and c.dtypes != base.dtypes
+
+
+def _same_sizes(a: Collective, b: Collective) -> bool:
+    return (a.op, a.input_sizes) == (b.op, b.input_sizes)
+
+
+def _same_dtypes(a: Collective, b: Collective) -> bool:
+    return (a.op, a.dtypes) == (b.op, b.dtypes)
+
+
+def _in_backward(div: Divergence, reports: dict[int, RankReport]) -> bool:
+    return div.phase == "backward" or any(r.phase == "backward" for r in reports.values())
+
+
+def _advise_size(_div: Divergence, _reports: dict[int, RankReport]) -> str:
+    return ("Exchange per-rank lengths before gathering: all-gather the counts, pad to the "
+            "max, all-gather, trim each piece (moe_hang.VarlenDispatch); never infer "
+            "the global shape as local × world (DTensor.from_local(Shard(0))) for ragged data.")
+
+
+def _advise_order(div: Divergence, reports: dict[int, RankReport]) -> str:
+    if _in_backward(div, reports):
+        return ("A rank's autograd graph lacks a collective the others run in backward: tie "
+                "the output to every gathered input (y = y + x.sum() * 0, "
+                "moe_hang.anchor_gradients) so every rank runs the same backward.")
+    return ("Make every rank post every collective every step: do not skip a layer, expert "
+            "or exchange when a rank has no tokens (run it on an empty or dummy input).")
+
+
+def _advise_dtype(_div: Divergence, _reports: dict[int, RankReport]) -> str:
+    return "Cast to one dtype on every rank before the collective."
+
+
+Advice = Callable[[Divergence, dict[int, RankReport]], str]
+
+
+@dataclass(frozen=True)
+class KindRow:
+    kind: MismatchKind
+    # does ``other`` differ from ``base`` in this way? None: not seen from a pair of entries
+    differs: Callable[[Collective, Collective], bool] | None
+    same: Callable[[Collective, Collective], bool]  # do two ranks agree on this point?
+    phrase: str  # "Ranks posted <phrase> at seq N of <group>"
+    advice: Advice
+
+
+# Checked in this order: a different op makes sizes and dtypes meaningless.
+KINDS: tuple[KindRow, ...] = (
+    KindRow(MismatchKind.OP, lambda a, b: not ops_match(a, b), ops_match,
+            "different collectives", _advise_order),
+    KindRow(MismatchKind.SIZE, _sizes_differ, _same_sizes, "different sizes", _advise_size),
+    KindRow(MismatchKind.DTYPE, _dtypes_differ, _same_dtypes, "different dtypes",
+            _advise_dtype),
+    KindRow(MismatchKind.MISSING, None, ops_match, "a collective some ranks never reached",
+            _advise_order),
+)
+ROW = {row.kind: row for row in KINDS}
+
+
+def mismatch_kind(colls: list[Collective]) -> MismatchKind | None:
+    """The first way the ranks' entries at one sequence number differ, or None."""
+    base = colls[0]
+    for row in KINDS:
+        if row.differs is not None and any(row.differs(base, c) for c in colls[1:]):
+            return row.kind
+    return None

@@ -1,0 +1,79 @@
+"""One :class:`~moe_hang.analysis.diagnosis.RankReport` per rank: its state, the collective it
+is in (or its side of the divergence), the user line, tokens and stack (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport, RankState
+from moe_hang.analysis.explain import exit_desc
+from moe_hang.analysis.timeline import RankView, posting_site
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.model import RankEvidence
+from moe_hang.evidence.stacks import autograd_function, in_backward
+
+
+def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
+    """A collective of this rank, as the diagnosis shows it, with the line that posted it."""
+    if c is None:
+        return None
+    site = posting_site(c, v.stack, v.current, v.state)
+    return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
+                          dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
+                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site)
+
+
+def tokens(ev: RankEvidence) -> dict[str, Any] | None:
+    """The routing the worker logged before its last forward collective."""
+    fwd = [r for r in ev.records if r.phase == "forward" and r.tokens]
+    if not fwd:
+        return None
+    last = fwd[-1]
+    out = dict(last.tokens or {})
+    lengths = next((r.lengths for r in reversed(fwd) if r.lengths), None)
+    if lengths is not None:
+        out["gathered_lengths"] = lengths
+    assumed = next((r.assumed_lengths for r in reversed(fwd) if r.assumed_lengths), None)
+    if assumed is not None:
+        # what DTensor.from_local(Shard(0)) believes every rank holds
+        out["assumed_lengths"] = assumed
+    if last.layer is not None:
+        out["layer"] = last.layer
+    if last.step is not None:
+        out["step"] = last.step
+    return out
+
+
+def report(v: RankView, div: Divergence | None) -> RankReport:
+    ev = v.ev
+    coll = v.current
+    if coll is None and div is not None and div.per_rank.get(ev.rank) is not None:
+        # nothing pending (it died): show its side of the divergence
+        pick = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
+        if pick is not None and v.state in (RankState.IN_COLLECTIVE, RankState.EXITED):
+            coll = pick
+    rc = to_rc(coll, v)
+    if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
+        rc = div.per_rank[ev.rank]  # known from the stack only (coll is None here)
+    if rc is None and v.state == RankState.IN_COLLECTIVE and v.stack.op:
+        rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
+    site = posting_site(coll, v.stack, v.current, v.state) or v.site
+    coll_in_backward = coll is not None and bool(coll.frames) and in_backward(coll.frames)
+    phase = coll.phase if coll is not None and coll.phase else None
+    if phase is None and (v.stack.in_backward or coll_in_backward):
+        phase = "backward"
+    fn = coll.autograd_fn if coll is not None and coll.autograd_fn else v.stack.autograd_function
+    if fn is None and coll is not None and coll_in_backward:
+        fn = autograd_function(coll.frames)
+    note = None
+    if ev.error is not None:
+        note = f"{ev.error.type}: {ev.error.message[:160]}"
+    elif ev.stack_error:
+        note = ev.stack_error
+    elif ev.exit_code is not None and ev.exit_code != 0:
+        note = exit_desc(ev.exit_code)
+    return RankReport(
+        rank=ev.rank, pid=ev.pid, host=ev.host, state=v.state, collective=rc,
+        callsite=site, tokens=tokens(ev), exit_code=ev.exit_code,
+        phase=phase, autograd_function=fn,
+        stack=[f.short() for f in v.stack.frames[:40]], stack_source=ev.stack_source, note=note)

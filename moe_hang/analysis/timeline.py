@@ -1,0 +1,204 @@
+"""Per rank: every collective it is known to have posted, by group and sequence number, and
+what it is doing now (its state, the collective it waits in, the user line) — pure.
+
+Sources, richest first: the rank's Flight Recorder dump, the pending entries of its last
+heartbeat, the worker's own posting log; stacks (py-spy, faulthandler, the probe's sample)
+say where the main thread is (docs/DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_hang.analysis.diagnosis import (
+    DEFAULT_PG,
+    Divergence,
+    RankState,
+    Timeline,
+    TimelineCell,
+)
+from moe_hang.evidence.frtrace import Collective, entry_to_collective
+from moe_hang.evidence.model import PostedRecord, RankEvidence
+from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.stacks import (
+    Frame,
+    StackView,
+    ThreadStack,
+    callsite,
+    is_library_frame,
+    main_thread,
+    parse_faulthandler,
+    view,
+)
+
+
+@dataclass
+class RankTimeline:
+    """Everything known about one rank's collectives, per process group."""
+
+    by_pg: dict[str, dict[int, Collective]]
+    enqueued: dict[str, int]  # last seq this rank posted, per pg (-1: none)
+    completed: dict[str, int]
+    has_data: bool
+
+
+def _posted(rec: PostedRecord) -> Collective:
+    return Collective(
+        frames=rec.frames, pg=rec.pg, seq=rec.seq, op=normalise_op(rec.op),
+        raw_op=f"probe:{rec.op}", pg_desc=rec.pg_desc, input_sizes=rec.input_sizes,
+        dtypes=[normalise_dtype(rec.dtype)] if rec.dtype else [],
+        time_created_ns=int(rec.time * 1e9) if rec.time else None, source="probe",
+        name=rec.name, phase=rec.phase, tag=rec.tag, autograd_fn=rec.autograd_fn)
+
+
+def timeline(ev: RankEvidence) -> RankTimeline:
+    by_pg: dict[str, dict[int, Collective]] = {}
+    enq: dict[str, int] = {}
+    done: dict[str, int] = {}
+
+    def add(c: Collective) -> None:
+        slot = by_pg.setdefault(c.pg, {})
+        if c.seq in slot:
+            old = slot[c.seq]
+            # keep the richer source but learn the probe's step name and phase
+            old.name = old.name or c.name
+            old.phase = old.phase or c.phase
+            old.tag = old.tag or c.tag
+            old.autograd_fn = old.autograd_fn or c.autograd_fn
+            return
+        slot[c.seq] = c
+        enq[c.pg] = max(enq.get(c.pg, -1), c.seq)
+
+    if ev.fr is not None:
+        for c in ev.fr.entries:
+            add(c)
+        for pg, st in ev.fr.pg_status.items():
+            enq[pg] = max(enq.get(pg, -1), st.enqueued)
+            done[pg] = max(done.get(pg, -1), st.completed)
+    hb = ev.heartbeat
+    if ev.fr is None and hb is not None and hb.pg_status is not None:
+        names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
+                 if e.get("process_group")}
+        for pg_id, st in hb.pg_status.items():
+            name = names.get(pg_id, pg_id)
+            enq[name] = max(enq.get(name, -1), st.enqueued)
+            done[name] = max(done.get(name, -1), st.completed)
+    for e in hb.pending if hb is not None else []:
+        pending = entry_to_collective(e, source="heartbeat")
+        if pending is not None:
+            pending.completed = False
+            add(pending)
+    for rec in ev.records:
+        add(_posted(rec))
+    has = bool(by_pg) or ev.fr is not None
+    for pg, coll in by_pg.items():
+        if pg in done:
+            for c in coll.values():
+                if c.completed is None:
+                    c.completed = c.seq <= done[pg]
+    return RankTimeline(by_pg, enq, done, has)
+
+
+@dataclass
+class RankView:
+    ev: RankEvidence
+    tl: RankTimeline
+    stack: StackView
+    state: RankState
+    current: Collective | None  # the collective it is blocked in / last posted
+    site: Frame | None
+
+    def user_frames_outer_first(self) -> list[Frame]:
+        return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]
+
+
+def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
+    if ev.threads:
+        return view(main_thread(ev.threads)), ev.stack_source
+    if ev.fatal and "File " in ev.fatal:
+        return view(main_thread(parse_faulthandler(ev.fatal))), "fatal"
+    frames = ev.heartbeat.frames() if ev.heartbeat is not None else []
+    if frames:
+        return view(ThreadStack("MainThread", frames, is_main=True)), "probe"
+    return StackView("unknown"), None
+
+
+def _pending(tl: RankTimeline) -> list[Collective]:
+    out: list[Collective] = []
+    for coll in tl.by_pg.values():
+        out.extend(c for c in coll.values() if c.completed is False)
+    return sorted(out, key=lambda c: (c.time_created_ns or 0, c.seq))
+
+
+def rank_view(ev: RankEvidence) -> RankView:
+    tl = timeline(ev)
+    sv, source = _threads(ev)
+    if source and not ev.stack_source:
+        ev.stack_source = source
+    exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True)
+    pending = _pending(tl)
+    current: Collective | None = pending[0] if pending else None
+    state: RankState
+    if exited:
+        state = RankState.EXITED
+        if ev.exit_code == 0:
+            # finished cleanly: whatever its last heartbeat saw has long completed
+            current, sv = None, StackView("unknown")
+        elif current is None:
+            last = [c for coll in tl.by_pg.values() for c in coll.values()]
+            current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
+    elif sv.state != "unknown":
+        state = RankState(sv.state)
+        if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
+            state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
+    elif current is not None:
+        state = RankState.IN_COLLECTIVE
+    else:
+        state = RankState.UNKNOWN
+    site = posting_site(current, sv, current, state) or sv.callsite
+    return RankView(ev, tl, sv, state, current, site)
+
+
+def posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
+                 state: RankState) -> Frame | None:
+    """The user line that posted ``coll`` (with no collective: where the stack is). The
+    recorder's frames are exact; a stack is exact while it is still inside that same
+    collective (same op, and ``coll`` is the one pending); the probe's own record, taken just
+    before the call, points near it. The one rule for every place that names a line."""
+    if coll is not None and coll.frames and coll.source != "probe":
+        return callsite(coll.frames)
+    in_it = coll is None or (sv.op == coll.op and (
+        pending is None or state == RankState.EXITED
+        or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
+    if in_it and sv.callsite is not None:
+        return sv.callsite
+    if coll is not None and coll.frames:
+        return callsite(coll.frames)
+    return None
+
+
+def build_timeline(views: dict[int, RankView], div: Divergence | None,
+                   before: int = 6, after: int = 2) -> Timeline | None:
+    """Per-rank collectives of one group around the divergence (ranks × sequence numbers)."""
+    pg = div.pg if div is not None and div.pg != "?" else DEFAULT_PG
+    seqs = sorted({s for v in views.values() for s in v.tl.by_pg.get(pg, {})})
+    if not seqs:
+        return None
+    focus = div.seq if div is not None and div.pg == pg and div.seq is not None else seqs[-1]
+    window = [s for s in seqs if focus - before <= s <= focus + after]
+    rows: dict[int, list[TimelineCell | None]] = {}
+    for r, v in sorted(views.items()):
+        cells: list[TimelineCell | None] = []
+        for s in window:
+            c = v.tl.by_pg.get(pg, {}).get(s)
+            if c is None:
+                cells.append(None)
+            else:
+                state = ("done" if c.completed else
+                         "pending" if c.completed is False else "posted")
+                cells.append(TimelineCell(c.op, c.input_sizes, state, c.name))
+        rows[r] = cells
+    desc = next((c.pg_desc for v in views.values() for c in v.tl.by_pg.get(pg, {}).values()
+                 if c.pg_desc), "")
+    return Timeline(pg=pg, pg_desc=desc, seqs=window,
+                    highlight=div.seq if div is not None and div.pg == pg else None, ranks=rows)

@@ -1,0 +1,56 @@
+"""Ask the probes inside live ranks for a Flight Recorder + stack dump, bounded.
+
+Requests go through each probe's FIFO without blocking; answers are awaited until a deadline,
+after which the rank is reported as not answering. This works while a rank's main thread is
+blocked inside a collective (the probe's own thread answers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+from moe_hang.probe.layout import RankFiles
+
+DUMP_TIMEOUT_S = 5.0
+
+
+def request_dumps(probe_dir: Path, ranks: list[int], *,
+                  timeout: float = DUMP_TIMEOUT_S) -> dict[int, str | None]:
+    """Ask each rank's probe thread for a Flight Recorder + stack dump; rank -> error or None."""
+    request = f"{os.getpid()}-{time.monotonic_ns()}"
+    errors: dict[int, str | None] = {}
+    waiting = []
+    for r in ranks:
+        fifo = RankFiles(probe_dir, r).ctl
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            errors[r] = "no probe in this rank"
+            continue
+        except OSError:
+            errors[r] = "probe not listening (the rank has exited)"
+            continue
+        try:
+            os.write(fd, f"dump {request}\n".encode())
+            waiting.append(r)
+        except OSError as exc:
+            errors[r] = f"could not reach the probe ({exc.strerror})"
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for r in list(waiting):
+            marker = RankFiles(probe_dir, r).dump_marker
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(marker.read_text()).get("request") == request:
+                    errors[r] = None
+                    waiting.remove(r)
+        if waiting:
+            time.sleep(0.02)
+    for r in waiting:
+        errors[r] = f"probe did not answer within {timeout:.0f} s"
+    return errors

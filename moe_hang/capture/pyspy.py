@@ -1,0 +1,138 @@
+"""py-spy stacks of live ranks, all at once, each bounded by a timeout (it runs in parallel
+across ranks and is killed at the deadline, on an error and on Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_hang.errors import MoeHangError
+from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.probe import write_atomic
+from moe_hang.runtime.procs import starting_child
+
+PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
+ENV_PYSPY = "MOE_HANG_PYSPY"  # a specific py-spy binary (else next to python, else PATH)
+
+
+def find_pyspy() -> str | None:
+    chosen = os.environ.get(ENV_PYSPY)
+    if chosen:
+        return chosen if os.access(chosen, os.X_OK) else None
+    here = Path(sys.executable).parent / "py-spy"
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def require_pyspy() -> str:
+    exe = find_pyspy()
+    if exe is None:
+        raise MoeHangError("py-spy is not installed",
+                           hint="pip install py-spy, in the same environment as moe-hang")
+    return exe
+
+
+@dataclass
+class StackResult:
+    pid: int
+    data: Any | None  # py-spy JSON
+    error: str | None
+    seconds: float
+
+
+def _pyspy_error(stderr: str, returncode: int) -> str:
+    text = stderr.strip()
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+        return ("py-spy cannot attach: no ptrace permission (run as root, add CAP_SYS_PTRACE, "
+                "or set kernel.yama.ptrace_scope=0)")
+    if "no such process" in low or "failed to find process" in low:
+        return "process is gone"
+    first = text.splitlines()[-1] if text else f"exit code {returncode}"
+    return f"py-spy failed: {first[:200]}"
+
+
+def _parse_result(pid: int, returncode: int | None, out: bytes, err: bytes,
+                  seconds: float, timeout: float) -> StackResult:
+    if returncode is None:
+        return StackResult(pid, None, f"py-spy did not answer within {timeout:.0f} s", seconds)
+    if returncode != 0:
+        return StackResult(pid, None, _pyspy_error(err.decode(errors="replace"), returncode),
+                           seconds)
+    try:
+        return StackResult(pid, json.loads(out), None, seconds)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return StackResult(pid, None, "py-spy printed something that is not JSON", seconds)
+
+
+def pyspy_many(pids: dict[int, int], *, native: bool = False,
+               timeout: float = PYSPY_TIMEOUT_S) -> dict[int, StackResult]:
+    """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``.
+
+    Outputs go to temporary files (no pipe can fill up), and every py-spy still running when
+    we leave (deadline, Ctrl-C, an error) is killed: none outlives this call."""
+    exe = find_pyspy()
+    if exe is None:
+        return {r: StackResult(p, None, "py-spy is not installed (pip install py-spy)", 0.0)
+                for r, p in pids.items()}
+    t0 = time.monotonic()
+    running: dict[int, tuple[subprocess.Popen[bytes], Any, Any]] = {}
+    out: dict[int, StackResult] = {}
+    try:
+        for rank, pid in pids.items():
+            argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+            fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+            with starting_child():
+                try:
+                    proc = subprocess.Popen(argv, stdout=fo, stderr=fe,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                except OSError as exc:
+                    fo.close()
+                    fe.close()
+                    out[rank] = StackResult(pid, None, f"py-spy could not run: {exc.strerror}",
+                                            0.0)
+                    continue
+                running[rank] = (proc, fo, fe)
+        deadline = t0 + timeout
+        while running and time.monotonic() < deadline:
+            for rank in [r for r, (p, _, _) in running.items() if p.poll() is not None]:
+                proc, fo, fe = running.pop(rank)
+                fo.seek(0)
+                fe.seek(0)
+                out[rank] = _parse_result(pids[rank], proc.returncode, fo.read(), fe.read(),
+                                          time.monotonic() - t0, timeout)
+                fo.close()
+                fe.close()
+            if running:
+                time.sleep(0.01)
+    finally:
+        for rank, (proc, fo, fe) in running.items():
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2.0)
+            fo.close()
+            fe.close()
+            out.setdefault(rank, _parse_result(pids[rank], None, b"", b"", timeout, timeout))
+    return out
+
+
+def save_stacks(results: dict[int, StackResult], layout: RunLayout) -> None:
+    """Each rank's py-spy JSON (or why there is none) under the run directory's stacks/."""
+    layout.stacks_dir.mkdir(exist_ok=True, mode=0o700)
+    for rank, res in results.items():
+        files = layout.rank(rank)
+        if res.data is not None:
+            write_atomic(files.pyspy, json.dumps(res.data).encode())
+        else:
+            write_atomic(files.pyspy_error, (res.error or "").encode())

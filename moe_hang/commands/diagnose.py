@@ -1,0 +1,200 @@
+"""``moe-hang diagnose PID``: capture a running job we did not start, and diagnose it; and
+``moe-hang analyze DIR...``: diagnose captures after the fact, one per node merged.
+
+Two py-spy samples of every rank, a short interval apart, tell a stuck rank (same frames, off
+CPU) from a progressing one. Where the job runs under ``moe-hang watch`` its probes also hand
+over Flight Recorder dumps; ``--fr-dir`` adds the user's own dumps (pickle or JSON, NCCL or
+gloo). Nothing is sent to the job except the probe's dump request; it keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from moe_hang.analysis.diagnosis import AttachRun, Diagnosis, Timings
+from moe_hang.analysis.rules import diagnose
+from moe_hang.capture import dumps, pyspy
+from moe_hang.commands.session import Phase
+from moe_hang.errors import MoeHangError
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.load import load_capture, load_captures
+from moe_hang.evidence.model import ProcessRecord, ProcessTable, RankEvidence
+from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
+from moe_hang.probe.layout import RankFiles, RunLayout
+from moe_hang.runtime import rundir
+from moe_hang.runtime.discover import FoundJob, find_job
+from moe_hang.runtime.procs import CpuClock
+
+SAMPLE_INTERVAL_S = 0.3
+BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
+
+
+def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
+    """(main-thread frames, on CPU, inside a collective) of one py-spy sample."""
+    try:
+        t = main_thread(parse_pyspy(data))
+    except (ValueError, TypeError, AttributeError):
+        return None, False, False
+    if t is None:
+        return None, False, False
+    frames = tuple((f.file, f.line, f.function) for f in t.frames)
+    return frames, bool(t.active), view(t).state == "in_collective"
+
+
+def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:
+    """A rank moved between two samples: other frames, or on CPU both times (a long
+    computation can sit on one line; a rank blocked in a collective is off CPU), or, outside
+    any collective, its process kept cores busy over the interval (``cpu_cores``): a rank
+    computing with OpenMP threads is often caught off CPU, its main thread in a futex waiting
+    for its workers. Inside a collective CPU proves nothing (a spin-wait burns it too)."""
+    (fa, on_a, coll_a), (fb, on_b, coll_b) = _sample(a), _sample(b)
+    busy = cpu_cores is not None and cpu_cores > BUSY_CORES and not (coll_a or coll_b)
+    return fa != fb or (on_a and on_b) or busy
+
+
+def _cores(before: float | None, after: float | None, span_s: float) -> float | None:
+    """Cores a process kept busy between two CPU-time readings (None: one is missing)."""
+    return None if before is None or after is None else (after - before) / span_s
+
+
+def _copy_probe_files(job: FoundJob, out: RunLayout) -> None:
+    for r in job.ranks:
+        if not r.probe_dir:
+            continue
+        for p in RankFiles(Path(r.probe_dir), r.rank).probe_files():
+            if p.exists():
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(p, out.ranks_dir / p.name)
+
+
+def _copy_fr_dir(fr_dir: Path, out: RunLayout) -> list[str]:
+    if not fr_dir.is_dir():
+        raise MoeHangError(f"--fr-dir {fr_dir}: not a directory")
+    dumps, errors = frtrace.load_dir(fr_dir)
+    notes = [f"{name}: {err}" for name, err in errors.items()]
+    for r, dump in dumps.items():
+        dest = out.rank(r).fr  # pickle or JSON: the loader reads either
+        if dump.source is not None and not dest.exists():
+            # a fresh dump from a live probe wins over an old file
+            shutil.copyfile(dump.source, dest)
+    if not dumps:
+        notes.append(f"no Flight Recorder dump found in {fr_dir}")
+    return notes
+
+
+def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = False,
+                fr_dir: Path | None = None) -> float:
+    t0 = time.monotonic()
+    out.ranks_dir.mkdir(exist_ok=True, mode=0o700)
+    pids = {r.rank: r.pid for r in job.ranks}
+    probe_ranks: dict[str, list[int]] = {}
+    for r in job.ranks:
+        if r.probe_dir:
+            probe_ranks.setdefault(r.probe_dir, []).append(r.rank)
+    say(f"capturing stacks of {len(pids)} ranks (2 samples)")
+    dump_errors: dict[int, str | None] = {}
+
+    def ask_probes() -> None:
+        for d, ranks in probe_ranks.items():
+            dump_errors.update(dumps.request_dumps(Path(d), ranks))
+
+    asker = threading.Thread(target=ask_probes, daemon=True)
+    asker.start()
+    clock = CpuClock()
+    cpu0, t_cpu0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    first = pyspy.pyspy_many(pids, native=native)
+    time.sleep(SAMPLE_INTERVAL_S)
+    second = pyspy.pyspy_many(pids, native=native)
+    cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    span = max(t_cpu1 - t_cpu0, 1e-3)
+    cores = {r: _cores(cpu0[r], cpu1[r], span) for r in pids}
+    asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
+    final = {r: (second[r] if second[r].data is not None else first[r]) for r in pids}
+    pyspy.save_stacks(final, out)
+    _copy_probe_files(job, out)
+    notes: list[str] = []
+    if fr_dir is not None:
+        notes = _copy_fr_dir(fr_dir, out)
+    table = ProcessTable(world_size=job.world_size, job="running", agent_pid=job.agent,
+                         target_pid=job.target, notes=notes,
+                         orphans=[(o.rank, o.pid) for o in job.orphans],
+                         probe_errors={k: v for k, v in dump_errors.items() if v})
+    for r in job.ranks:
+        a, b = first[r.rank], second[r.rank]
+        moved = None
+        if a.data is not None and b.data is not None:
+            moved = progressed(a.data, b.data, cores[r.rank])
+        table.ranks[r.rank] = ProcessRecord(pid=r.pid, host=r.host, alive=True,
+                                            progressed=moved, local_rank=r.local_rank,
+                                            env=r.env)
+    for missing in job.missing_ranks():
+        table.ranks[missing] = ProcessRecord(alive=False, note="no process found for this rank")
+    rundir.write_json(out.processes, table.to_dict())
+    return time.monotonic() - t0  # seconds the capture took
+
+
+@contextlib.contextmanager
+def _capture_dir(out: Path | None) -> Iterator[RunLayout]:
+    if out is not None:
+        yield RunLayout(rundir.create(out, "diagnose").resolve())
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="moe-hang-diagnose-"))
+    try:
+        yield RunLayout(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
+                 fr_dir: Path | None = None, command: list[str] | None = None) -> Diagnosis:
+    t0 = time.monotonic()
+    say(f"finding the ranks of PID {pid}")
+    job = find_job(pid)
+    has_probe = any(r.probe_dir for r in job.ranks)
+    if not has_probe and fr_dir is None:
+        pyspy.require_pyspy()  # nothing else could tell us where the ranks are
+    with _capture_dir(out) as d:
+        rundir.write_json(d.meta, rundir.meta(command or ["moe-hang", "diagnose", str(pid)]))
+        capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
+        errs = [d.rank(r.rank).pyspy_error for r in job.ranks]
+        if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
+            raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
+        say("analysing")
+        ev = load_capture(d.root, world=job.world_size, job="running")
+        for r in job.missing_ranks():
+            ev.ranks.setdefault(r, RankEvidence(rank=r, alive=False))
+            ev.ranks[r].alive = False
+            ev.ranks[r].notes.append("no process found for this rank on this machine")
+            for o in job.orphans:
+                if o.rank == r:
+                    ev.ranks[r].notes.append(
+                        f"its child process {o.pid} (a forked worker) still holds its "
+                        "connections, so the other ranks got no error and wait forever")
+        diag = diagnose(ev)
+        diag.artifacts = str(d.root) if out is not None else ""
+        diag.run = AttachRun(target_pid=pid, agent_pid=job.agent,
+                             timings=Timings(capture_s=round(capture_s, 3),
+                                             wall_s=round(time.monotonic() - t0, 3)))
+        if out is not None:
+            rundir.write_json(d.diagnosis, diag.to_dict())
+        return diag
+
+
+def analyze_dirs(dirs: list[Path]) -> Diagnosis:
+    """Merge captures from several nodes (global ranks, hosts) into one verdict."""
+    for d in dirs:
+        if not d.is_dir():
+            raise MoeHangError(f"{d}: not a directory")
+        if not RunLayout(d).is_capture():
+            raise MoeHangError(f"{d}: not a moe-hang capture (no ranks/ or stacks/)")
+    try:
+        return diagnose(load_captures(list(dirs)))
+    except (OSError, ValueError) as exc:
+        raise MoeHangError(f"cannot read the captures: {exc}") from None

@@ -1,0 +1,227 @@
+"""``repro`` and ``verify``: launch the scenario under torchrun, watch, capture, diagnose.
+
+config -> launcher -> (workers) -> monitor -> capture -> evidence -> analysis -> here.
+Every process started here is ended before these functions return, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from moe_hang.analysis.align import quick_divergence
+from moe_hang.analysis.diagnosis import (
+    PROBLEM_VERDICTS,
+    Diagnosis,
+    ReferenceReport,
+    ScenarioRun,
+    Timings,
+    Verdict,
+    exit_code_for,
+)
+from moe_hang.commands.session import (
+    Phase,
+    capture_frozen,
+    crash_onset,
+    diagnose_capture,
+    interruptible,
+    save,
+)
+from moe_hang.config import RunConfig
+from moe_hang.errors import EXIT_OK, EXIT_VERIFY_FAILED, MoeHangError
+from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import launcher, rundir
+from moe_hang.runtime.launcher import LaunchedJob
+from moe_hang.runtime.monitor import Outcome, WatchSettings, watch
+from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
+from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
+
+
+@dataclass
+class RunResult:
+    diagnosis: Diagnosis
+    run_dir: RunLayout
+    exit_code: int
+    outcome: Outcome | None = None
+
+    @property
+    def scenario(self) -> ScenarioRun:
+        assert isinstance(self.diagnosis.run, ScenarioRun)
+        return self.diagnosis.run
+
+
+def _start_reference(layout: RunLayout) -> subprocess.Popen[bytes]:
+    log = open(layout.reference_log, "wb")  # noqa: SIM115 - child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "moe_hang.scenarios.reference", str(layout.root)],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            env=launcher.job_env(), start_new_session=True)
+    finally:
+        log.close()
+
+
+def _finish_reference(ref: subprocess.Popen[bytes], layout: RunLayout, compare: bool,
+                      timeout: float = 120.0) -> ReferenceReport | None:
+    tracker = Tracker()
+    tracker.add(ref.pid)
+    try:
+        if ref.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                ref.stdin.write(b"compare\n" if compare else b"")
+                ref.stdin.close()
+        if not compare:
+            return None
+        try:
+            ref.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise MoeHangError(f"the single-process reference did not finish within "
+                               f"{timeout:.0f} s (see {layout.reference_log})") from None
+        try:
+            return ReferenceReport.parse(json.loads(layout.reference.read_text()))
+        except (OSError, ValueError, TypeError):
+            tail = layout.reference_log.read_text(errors="replace").strip()[-300:]
+            raise MoeHangError(f"the single-process reference failed: {tail or 'no output'}"
+                               ) from None
+    finally:
+        end_tree(ref, tracker, grace=1.0)
+
+
+def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: list[str],
+                 with_reference: bool = False, native: bool = False) -> RunResult:
+    layout = RunLayout(rundir.create(out_dir, cfg.label).resolve())
+    layout.ranks_dir.mkdir(mode=0o700)
+    t0 = time.time()
+    rundir.write_json(layout.config, cfg.to_dict())
+    port = launcher.pick_port(cfg.port)
+    rundir.write_json(layout.meta, rundir.meta(command, {"config": cfg.to_dict(),
+                                                         "port": port}))
+    ref: subprocess.Popen[bytes] | None = None
+    job: LaunchedJob | None = None
+    outcome: Outcome | None = None
+    diag: Diagnosis | None = None
+    alive: dict[int, bool] = {}
+    t_verdict = 0.0
+    ref_report: ReferenceReport | None = None
+    with interruptible():
+        try:
+            if with_reference:
+                with starting_child():
+                    ref = _start_reference(layout)
+            say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
+            argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.scenarios.worker",
+                                                             str(layout.root)],
+                                          log_dir=layout.torchrun_dir)
+            with starting_child():
+                job = launcher.start(argv, layout.job_log, launcher.job_env(), cwd=layout.root)
+            settings = WatchSettings(probe_dir=layout.ranks_dir, world=cfg.nproc,
+                                     stall_s=cfg.stall_s)
+            outcome = watch(job, settings, say, quick_check=lambda hbs: quick_divergence(
+                hbs, cfg.nproc) is not None)
+            alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+            if outcome.kind == "failed" and any(alive.values()):
+                # the agent died and left its ranks running: see where they are, then end them
+                capture_frozen(outcome, layout, say, native=native)
+            if outcome.kind in ("stalled", "desync"):
+                capture_frozen(outcome, layout, say, native=native)
+                say("analysing")
+                # before teardown: the ranks are frozen where they hung
+                diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc,
+                                        ranks=range(cfg.nproc))
+                t_verdict = time.time()
+            if outcome.kind == "startup_timeout":
+                raise MoeHangError(f"{outcome.reason} (see {layout.job_log})")
+        finally:
+            say("tearing down")
+            if job is not None:
+                job.terminate()
+            if ref is not None and (outcome is None or outcome.kind != "completed"):
+                _finish_reference(ref, layout, compare=False)
+        if outcome.kind == "failed" and not outcome.heartbeats:
+            text = read_job_log(layout.job_log)
+            why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
+            raise MoeHangError("torchrun failed before any rank started: "
+                               + (why[0][:300] if why else "no output")
+                               + f" (see {layout.job_log})")
+        if ref is not None and outcome.kind == "completed":
+            say("comparing with the single-process reference")
+            ref_report = _finish_reference(ref, layout, compare=True)
+    if diag is None:
+        say("analysing")
+        diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc, ranks=range(cfg.nproc))
+        t_verdict = time.time()
+    onset = outcome.onset_ns / 1e9 if outcome.onset_ns else crash_onset(layout)
+    timings = Timings(wall_s=round(time.time() - t0, 3))
+    if outcome.t_up:
+        timings.startup_s = round(outcome.t_up - t0, 3)
+    if onset is not None and diag.verdict != Verdict.HEALTHY:
+        timings.onset_to_verdict_s = round(t_verdict - onset, 3)
+        if outcome.t_detect:
+            timings.onset_to_detect_s = round(outcome.t_detect - onset, 3)
+    backend = next((hb.backend for hb in outcome.heartbeats.values() if hb.backend),
+                   cfg.backend)
+    recommended, reason = recommend_fix(cfg.scenario, cfg.model.experts, cfg.model.topk,
+                                        cfg.nproc)
+    hint = SCENARIOS[cfg.scenario].hint + (f" {reason}" if reason else "")
+    diag.run = ScenarioRun(
+        scenario=cfg.scenario, variant=cfg.variant, fix=cfg.fix, recommended_fix=recommended,
+        fix_hint=(hint if cfg.variant == "broken" else diag.fix or FIXES[cfg.fix].describe),
+        backend=backend, nproc=cfg.nproc, tokens=cfg.tokens, timings=timings,
+        reference=ref_report)
+    return RunResult(diag, layout, EXIT_OK, outcome)
+
+
+def repro(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
+    res = run_scenario(cfg, out_dir, say, command=command)
+    res.exit_code = exit_code_for(res.diagnosis.verdict)
+    res.scenario.reproduced = res.diagnosis.verdict in PROBLEM_VERDICTS
+    save(res.run_dir, res.diagnosis)
+    return res
+
+
+def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
+    fixed = cfg.variant == "fixed"
+    res = run_scenario(cfg, out_dir, say, command=command, with_reference=fixed)
+    d, run = res.diagnosis, res.scenario
+    uncovered = _uncovered(res.run_dir)
+    if fixed:
+        ref = run.reference
+        ok = d.verdict == Verdict.HEALTHY and ref is not None and ref.ok and not uncovered
+        if d.verdict == Verdict.HEALTHY and not (ref is not None and ref.ok):
+            fails = "; ".join(ref.failures[:3]) if ref is not None else ""
+            d.summary = (f"All steps completed, but the results differ from the single-process "
+                         f"reference: {fails or 'no comparison'}.")
+        if uncovered:
+            names = ", ".join(uncovered[:6]) + (" …" if len(uncovered) > 6 else "")
+            d.summary = (f"{len(uncovered)} trainable LoRA parameter(s) are outside fully_shard "
+                         f"(no gradient reduction, ranks drift apart): {names}. Apply LoRA "
+                         "before fully_shard so the adapters shard with the weights they adapt.")
+            run.uncovered_trainable = uncovered
+        elif ok and ref is not None:
+            d.summary = (f"Fixed ({cfg.fix}): all {cfg.steps} steps completed on {cfg.nproc} ranks "
+                         f"with tokens {','.join(map(str, cfg.tokens))}; outputs, loss and every "
+                         f"LoRA gradient match the single-process reference (max abs err "
+                         f"{ref.max_abs_err:.2e}, max rel err {ref.max_rel_err:.2e} ≤ "
+                         f"rtol {ref.rtol:.0e}).")
+    else:
+        ok = d.verdict in PROBLEM_VERDICTS
+        run.reproduced = ok
+    run.verified = ok
+    res.exit_code = EXIT_OK if ok else EXIT_VERIFY_FAILED
+    save(res.run_dir, res.diagnosis)
+    return res
+
+
+def _uncovered(layout: RunLayout) -> list[str]:
+    names: list[str] = []
+    for p in layout.files_of("coverage.json"):
+        with contextlib.suppress(OSError, ValueError):
+            for n in json.loads(p.read_text()).get("uncovered_trainable", []):
+                if n not in names:
+                    names.append(n)
+    return names

@@ -1,0 +1,193 @@
+"""``moe-hang watch -- COMMAND``: run any job with the probe injected, diagnose it the moment
+it stalls, desyncs, crashes or loses a rank, then end it.
+
+The probe reaches every rank without code changes through a ``sitecustomize`` on PYTHONPATH
+(it chains to the job's own one). The job runs in its own session; its output is streamed
+through and kept in ``job.log``. Ctrl-C / SIGTERM are passed on the way a terminal would
+(SIGINT to the job's process group, where torchrun's agent lives), and whatever is left after a
+grace period is killed, ranks included, even if the agent died first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from moe_hang.analysis.align import quick_divergence
+from moe_hang.analysis.diagnosis import Diagnosis, Timings, WatchRun, exit_code_for
+from moe_hang.commands.session import (
+    Interrupted,
+    Phase,
+    capture_frozen,
+    diagnose_capture,
+    interruptible,
+    save,
+)
+from moe_hang.errors import EXIT_OK, MoeHangError
+from moe_hang.probe import probe
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import launcher, rundir
+from moe_hang.runtime.launcher import LaunchedJob
+from moe_hang.runtime.monitor import Outcome, WatchSettings, watch, world_of
+from moe_hang.runtime.procs import is_alive, starting_child
+
+PROBE_SITE = Path(probe.__file__).resolve().parent / "_site"
+
+
+@dataclass
+class WatchResult:
+    diagnosis: Diagnosis | None
+    exit_code: int
+    run_dir: RunLayout
+    outcome: Outcome
+
+
+def probe_env(layout: RunLayout, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    pp = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(PROBE_SITE) + (os.pathsep + pp if pp else "")
+    env[probe.ENV_DIR] = str(layout.ranks_dir)
+    # torchrun's --log-dir by environment: its logs stay in the run directory instead of an
+    # empty /tmp/torchelastic_* tree left behind by every launch (a job's own flag still wins)
+    env.setdefault("PET_LOG_DIR", str(layout.torchrun_dir))
+    env.setdefault("TORCH_FR_BUFFER_SIZE", probe.FR_BUFFER)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[str], None]) -> None:
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        log.flush()
+        echo(raw.decode(errors="replace").rstrip("\n"))
+
+
+def _resolve(cmd: list[str]) -> list[str]:
+    if not cmd:
+        raise MoeHangError("nothing to watch: give a command after --, "
+                           "e.g. moe-hang watch -- torchrun --nproc-per-node 2 train.py")
+    exe = cmd[0]
+    if os.sep not in exe and shutil.which(exe) is None:
+        raise MoeHangError(f"command not found: {exe}")
+    if os.sep in exe and not os.access(exe, os.X_OK):
+        raise MoeHangError(f"command not found or not executable: {exe}")
+    return cmd
+
+
+class _Echo:
+    """Job output goes through until the verdict; torchrun's teardown noise only to job.log."""
+
+    def __init__(self, echo: Callable[[str], None]):
+        self.echo, self.on = echo, True
+
+    def __call__(self, line: str) -> None:
+        if self.on:
+            self.echo(line)
+
+
+def _diagnose(layout: RunLayout, outcome: Outcome, alive: dict[int, bool],
+              cmd: list[str]) -> Diagnosis:
+    timings = Timings()
+    diag = diagnose_capture(layout, outcome, alive, world=world_of(outcome.heartbeats),
+                            ranks=sorted(outcome.heartbeats),
+                            run=WatchRun(command=cmd, job_exit_code=outcome.returncode,
+                                         detected=outcome.kind, timings=timings))
+    if outcome.onset_ns:  # on disk with the final save
+        timings.onset_to_verdict_s = round(time.time() - outcome.onset_ns / 1e9, 3)
+        if outcome.t_detect:
+            timings.onset_to_detect_s = round(outcome.t_detect - outcome.onset_ns / 1e9, 3)
+    return diag
+
+
+def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
+                  out: str | None = None, stall_s: float = 10.0, native: bool = False,
+                  command: list[str] | None = None) -> WatchResult:
+    cmd = _resolve(cmd)
+    layout = RunLayout(rundir.create(out, "watch").resolve())
+    layout.ranks_dir.mkdir(mode=0o700)
+    rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
+                                               {"job_command": cmd, "stall_s": stall_s}))
+    t0 = time.time()
+    log = open(layout.job_log, "ab")  # noqa: SIM115 - closed below
+    gate = _Echo(echo)
+    job: LaunchedJob | None = None
+    outcome = Outcome(kind="running")
+    diag: Diagnosis | None = None
+    pump: threading.Thread | None = None
+    interrupted: str | None = None
+    ended = False
+    alive: dict[int, bool] = {}
+    try:
+        with interruptible():
+            try:
+                with starting_child():
+                    job = launcher.start(cmd, layout.job_log, probe_env(layout), stream=True)
+                assert job.popen.stdout is not None
+                pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
+                                        daemon=True)
+                pump.start()
+                say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
+                # a slower poll than repro's: watch sits beside long jobs, and on a small
+                # machine its own CPU would show up in theirs
+                settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
+                                         stall_s=stall_s, startup_timeout_s=float("inf"),
+                                         straggler_notice=True, poll_s=0.25, refresh_s=2.0)
+                outcome = watch(job, settings, say, quick_check=lambda hbs: (
+                    quick_divergence(hbs, world_of(hbs)) is not None),
+                    on_notice=lambda text: echo(f"[moe-hang] {text}"))
+                alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+                if outcome.kind in ("stalled", "desync") or any(alive.values()):
+                    capture_frozen(outcome, layout, say, native=native)
+                    gate.on = False
+                    say("analysing")
+                    # before teardown: the ranks are frozen where they hung
+                    diag = _diagnose(layout, outcome, alive, cmd)
+            except Interrupted as exc:
+                interrupted = str(exc)
+                say("interrupted → stopping the job")
+                if job is not None:
+                    # the way torchrun expects it: the signal to the whole group, then SIGKILL
+                    sig = signal.SIGINT if interrupted == "SIGINT" else signal.SIGTERM
+                    job.terminate(grace=3.0, first_signal=sig, group=True)
+                    ended = True
+            finally:
+                gate.on = False
+                # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
+                # ignored by interruptible, so it cannot cut that teardown short)
+                if job is not None and not ended:
+                    say("ending the job")
+                    job.terminate(grace=3.0)
+    finally:
+        if pump is not None:
+            pump.join(2.0)
+        log.close()
+    if interrupted is not None:
+        raise Interrupted(interrupted)
+    if not outcome.heartbeats:
+        # not a distributed job (or it died before any rank started): pass its code through
+        return WatchResult(None, _own_code(outcome.returncode), layout, outcome)
+    if diag is None:
+        say("analysing")
+        diag = _diagnose(layout, outcome, alive, cmd)
+    if diag.timings is not None:
+        diag.timings.wall_s = round(time.time() - t0, 3)
+    save(layout, diag)
+    code = exit_code_for(diag.verdict)
+    if code == EXIT_OK:
+        code = _own_code(outcome.returncode)
+    return WatchResult(diag, code, layout, outcome)
+
+
+def _own_code(rc: int | None) -> int:
+    """The job's own exit code, shell style for a signal (128 + n)."""
+    if rc is None:
+        return 1
+    return rc if rc >= 0 else 128 - rc
+

@@ -1,0 +1,1 @@
+"""Files -> typed records, before any reasoning (pure: no torch, rich or processes)."""

@@ -1,0 +1,203 @@
+"""Read a capture directory back into :class:`~moe_hang.evidence.model.Evidence`.
+
+The layout is the same for repro, diagnose and watch (:mod:`moe_hang.probe.layout`), so
+``analyze`` can merge any of them. Anything unreadable (a rank died while writing it) is
+reported on that rank and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence.model import (
+    Evidence,
+    Heartbeat,
+    PostedRecord,
+    ProcessTable,
+    RankError,
+    RankEvidence,
+)
+from moe_hang.evidence.stacks import (
+    ThreadStack,
+    is_tool_frame,
+    parse_faulthandler,
+    parse_pyspy,
+)
+from moe_hang.evidence.torchrun_log import (
+    gloo_size_abort,
+    notable_log_lines,
+    parse_torchrun_failures,
+    rank_errors_from_log,
+    read_job_log,
+    torchrun_root_cause,
+)
+from moe_hang.probe.layout import RankFiles, RunLayout
+
+
+def _read_json(path: Path, ev: RankEvidence, what: str) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        ev.notes.append(f"{what} unreadable ({type(exc).__name__})")
+        return None
+
+
+def read_processes(layout: RunLayout) -> ProcessTable:
+    """processes.json, or an empty table when it is missing, unreadable or malformed."""
+    try:
+        return ProcessTable.parse(json.loads(layout.processes.read_text()))
+    except (OSError, ValueError):
+        return ProcessTable()
+
+
+def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
+    files = layout.rank(rank)
+    ev = RankEvidence(rank=rank)
+    hb = Heartbeat.parse(_read_json(files.heartbeat, ev, "heartbeat"))
+    if hb is not None:
+        ev.heartbeat = hb
+        ev.pid = hb.pid
+        ev.host = hb.host
+    if files.fr.exists():
+        try:
+            ev.fr = frtrace.load(files.fr)
+        except Exception as exc:
+            ev.fr_error = f"{type(exc).__name__}: {exc}"[:160]
+    if files.tokens.exists():
+        bad = 0
+        for line in files.tokens.read_text(errors="replace").splitlines():
+            try:
+                rec = PostedRecord.parse(json.loads(line), DEFAULT_PG)
+            except ValueError:
+                rec = None
+            if rec is not None:
+                ev.records.append(rec)
+            else:
+                bad += 1  # the last line of a rank that died mid-write
+        if bad:
+            ev.notes.append(f"{bad} unreadable line(s) in its token log")
+    ev.error = RankError.parse(_read_json(files.error, ev, "error record"))
+    groups = _read_json(files.groups, ev, "process-group list")
+    if isinstance(groups, dict):
+        ev.groups = {str(k): [int(x) for x in v] for k, v in groups.items()
+                     if isinstance(v, list)}
+    if files.fatal.exists():
+        text = files.fatal.read_text(errors="replace")
+        if text.strip():
+            ev.fatal = text
+    _load_stacks(ev, files)
+    return ev
+
+
+def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
+    if files.pyspy.exists():
+        try:
+            ev.threads = parse_pyspy(json.loads(files.pyspy.read_text()))
+            ev.stack_source = "py-spy"
+            return
+        except (OSError, ValueError) as exc:
+            ev.notes.append(f"py-spy output unreadable ({type(exc).__name__})")
+    if files.pyspy_error.exists():
+        ev.stack_error = files.pyspy_error.read_text(errors="replace").strip()[:200] or None
+    if ev.fatal:
+        ev.threads = parse_faulthandler(ev.fatal)
+        ev.stack_source = "faulthandler (fatal signal)"
+        return
+    marker = _read_json(files.dump_marker, ev, "dump marker")
+    reason = marker.get("reason") if isinstance(marker, dict) else None
+    if files.stack.exists() and reason != "exception":
+        threads = parse_faulthandler(files.stack.read_text(errors="replace"))
+        # the dumping thread is the probe's; the rank's own work is on the main thread
+        ev.threads = [t for t in threads if not _is_probe_thread(t)] or threads
+        ev.stack_source = f"faulthandler ({reason or 'dump'})"
+        return
+    if ev.error is not None and ev.error.frames:
+        ev.threads = [ThreadStack("MainThread", ev.error.frames, is_main=True)]
+        ev.stack_source = "exception traceback"
+
+
+def _is_probe_thread(t: ThreadStack) -> bool:
+    return any(is_tool_frame(f) for f in t.frames)
+
+
+def rank_numbers(layout: RunLayout, procs: ProcessTable | None = None) -> list[int]:
+    """Every rank with a file in the capture or an entry in processes.json."""
+    table = read_processes(layout) if procs is None else procs
+    return sorted(layout.rank_numbers() | set(table.ranks))
+
+
+def load_capture(root: Path, *, world: int | None = None, job: str | None = None,
+         log_text: str | None = None) -> Evidence:
+    """Evidence from one capture directory (one node, or a whole single-node job).
+    ``log_text``: the job log when the caller has already read it."""
+    layout = RunLayout(root)
+    table = read_processes(layout)
+    if log_text is None:
+        log_text = read_job_log(layout.job_log)
+    failures = parse_torchrun_failures(log_text)
+    log_errors = rank_errors_from_log(log_text)
+    ranks = {}
+    for r in rank_numbers(layout, table):
+        ev = load_rank(layout, r)
+        info = table.ranks.get(r)
+        if info is not None:
+            ev.pid = info.pid if info.pid is not None else ev.pid
+            ev.host = info.host if info.host is not None else ev.host
+            ev.alive = info.alive
+            if info.exit_code is not None:
+                ev.exit_code = info.exit_code
+            ev.progressed = info.progressed
+        if r in failures and ev.exit_code is None:
+            ev.exit_code = failures[r][0]
+        if ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
+            typ, _, message = log_errors[r].partition(":")
+            ev.error = RankError(type=typ, message=message.strip(), source="job log")
+        ranks[r] = ev
+    w = world or table.world_size
+    if w is None:
+        ws = [e.heartbeat.world for e in ranks.values() if e.heartbeat and e.heartbeat.world]
+        w = max(ws) if ws else None
+    return Evidence(ranks=ranks, world_size=w, job=job or table.job,
+                    job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
+                    root_cause_rank=torchrun_root_cause(log_text),
+                    log_lines=notable_log_lines(log_text), artifacts=str(root),
+                    size_abort=gloo_size_abort(log_text))
+
+
+def load_captures(roots: list[Path]) -> Evidence:
+    """Merge captures of one job taken on several nodes (``moe-hang analyze``): ranks are
+    global, so each node contributes its own; the richest record wins a duplicate."""
+    if not roots:
+        raise ValueError("no capture directories")
+    parts = [load_capture(r) for r in roots]
+    ranks: dict[int, RankEvidence] = {}
+    for part in parts:
+        for r, ev in part.ranks.items():
+            old = ranks.get(r)
+            if old is None or _richness(ev) > _richness(old):
+                ranks[r] = ev
+    worlds = [p.world_size for p in parts if p.world_size]
+    jobs = [p.job for p in parts]
+    job = next((j for j in ("desync", "stalled", "failed", "running", "completed")
+                if j in jobs), jobs[0])
+    lines: list[str] = []
+    for p in parts:
+        lines.extend(x for x in p.log_lines if x not in lines)
+    agent = next((p.agent_exit_code for p in parts if p.agent_exit_code is not None), None)
+    root_cause = next((p.root_cause_rank for p in parts if p.root_cause_rank is not None), None)
+    aborts = [p.size_abort for p in parts if p.size_abort is not None]
+    size_abort = next((a for a in aborts if a.received is not None), aborts[0] if aborts else None)
+    return Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
+                    agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
+                    artifacts=", ".join(str(r) for r in roots), size_abort=size_abort)
+
+
+def _richness(ev: RankEvidence) -> int:
+    return (4 * (ev.fr is not None) + 2 * bool(ev.threads) + bool(ev.records)
+            + bool(ev.heartbeat))

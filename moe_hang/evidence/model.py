@@ -1,0 +1,341 @@
+"""What the tool collected about a job, per rank, before any reasoning (pure data).
+
+Capture code fills these from files and processes; :mod:`moe_hang.analysis` turns them into a
+:class:`~moe_hang.analysis.diagnosis.Diagnosis`. Tests build them from recorded fixtures. The
+files' shapes are in docs/DESIGN.md §7; every reader here tolerates a field that is missing or
+of the wrong type (a rank may die mid-write, a dump may come from another torch).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_hang.evidence.frtrace import FRDump, PgStatus
+from moe_hang.evidence.stacks import Frame, ThreadStack, parse_probe_frames, traceback_frames
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_pg_status(data: Any) -> dict[str, PgStatus] | None:
+    """``{pg: {"enqueued": n, "completed": m}}`` (the probe's form) -> typed; None if absent."""
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, PgStatus] = {}
+    for pg, st in data.items():
+        if not isinstance(st, dict):
+            continue
+        e, c = _int(st.get("enqueued")), _int(st.get("completed"))
+        if e is not None and c is not None:
+            out[str(pg)] = PgStatus(e, c)
+    return out
+
+
+@dataclass
+class Heartbeat:
+    """One beat of a rank's probe (``ranks/rank{R}.hb.json``)."""
+
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    world: int | None = None
+    local_rank: int | None = None
+    local_world: int | None = None
+    time: float | None = None
+    beat: int = 0
+    cpu_s: float | None = None
+    progress: dict[str, Any] = field(default_factory=dict)  # what the job reported
+    pg_status: dict[str, PgStatus] | None = None  # by process-group id; None: no recorder yet
+    pending: list[dict[str, Any]] = field(default_factory=list)  # recorder entries, raw
+    main_frame: list[list[Any]] | None = None  # the main thread, innermost first
+
+    @classmethod
+    def parse(cls, data: Any) -> Heartbeat | None:
+        if not isinstance(data, dict) or _int(data.get("rank")) is None:
+            return None
+        progress = data.get("progress")
+        pending = data.get("pending")
+        frames = data.get("main_frame")
+        return cls(
+            rank=int(data["rank"]), pid=_int(data.get("pid")),
+            host=str(data["host"]) if data.get("host") else None,
+            world=_int(data.get("world")), local_rank=_int(data.get("local_rank")),
+            local_world=_int(data.get("local_world")), time=_float(data.get("time")),
+            beat=_int(data.get("beat")) or 0, cpu_s=_float(data.get("cpu_s")),
+            progress=dict(progress) if isinstance(progress, dict) else {},
+            pg_status=parse_pg_status(data.get("pg_status")),
+            pending=[e for e in pending if isinstance(e, dict)] if isinstance(pending, list)
+            else [],
+            main_frame=list(frames) if isinstance(frames, list) else None)
+
+    @property
+    def phase(self) -> str | None:
+        p = self.progress.get("phase")
+        return str(p) if p is not None else None
+
+    @property
+    def backend(self) -> str | None:
+        b = self.progress.get("backend")
+        return str(b) if b is not None else None
+
+    @property
+    def said_exiting(self) -> bool:
+        """The rank's interpreter was shutting down normally (the probe's last beat at exit;
+        an abort or a SIGKILL never gets there)."""
+        return self.phase == "exiting"
+
+    def has_pending(self) -> bool:
+        """The recorder says some group has a collective posted and not completed."""
+        return any(s.pending for s in (self.pg_status or {}).values())
+
+    def frames(self) -> list[Frame]:
+        return parse_probe_frames(self.main_frame)
+
+    def fingerprint(self) -> str:
+        """What changes while a rank makes progress: its reported progress, the recorder's
+        sequence numbers and its main thread's frame."""
+        status = None if self.pg_status is None else {
+            pg: {"enqueued": s.enqueued, "completed": s.completed}
+            for pg, s in self.pg_status.items()}
+        return json.dumps([self.progress, status, self.main_frame], sort_keys=True, default=str)
+
+
+def said_exiting(hb: Heartbeat | None) -> bool:
+    return hb is not None and hb.said_exiting
+
+
+@dataclass
+class PostedRecord:
+    """A collective as the repro worker logged it *before* posting it
+    (``ranks/rank{R}.tokens.jsonl``): what it is about to send, and why."""
+
+    seq: int
+    op: str
+    pg: str
+    pg_desc: str = ""
+    name: str | None = None  # the step: gather_tokens, combine, ...
+    phase: str | None = None  # forward | backward
+    tag: str | None = None  # which logical collective (layer1.expert2)
+    autograd_fn: str | None = None
+    input_sizes: list[list[int]] = field(default_factory=list)
+    dtype: str | None = None
+    time: float | None = None
+    frames: list[Frame] = field(default_factory=list)
+    step: int | None = None
+    layer: int | None = None
+    tokens: dict[str, Any] | None = None  # {"local": n, "per_expert": [...]}
+    lengths: list[int] | None = None  # what the varlen exchange gathered
+    assumed_lengths: list[int] | None = None  # what DTensor.from_local(Shard(0)) assumes
+
+    @classmethod
+    def parse(cls, rec: Any, default_pg: str) -> PostedRecord | None:
+        if not isinstance(rec, dict):
+            return None
+        seq = _int(rec.get("seq"))
+        if seq is None:
+            return None
+        try:
+            sizes = [list(map(int, s)) for s in rec.get("input_sizes") or []]
+        except (TypeError, ValueError):
+            sizes = []
+
+        def opt(key: str) -> str | None:
+            v = rec.get(key)
+            return str(v) if v else None
+
+        def ints(key: str) -> list[int] | None:
+            v = rec.get(key)
+            try:
+                return [int(x) for x in v] if isinstance(v, list) else None
+            except (TypeError, ValueError):
+                return None
+
+        tokens = rec.get("tokens")
+        return cls(seq=seq, op=str(rec.get("op", "?")), pg=str(rec.get("pg", default_pg)),
+                   pg_desc=str(rec.get("pg_desc", "")), name=opt("name"), phase=opt("phase"),
+                   tag=opt("tag"), autograd_fn=opt("autograd_fn"), input_sizes=sizes,
+                   dtype=opt("dtype"), time=_float(rec.get("time")),
+                   frames=parse_probe_frames(rec.get("frames")), step=_int(rec.get("step")),
+                   layer=_int(rec.get("layer")),
+                   tokens=dict(tokens) if isinstance(tokens, dict) else None,
+                   lengths=ints("lengths"), assumed_lengths=ints("assumed_lengths"))
+
+
+@dataclass
+class RankError:
+    """The Python exception that ended a rank: from the probe's ``error.json``, or the last
+    ``[rankN]: SomeError: ...`` line of the job log (``source="job log"``)."""
+
+    type: str
+    message: str = ""
+    frames: list[Frame] = field(default_factory=list)  # innermost first
+    time: float | None = None
+    source: str = "probe"
+
+    @classmethod
+    def parse(cls, data: Any) -> RankError | None:
+        if not isinstance(data, dict):
+            return None
+        frames = parse_probe_frames(data.get("frames"))
+        if not frames and isinstance(data.get("traceback"), list):
+            frames = traceback_frames([str(x) for x in data["traceback"]])
+        return cls(type=str(data.get("type") or "Error"), message=str(data.get("message", "")),
+                   frames=frames, time=_float(data.get("time")),
+                   source=str(data.get("source", "probe")))
+
+
+@dataclass
+class ProcessRecord:
+    """One rank's process as the tool saw it at capture time (``processes.json``)."""
+
+    pid: int | None = None
+    host: str | None = None
+    alive: bool | None = None
+    exit_code: int | None = None  # negative: killed by that signal (torchrun's convention)
+    progressed: bool | None = None  # did it move while we looked? None: not measured
+    local_rank: int | None = None
+    env: dict[str, str] = field(default_factory=dict)  # allowlisted only
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pid": self.pid, "host": self.host, "alive": self.alive,
+                             "exit_code": self.exit_code}
+        if self.progressed is not None:
+            d["progressed"] = self.progressed
+        if self.local_rank is not None:
+            d["local_rank"] = self.local_rank
+        if self.env:
+            d["env"] = self.env
+        if self.note:
+            d["note"] = self.note
+        return d
+
+    @classmethod
+    def parse(cls, data: Any) -> ProcessRecord:
+        if not isinstance(data, dict):
+            return cls()
+        alive = data.get("alive")
+        progressed = data.get("progressed")
+        env = data.get("env")
+        return cls(pid=_int(data.get("pid")), host=data.get("host") or None,
+                   alive=bool(alive) if alive is not None else None,
+                   exit_code=_int(data.get("exit_code")),
+                   progressed=bool(progressed) if progressed is not None else None,
+                   local_rank=_int(data.get("local_rank")),
+                   env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict)
+                   else {},
+                   note=str(data["note"]) if data.get("note") else None)
+
+
+@dataclass
+class ProcessTable:
+    """``processes.json``: what the tool saw of the job's processes, written by every command
+    that captures (repro, verify, watch, diagnose) in this one shape."""
+
+    ranks: dict[int, ProcessRecord] = field(default_factory=dict)
+    world_size: int | None = None
+    job: str = "stalled"  # completed | failed | stalled | desync | running
+    job_exit_code: int | None = None
+    agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
+    agent_pid: int | None = None
+    target_pid: int | None = None
+    notes: list[str] = field(default_factory=list)
+    orphans: list[tuple[int, int]] = field(default_factory=list)  # (rank, pid) of non-ranks
+    probe_errors: dict[int, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"world_size": self.world_size, "job": self.job,
+                             "job_exit_code": self.job_exit_code,
+                             "agent_exit_code": self.agent_exit_code}
+        if self.agent_pid is not None or self.target_pid is not None:
+            d.update(agent_pid=self.agent_pid, target_pid=self.target_pid)
+        d["ranks"] = {str(r): rec.to_dict() for r, rec in sorted(self.ranks.items())}
+        if self.notes:
+            d["notes"] = self.notes
+        if self.orphans:
+            d["orphans"] = [{"rank": r, "pid": p} for r, p in self.orphans]
+        if self.probe_errors:
+            d["probe_errors"] = {str(r): e for r, e in sorted(self.probe_errors.items())}
+        return d
+
+    @classmethod
+    def parse(cls, data: Any) -> ProcessTable:
+        """Tolerant: a missing or malformed file is an empty table."""
+        if not isinstance(data, dict):
+            return cls()
+        ranks: dict[int, ProcessRecord] = {}
+        raw = data.get("ranks")
+        if isinstance(raw, dict):
+            for k, v in raw.items():
+                r = _int(k)
+                if r is not None:
+                    ranks[r] = ProcessRecord.parse(v)
+        orphans = [(int(o["rank"]), int(o["pid"])) for o in data.get("orphans") or []
+                   if isinstance(o, dict) and _int(o.get("rank")) is not None
+                   and _int(o.get("pid")) is not None]
+        errs = data.get("probe_errors")
+        return cls(ranks=ranks, world_size=_int(data.get("world_size")),
+                   job=str(data.get("job") or "stalled"),
+                   job_exit_code=_int(data.get("job_exit_code")),
+                   agent_exit_code=_int(data.get("agent_exit_code")),
+                   agent_pid=_int(data.get("agent_pid")),
+                   target_pid=_int(data.get("target_pid")),
+                   notes=[str(n) for n in data.get("notes") or []], orphans=orphans,
+                   probe_errors={int(k): str(v) for k, v in errs.items()
+                                 if _int(k) is not None} if isinstance(errs, dict) else {})
+
+
+@dataclass
+class RankEvidence:
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    alive: bool | None = None  # None: unknown
+    exit_code: int | None = None  # negative: killed by that signal (torchrun's convention)
+    fr: FRDump | None = None
+    fr_error: str | None = None
+    threads: list[ThreadStack] | None = None
+    stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
+    stack_error: str | None = None
+    progressed: bool | None = None  # did it move between two samples?
+    records: list[PostedRecord] = field(default_factory=list)  # the worker's posting log
+    heartbeat: Heartbeat | None = None
+    error: RankError | None = None  # a Python exception the rank recorded
+    fatal: str | None = None  # faulthandler's fatal-signal text
+    groups: dict[str, list[int]] | None = None  # pg name -> member ranks, from the probe
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SizeAbort:
+    """gloo aborted a rank because a peer sent more bytes than it expected ("Received data size
+    doesn't match expected size"); the byte counts when the log gives them."""
+
+    received: int | None = None
+    expected: int | None = None
+
+
+@dataclass
+class Evidence:
+    ranks: dict[int, RankEvidence]
+    world_size: int | None = None
+    job: str = "stalled"  # completed | failed | stalled | running
+    job_exit_code: int | None = None
+    agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
+    root_cause_rank: int | None = None  # torchrun's "first observed failure"
+    log_lines: list[str] = field(default_factory=list)  # for display only
+    artifacts: str = ""
+    size_abort: SizeAbort | None = None  # from the whole job log (see gloo_size_abort)

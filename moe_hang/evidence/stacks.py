@@ -1,0 +1,236 @@
+"""Python stacks of ranks: parse py-spy JSON, faulthandler text and probe samples; tell what a
+thread is doing (pure: no torch, no rich, no processes).
+
+Frames are stored innermost first, as py-spy and the Flight Recorder give them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_hang.evidence.ops import C10D_OPS, HELPER_OPS, WAIT_FUNCS
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def short(self) -> str:
+        return f"{short_path(self.file)}:{self.line} {self.function}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+@dataclass
+class ThreadStack:
+    name: str
+    frames: list[Frame]  # innermost first
+    thread_id: str = ""
+    active: bool | None = None  # py-spy: on CPU; None when the source cannot tell
+    is_main: bool = False
+
+
+@dataclass
+class StackView:
+    """What one rank's main thread is doing, as far as its stack tells."""
+
+    state: str  # in_collective | computing | idle | unknown
+    op: str | None = None  # collective op when in_collective
+    api: str | None = None  # the torch function the rank waits in (all_gather_single, ...)
+    in_backward: bool = False
+    autograd_function: str | None = None  # user autograd.Function whose backward is running
+    callsite: Frame | None = None
+    frames: list[Frame] = field(default_factory=list)
+
+
+def short_path(path: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_pyspy(data: Any) -> list[ThreadStack]:
+    """``py-spy dump --json`` output: a list of threads with frames innermost first."""
+    if isinstance(data, dict):  # some versions wrap threads in an object
+        data = data.get("threads", [])
+    if not isinstance(data, list):
+        raise ValueError("py-spy JSON: expected a list of threads")
+    threads = []
+    for t in data:
+        frames = [Frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0),
+                        str(f.get("name", "?"))) for f in t.get("frames", [])]
+        name = str(t.get("thread_name") or "")
+        is_main = name == "MainThread" or t.get("os_thread_id") == t.get("pid")
+        threads.append(ThreadStack(name=name, frames=frames, thread_id=str(t.get("thread_id", "")),
+                                   active=t.get("active"), is_main=bool(is_main)))
+    return threads
+
+
+_FH_THREAD = re.compile(
+    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*?)\])? \(most recent call first\):")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_faulthandler(text: str) -> list[ThreadStack]:
+    """faulthandler's all-threads dump (``dump_traceback`` or a fatal-signal dump)."""
+    threads: list[ThreadStack] = []
+    current: ThreadStack | None = None
+    for line in text.splitlines():
+        m = _FH_THREAD.match(line)
+        if m:
+            current = ThreadStack(name=m.group(3) or "", frames=[], thread_id=m.group(2))
+            threads.append(current)
+            continue
+        m = _FH_FRAME.match(line)
+        if m and current is not None:
+            current.frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+    for t in threads:
+        outer = t.frames[-1] if t.frames else None
+        t.is_main = t.name == "MainThread" or bool(
+            outer and (outer.function == "<module>" or "runpy" in outer.file))
+        if t.is_main and not t.name:
+            t.name = "MainThread"
+    return threads
+
+
+def parse_probe_frames(frames: Any) -> list[Frame]:
+    """The probe's ``main_frame`` sample or Flight Recorder ``frames`` (innermost first)."""
+    out = []
+    for f in frames or []:
+        if isinstance(f, dict):
+            out.append(Frame(str(f.get("filename", f.get("file", "?"))), int(f.get("line", 0) or 0),
+                             str(f.get("name", f.get("function", "?")))))
+        elif isinstance(f, (list, tuple)) and len(f) >= 3:
+            out.append(Frame(str(f[0]), int(f[1] or 0), str(f[2])))
+    return out
+
+
+_TB_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+
+
+def traceback_frames(lines: list[str]) -> list[Frame]:
+    """A Python traceback's ``File "...", line N, in f`` lines -> frames, innermost first."""
+    frames = []
+    for line in lines:
+        m = _TB_FRAME.match(line)
+        if m:
+            frames.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+    return list(reversed(frames))
+
+
+def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
+    for t in threads:
+        if t.is_main:
+            return t
+    return threads[0] if threads else None
+
+
+# ----------------------------------------------------------------------------- reading
+
+# Frames that are never "the user's line": torch itself, typing_extensions shims, the
+# interpreter's runners and moe-hang's own machinery (its model code *is* user code).
+# (moe_hang/probe.py and _probe_site/: where captures of earlier versions put them)
+_TOOL_FILES = ("moe_hang/probe/", "moe_hang/probe.py", "moe_hang/_probe_site/")
+
+
+def is_tool_frame(f: Frame) -> bool:
+    """A frame of moe-hang's own probe, inside a rank."""
+    return any(t in f.file.replace("\\", "/") for t in _TOOL_FILES)
+
+
+def is_library_frame(f: Frame) -> bool:
+    p = f.file.replace("\\", "/")
+    return ("/torch/" in p or p.startswith("torch/") or p.endswith("typing_extensions.py")
+            or p.startswith("<frozen") or p.endswith(("/runpy.py", "/threading.py"))
+            or is_tool_frame(f))
+
+
+def callsite(frames: list[Frame]) -> Frame | None:
+    """The innermost frame outside torch, typing_extensions and moe-hang's machinery."""
+    for f in frames:
+        if not is_library_frame(f):
+            return f
+    return None
+
+
+
+
+def _is_torch_dist(f: Frame) -> bool:
+    p = f.file.replace("\\", "/")
+    return "torch/distributed/" in p or p.startswith("distributed/")
+
+
+def _func(f: Frame) -> str:
+    return f.function.rsplit(".", 1)[-1]
+
+
+def collective_of(frames: list[Frame]) -> tuple[str | None, str | None]:
+    """(op, torch api) when the stack is inside a collective, else (None, None)."""
+    for f in frames:
+        name = _func(f)
+        if not _is_torch_dist(f):
+            continue
+        if f.file.endswith("distributed_c10d.py") and name in C10D_OPS:
+            return C10D_OPS[name], name
+        if name in HELPER_OPS:
+            return HELPER_OPS[name], name
+    # waiting on an async collective: the op is named by a caller
+    if any(_is_torch_dist(f) and _func(f) in WAIT_FUNCS for f in frames):
+        for f in frames:
+            if _is_torch_dist(f) and _func(f) in HELPER_OPS:
+                return HELPER_OPS[_func(f)], _func(f)
+        return "unknown", "wait_tensor"
+    return None, None
+
+
+def in_backward(frames: list[Frame]) -> bool:
+    return any(f.file.replace("\\", "/").endswith(("torch/autograd/__init__.py",
+                                                   "torch/autograd/graph.py"))
+               and f.function in ("backward", "_engine_run_backward", "grad")
+               for f in frames)
+
+
+def autograd_function(frames: list[Frame]) -> str | None:
+    """The user's ``autograd.Function.backward`` running (innermost), e.g. ``_GatherVarlen``."""
+    for f in frames:
+        if not is_library_frame(f) and _func(f) == "backward":
+            qual = f.function
+            return qual.rsplit(".", 1)[0] if "." in qual else f"backward ({short_path(f.file)})"
+    return None
+
+
+def _is_idle_wait(frames: list[Frame]) -> bool:
+    if not frames:
+        return False
+    top = _func(frames[0])
+    return top in ("sleep", "wait", "select", "poll", "acquire", "join", "_wait_for_tstate_lock",
+                   "read", "recv", "accept")
+
+
+def view(thread: ThreadStack | None) -> StackView:
+    """Classify a rank from its main thread's stack."""
+    if thread is None or not thread.frames:
+        return StackView(state="unknown")
+    frames = thread.frames
+    op, api = collective_of(frames)
+    back = in_backward(frames)
+    site = callsite(frames)
+    fn = autograd_function(frames) if back else None
+    if op is not None:
+        return StackView("in_collective", op, api, back, fn, site, frames)
+    if thread.active is True:
+        state = "computing"
+    elif thread.active is False or _is_idle_wait(frames):
+        state = "idle"
+    else:
+        state = "unknown"
+    return StackView(state, None, None, back, fn, site, frames)

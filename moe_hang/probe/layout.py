@@ -1,0 +1,178 @@
+"""Every file name of a run directory, in one place (stdlib only: the probe inside each rank
+loads this file too, in whatever Python environment the job runs).
+
+A run directory (repro, verify, watch, diagnose --out) looks the same for every command, so
+``moe-hang analyze`` can read any of them (docs/DESIGN.md §7)::
+
+    meta.json  config.json  processes.json  diagnosis.json  console.log  job.log
+    reference.json  reference.log  torchrun/
+    ranks/rank{R}.hb.json       heartbeat              ranks/rank{R}.fr.pkl      Flight Recorder
+    ranks/rank{R}.tokens.jsonl  posted collectives     ranks/rank{R}.stack.txt   faulthandler
+    ranks/rank{R}.fatal.txt     fatal-signal stack     ranks/rank{R}.error.json  exception
+    ranks/rank{R}.groups.json   process groups         ranks/rank{R}.dump.json   dump marker
+    ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
+    ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
+    stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_RANK_FILE = re.compile(r"rank(\d+)\.")
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The files of one rank: what its probe writes under ``ranks/`` and what the tool writes
+    about it under ``stacks/``."""
+
+    ranks_dir: Path
+    rank: int
+
+    def _in_ranks(self, suffix: str) -> Path:
+        return self.ranks_dir / f"rank{self.rank}.{suffix}"
+
+    def _in_stacks(self, suffix: str) -> Path:
+        return self.ranks_dir.parent / "stacks" / f"rank{self.rank}.{suffix}"
+
+    @property
+    def prefix(self) -> Path:
+        return self.ranks_dir / f"rank{self.rank}"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self._in_ranks("hb.json")
+
+    @property
+    def fr(self) -> Path:
+        return self._in_ranks("fr.pkl")
+
+    @property
+    def tokens(self) -> Path:
+        return self._in_ranks("tokens.jsonl")
+
+    @property
+    def stack(self) -> Path:
+        return self._in_ranks("stack.txt")
+
+    @property
+    def fatal(self) -> Path:
+        return self._in_ranks("fatal.txt")
+
+    @property
+    def error(self) -> Path:
+        return self._in_ranks("error.json")
+
+    @property
+    def groups(self) -> Path:
+        return self._in_ranks("groups.json")
+
+    @property
+    def dump_marker(self) -> Path:
+        return self._in_ranks("dump.json")
+
+    @property
+    def dump_error(self) -> Path:
+        return self._in_ranks("dump.err")
+
+    @property
+    def ctl(self) -> Path:
+        return self._in_ranks("ctl")
+
+    @property
+    def coverage(self) -> Path:
+        return self._in_ranks("coverage.json")
+
+    @property
+    def result(self) -> Path:
+        return self._in_ranks("result.pt")
+
+    @property
+    def pyspy(self) -> Path:
+        return self._in_stacks("pyspy.json")
+
+    @property
+    def pyspy_error(self) -> Path:
+        return self._in_stacks("pyspy.err")
+
+    def probe_files(self) -> tuple[Path, ...]:
+        """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""
+        return (self.heartbeat, self.fr, self.stack, self.groups, self.tokens, self.fatal,
+                self.error, self.dump_marker)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The file names of one run directory."""
+
+    root: Path
+
+    @property
+    def meta(self) -> Path:
+        return self.root / "meta.json"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def processes(self) -> Path:
+        return self.root / "processes.json"
+
+    @property
+    def diagnosis(self) -> Path:
+        return self.root / "diagnosis.json"
+
+    @property
+    def console_log(self) -> Path:
+        return self.root / "console.log"
+
+    @property
+    def job_log(self) -> Path:
+        return self.root / "job.log"
+
+    @property
+    def reference(self) -> Path:
+        return self.root / "reference.json"
+
+    @property
+    def reference_log(self) -> Path:
+        return self.root / "reference.log"
+
+    @property
+    def torchrun_dir(self) -> Path:
+        return self.root / "torchrun"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.root / "ranks"
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.root / "stacks"
+
+    def rank(self, r: int) -> RankFiles:
+        return RankFiles(self.ranks_dir, r)
+
+    def is_capture(self) -> bool:
+        return self.ranks_dir.is_dir() or self.stacks_dir.is_dir()
+
+    def rank_numbers(self) -> set[int]:
+        """Every rank with a file under ranks/ or stacks/."""
+        found: set[int] = set()
+        for d in (self.ranks_dir, self.stacks_dir):
+            if d.is_dir():
+                for p in d.iterdir():
+                    m = _RANK_FILE.match(p.name)
+                    if m:
+                        found.add(int(m.group(1)))
+        return found
+
+    def files_of(self, pattern: str) -> list[Path]:
+        """``ranks/rank*.<pattern>`` (e.g. ``fatal.txt``), in name order."""
+        if not self.ranks_dir.is_dir():
+            return []
+        return sorted(self.ranks_dir.glob(f"rank*.{pattern}"))

@@ -1,0 +1,396 @@
+"""The in-rank probe: what each rank does so the tool can see inside it without ptrace.
+
+Installed at the top of every rank (the repro worker calls :func:`install`; ``watch`` injects it
+through a ``sitecustomize``). It imports nothing heavy and never imports torch itself; it uses
+torch only once the job has imported it. Per rank, in the probe directory (file names:
+:mod:`moe_hang.probe.layout`):
+
+``rank{R}.hb.json``    heartbeat, rewritten every ``interval`` s: progress, Flight Recorder
+                       ``pg_status``, and (once a collective has been pending for a tick) the
+                       pending collectives with their call-site frames.
+``rank{R}.ctl``        a FIFO: the parent writes ``dump <id>``; the probe thread answers with
+                       ``rank{R}.fr.pkl`` (torch's own Flight Recorder pickle),
+                       ``rank{R}.stack.txt`` (faulthandler, all threads), ``rank{R}.groups.json``
+                       and ``rank{R}.dump.json`` naming the request.
+                       This works while the main thread is blocked inside a collective.
+``rank{R}.fatal.txt``  faulthandler's stack on SIGABRT/SIGSEGV (gloo's size-mismatch abort).
+On SIGTERM (torchrun tearing the job down after another rank failed) the same dump is written
+with reason ``sigterm`` before the signal takes its usual effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+if __package__ == "moe_hang.probe":
+    from moe_hang.probe.layout import RankFiles
+else:  # loaded by path into a job's own environment (watch's sitecustomize): the sibling file
+    import importlib.util as _ilu
+
+    _spec = _ilu.spec_from_file_location("moe_hang_probe_layout",
+                                         Path(__file__).with_name("layout.py"))
+    assert _spec is not None and _spec.loader is not None
+    _layout = _ilu.module_from_spec(_spec)
+    sys.modules[_spec.name] = _layout  # dataclasses look their module up while defining
+    _spec.loader.exec_module(_layout)
+    RankFiles = _layout.RankFiles  # type: ignore[misc]
+
+ENV_DIR = "MOE_HANG_PROBE_DIR"
+ENV_OWNER = "MOE_HANG_PROBE_OWNER"
+ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
+ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
+FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
+FR_BUFFER = "2000"
+# Only these variables of a rank's environment ever reach a file.
+ENV_ALLOWLIST_EXACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+ENV_ALLOWLIST_PREFIX = ("TORCH_", "NCCL_")
+
+
+def allowed_env(env: dict[str, str]) -> dict[str, str]:
+    """The allowlisted part of an environment (never write anything else)."""
+    return {k: v for k, v in env.items()
+            if k in ENV_ALLOWLIST_EXACT or k.startswith(ENV_ALLOWLIST_PREFIX)}
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """temp file + rename: a reader never sees half a file, even if we die mid-write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def enable_flight_recorder() -> None:
+    """Must run before the first process group is created (torch reads it once)."""
+    for name in FR_ENV:
+        os.environ.setdefault(name, FR_BUFFER)
+
+
+class Probe:
+    def __init__(self, directory: Path, rank: int, interval: float):
+        self.dir, self.rank, self.interval = directory, rank, interval
+        self.files = RankFiles(directory, rank)
+        self.progress: dict[str, Any] = {}
+        self._beat = 0
+        self._last_status: Any = None
+        self._stuck_since_beat: int | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._fatal_file: Any = None
+        self._main_ident = threading.main_thread().ident
+        self._requested = False
+        self._torch_lock = threading.Lock()
+        self._hb_lock = threading.Lock()
+        self._stopping = False
+
+    # -------------------------------------------------------------- files
+
+    def _torch(self) -> Any:
+        return sys.modules.get("torch")
+
+    @contextlib.contextmanager
+    def _calling_torch(self) -> Iterator[Any]:
+        """torch, or None once the process is shutting down: the interpreter and then C++
+        static destructors tear torch down at exit, and a dump running in this thread then
+        would abort a rank that had finished cleanly."""
+        with self._torch_lock:
+            yield None if self._stopping else self._torch()
+
+    def stop(self) -> None:
+        """First thing at interpreter shutdown: no more calls into torch from our threads, and
+        a last heartbeat that says so. What follows (module teardown, a garbage collection of
+        everything torch imported) can hold the GIL for seconds and starve our thread; the
+        watcher must see a rank on its way out there, not one still waiting in the collective
+        of its last beat."""
+        acquired = self._torch_lock.acquire(timeout=2.0)
+        self._stopping = True
+        if acquired:
+            self._torch_lock.release()
+        with self._lock:
+            self.progress["phase"] = "exiting"
+        with contextlib.suppress(Exception):
+            self.heartbeat()
+
+    def _fr_status(self) -> dict[str, Any] | None:
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+                status = json.loads(raw).get("pg_status", {})
+            except Exception:
+                return None
+        return {pg: {"enqueued": int(s.get("last_enqueued_collective", -1)),
+                     "completed": int(s.get("last_completed_collective", -1))}
+                for pg, s in status.items()}
+
+    def _want_stacks(self) -> bool:
+        """Call-site frames in recorder dumps, when they are cheap.
+
+        torch symbolizes them through torch._dynamo: the first dump of a process that has not
+        imported it yet imports ~800 modules (about 2 s of CPU). Jobs that use DTensor, FSDP2
+        or torch.compile have it already; elsewhere stacks come from py-spy or faulthandler,
+        unless MOE_HANG_FR_STACKS=1 asks for them anyway."""
+        forced = os.environ.get(ENV_FR_STACKS)
+        if forced is not None:
+            return forced not in ("", "0")
+        return "torch._dynamo" in sys.modules
+
+    def _fr_pickle(self) -> bytes | None:
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                return bytes(torch._C._distributed_c10d._dump_fr_trace(
+                    includeStackTraces=self._want_stacks()))
+            except Exception:
+                return None
+
+    def _pending_entries(self, status: dict[str, Any]) -> list[dict[str, Any]]:
+        raw = self._fr_pickle()
+        if raw is None:
+            return []
+        try:
+            entries = pickle.loads(raw).get("entries", [])
+        except Exception:
+            return []
+        out = []
+        for e in entries:
+            pg = str(e.get("pg_id"))
+            if e.get("is_p2p") or pg not in status:
+                continue
+            if int(e.get("collective_seq_id", -1)) > status[pg]["completed"]:
+                out.append({k: e.get(k) for k in (
+                    "pg_id", "process_group", "collective_seq_id", "profiling_name",
+                    "input_sizes", "output_sizes", "input_dtypes", "time_created_ns", "frames")})
+        return out
+
+    def heartbeat(self) -> None:
+        # the main thread writes the last beat at shutdown while ours may be mid-beat: one at
+        # a time, so an older beat never lands after the final one
+        if not self._hb_lock.acquire(timeout=2.0):
+            return
+        try:
+            self._heartbeat()
+        finally:
+            self._hb_lock.release()
+
+    def _heartbeat(self) -> None:
+        status = self._fr_status()
+        self._beat += 1
+        pending_somewhere = status is not None and any(
+            s["enqueued"] > s["completed"] for s in status.values())
+        if status != self._last_status:
+            self._last_status, self._stuck_since_beat, self._pending = status, None, []
+        elif pending_somewhere and self._stuck_since_beat is None and status is not None:
+            # Pending and unchanged for a whole tick: worth a full dump, once per state.
+            self._stuck_since_beat = self._beat
+            self._pending = self._pending_entries(status)
+        with self._lock:
+            progress = dict(self.progress)
+        hb = {
+            "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+            "world": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"),
+            "local_world": os.environ.get("LOCAL_WORLD_SIZE"),
+            "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
+            "progress": progress, "pg_status": status, "pending": self._pending,
+            "main_frame": self._main_frame(),
+        }
+        write_atomic(self.files.heartbeat, json.dumps(hb, default=str).encode())
+
+    def _main_frame(self) -> list[Any] | None:
+        frame = sys._current_frames().get(self._main_ident or -1)
+        out: list[list[Any]] = []
+        while frame is not None and len(out) < 64:
+            out.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
+            frame = frame.f_back
+        return out or None
+
+    def _groups(self) -> dict[str, list[int]] | None:
+        """Process group name -> global member ranks (subgroups, device-mesh dimensions)."""
+        with self._calling_torch() as torch:
+            if torch is None:
+                return None
+            try:
+                world = torch.distributed.distributed_c10d._world
+                return {str(pg.group_name): sorted(int(r) for r in ranks)
+                        for pg, ranks in world.pg_group_ranks.items()}
+            except Exception:
+                return None
+
+    def dump(self, request: str, reason: str) -> None:
+        """Flight Recorder pickle + all-thread stacks, then a marker naming the request."""
+        files = []
+        raw = self._fr_pickle()
+        if raw is not None:
+            write_atomic(self.files.fr, raw)
+            files.append(self.files.fr.name)
+        groups = self._groups()
+        if groups:
+            write_atomic(self.files.groups, json.dumps(groups).encode())
+            files.append(self.files.groups.name)
+        tmp = self.files.stack.with_name(self.files.stack.name + ".tmp")
+        with open(tmp, "w") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        os.replace(tmp, self.files.stack)
+        files.append(self.files.stack.name)
+        marker = {"request": request, "reason": reason, "time": time.time(), "pid": os.getpid(),
+                  "rank": self.rank, "files": files}
+        write_atomic(self.files.dump_marker, json.dumps(marker).encode())
+
+    # -------------------------------------------------------------- threads
+
+    def _open_fifo(self) -> tuple[int, int] | None:
+        fifo = self.files.ctl
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                fifo.unlink()
+            os.mkfifo(fifo, 0o600)
+            rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            # Hold a writer ourselves so the read end never sees EOF between requests.
+            wfd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        return rfd, wfd
+
+    def _loop(self) -> None:
+        fds = self._open_fifo()
+        buf = b""
+        while True:
+            try:
+                if fds is not None:
+                    ready, _, _ = select.select([fds[0]], [], [], self.interval)
+                    if ready:
+                        buf += os.read(fds[0], 4096)
+                        while b"\n" in buf:
+                            line, buf = buf.split(b"\n", 1)
+                            words = line.decode(errors="replace").split()
+                            if words and words[0] == "dump":
+                                self._requested = True
+                                self.dump(words[1] if len(words) > 1 else "", "request")
+                else:
+                    time.sleep(self.interval)
+                self.heartbeat()
+            except Exception:  # the probe must never take the rank down
+                time.sleep(self.interval)
+
+    def _sigterm_loop(self) -> None:
+        while True:
+            signal.sigwait({signal.SIGTERM})
+            if not self._requested:  # a requested dump is already on disk: keep it
+                with contextlib.suppress(Exception):
+                    self.dump("sigterm", "sigterm")
+            # Let the signal take its normal effect: unblock it in this thread only and resend.
+            # With the default disposition the process ends as torchrun expects (-15); with a
+            # Python handler installed by the job, Python runs it in the main thread as usual.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def record_exception(self, exc: BaseException) -> None:
+        """The exception that ends a rank (type, first line, frames innermost first), plus a
+        recorder dump: often the survivors' side of a peer's death or abort."""
+        import traceback
+
+        tb = traceback.extract_tb(exc.__traceback__)
+        err = {"type": type(exc).__name__,
+               "message": (str(exc).strip().splitlines() or [""])[0][:500],
+               "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
+               "time": time.time()}
+        with contextlib.suppress(Exception):
+            self.dump("exception", "exception")
+        write_atomic(self.files.error, json.dumps(err).encode())
+
+    def _chain_excepthook(self) -> None:
+        previous = sys.excepthook
+
+        def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+            if not isinstance(value, (KeyboardInterrupt, SystemExit)):
+                with contextlib.suppress(Exception):
+                    self.record_exception(value)
+            previous(tp, value, tb)
+
+        sys.excepthook = hook
+
+    def start(self) -> None:
+        self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
+        faulthandler.enable(file=self._fatal_file, all_threads=True)
+        in_main = threading.current_thread() is threading.main_thread()
+        # threading's own exit hooks run before atexit, module teardown and C++ destructors
+        at_exit = getattr(threading, "_register_atexit", None) or __import__("atexit").register
+        if in_main:
+            # Block SIGTERM in this (main) thread *before* any other thread exists, so every
+            # thread (ours, torch's) inherits the mask and only the sigwait thread receives
+            # it, even while the main thread is stuck in C++ inside a collective.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            os.register_at_fork(after_in_child=_unblock_sigterm)
+            with contextlib.suppress(Exception):
+                # Unblock before interpreter shutdown freezes the sigwait thread.
+                at_exit(_unblock_sigterm)
+        self._chain_excepthook()
+        with contextlib.suppress(Exception):
+            at_exit(self.stop)
+        threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
+        if in_main:
+            threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
+                             daemon=True).start()
+        self.heartbeat()
+
+
+def _unblock_sigterm() -> None:
+    with contextlib.suppress(Exception):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+_PROBE: Probe | None = None
+
+
+def install(directory: str | os.PathLike[str] | None = None, rank: int | None = None,
+            interval: float | None = None) -> Probe | None:
+    """Install the probe once per process; a no-op outside a rank or when already installed."""
+    global _PROBE
+    if _PROBE is not None:
+        return _PROBE
+    directory = directory or os.environ.get(ENV_DIR)
+    rank_s = os.environ.get("RANK") if rank is None else str(rank)
+    if not directory or rank_s is None:
+        return None
+    owner = os.environ.get(ENV_OWNER)
+    if owner and owner != str(os.getpid()):
+        return None  # a child of a rank (a DataLoader worker, say) inherits the env: not a rank
+    os.environ[ENV_OWNER] = str(os.getpid())
+    enable_flight_recorder()
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    iv = interval if interval is not None else float(os.environ.get(ENV_INTERVAL, "0.25"))
+    probe = Probe(d, int(rank_s), iv)
+    probe.start()
+    _PROBE = probe
+    return probe
+
+
+def set_progress(**kv: Any) -> None:
+    """Report progress (step k of N, phase) in the heartbeat; a no-op without a probe."""
+    if _PROBE is not None:
+        with _PROBE._lock:
+            _PROBE.progress.update(kv)

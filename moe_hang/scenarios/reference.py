@@ -1,0 +1,140 @@
+"""The single-process reference that ``verify`` compares the expert-parallel run against.
+
+``python -m moe_hang.scenarios.reference RUN_DIR`` builds the same model with *all* experts
+local and no process group, runs the same steps on the whole global batch (same seed, same
+SGD), then waits for the parent to write ``compare`` on stdin (it starts while torchrun is
+still launching) and compares every rank's outputs, loss and LoRA gradients, step by step,
+writing ``reference.json``. A closed stdin without ``compare`` means the job failed: it exits
+quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moe_hang.config import RunConfig
+from moe_hang.probe.probe import write_atomic
+from moe_hang.scenarios.moe import LORA_NAMES, build_reference_model, global_batch, local_loss
+
+RTOL = 1e-5  # normwise: max|a - b| <= RTOL * max|b|
+
+
+def reference_steps(cfg: RunConfig) -> list[dict[str, Any]]:
+    mcfg = cfg.model
+    model = build_reference_model(mcfg)
+    lora = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(lora, lr=cfg.lr, foreach=False)
+    steps = []
+    for step in range(1, cfg.steps + 1):
+        x_TD = global_batch(mcfg, cfg.total_tokens, step)
+        out_TD = model(x_TD)
+        loss = local_loss(out_TD, cfg.total_tokens)
+        loss.backward()
+        grads = {}
+        for li, layer in enumerate(model.layers):
+            for name in LORA_NAMES:
+                g = getattr(layer.experts, name).grad
+                grads[f"{li}.{name}"] = None if g is None else g.detach().clone()
+        steps.append({"out": out_TD.detach().clone(), "loss": loss.item(), "grads": grads})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return steps
+
+
+def _zeros_like_slice(ref: torch.Tensor | None, got: torch.Tensor | None) -> torch.Tensor:
+    if got is not None:
+        return torch.zeros_like(got)
+    return torch.zeros(0) if ref is None else torch.zeros_like(ref)
+
+
+def compare(cfg: RunConfig, ref: list[dict[str, Any]], results: dict[int, dict[str, Any]],
+            rtol: float = RTOL) -> dict[str, Any]:
+    worst: dict[str, Any] = {"rel": 0.0, "abs": 0.0, "tol": 0.0, "what": None}
+    failures: list[str] = []
+    compared = 0
+
+    def check(what: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
+        nonlocal compared
+        # an adapter that received no token has no gradient: that is a zero gradient
+        got_t = got if got is not None else _zeros_like_slice(want, got)
+        want_t = want if want is not None else _zeros_like_slice(want, got)
+        if got_t.shape != want_t.shape:
+            failures.append(f"{what}: shape {list(got_t.shape)} != {list(want_t.shape)}")
+            return
+        compared += 1
+        if got_t.numel() == 0:
+            return
+        abs_err = float((got_t.double() - want_t.double()).abs().max())
+        scale = float(want_t.double().abs().max())
+        tol = rtol * scale + 1e-12
+        rel = abs_err / scale if scale > 0 else (0.0 if abs_err == 0 else float("inf"))
+        if rel > worst["rel"] or worst["what"] is None:
+            worst.update(rel=rel, abs=abs_err, tol=tol, what=what)
+        if abs_err > tol:
+            failures.append(f"{what}: max abs err {abs_err:.3g} > tolerance {tol:.3g}")
+
+    for rank, res in sorted(results.items()):
+        offset, n = res["rows"]
+        first, num_local = res["first_expert"], res["num_local"]
+        if len(res["steps"]) != len(ref):
+            failures.append(f"rank {rank}: {len(res['steps'])} of {len(ref)} steps completed")
+            continue
+        for i, (got, want) in enumerate(zip(res["steps"], ref, strict=True), start=1):
+            check(f"step {i} rank {rank} output", got["out"], want["out"][offset:offset + n])
+            check(f"step {i} rank {rank} loss", torch.tensor([got["loss"]]),
+                  torch.tensor([want["loss"]]))
+            for key, g in got["grads"].items():
+                w = want["grads"].get(key)
+                check(f"step {i} rank {rank} grad {key}", g,
+                      None if w is None else w[first:first + num_local])
+    missing = sorted(set(range(cfg.nproc)) - set(results))
+    failures.extend(f"rank {r}: no results (did not finish)" for r in missing)
+    return {
+        "ok": not failures and compared > 0,
+        "max_abs_err": worst["abs"], "max_rel_err": worst["rel"], "tolerance": worst["tol"],
+        "rtol": rtol, "worst": worst["what"], "compared": compared,
+        "failures": failures[:20], "steps": len(ref),
+        "what": "per-rank outputs, global loss and every LoRA gradient, every step",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run_dir = Path(args[0])
+    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    # the parent's word arrives on stdin, maybe while we still compute: "compare", or EOF
+    # (the run failed, or the parent died, even by SIGKILL): then stop at once, so that no
+    # reference outlives the command that started it
+    word: list[str] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        word.append(sys.stdin.readline().strip())
+        done.set()
+        if word[0] != "compare":
+            os._exit(0)
+
+    threading.Thread(target=listen, daemon=True).start()
+    torch.manual_seed(cfg.model.seed)
+    ref = reference_steps(cfg)
+    done.wait()  # bounded: the parent always writes or closes, or dies (EOF)
+    if word[0] != "compare":
+        return 0
+    results = {}
+    for p in sorted((run_dir / "ranks").glob("rank*.result.pt")):
+        data = torch.load(p, weights_only=True)
+        results[int(data["rank"])] = data
+    report = compare(cfg, ref, results)
+    write_atomic(run_dir / "reference.json", (json.dumps(report, indent=2) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Analysis on recorded captures: pure, no processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from moe_hang.analysis.diagnosis import SCHEMA
+from moe_hang.analysis.rules import diagnose
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.frtrace import PgStatus
+from moe_hang.evidence.load import load_capture
+
+
+def _diag(path, **kw):
+    return diagnose(load_capture(path, **kw)).to_dict()
+
+
+def _assert_schema(d):
+    for key in ("schema", "verdict", "summary", "culprit_ranks", "first_divergence", "ranks",
+                "fix", "artifacts"):
+        assert key in d, key
+    assert d["schema"] == SCHEMA
+    for r in d["ranks"]:
+        for key in ("rank", "pid", "host", "state", "collective", "callsite", "tokens",
+                    "exit_code"):
+            assert key in r, key
+    json.dumps(d)  # serialisable
+
+
+def test_size_mismatch_from_a_real_gloo_abort(fixtures):
+    d = _diag(fixtures / "ragged_gloo")
+    _assert_schema(d)
+    assert d["verdict"] == "desync"
+    fd = d["first_divergence"]
+    assert (fd["pg"], fd["seq"], fd["kind"]) == ("0", 1, "size_mismatch")
+    assert fd["per_rank"]["0"]["input_sizes"] == [[68, 64]]
+    assert fd["per_rank"]["1"]["input_sizes"] == [[401, 64]]
+    assert sorted(d["culprit_ranks"]) == [0, 1]  # no majority: both sizes are "wrong"
+    by_rank = {r["rank"]: r for r in d["ranks"]}
+    for r in (0, 1):
+        assert by_rank[r]["callsite"]["function"] == "naive_gather"
+        assert by_rank[r]["callsite"]["file"].endswith("moe_hang/ep.py")
+        assert by_rank[r]["state"] == "exited"
+    assert by_rank[0]["exit_code"] == -6 and by_rank[1]["exit_code"] == -15
+    assert by_rank[0]["tokens"]["local"] == 68 and by_rank[1]["tokens"]["local"] == 401
+    assert by_rank[0]["tokens"]["per_expert"] == [37, 37, 29, 33]
+    assert any("Received data size" in line for line in d["evidence"])
+    assert "68×64" in d["summary"] and "401×64" in d["summary"]
+
+
+def test_op_mismatch_names_the_rank_that_skipped(fixtures):
+    d = _diag(fixtures / "op_mismatch")
+    _assert_schema(d)
+    assert d["verdict"] == "desync"
+    fd = d["first_divergence"]
+    assert (fd["pg"], fd["seq"], fd["kind"]) == ("0", 1, "op_mismatch")
+    assert fd["per_rank"]["0"]["op"] == "all_gather"
+    assert fd["per_rank"]["1"]["op"] == "barrier"
+    # rank 1 went on to the barrier (line 21) without the all-gather (line 20 -> 17)
+    assert d["culprit_ranks"] == [1]
+    by_rank = {r["rank"]: r for r in d["ranks"]}
+    assert by_rank[0]["callsite"]["line"] == 17 and by_rank[0]["callsite"]["function"] == "dispatch"
+    assert by_rank[1]["callsite"]["line"] == 21
+    assert by_rank[0]["state"] == by_rank[1]["state"] == "in_collective"
+
+
+def test_healthy_run(fixtures):
+    d = _diag(fixtures / "healthy", job="completed")
+    _assert_schema(d)
+    assert d["verdict"] == "healthy"
+    assert d["culprit_ranks"] == [] and d["first_divergence"] is None
+    assert all(r["state"] == "exited" and r["exit_code"] == 0 for r in d["ranks"])
+    assert {r["rank"]: r["tokens"]["gathered_lengths"] for r in d["ranks"]} == {
+        0: [68, 401], 1: [68, 401]}
+
+
+def test_corrupt_files_degrade_to_notes_not_crashes(fixtures, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(fixtures / "ragged_gloo", run)
+    (run / "ranks" / "rank1.fr.pkl").write_bytes(b"\x80\x04garbage")
+    (run / "ranks" / "rank0.hb.json").write_text('{"rank": 0, "pid"')
+    with open(run / "ranks" / "rank0.tokens.jsonl", "a") as f:
+        f.write('{"truncated": ')
+    d = _diag(run)
+    assert d["verdict"] == "desync"  # the probe records still show 68 vs 401
+    assert any("Flight Recorder dump unreadable" in e for e in d["evidence"])
+    assert any("unreadable line" in e for e in d["evidence"])
+
+
+def test_restricted_unpickler_refuses_code():
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    raw = pickle.dumps({"entries": [Evil()]})
+    try:
+        frtrace.loads(raw)
+    except pickle.UnpicklingError as exc:
+        assert "refusing global" in str(exc)
+    else:
+        raise AssertionError("a global in a dump was accepted")
+
+
+def test_reads_torch_pickle_dump_of_gloo(fixtures):
+    d = frtrace.load(fixtures / "op_mismatch" / "ranks" / "rank0.fr.pkl")
+    assert d.backend == "gloo"
+    assert [(c.pg, c.seq, c.op) for c in d.entries] == [("1", 1, "all_reduce"),
+                                                        ("0", 1, "all_gather")]
+    assert d.pg_status["0"] == PgStatus(enqueued=1, completed=-1)
+    assert d.entries[1].frames[-1].function == "<module>"
+
+
+def test_reads_torch_json_dump_format_by_rank_in_filename(fixtures):
+    dumps, errors = frtrace.load_dir(fixtures / "fr_json")
+    assert not errors and sorted(dumps) == [0, 1]
+    assert [(c.seq, c.op) for c in dumps[1].entries if c.pg == "0"] == [(1, "barrier")]
+    assert dumps[0].entries[0].input_sizes == [[4, 8]]
+
+
+def test_everything_unreadable_is_inconclusive_not_a_crash(fixtures, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(fixtures / "op_mismatch", run)
+    for p in (run / "ranks").iterdir():
+        p.write_bytes(p.read_bytes()[:7])  # a rank died while writing
+    (run / "stacks").mkdir()
+    (run / "stacks" / "rank0.pyspy.json").write_text('[{"thread_name": "MainThread", "fra')
+    d = _diag(run)
+    _assert_schema(d)
+    assert d["verdict"] == "inconclusive" and d["culprit_ranks"] == []
+    assert any("unreadable" in e for e in d["evidence"])
+
+
+def _ev(ranks):
+    from moe_hang.evidence.model import Evidence
+
+    return Evidence(ranks={r.rank: r for r in ranks}, world_size=len(ranks), job="stalled")
+
+
+def _pyspy(*frames, active=False):
+    from moe_hang.evidence.stacks import Frame, ThreadStack
+
+    return [ThreadStack("MainThread", [Frame(*f) for f in frames], active=active, is_main=True)]
+
+
+TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def test_stacks_alone_name_the_rank_that_went_past():
+    from moe_hang.evidence.model import RankEvidence
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=False, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 10, "all_reduce"), ("/job/train.py", 30, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    r1 = RankEvidence(rank=1, alive=True, progressed=False, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 20, "barrier"), ("/job/train.py", 52, "<module>")))
+    d = diagnose(_ev([r0, r1])).to_dict()
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [1]
+    assert d["first_divergence"]["seq"] is None and "from stacks alone" in d["summary"]
+
+
+@pytest.mark.parametrize("moving", [True, False])
+def test_orphans_of_a_dead_agent_in_flight_are_not_a_desync(moving):
+    """The agent died under a healthy job: its ranks keep stepping, and a snapshot can catch
+    one in the all_gather and the next already in the all_reduce. Only ranks that did not move
+    while captured can be in a desync."""
+    from moe_hang.evidence.model import Evidence, RankEvidence
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=moving, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 10, "all_gather"), ("/job/train.py", 30, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    r1 = RankEvidence(rank=1, alive=True, progressed=moving, stack_source="py-spy",
+                      threads=_pyspy((TORCH, 20, "all_reduce"), ("/job/train.py", 31, "step"),
+                                     ("/job/train.py", 50, "<module>")))
+    ev = Evidence(ranks={0: r0, 1: r1}, world_size=2, job="failed", agent_exit_code=-9)
+    d = diagnose(ev).to_dict()
+    if moving:
+        assert d["verdict"] == "crash" and d["first_divergence"] is None
+        assert "torchrun agent" in d["summary"] and "still running" in d["summary"]
+    else:
+        assert d["verdict"] == "desync"
+
+
+def test_a_computing_rank_is_a_straggler_not_a_hang():
+    from moe_hang.evidence.model import RankEvidence
+
+    waiting = RankEvidence(rank=0, alive=True, progressed=False,
+                           threads=_pyspy((TORCH, 10, "all_reduce"), ("/job/t.py", 3, "f")))
+    busy = RankEvidence(rank=1, alive=True, progressed=True,
+                        threads=_pyspy(("/job/t.py", 9, "compute"), active=True))
+    d = diagnose(_ev([waiting, busy])).to_dict()
+    assert d["verdict"] == "straggler" and d["culprit_ranks"] == [1]
+
+
+def test_same_op_same_size_but_different_expert_is_a_skip():
+    """FSDP all-gathers of two experts look identical to the recorder; the probe's tags don't."""
+    from moe_hang.evidence.model import PostedRecord, RankEvidence
+
+    def recs(tags, start=10):
+        return [PostedRecord(seq=start + i, op="all_gather", pg="0", phase="forward", tag=t,
+                             name="fsdp_unshard") for i, t in enumerate(tags)]
+
+    r0 = RankEvidence(rank=0, alive=True, progressed=False,
+                      records=recs(["l1.e0", "l1.e1", "l1.e3"]))
+    r1 = RankEvidence(rank=1, alive=True, progressed=False,
+                      records=recs(["l1.e0", "l1.e1", "l1.e2", "l1.e3"]))
+    d = diagnose(_ev([r0, r1])).to_dict()
+    fd = d["first_divergence"]
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [0]
+    assert (fd["seq"], fd["kind"]) == (12, "missing_rank")
+    assert "never posted the all_gather of l1.e2" in d["summary"]
+
+
+def test_heartbeats_alone_catch_a_size_mismatch():
+    from moe_hang.analysis.align import quick_divergence
+    from moe_hang.evidence.model import Heartbeat
+
+    def hb(rank, rows):
+        return Heartbeat.parse({"rank": rank, "pid": 100 + rank, "pg_status": {"0": {"enqueued": 5,
+                                                                     "completed": 4}},
+                "pending": [{"pg_id": 0, "process_group": ["0", "default_pg"],
+                             "collective_seq_id": 5, "profiling_name": "nccl:all_gather",
+                             "input_sizes": [[rows, 64]], "input_dtypes": ["Float"]}]})
+
+    div = quick_divergence({0: hb(0, 68), 1: hb(1, 401)}, 2)
+    assert div is not None and (div.seq, div.kind) == (5, "size_mismatch")
+    assert quick_divergence({0: hb(0, 68), 1: hb(1, 68)}, 2) is None
+
+
+@pytest.mark.parametrize("barrier_first", [True, False])
+def test_two_groups_each_missing_a_rank_blames_the_one_that_went_past(barrier_first):
+    """Rank 3 skipped group 2's all-reduce and waits in the barrier; rank 2 waits in that
+    all-reduce, so it is also missing from the barrier. Only rank 3 skipped anything,
+    whichever collective the recorder saw first."""
+    from moe_hang.evidence.model import Heartbeat, PostedRecord, RankEvidence
+
+    t_ar, t_bar = (2e18, 1e18) if barrier_first else (1e18, 2e18)
+
+    def rec(seq, op, pg, t):
+        return PostedRecord(seq=seq, op=op, pg=pg,
+                            input_sizes=[[4]] if op != "barrier" else [], time=t / 1e9)
+
+    warm = [rec(1, "all_reduce", "0", 1e17), rec(2, "all_reduce", "0", 1.1e17)]
+    sub = [rec(1, "all_reduce", "2", 1.2e17), rec(2, "all_reduce", "2", 1.3e17)]
+    job = "/job/subgroup.py"
+    at_barrier = _pyspy((TORCH, 5, "barrier"), (job, 22, "<module>"))
+    at_reduce = _pyspy((TORCH, 9, "all_reduce"), (job, 17, "reduce_expert_grads"),
+                       (job, 20, "<module>"))
+    ranks = []
+    for r in range(4):
+        records = list(warm)
+        if r in (2, 3):
+            records += sub
+        if r == 2:
+            records.append(rec(3, "all_reduce", "2", t_ar))
+        else:
+            records.append(rec(3, "barrier", "0", t_bar))
+        ev = RankEvidence(rank=r, alive=True, progressed=False, records=records,
+                          threads=at_reduce if r == 2 else at_barrier,
+                          groups={"0": [0, 1, 2, 3], "2": [2, 3]})
+        ev.heartbeat = Heartbeat.parse({
+            "rank": r, "pg_status": {"0": {"enqueued": 3 if r != 2 else 2, "completed": 2},
+                                     "2": {"enqueued": 3 if r == 2 else 2, "completed": 2}}})
+        ranks.append(ev)
+    d = diagnose(_ev(ranks)).to_dict()
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [3]
+    assert d["first_divergence"]["pg"] == "2" and d["first_divergence"]["ranks"] == [2, 3]
+
+
+def test_gloo_size_abort_found_past_the_first_notable_log_lines(tmp_path):
+    """The abort line can come after more notable lines than the evidence list keeps."""
+    from moe_hang.evidence.model import SizeAbort
+    from moe_hang.evidence.torchrun_log import gloo_size_abort, notable_log_lines
+
+    run = tmp_path / "run"
+    (run / "ranks").mkdir(parents=True)
+    (run / "processes.json").write_text(json.dumps({
+        "world_size": 2, "job": "stalled",
+        "ranks": {"0": {"pid": 100, "alive": False, "exit_code": -6},
+                  "1": {"pid": 101, "alive": True, "progressed": False}}}))
+    (run / "ranks" / "rank1.tokens.jsonl").write_text(json.dumps(
+        {"seq": 1, "op": "all_gather", "pg": "0", "input_sizes": [[401, 64]], "time": 1.0}) + "\n")
+    abort = ("  what():  [enforce fail at /gloo/transport/tcp/pair.cc:456] op.preamble.length "
+             "<= op.nbytes. 51328 vs 8704. Received data size doesn't match expected size.")
+    noise = [f"[rank1]: RuntimeError: unrelated warning number {i}" for i in range(12)]
+    log = "\n".join([*noise, abort]) + "\n"
+    (run / "job.log").write_text(log)
+    assert len(notable_log_lines(log)) == 8
+    assert not any("Received data size" in line for line in notable_log_lines(log))
+    assert gloo_size_abort(log) == SizeAbort(51328, 8704)
+    assert gloo_size_abort("\n".join(noise)) is None
+
+    d = _diag(run)
+    _assert_schema(d)
+    assert d["verdict"] == "desync"
+    fd = d["first_divergence"]
+    assert (fd["pg"], fd["seq"], fd["kind"]) == ("0", 1, "size_mismatch")
+    assert "gloo aborted rank 0: it received 51328 bytes where it expected 8704" in d["summary"]
+
+
+def test_a_huge_job_log_is_read_from_its_end(tmp_path):
+    """A long job's output can be gigabytes; the failure summary is at the end."""
+    from moe_hang.evidence.torchrun_log import read_job_log
+
+    with open(tmp_path / "job.log", "wb") as f:
+        f.write(b"step 1 loss 2.0\n" * 4096)
+        f.write(b"[rank1]: RuntimeError: boom\n")
+    text = read_job_log(tmp_path / "job.log", max_bytes=1024)
+    assert len(text) <= 1024 and text.endswith("[rank1]: RuntimeError: boom\n")
+    assert read_job_log(tmp_path / "missing") == ""
+
+
+def test_progress_between_two_py_spy_samples():
+    """Same frames off CPU is stuck, unless the process kept cores busy outside a collective
+    (OpenMP workers computing while the main thread waits for them in a futex)."""
+    from moe_hang.commands.diagnose import progressed
+
+    def sample(*frames, active=False):
+        return [{"thread_name": "MainThread", "active": active,
+                 "frames": [{"filename": f, "line": n, "name": fn} for f, n, fn in frames]}]
+
+    computing = sample(("/job/t.py", 9, "forward"), ("/job/t.py", 30, "<module>"))
+    waiting = sample((TORCH, 10, "all_reduce"), ("/job/t.py", 31, "<module>"))
+    assert progressed(computing, computing) is False
+    assert progressed(computing, computing, cpu_cores=1.5) is True
+    assert progressed(computing, computing, cpu_cores=0.01) is False
+    assert progressed(waiting, waiting, cpu_cores=1.5) is False  # a spin-wait is not progress
+    assert progressed(computing, waiting) is True
+    busy = sample(("/job/t.py", 9, "forward"), active=True)
+    assert progressed(busy, busy) is True

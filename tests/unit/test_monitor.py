@@ -1,0 +1,146 @@
+"""The stall detector against real processes whose heartbeat has gone quiet.
+
+A rank's heartbeat comes from a thread inside it. When the rank holds the GIL for seconds (a
+full garbage collection, module teardown at exit: 2-3 s for a process that imported torch's
+DTensor stack, measured with py-spy in gc_collect_main) that thread is starved and the last
+beat may still show a collective pending. Busy is not stuck: the watcher must read the CPU
+itself. A quiet rank that burns nothing is still a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from moe_hang.runtime.launcher import LaunchedJob
+from moe_hang.runtime.monitor import WatchSettings, watch
+
+pytestmark = pytest.mark.timeout(60)
+
+BURN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pass\n"
+IDLE = "import time\ntime.sleep({s})\n"
+
+
+def _stale_heartbeat(probe_dir: Path, pid: int) -> None:
+    """What a starved probe leaves behind: its last beat, mid all_reduce, never refreshed."""
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    hb = {"rank": 0, "pid": pid, "world": "1", "local_world": "1", "beat": 7, "cpu_s": 0.1,
+          "progress": {"step": 2, "steps": 2, "phase": "backward"},
+          "pg_status": {"0": {"enqueued": 28, "completed": 27}},
+          "pending": [{"pg_id": 0, "collective_seq_id": 28, "profiling_name": "gloo:all_reduce",
+                       "input_sizes": [[2306, 64]], "time_created_ns": 1}],
+          "main_frame": [["ep.py", 143, "sum_gathered_grads"]]}
+    (probe_dir / "rank0.hb.json").write_text(json.dumps(hb))
+
+
+def _watch(tmp_path: Path, code: str) -> str:
+    log = tmp_path / "job.log"
+    popen = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = LaunchedJob(popen=popen, log_path=log)
+    try:
+        _stale_heartbeat(tmp_path / "probe", popen.pid)
+        out = watch(job, WatchSettings(probe_dir=tmp_path / "probe", world=1, stall_s=0.6,
+                                       poll_s=0.05, refresh_s=0.2, idle_stall_s=20.0))
+        return out.kind
+    finally:
+        job.terminate(grace=1.0)
+        assert popen.poll() is not None
+
+
+def test_a_busy_rank_with_a_stale_heartbeat_is_not_a_stall(tmp_path):
+    # 4 stall periods of CPU work behind a heartbeat that says "waiting in all_reduce"
+    assert _watch(tmp_path, BURN.format(s=2.5)) == "completed"
+
+
+def test_a_quiet_rank_with_a_pending_collective_is_a_stall(tmp_path):
+    assert _watch(tmp_path, IDLE.format(s=15)) == "stalled"
+
+
+def test_the_probe_says_exiting_in_its_last_beat(tmp_path):
+    """At shutdown the last heartbeat must not leave a collective pending behind."""
+    code = ("from moe_hang.probe import probe\n"
+            "probe.install()\n"
+            "probe.set_progress(step=1, steps=1, phase='backward')\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MOE_HANG_PROBE_DIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("MOE_HANG_PROBE_OWNER", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=30,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    hb = json.loads((tmp_path / "rank0.hb.json").read_text())
+    assert hb["progress"]["phase"] == "exiting"
+    assert hb["pending"] == [] and not hb["pg_status"]
+
+
+HELPER_BUSY = ("import threading, time\n"
+               "def burn():\n"
+               "    end = time.time() + {s}\n"
+               "    while time.time() < end:\n"
+               "        pass\n"
+               "threading.Thread(target=burn, daemon=True).start()\n"
+               "time.sleep({s})\n")
+
+
+def test_progress_sample_tells_running_orphans_from_frozen_ones(tmp_path):
+    """After the agent died, ranks left behind are sampled: one still stepping (CPU) moved;
+    one blocked (same heartbeat) did not, even while another of its threads works (the probe
+    answering a dump request); one gone has no answer."""
+    from conftest import wait_blocked
+
+    from moe_hang.runtime.monitor import ProgressSample
+
+    busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=20)], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", IDLE.format(s=20)], start_new_session=True)
+    helper = subprocess.Popen([sys.executable, "-c", HELPER_BUSY.format(s=20)],
+                              start_new_session=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        gone.wait(timeout=10)
+        wait_blocked([idle.pid, helper.pid], timeout=15)  # past interpreter start-up
+        _stale_heartbeat(tmp_path / "probe", idle.pid)
+        sample = ProgressSample(tmp_path / "probe",
+                                {0: idle.pid, 1: busy.pid, 2: gone.pid, 3: helper.pid})
+        assert sample.finish(min_window_s=1.0) == {0: False, 1: True, 3: False}
+    finally:
+        for p in (busy, idle, helper):
+            p.kill()
+            p.wait(timeout=10)
+
+
+LAUNCHER = ("import subprocess, sys\n"
+            "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3)'])\n"
+            "b = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+            "print(a.pid, b.pid, flush=True)\n"
+            "a.wait(); b.wait()\n")
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_rank_that_finished_first_does_not_end_the_job(tmp_path, clean):
+    """Rank 1 is done while rank 0 still works (a final checkpoint, an evaluation) for longer
+    than torchrun's teardown window: that is a job finishing, not one tearing down. A rank that
+    dies without its probe's last beat (SIGKILL, an abort) is."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    popen = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(burn=BURN.format(s=3))],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = LaunchedJob(popen=popen, log_path=tmp_path / "job.log")
+    try:
+        assert popen.stdout is not None
+        a, b = map(int, popen.stdout.readline().split())
+        for rank, pid, phase in ((0, b, "forward"), (1, a, "exiting" if clean else "forward")):
+            (probe / f"rank{rank}.hb.json").write_text(json.dumps(
+                {"rank": rank, "pid": pid, "world": "2", "progress": {"phase": phase},
+                 "pg_status": {}, "pending": []}))
+        out = watch(job, WatchSettings(probe_dir=probe, world=2, stall_s=1.0, poll_s=0.05,
+                                       refresh_s=0.2, teardown_wait_s=1.0, idle_stall_s=20.0))
+        assert out.kind == ("completed" if clean else "failed"), out.reason
+        assert 1 in out.dead_ranks
+    finally:
+        job.terminate(grace=1.0)
