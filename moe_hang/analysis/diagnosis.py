@@ -53,6 +53,28 @@ class MismatchKind(_StrEnum):
     MISSING = "missing_rank"
 
 
+class CulpritBasis(_StrEnum):
+    """What the culprit follows from (docs/DESIGN.md §8)."""
+
+    EXCEPTION = "exception"  # it raised the earliest exception that is not a consequence
+    EXITED = "exited"  # it died, was killed, or left while the others wait for it
+    MAJORITY = "majority"  # the minority at the divergence
+    PROGRAM_ORDER = "program_order"  # further along the same code: it skipped what others wait in
+    HISTORY = "history"  # earlier iterations show the order it broke
+    CYCLE = "cycle"  # every rank on a wait-for cycle
+    WAITED_FOR = "waited_for"  # outside any collective while the others wait for it
+    AMBIGUOUS = "ambiguous"  # the evidence does not decide: every candidate is named
+    NONE = "none"  # no culprit (healthy, or nothing to blame)
+
+
+class Certainty(_StrEnum):
+    """How sure the verdict is; ``watch`` ends a job only on ``definite``."""
+
+    DEFINITE = "definite"
+    LIKELY = "likely"
+    UNCERTAIN = "uncertain"
+
+
 VERDICTS = tuple(v.value for v in Verdict)
 STATES = tuple(s.value for s in RankState)
 KINDS = tuple(k.value for k in MismatchKind)
@@ -327,6 +349,10 @@ class Diagnosis:
     evidence: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
     run: RunInfo | None = None  # what the command that made it adds
+    culprit_basis: CulpritBasis = CulpritBasis.NONE
+    certainty: Certainty = Certainty.UNCERTAIN
+    fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
+    rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
 
     def rank(self, r: int) -> RankReport | None:
         return next((x for x in self.ranks if x.rank == r), None)
@@ -346,7 +372,12 @@ class Diagnosis:
             "fix": self.fix,
             "artifacts": self.artifacts,
             "evidence": self.evidence,
+            "culprit_basis": self.culprit_basis,
+            "certainty": self.certainty,
+            "rule": self.rule,
         }
+        if self.fix_code:
+            d["fix_code"] = self.fix_code
         if self.timeline is not None:
             d["timeline"] = self.timeline.to_dict()
         if self.run is not None:
