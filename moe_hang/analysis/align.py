@@ -1,19 +1,24 @@
-"""Align the ranks' collectives per process group by sequence number and find where they
-first disagree, in every group; then pick the divergence that is the cause (docs/DESIGN.md
-§8). Pure."""
+"""Align the ranks' collectives per process group by sequence number and find, in every
+group, where the members first disagree (docs/DESIGN.md §8). Pure.
+
+At one sequence number of a group the members may post different ops, or different sizes
+(where every member must agree), or different dtypes; or the same op from different places in
+the code (a rank skipped one and posted the next one early: FSDP's per-expert all-gathers have
+identical shapes and pair up silently); or a member never posts it because it is blocked
+elsewhere or dead. The first such seq is the group's divergence.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind, RankState
-from moe_hang.analysis.kinds import ROW, mismatch_kind
-from moe_hang.analysis.order import who_skipped
+from moe_hang.analysis.kinds import mismatch_kind
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import RankView, rank_view
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
-from moe_hang.evidence.stacks import in_backward
+from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
 
 
 def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int]]:
@@ -35,22 +40,19 @@ def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int
 
 
 @dataclass
-class Found:
+class GroupDivergence:
+    """Where one group's members first disagree."""
+
     div: Divergence
-    culprits: list[int]
+    have: dict[int, Collective]  # the members that posted this seq, with what they posted
+    absent: list[int]  # members that never posted it, known to be blocked elsewhere or dead
     time_ns: int
+    # the same op from different code: which ranks' entry is not the collective the others
+    # posted here (they skipped one, or are behind); filled for identity mismatches
+    identity: dict[int, object] = field(default_factory=dict)
 
 
-def minority(groups: list[list[int]]) -> list[int] | None:
-    """Majority vote over groups of ranks that agree: the ranks outside the largest group when
-    it is strictly bigger than every other, else None (no majority: blame is undecided)."""
-    ranked = sorted(groups, key=len, reverse=True)
-    if len(ranked) > 1 and len(ranked[0]) > len(ranked[1]):
-        return sorted(r for rs in ranked[1:] for r in rs)
-    return None
-
-
-def _blocked_elsewhere(v: RankView) -> bool:
+def blocked_elsewhere(v: RankView) -> bool:
     """Known not to be on its way to the missing collective: dead, or seen not moving. A
     single snapshot of a live rank proves nothing (it may be one step behind, computing)."""
     if v.state == RankState.EXITED:
@@ -58,22 +60,45 @@ def _blocked_elsewhere(v: RankView) -> bool:
     return v.state in (RankState.IDLE, RankState.IN_COLLECTIVE) and v.ev.progressed is False
 
 
-def align(views: dict[int, RankView], world: int | None) -> Found | None:
-    """The earliest sequence number, in any group, where member ranks disagree."""
-    found: list[Found] = []
-    for pg, ranks in members(views, world).items():
-        f = _first_in_group(pg, ranks, views)
-        if f is not None:
-            found.append(f)
-    if not found:
+def _identity(c: Collective, pending: bool, v: RankView) -> object | None:
+    """What tells two same-op, same-size collectives apart: the probe's tag, else the user
+    stack that posted it — the recorder's frames, or, for the collective a rank is blocked in,
+    its stack now. None when nothing does."""
+    if c.tag:
+        return ("tag", c.tag)
+    frames = c.frames if c.source != "probe" else []
+    if not frames and pending and v.stack.frames and v.stack.op == c.op:
+        frames = v.stack.frames
+    user = tuple((f.file, f.line, f.function) for f in reversed(frames)
+                 if not is_library_frame(f))
+    return ("stack", user) if user else None
+
+
+def _identities_differ(seq: int, have: dict[int, Collective], pg: str,
+                       views: dict[int, RankView]) -> dict[int, object] | None:
+    """Same op and sizes, but not the same collective. At a seq that is still pending this is
+    where the ranks are stuck; at one that completed (the pair went through, silently) it only
+    counts if the ranks never line up again afterwards — two code paths may post the same
+    collective legitimately (``if rank == 0: dist.barrier() else: dist.barrier()``)."""
+    ids = {r: _identity(c, c.completed is not True, views[r]) for r, c in have.items()}
+    known = {r: i for r, i in ids.items() if i is not None}
+    if len(known) < 2 or len(set(known.values())) < 2:
         return None
-    # Two groups can each miss a rank (rank 3 skipped group 2's all-reduce and waits in the
-    # barrier; rank 2 waits in that all-reduce and so never reaches the barrier). Blame the
-    # divergence whose absent rank went *past* the collective, not the one stuck before it.
-    return min(found, key=lambda f: (_is_consequence(f, views), f.time_ns, f.div.seq))
+    if all(c.completed is not True for c in have.values()):
+        return known
+    later = sorted({s for r in have for s in views[r].tl.by_pg.get(pg, {}) if s > seq})
+    for s in later:
+        ls = {r: views[r].tl.by_pg.get(pg, {}).get(s) for r in have}
+        li = {r: _identity(c, c.completed is not True, views[r])
+              for r, c in ls.items() if c is not None}
+        li = {r: i for r, i in li.items() if i is not None}
+        if len(li) >= 2 and len(set(li.values())) == 1:
+            return None  # back in step: the difference was two paths to the same collective
+    return known
 
 
-def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]) -> Found | None:
+def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
+                    ) -> GroupDivergence | None:
     with_data = [r for r in ranks if r in views and views[r].tl.has_data]
     if len(with_data) < 2 and not any(views[r].tl.by_pg.get(pg) for r in with_data):
         return None
@@ -90,13 +115,13 @@ def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]) -> Fo
         absent = [r for r, c in present.items()
                   if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
         kind = mismatch_kind(list(have.values()))
-        tag_culprits: list[int] | None = None
-        if kind is None:
-            tag_culprits = _skipped_by_tag(pg, seq, have, views)
-            if tag_culprits is not None:
-                kind = MismatchKind.MISSING
+        identity: dict[int, object] = {}
+        if kind is None and len(have) >= 2:
+            ids = _identities_differ(seq, have, pg, views)
+            if ids is not None:
+                kind, identity = MismatchKind.MISSING, ids
         if kind is None and absent:
-            stuck = [r for r in absent if _blocked_elsewhere(views[r])]
+            stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]
             if stuck and waiting and len(stuck) == len(absent):
                 kind = MismatchKind.MISSING
@@ -109,82 +134,23 @@ def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]) -> Fo
             phase = "backward"
         div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
                          members=ranks, per_rank=per_rank, phase=phase)
-        if tag_culprits is not None:
-            culprits = tag_culprits
-        elif kind == MismatchKind.MISSING:
-            culprits = absent
-        else:
-            culprits = _culprits(kind, have, views)
         t = min((c.time_created_ns or 0) for c in have.values())
-        return Found(div, sorted(culprits), t)
+        return GroupDivergence(div, have, absent if not identity else [], t, identity)
     return None
 
 
-def _is_consequence(f: Found, views: dict[int, RankView]) -> bool:
-    """A missing rank that is still *behind* the others in program order did not skip
-    anything: it is held up earlier, by another group's divergence."""
-    if f.div.kind != MismatchKind.MISSING or not f.culprits or f.div.seq is None:
-        return False
-    culprit = f.culprits[0]
-    if f.div.per_rank.get(culprit) is not None:
-        return False  # it posted this collective (a tag mismatch): it is not held up earlier
-    present = [r for r, c in f.div.per_rank.items() if c is not None]
-    if not present:
-        return False
-    r_wait = present[0]
-    waiting = views[r_wait].tl.by_pg.get(f.div.pg, {}).get(f.div.seq)
-    absent = views[culprit].current
-    if waiting is None or absent is None:
-        return False
-    return who_skipped(waiting, absent, views, [r_wait], [culprit]) == "a"
+def divergences(views: dict[int, RankView], world: int | None) -> list[GroupDivergence]:
+    """Every group's first divergence, earliest first."""
+    found = [g for pg, ranks in members(views, world).items()
+             if (g := _first_in_group(pg, ranks, views)) is not None]
+    return sorted(found, key=lambda g: (g.time_ns, g.div.seq or 0, g.div.pg))
 
 
-def _skipped_by_tag(pg: str, seq: int, have: dict[int, Collective],
-                    views: dict[int, RankView]) -> list[int] | None:
-    """Same op and sizes, but the probe says they are different collectives (FSDP all-gathers
-    of different experts have identical shapes and pair up silently). The rank that is
-    *ahead* (its collective comes next on the others) skipped one: that is the culprit."""
-    tags = {r: c.tag for r, c in have.items() if c.tag}
-    if len(tags) < 2 or len(set(tags.values())) < 2:
-        return None
-    ahead = []
-    for r, tag in tags.items():
-        for q in tags:
-            nxt = views[q].tl.by_pg.get(pg, {}).get(seq + 1)
-            if q != r and nxt is not None and nxt.tag == tag and tags[q] != tag:
-                ahead.append(r)
-                break
-    if ahead:
-        return sorted(ahead)
-    counts: dict[str, list[int]] = {}
-    for r, tag in tags.items():
-        counts.setdefault(tag, []).append(r)
-    least = minority(list(counts.values()))
-    return least if least is not None else sorted(tags)
-
-
-def _culprits(kind: MismatchKind, have: dict[int, Collective],
-              views: dict[int, RankView]) -> list[int]:
-    """The minority at the divergence; with no majority, the side that went past the other's
-    collective; else every rank there."""
-    same = ROW[kind].same
-    groups: list[tuple[Collective, list[int]]] = []
-    for r, c in sorted(have.items()):
-        for rep, rs in groups:
-            if same(rep, c):
-                rs.append(r)
-                break
-        else:
-            groups.append((c, [r]))
-    least = minority([rs for _, rs in groups])
-    if least is not None:
-        return least
-    if kind == MismatchKind.OP and len(groups) == 2:  # two groups of equal size
-        (a, ra), (b, rb) = groups
-        ahead = who_skipped(a, b, views, ra, rb)
-        if ahead is not None:
-            return ra if ahead == "a" else rb
-    return sorted(have)
+def site_of(c: Collective, v: RankView) -> tuple[str, int] | None:
+    site = callsite(c.frames) if c.frames else None
+    if site is None and v.stack.op == c.op:
+        site = v.stack.callsite
+    return (site.file, site.line) if site else None
 
 
 def quick_divergence(heartbeats: dict[int, Heartbeat], world: int | None) -> Divergence | None:
@@ -193,7 +159,7 @@ def quick_divergence(heartbeats: dict[int, Heartbeat], world: int | None) -> Div
     views = {r: rank_view(RankEvidence(rank=r, pid=hb.pid, heartbeat=hb, alive=True,
                                        progressed=False))
              for r, hb in heartbeats.items()}
-    found = align(views, world)
-    if found is None or found.div.kind == MismatchKind.MISSING:
-        return None
-    return found.div
+    for g in divergences(views, world):
+        if g.div.kind != MismatchKind.MISSING:
+            return g.div
+    return None

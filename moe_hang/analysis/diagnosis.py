@@ -353,6 +353,7 @@ class Diagnosis:
     certainty: Certainty = Certainty.UNCERTAIN
     fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
+    divergences: list[Divergence] = field(default_factory=list)  # every diverging group
 
     def rank(self, r: int) -> RankReport | None:
         return next((x for x in self.ranks if x.rank == r), None)
@@ -378,6 +379,8 @@ class Diagnosis:
         }
         if self.fix_code:
             d["fix_code"] = self.fix_code
+        if len(self.divergences) > 1:
+            d["divergences"] = [x.to_dict() for x in self.divergences]
         if self.timeline is not None:
             d["timeline"] = self.timeline.to_dict()
         if self.run is not None:

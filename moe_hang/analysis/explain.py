@@ -6,16 +6,17 @@ import signal
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
+    CulpritBasis,
     Divergence,
     MismatchKind,
     RankCollective,
     RankReport,
-    Verdict,
     fmt_shape,
     pg_label,
 )
 from moe_hang.analysis.kinds import ROW
 from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.model import RankError
 from moe_hang.evidence.stacks import Frame
 
 
@@ -96,22 +97,22 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
             + "; ".join(parts) + tail + ".")
 
 
-_VERDICT_ADVICE = {
-    Verdict.RANK_DIED: ("A rank died while the others wait in a collective: find why it died "
-                        "(OOM killer, signal, node failure); the survivors will only leave at "
-                        "the timeout."),
-    Verdict.CRASH: ("A rank raised an error; fix it first: the other ranks only fail as a "
-                    "consequence."),
-    Verdict.STRAGGLER: ("Not a deadlock: a rank is still computing while the others wait. "
-                        "Look at what it computes (stack below); raise the timeout or balance "
-                        "the work."),
-    Verdict.HANG: ("Every rank waits in the same collective with matching sizes, so the order "
-                   "is fine: suspect the transport (NCCL_DEBUG=INFO), a peer outside this job, "
-                   "or a device fault; Flight Recorder dumps from every rank would settle it."),
-}
+def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:
+    """Why these ranks are blamed, in words (empty when there is nothing to add)."""
+    who = f"Rank {ranks_text(culprits)}"
+    unconfirmed = "" if confirmed else " (by line numbers: the source was not readable here)"
+    if basis == CulpritBasis.MAJORITY:
+        return f" {who} differs from the majority."
+    if basis == CulpritBasis.PROGRAM_ORDER:
+        return (f" {who} is further along the same code{unconfirmed}: it went past the "
+                "collective the others wait in.")
+    if basis == CulpritBasis.HISTORY:
+        return f" In earlier iterations the other order held: {who} broke it."
+    if basis == CulpritBasis.AMBIGUOUS and culprits:
+        return (" Which rank deviates is not decided by this capture: rank "
+                f"{ranks_text(culprits)} are named.")
+    return ""
 
 
-def fix_hint(div: Divergence | None, reports: dict[int, RankReport], verdict: Verdict) -> str:
-    if div is not None:
-        return ROW[div.kind].advice(div, reports)
-    return _VERDICT_ADVICE.get(verdict, "")
+def error_text(err: RankError) -> str:
+    return f"{err.type}: {err.message}" if err.message else err.type

@@ -7,7 +7,7 @@ import signal
 
 from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.explain import ranks_text
-from moe_hang.analysis.order import earlier_in_program
+from moe_hang.analysis.order import program_order
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.frtrace import Collective
@@ -37,7 +37,7 @@ def stack_divergence(views: dict[int, RankView],
     for cand in order[1:]:
         fa = views[behind[1][0]].user_frames_outer_first()
         fb = views[cand[1][0]].user_frames_outer_first()
-        if earlier_in_program(fa, fb) == "b":
+        if program_order(fa, fb).side == "a":  # the current "behind" is further along
             behind = cand
     culprits = [r for op, rs in groups.items() if op != behind[0] for r in rs]
     return div, culprits

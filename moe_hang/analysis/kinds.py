@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankReport
+from moe_hang.analysis.advice import (
+    Advice,
+    Situation,
+    advise_dtype,
+    advise_order,
+    advise_size,
+)
+from moe_hang.analysis.diagnosis import MismatchKind
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.ops import SAME_SIZE_OPS
 
@@ -37,32 +44,6 @@ def _same_dtypes(a: Collective, b: Collective) -> bool:
     return (a.op, a.dtypes) == (b.op, b.dtypes)
 
 
-def _in_backward(div: Divergence, reports: dict[int, RankReport]) -> bool:
-    return div.phase == "backward" or any(r.phase == "backward" for r in reports.values())
-
-
-def _advise_size(_div: Divergence, _reports: dict[int, RankReport]) -> str:
-    return ("Exchange per-rank lengths before gathering: all-gather the counts, pad to the "
-            "max, all-gather, trim each piece (moe_hang.VarlenDispatch); never infer "
-            "the global shape as local × world (DTensor.from_local(Shard(0))) for ragged data.")
-
-
-def _advise_order(div: Divergence, reports: dict[int, RankReport]) -> str:
-    if _in_backward(div, reports):
-        return ("A rank's autograd graph lacks a collective the others run in backward: tie "
-                "the output to every gathered input (y = y + x.sum() * 0, "
-                "moe_hang.anchor_gradients) so every rank runs the same backward.")
-    return ("Make every rank post every collective every step: do not skip a layer, expert "
-            "or exchange when a rank has no tokens (run it on an empty or dummy input).")
-
-
-def _advise_dtype(_div: Divergence, _reports: dict[int, RankReport]) -> str:
-    return "Cast to one dtype on every rank before the collective."
-
-
-Advice = Callable[[Divergence, dict[int, RankReport]], str]
-
-
 @dataclass(frozen=True)
 class KindRow:
     kind: MismatchKind
@@ -70,18 +51,18 @@ class KindRow:
     differs: Callable[[Collective, Collective], bool] | None
     same: Callable[[Collective, Collective], bool]  # do two ranks agree on this point?
     phrase: str  # "Ranks posted <phrase> at seq N of <group>"
-    advice: Advice
+    advice: Callable[[Situation], Advice]
 
 
 # Checked in this order: a different op makes sizes and dtypes meaningless.
 KINDS: tuple[KindRow, ...] = (
     KindRow(MismatchKind.OP, lambda a, b: not ops_match(a, b), ops_match,
-            "different collectives", _advise_order),
-    KindRow(MismatchKind.SIZE, _sizes_differ, _same_sizes, "different sizes", _advise_size),
+            "different collectives", advise_order),
+    KindRow(MismatchKind.SIZE, _sizes_differ, _same_sizes, "different sizes", advise_size),
     KindRow(MismatchKind.DTYPE, _dtypes_differ, _same_dtypes, "different dtypes",
-            _advise_dtype),
+            advise_dtype),
     KindRow(MismatchKind.MISSING, None, ops_match, "a collective some ranks never reached",
-            _advise_order),
+            advise_order),
 )
 ROW = {row.kind: row for row in KINDS}
 

@@ -1,18 +1,34 @@
-"""Which of two ranks is further along the same code: it went past the collective the other
-waits in, i.e. skipped it (docs/DESIGN.md §8). From history first (in earlier iterations, which
-call site followed which), then from program order (at the deepest frame both stacks share,
-the lower line comes first). Pure."""
+"""Which of two ranks is further along the same code — the one that went past the collective
+the other waits in, i.e. skipped it (docs/DESIGN.md §8). From history first (in earlier
+iterations, which call site followed which), then from program order (at the deepest frame
+both stacks share, the statement that runs first, read from the source: lines in exclusive
+branches of an ``if`` are not ordered at all). Pure."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.source import Order, order
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
 
 if TYPE_CHECKING:
     from moe_hang.analysis.timeline import RankView
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The answer to "who is further along": ``side`` "a", "b" or None (undecided)."""
+
+    side: str | None
+    basis: CulpritBasis
+    confirmed: bool = True  # False: from line numbers only (the source was not readable)
+
+
+UNDECIDED = Ahead(None, CulpritBasis.AMBIGUOUS)
 
 
 def site_key(c: Collective) -> tuple[str, object] | None:
@@ -22,41 +38,65 @@ def site_key(c: Collective) -> tuple[str, object] | None:
     return ("probe", c.name) if c.name else None
 
 
-def earlier_in_program(fa: list[Frame], fb: list[Frame]) -> str | None:
-    """Which of two user stacks (outermost frame first) is earlier in program order: at the
-    deepest frame they share, the one on the lower line ("a" or "b"; None: undecided)."""
+def user_frames(frames: list[Frame]) -> list[Frame]:
+    """Outermost first, without torch's own frames."""
+    return [f for f in reversed(frames) if not is_library_frame(f)]
+
+
+def program_order(fa: list[Frame], fb: list[Frame]) -> Ahead:
+    """Which of two user stacks (outermost frame first) is further along: at the deepest
+    frame they share, the statement that runs later."""
     for x, y in zip(fa, fb, strict=False):
         if (x.file, x.function) != (y.file, y.function):
-            return None
-        if x.line != y.line:
-            return "a" if x.line < y.line else "b"
-    return None
+            return UNDECIDED
+        if x.line == y.line:
+            continue
+        o = order(x.file, x.line, y.line)
+        if o is Order.A_FIRST:
+            return Ahead("b", CulpritBasis.PROGRAM_ORDER)
+        if o is Order.B_FIRST:
+            return Ahead("a", CulpritBasis.PROGRAM_ORDER)
+        if o is Order.UNKNOWN:  # no source here: the line numbers, unconfirmed
+            return Ahead("b" if x.line < y.line else "a", CulpritBasis.PROGRAM_ORDER, False)
+        if o is Order.EXCLUSIVE:
+            return UNDECIDED  # different branches: neither is "after" the other
+    return UNDECIDED
+
+
+def _history(a: Collective, b: Collective, views: dict[int, RankView]) -> Ahead:
+    """In earlier iterations, did one collective's call site directly follow the other's?
+    Then the side now at the later one went on without the earlier one."""
+    ka, kb = site_key(a), site_key(b)
+    if not (ka and kb and ka != kb):
+        return UNDECIDED
+    a_then_b = b_then_a = False
+    for v in views.values():
+        keys = [site_key(c) for c in sorted(v.tl.by_pg.get(a.pg, {}).values(),
+                                            key=lambda c: c.seq)]
+        for k1, k2 in pairwise(keys):
+            a_then_b |= (k1, k2) == (ka, kb)
+            b_then_a |= (k1, k2) == (kb, ka)
+    if a_then_b and not b_then_a:
+        return Ahead("b", CulpritBasis.HISTORY)
+    if b_then_a and not a_then_b:
+        return Ahead("a", CulpritBasis.HISTORY)
+    return UNDECIDED
 
 
 def who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
-                ra: list[int], rb: list[int]) -> str | None:
-    """Which side posted a *later* collective in place of the other's, i.e. skipped one
-    ("a", "b", or None when the evidence does not decide)."""
-    ka, kb = site_key(a), site_key(b)
-    if ka and kb and ka != kb:
-        a_then_b = b_then_a = False
-        for v in views.values():
-            keys = [site_key(c) for c in sorted(v.tl.by_pg.get(a.pg, {}).values(),
-                                                key=lambda c: c.seq)]
-            for k1, k2 in pairwise(keys):
-                a_then_b |= (k1, k2) == (ka, kb)
-                b_then_a |= (k1, k2) == (kb, ka)
-        if a_then_b and not b_then_a:
-            return "b"  # b's ranks went on to b's call site without posting a's
-        if b_then_a and not a_then_b:
-            return "a"
-    fa = [f for f in reversed(a.frames) if not is_library_frame(f)] if a.frames else []
-    fb = [f for f in reversed(b.frames) if not is_library_frame(f)] if b.frames else []
-    if not fa:
-        fa = views[ra[0]].user_frames_outer_first()
-    if not fb:
-        fb = views[rb[0]].user_frames_outer_first()
-    first = earlier_in_program(fa, fb)
-    if first is None:
-        return None
-    return "b" if first == "a" else "a"  # the side whose line comes later skipped ahead
+                ra: list[int], rb: list[int]) -> Ahead:
+    """Which side posted a *later* collective in place of the other's, i.e. skipped one."""
+    hist = _history(a, b, views)
+    if hist.side is not None:
+        return hist
+    fa = user_frames(a.frames) or views[ra[0]].position
+    fb = user_frames(b.frames) or views[rb[0]].position
+    return program_order(fa, fb)
+
+
+def further_along(r: int, waiting: Collective, views: dict[int, RankView],
+                  waiter: int) -> Ahead:
+    """Is rank ``r`` (which never posted ``waiting``) further along than ``waiter`` (which
+    waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier."""
+    fw = user_frames(waiting.frames) or views[waiter].position
+    return program_order(views[r].position, fw)

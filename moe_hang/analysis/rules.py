@@ -1,122 +1,51 @@
 """From evidence to a verdict: the ordered rules (pure: no torch, no rich, no processes).
 
-The core question is the one NCCL never answers: did every rank post the same collectives in
-the same order with the same sizes? :mod:`~moe_hang.analysis.align` answers it per process
-group; stacks say what each rank is doing now; exit codes and error records say who died.
-:func:`facts` establishes all of that once; then the first rule of :data:`RULES` whose
-condition holds names the verdict, the culprits and the sentence (docs/DESIGN.md §8).
+:func:`~moe_hang.analysis.facts.facts` establishes once what the evidence says — every group's
+divergence and who is to blame for it, the wait-for graph and its cycles, who raised what, who
+died or left, who moves. Then the first rule of :data:`RULES` whose condition holds names the
+verdict, the culprits (with the basis they follow from), how certain it is, the sentence and
+the advice (docs/DESIGN.md §8). The README shows this table.
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from moe_hang.analysis.align import align
+from moe_hang.analysis.advice import Advice, Situation
 from moe_hang.analysis.diagnosis import (
+    Certainty,
+    CulpritBasis,
     Diagnosis,
     Divergence,
-    RankReport,
     RankState,
     Verdict,
 )
 from moe_hang.analysis.explain import (
+    culprit_clause,
     desync_summary,
+    error_text,
     exit_desc,
-    fix_hint,
-    fmt_sizes,
     ranks_text,
     site_str,
 )
-from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
-from moe_hang.analysis.ranks import report
-from moe_hang.analysis.timeline import RankView, build_timeline, rank_view
-from moe_hang.evidence.model import Evidence, said_exiting
-
-
-@dataclass
-class Facts:
-    """What the evidence establishes, computed once and read by every rule."""
-
-    ev: Evidence
-    views: dict[int, RankView]
-    div: Divergence | None
-    culprits: list[int]
-    exited: list[int]
-    bad_exit: list[int]  # exited with an error, a signal, or an exception on record
-    killed: list[int]  # SIGKILLed, or gone without a trace
-    alive: list[int]
-    moving: list[int]
-    waiting: list[int]  # alive, in a collective or idle, not moving
-    reports: dict[int, RankReport]
-    agent_died: bool
-    orphans_moving: bool
-    from_stacks: bool = False  # the divergence was read from stacks alone
-    abort_detail: str = ""
-    evidence: list[str] = field(default_factory=list)
-
-    def waits(self) -> str:
-        """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
-        victims = [r for r in self.views if r not in self.killed
-                   and self.reports[r].collective is not None
-                   and (r in self.waiting or self.reports[r].state == RankState.EXITED)]
-        return ", ".join(f"rank {r} in {fmt_sizes(self.reports[r].collective)}"
-                         for r in victims)
-
-
-def _evidence_lines(ev: Evidence) -> list[str]:
-    lines = list(ev.log_lines)
-    for r, e in sorted(ev.ranks.items()):
-        if e.fr_error:
-            lines.append(f"rank {r}: Flight Recorder dump unreadable ({e.fr_error})")
-        if e.stack_error:
-            lines.append(f"rank {r}: {e.stack_error}")
-        lines.extend(f"rank {r}: {n}" for n in e.notes)
-    return lines
-
-
-def facts(ev: Evidence) -> Facts:
-    views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
-    found = align(views, ev.world_size)
-    div = found.div if found else None
-    culprits: list[int] = found.culprits if found else []
-    exited = [r for r, v in views.items() if v.state == RankState.EXITED]
-    bad_exit = [r for r in exited if ev.ranks[r].exit_code != 0 or ev.ranks[r].error]
-    killed = [r for r in bad_exit if ev.ranks[r].exit_code == -signal.SIGKILL
-              or (ev.ranks[r].exit_code is None and not ev.ranks[r].error
-                  and not ev.ranks[r].fatal)]
-    alive = [r for r in views if r not in exited]
-    moving = [r for r in alive if views[r].ev.progressed
-              or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)]
-    waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
-               and r not in moving]
-    from_stacks = False
-    abort_detail = ""
-    if div is None and len(waiting) >= 2 and (sd := stack_divergence(views, waiting)):
-        div, culprits = sd
-        from_stacks = True
-    if div is None and (size_abort := size_abort_divergence(views, ev)) is not None:
-        div, culprits, abort_detail = size_abort
-    agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
-    orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
-    if div is not None and agent_died and (
-            orphans_moving
-            or not all(views[r].state == RankState.IN_COLLECTIVE for r in alive)):
-        # orphans still stepping when captured: a snapshot of ranks in flight (one already in
-        # the next collective) is not a desync
-        div, culprits, from_stacks, abort_detail = None, [], False, ""
-    reports = {r: report(v, div) for r, v in views.items()}
-    return Facts(ev, views, div, culprits, exited, bad_exit, killed, alive, moving, waiting,
-                 reports, agent_died, orphans_moving, from_stacks, abort_detail,
-                 _evidence_lines(ev))
+from moe_hang.analysis.facts import Facts, desync_divs, facts
+from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.timeline import build_timeline
+from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.stacks import callsite
 
 
 @dataclass
 class Outcome:
     verdict: Verdict
     culprits: list[int]
+    basis: CulpritBasis
+    certainty: Certainty
     summary: str
+    advice: Advice = field(default_factory=lambda: Advice(""))
+    div: Divergence | None = None  # the divergence to show as the first one
+    more: list[Divergence] = field(default_factory=list)  # other groups that diverged
 
 
 @dataclass(frozen=True)
@@ -126,70 +55,188 @@ class Rule:
     then: Callable[[Facts], Outcome]
 
 
-def _desync(f: Facts) -> Outcome:
-    assert f.div is not None
+# ---------------------------------------------------------------------------- the rules
+
+
+def _finished(f: Facts) -> Outcome:
+    return Outcome(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
+                   f"All {len(f.views)} ranks finished; every collective matched.")
+
+
+def _root_cause(f: Facts) -> Outcome:
+    # the earliest root cause: by the time the probe recorded it, else torchrun's "first
+    # observed failure", else the order the log shows them in
+    timed = {r: e for r, e in f.root_causes.items() if e.time is not None}
+    if timed:
+        rank = min(timed, key=lambda r: (timed[r].time or 0.0, r))
+    elif f.ev.root_cause_rank in f.root_causes:
+        rank = f.ev.root_cause_rank
+    else:
+        rank = min(f.root_causes, key=lambda r: (f.root_causes[r].source != "probe", r))
+    err = f.root_causes[rank]
+    site = callsite(err.frames)
+    others = sorted(set(f.root_causes) - {rank})
+    after = sorted(set(f.consequences) | set(f.bad_exit) - set(f.root_causes) - {rank})
+    summary = f"Rank {rank} raised {error_text(err)[:240]}" + (
+        f" at {site.short()}" if site else "") + "."
+    if after:
+        summary += (f" Rank {ranks_text(after)} then failed as a consequence"
+                    + (f" ({error_text(f.consequences[after[0]])[:80]})"
+                       if after[0] in f.consequences else "") + ".")
+    if others:
+        summary += f" Rank {ranks_text(others)} raised errors too, later."
+    text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
+            + (f" at {site.short()}" if site else "")
+            + ": the other ranks only failed because it left.")
+    if "find_unused_parameters" in err.message:
+        text = ("DistributedDataParallel says some parameters of rank "
+                f"{rank} got no gradient (a submodule it did not run): pass "
+                "find_unused_parameters=True to DistributedDataParallel, or make every rank "
+                "use every parameter every step.")
+    return Outcome(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
+                   Advice(text))
+
+
+def _size_abort(f: Facts) -> Outcome:
+    """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
+    survivors' records reach it; else the abort itself does."""
+    assert f.size_abort is not None
+    div, ranks, detail = f.size_abort
+    if desync_divs(f):
+        out = _desync(f)
+        out.summary = out.summary.rstrip(".") + f" ({detail})."
+        out.certainty = Certainty.DEFINITE
+        return out
+    reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    summary = desync_summary(f.div, f.reports, f.culprits, exits)
-    if f.abort_detail:
-        summary = summary.rstrip(".") + f" ({f.abort_detail})."
-    if f.from_stacks:
-        summary += (" (from stacks alone: Flight Recorder dumps, e.g. by running under "
-                    "`moe-hang watch`, would name the group and sequence number)")
-    return Outcome(Verdict.DESYNC, f.culprits, summary)
+    summary = desync_summary(div, reports, ranks, exits).rstrip(".") + f" ({detail})."
+    return Outcome(Verdict.DESYNC, ranks, CulpritBasis.AMBIGUOUS, Certainty.DEFINITE, summary,
+                   ROW[div.kind].advice(_situation(f, div, ranks, CulpritBasis.AMBIGUOUS)),
+                   div)
+
+
+def _killed(f: Facts) -> Outcome:
+    reports = f.reports(None)
+    w = f.waits(reports)
+    dead = f.ev.ranks[f.killed[0]]
+    if dead.exit_code is None:
+        how = "is gone (no process, no exception, no exit code) mid-step"
+    else:
+        how = f"was {exit_desc(dead.exit_code)} mid-step"
+    summary = f"Rank {ranks_text(f.killed)} {how}" + (f" while {w} waited for it." if w else ".")
+    kill9 = any(f.ev.ranks[r].exit_code in (-9, None) for r in f.killed)
+    text = ("Find out why it died: SIGKILL with no message is usually the OOM killer (check "
+            "`dmesg` / the node's memory); the others only wait for it." if kill9 else
+            "Find out why it died (its stack is in the run directory); the others only wait "
+            "for it.")
+    return Outcome(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
+                   summary, Advice(text))
+
+
+def _left_early(f: Facts) -> Outcome:
+    reports = f.reports(None)
+    w = f.waits(reports)
+    summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
+               "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
+    return Outcome(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
+                   Advice("A rank that leaves early leaves the others waiting in the next "
+                          "collective: make every rank run the same steps (e.g. the same "
+                          "number of batches: DistributedSampler(drop_last=True), or agree "
+                          "to stop with an all_reduce of a 'done' flag)."))
+
+
+def _cycle(f: Facts) -> Outcome:
+    from moe_hang.analysis.culprit import blame_cycle
+
+    cyc = f.wait_cycles[0]
+    b = blame_cycle(cyc, f.views)
+    culprits = set(b.culprits)
+    for other in f.wait_cycles[1:]:
+        culprits |= set(blame_cycle(other, f.views).culprits)
+    p2p_only = all(e.coll is None for e in cyc)
+    verdict = Verdict.HANG if p2p_only else Verdict.DESYNC
+    parts = [f"rank {e.waiter} waits in {e.what}"
+             + (f" at {site_str(f.views[e.waiter].site)}" if f.views[e.waiter].site else "")
+             + f" for rank {e.on}" for e in cyc]
+    summary = "Deadlock: " + "; ".join(parts) + "."
+    if len(f.wait_cycles) > 1:
+        summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
+    summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
+    if p2p_only and b.basis == CulpritBasis.CYCLE:
+        text = ("Each rank waits to receive before it sends: order the calls so one side sends "
+                "first (e.g. even ranks send then receive, odd ranks receive then send), or "
+                "post both with isend/irecv (dist.batch_isend_irecv) and wait on them.")
+    elif b.basis == CulpritBasis.CYCLE:
+        text = ("The ranks post these collectives in opposite orders: post collectives on every "
+                "group in the same order on every rank.")
+    else:
+        waiter = next(e.waiter for e in cyc if e.on in culprits)
+        text = (f"Rank {ranks_text(sorted(culprits))} went past what rank {waiter} waits in "
+                f"({next(e.what for e in cyc if e.on in culprits)} at "
+                f"{site_str(f.views[waiter].site)}): make it post that too, in the same order.")
+    on_cycle = [g for g in f.divs if any(e.coll is not None and e.coll.pg == g.div.pg
+                                          for e in cyc)]
+    # show the group that a culprit skipped (not the one it is held up in)
+    div = next((g.div for g in on_cycle if set(g.absent) & culprits),
+               on_cycle[0].div if on_cycle else None)
+    return Outcome(verdict, sorted(culprits), b.basis, Certainty.DEFINITE, summary,
+                   Advice(text), div)
+
+
+def _desync(f: Facts) -> Outcome:
+    found = desync_divs(f)
+    g, b = found[0]
+    culprits = sorted({r for _, bb in found for r in bb.culprits})
+    reports = f.reports(g.div)
+    exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
+    summary = desync_summary(g.div, reports, b.culprits, exits)
+    summary += culprit_clause(b.basis, b.culprits, b.confirmed)
+    if len(found) > 1:
+        summary += (f" {len(found) - 1} more group(s) diverged: "
+                    + "; ".join(f"{x.div.pg}#{x.div.seq} (rank {ranks_text(bb.culprits)})"
+                                for x, bb in found[1:]) + ".")
+    # all members posted the seq and disagree: it can never complete
+    same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
+    certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
+    return Outcome(Verdict.DESYNC, culprits, b.basis, certain, summary,
+                   ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
+                   g.div, [x.div for x, _ in found[1:]])
+
+
+def _stack_desync(f: Facts) -> Outcome:
+    assert f.stack_div is not None
+    div, culprits = f.stack_div
+    reports = f.reports(div)
+    summary = desync_summary(div, reports, culprits, {}) + (
+        " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
+        "would name the group and sequence number)")
+    return Outcome(Verdict.DESYNC, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
+                   summary, ROW[div.kind].advice(_situation(f, div, culprits,
+                                                            CulpritBasis.PROGRAM_ORDER)), div)
 
 
 def _agent_died(f: Facts) -> Outcome:
-    w = f.waits()
+    w = f.waits(f.reports(None))
     summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; rank "
                f"{ranks_text(f.alive)} were left orphaned"
                + (" and still running" if f.orphans_moving else "")
                + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
                + ". moe-hang ended them.")
-    return Outcome(Verdict.CRASH, [], summary)
+    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
+                   Advice("Find out what ended the launcher (its process, not a rank, was "
+                          "killed); the ranks had no error of their own."))
 
 
-def _rank_died(f: Facts) -> Outcome:
-    w = f.waits()
-    dead = f.ev.ranks[f.killed[0]]
-    if said_exiting(dead.heartbeat):  # its interpreter shut down: it left, not killed
-        how = "exited (its interpreter shut down normally) before the others"
-    elif dead.exit_code is None:
-        how = "is gone (no process) mid-step"
-    else:
-        how = f"died ({exit_desc(dead.exit_code)}) mid-step"
-    return Outcome(Verdict.RANK_DIED, f.killed, f"Rank {ranks_text(f.killed)} {how}"
-                   + (f" while {w} waited for it." if w else "."))
-
-
-def _crash(f: Facts) -> Outcome:
-    ranks = f.ev.ranks
-    culprits = [r for r in f.bad_exit if ranks[r].error or ranks[r].fatal]
-    if not culprits and f.ev.root_cause_rank in f.bad_exit:
-        culprits = [f.ev.root_cause_rank]
-    if not culprits:  # the ranks torchrun ended with SIGTERM are the victims
-        culprits = [r for r in f.bad_exit if ranks[r].exit_code != -signal.SIGTERM] \
-            or f.bad_exit
-    first = culprits[0]
-    what = f.reports[first].note or exit_desc(ranks[first].exit_code)
-    return Outcome(Verdict.CRASH, culprits, f"Rank {ranks_text(culprits)} crashed: {what}.")
-
-
-def _finished(f: Facts) -> Outcome:
-    return Outcome(Verdict.HEALTHY, [],
-                   f"All {len(f.views)} ranks finished; every collective matched.")
-
-
-def _all_moving(f: Facts) -> Outcome:
-    return Outcome(Verdict.HEALTHY, [],
-                   f"All {len(f.alive)} ranks are making progress (their stacks moved between "
-                   "two samples): no hang right now.")
-
-
-def _straggler(f: Facts) -> Outcome:
-    culprits = sorted(f.moving)
-    return Outcome(Verdict.STRAGGLER, culprits,
-                   f"Rank {ranks_text(culprits)} is still computing while rank "
-                   f"{ranks_text(f.waiting)} wait in a collective: slow, not deadlocked.")
+def _consequences_only(f: Facts) -> Outcome:
+    failed = sorted(f.bad_exit)
+    why = next((error_text(f.consequences[r]) for r in failed if r in f.consequences), None)
+    summary = (f"Rank {ranks_text(failed)} failed"
+               + (f" with communication errors ({why[:120]})" if why else "")
+               + ", and no rank raised an error of its own; the captures do not show which "
+                 "collective diverged.")
+    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                   Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
+                          "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))
 
 
 def _outside(f: Facts) -> list[int]:
@@ -197,44 +244,98 @@ def _outside(f: Facts) -> list[int]:
     return sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
 
 
-def _blocked_outside(f: Facts) -> Outcome:
+def _stalled_outside(f: Facts) -> Outcome:
     culprits = _outside(f)
+    reports = f.reports(None)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
-    return Outcome(Verdict.HANG, culprits,
-                   f"Rank {ranks_text(culprits)} is blocked outside any collective ({where}) "
-                   f"while {f.waits()} waits for it.")
+    w = f.waits(reports)
+    summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
+               f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
+    div = next((g.div for g in f.divs if set(g.absent) & set(culprits)), None)
+    site = f.views[culprits[0]].site
+    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+                   summary,
+                   Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
+                          "reaches the collective the others wait in, they wait (slow I/O or "
+                          "a checkpoint resolves by itself; a stuck data loader does not)."),
+                   div)
+
+
+def _straggler(f: Facts) -> Outcome:
+    culprits = sorted(f.moving)
+    return Outcome(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+                   f"Rank {ranks_text(culprits)} is still computing while rank "
+                   f"{ranks_text(f.waiting)} wait in a collective: slow, not deadlocked.",
+                   Advice("Not a deadlock: a rank is still computing while the others wait. "
+                          "Look at what it computes (its stack); balance the work, or raise "
+                          "the timeout."))
+
+
+def _all_moving(f: Facts) -> Outcome:
+    return Outcome(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
+                   f"All {len(f.alive)} ranks are making progress (their stacks moved between "
+                   "samples): no hang right now.")
 
 
 def _all_in_one(f: Facts) -> Outcome:
-    ops = {c.op if (c := f.reports[r].collective) else (f.views[r].stack.op or "?")
+    reports = f.reports(None)
+    ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
            for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
-    return Outcome(Verdict.HANG, [],
-                   f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes: "
-                   "the collective order is consistent, so the cause is outside it.")
+    summary = (f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes, and "
+               "it does not complete: the collective order is consistent, so the cause is "
+               "outside it.")
+    nccl = any(v.ev.fr is not None and v.ev.fr.backend == "nccl" for v in f.views.values())
+    text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
+            "outside this job, a hung GPU)." if nccl else "")
+    return Outcome(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                   Advice(text))
 
 
 def _inconclusive(f: Facts) -> Outcome:
     known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
-    return Outcome(Verdict.INCONCLUSIVE, [],
+    return Outcome(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
                    "Not enough evidence to name a cause: "
                    + (f"states known for rank {ranks_text(known)} only." if known
                       else "no stack or recorder data could be read."))
 
 
+def _situation(f: Facts, div: Divergence, culprits: list[int],
+               basis: CulpritBasis) -> Situation:
+    frames = {}
+    for r, v in f.views.items():
+        coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
+        frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
+    return Situation(div, culprits, basis, f.reports(div), frames)
+
+
+def _in_flight(f: Facts) -> bool:
+    """Orphans of a dead launcher still stepping: a snapshot of ranks in flight (one already
+    in the next collective) is not a desync."""
+    return f.agent_died and (f.orphans_moving or not all(
+        f.views[r].state == RankState.IN_COLLECTIVE for r in f.alive))
+
+
 # First match wins.
 RULES: tuple[Rule, ...] = (
-    Rule("collective desync", lambda f: f.div is not None, _desync),
-    Rule("launcher died", lambda f: f.agent_died, _agent_died),
-    Rule("rank killed or gone", lambda f: bool(f.killed), _rank_died),
-    Rule("rank crashed", lambda f: bool(f.bad_exit), _crash),
     Rule("every rank finished",
-         lambda f: f.ev.job == "completed" or (bool(f.exited) and not f.alive), _finished),
+         lambda f: f.ev.job == "completed" or (bool(f.exited) and not f.alive
+                                                and not f.bad_exit), _finished),
+    Rule("root-cause exception", lambda f: bool(f.root_causes), _root_cause),
+    Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
+    Rule("rank killed or gone", lambda f: bool(f.killed), _killed),
+    Rule("rank left early", lambda f: bool(f.left), _left_early),
+    Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), _cycle),
+    Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
+    Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
+         _stack_desync),
+    Rule("launcher died", lambda f: f.agent_died, _agent_died),
+    Rule("failed with consequences only", lambda f: bool(f.bad_exit), _consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
+    Rule("stalled outside collectives",
+         lambda f: bool(_outside(f)) and len(_outside(f)) < len(f.waiting), _stalled_outside),
     Rule("straggler", lambda f: bool(f.waiting) and bool(f.moving), _straggler),
-    Rule("blocked outside collectives",
-         lambda f: bool(_outside(f)) and len(_outside(f)) < len(f.waiting), _blocked_outside),
     Rule("all wait in matching collectives",
          lambda f: bool(f.waiting) and len(f.waiting) == len(f.alive), _all_in_one),
     Rule("inconclusive", lambda f: True, _inconclusive),
@@ -243,9 +344,14 @@ RULES: tuple[Rule, ...] = (
 
 def diagnose(ev: Evidence) -> Diagnosis:
     f = facts(ev)
-    out = next(rule.then(f) for rule in RULES if rule.when(f))
+    rule = next(r for r in RULES if r.when(f))
+    out = rule.then(f)
+    reports = f.reports(out.div)
     return Diagnosis(
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
-        first_divergence=f.div, ranks=list(f.reports.values()),
-        fix=fix_hint(f.div, f.reports, out.verdict), artifacts=ev.artifacts,
-        evidence=f.evidence, timeline=build_timeline(f.views, f.div))
+        first_divergence=out.div, ranks=list(reports.values()), fix=out.advice.text,
+        fix_code=out.advice.code, artifacts=ev.artifacts, evidence=f.evidence,
+        timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
+        certainty=out.certainty, rule=rule.name,
+        divergences=[out.div, *out.more] if out.div is not None else [])
+

@@ -111,6 +111,17 @@ class RankView:
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]
 
+    @property
+    def position(self) -> list[Frame]:
+        """Where the rank is (or was when it died), user frames outermost first, from the
+        freshest source: its stack at capture, or the traceback it died with (both set
+        ``stack``); else the frames of the collective it is blocked in."""
+        if self.stack.frames:
+            return self.user_frames_outer_first()
+        if self.current is not None and self.current.frames:
+            return [f for f in reversed(self.current.frames) if not is_library_frame(f)]
+        return []
+
 
 def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
     if ev.threads:
@@ -155,7 +166,11 @@ def rank_view(ev: RankEvidence) -> RankView:
         state = RankState.IN_COLLECTIVE
     else:
         state = RankState.UNKNOWN
-    site = posting_site(current, sv, current, state) or sv.callsite
+    if state == RankState.EXITED and ev.error is not None and ev.error.frames:
+        # it died raising: the raising line, not that of its last (long finished) collective
+        site = callsite(ev.error.frames)
+    else:
+        site = posting_site(current, sv, current, state) or sv.callsite
     return RankView(ev, tl, sv, state, current, site)
 
 

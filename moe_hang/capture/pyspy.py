@@ -70,12 +70,35 @@ def _parse_result(pid: int, returncode: int | None, out: bytes, err: bytes,
         return StackResult(pid, None, _pyspy_error(err.decode(errors="replace"), returncode),
                            seconds)
     try:
-        return StackResult(pid, json.loads(out), None, seconds)
+        return StackResult(pid, strip_locals(json.loads(out)), None, seconds)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return StackResult(pid, None, "py-spy printed something that is not JSON", seconds)
 
 
-def pyspy_many(pids: dict[int, int], *, native: bool = False,
+# the arguments that say whom a send/recv waits for; every other local is dropped at once:
+# a rank's locals may hold anything (a token, a password), and nothing else is needed
+_P2P_LOCALS = {"send": {"dst", "tag", "group"}, "isend": {"dst", "tag", "group"},
+               "recv": {"src", "tag", "group"}, "irecv": {"src", "tag", "group"}}
+
+
+def strip_locals(data: Any) -> Any:
+    """py-spy JSON with only the peer arguments of c10d send/recv frames kept."""
+    threads = data.get("threads", []) if isinstance(data, dict) else data
+    for t in threads if isinstance(threads, list) else []:
+        for f in t.get("frames", []) if isinstance(t, dict) else []:
+            if not isinstance(f, dict) or "locals" not in f:
+                continue
+            keep = _P2P_LOCALS.get(str(f.get("name"))) \
+                if str(f.get("filename", "")).endswith("distributed_c10d.py") else None
+            if keep:
+                f["locals"] = [v for v in f["locals"] or []
+                               if isinstance(v, dict) and v.get("name") in keep]
+            else:
+                del f["locals"]
+    return data
+
+
+def pyspy_many(pids: dict[int, int], *, native: bool = False, with_locals: bool = False,
                timeout: float = PYSPY_TIMEOUT_S) -> dict[int, StackResult]:
     """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``.
 
@@ -91,6 +114,8 @@ def pyspy_many(pids: dict[int, int], *, native: bool = False,
     try:
         for rank, pid in pids.items():
             argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+            if with_locals:  # the peer of a send/recv is an argument: who waits for whom
+                argv.append("--locals")
             fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
             with starting_child():
                 try:

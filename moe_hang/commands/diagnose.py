@@ -1,7 +1,7 @@
 """``moe-hang diagnose PID``: capture a running job we did not start, and diagnose it; and
 ``moe-hang analyze DIR...``: diagnose captures after the fact, one per node merged.
 
-Two py-spy samples of every rank, a short interval apart, tell a stuck rank (same frames, off
+A few py-spy samples of every rank, a short interval apart, tell a stuck rank (same frames, off
 CPU) from a progressing one. Where the job runs under ``moe-hang watch`` its probes also hand
 over Flight Recorder dumps; ``--fr-dir`` adds the user's own dumps (pickle or JSON, NCCL or
 gloo). Nothing is sent to the job except the probe's dump request; it keeps running.
@@ -10,6 +10,8 @@ gloo). Nothing is sent to the job except the probe's dump request; it keeps runn
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import shutil
 import tempfile
 import threading
@@ -25,14 +27,15 @@ from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import frtrace
 from moe_hang.evidence.load import load_capture, load_captures
-from moe_hang.evidence.model import ProcessRecord, ProcessTable, RankEvidence
+from moe_hang.evidence.model import Heartbeat, ProcessRecord, ProcessTable, RankEvidence
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job
 from moe_hang.runtime.procs import CpuClock
 
-SAMPLE_INTERVAL_S = 0.3
+SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
+SAMPLE_INTERVAL_S = 0.25
 BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
 
 
@@ -57,6 +60,20 @@ def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:
     (fa, on_a, coll_a), (fb, on_b, coll_b) = _sample(a), _sample(b)
     busy = cpu_cores is not None and cpu_cores > BUSY_CORES and not (coll_a or coll_b)
     return fa != fb or (on_a and on_b) or busy
+
+
+def _completed(job: FoundJob) -> dict[int, dict[str, int]]:
+    """Per rank with a probe: the last completed sequence number per group, now."""
+    out: dict[int, dict[str, int]] = {}
+    for r in job.ranks:
+        if not r.probe_dir:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            hb = Heartbeat.parse(json.loads(RankFiles(Path(r.probe_dir), r.rank)
+                                            .heartbeat.read_text()))
+            if hb is not None and hb.pg_status is not None:
+                out[r.rank] = {pg: s.completed for pg, s in hb.pg_status.items()}
+    return out
 
 
 def _cores(before: float | None, after: float | None, span_s: float) -> float | None:
@@ -98,7 +115,7 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     for r in job.ranks:
         if r.probe_dir:
             probe_ranks.setdefault(r.probe_dir, []).append(r.rank)
-    say(f"capturing stacks of {len(pids)} ranks (2 samples)")
+    say(f"capturing stacks of {len(pids)} ranks ({SAMPLES} samples)")
     dump_errors: dict[int, str | None] = {}
 
     def ask_probes() -> None:
@@ -108,16 +125,26 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     asker = threading.Thread(target=ask_probes, daemon=True)
     asker.start()
     clock = CpuClock()
+    done0 = _completed(job)
     cpu0, t_cpu0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
-    first = pyspy.pyspy_many(pids, native=native)
-    time.sleep(SAMPLE_INTERVAL_S)
-    second = pyspy.pyspy_many(pids, native=native)
+    samples = []
+    for i in range(SAMPLES):
+        if i:
+            time.sleep(SAMPLE_INTERVAL_S)
+        # the last one with the peers of send/recv calls (py-spy --locals, filtered)
+        samples.append(pyspy.pyspy_many(pids, native=native, with_locals=i == SAMPLES - 1))
     cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    done1 = _completed(job)
     span = max(t_cpu1 - t_cpu0, 1e-3)
     cores = {r: _cores(cpu0[r], cpu1[r], span) for r in pids}
     asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
-    final = {r: (second[r] if second[r].data is not None else first[r]) for r in pids}
+    final = {r: next((s[r] for s in reversed(samples) if s[r].data is not None), samples[-1][r])
+             for r in pids}
     pyspy.save_stacks(final, out)
+    # a collective that completed on one rank while we looked completed on every member: the
+    # job is progressing, however each stack looked (a fast job is caught in collectives)
+    advanced = any(done1.get(r, {}).get(pg, -1) > c for r, st in done0.items()
+                   for pg, c in st.items())
     _copy_probe_files(job, out)
     notes: list[str] = []
     if fr_dir is not None:
@@ -127,10 +154,11 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
                          orphans=[(o.rank, o.pid) for o in job.orphans],
                          probe_errors={k: v for k, v in dump_errors.items() if v})
     for r in job.ranks:
-        a, b = first[r.rank], second[r.rank]
+        seen = [s[r.rank].data for s in samples if s[r.rank].data is not None]
         moved = None
-        if a.data is not None and b.data is not None:
-            moved = progressed(a.data, b.data, cores[r.rank])
+        if len(seen) >= 2:
+            moved = advanced or any(progressed(a, b, cores[r.rank])
+                                    for a, b in itertools.pairwise(seen))
         table.ranks[r.rank] = ProcessRecord(pid=r.pid, host=r.host, alive=True,
                                             progressed=moved, local_rank=r.local_rank,
                                             env=r.env)

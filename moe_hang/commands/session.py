@@ -74,7 +74,7 @@ def capture_frozen(out: Outcome, layout: RunLayout, say: Phase, *,
     sample = None if stalled else ProgressSample(layout.ranks_dir, live)
     t = threading.Thread(target=ask_probes, daemon=True)
     t.start()
-    stacks = pyspy.pyspy_many(live, native=native)
+    stacks = pyspy.pyspy_many(live, native=native, with_locals=True)
     t.join(dumps.DUMP_TIMEOUT_S + 2.0)
     if sample is not None:
         out.progressed = sample.finish()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.evidence import frtrace
+from moe_hang.evidence.errors import log_tracebacks
 from moe_hang.evidence.frtrace import DEFAULT_PG
 from moe_hang.evidence.model import (
     Evidence,
@@ -136,14 +137,15 @@ def load_capture(root: Path, *, world: int | None = None, job: str | None = None
          log_text: str | None = None) -> Evidence:
     """Evidence from one capture directory (one node, or a whole single-node job).
     ``log_text``: the job log when the caller has already read it."""
-    layout = RunLayout(root)
+    layout = RunLayout(Path(root))
     table = read_processes(layout)
     if log_text is None:
         log_text = read_job_log(layout.job_log)
     failures = parse_torchrun_failures(log_text)
     log_errors = rank_errors_from_log(log_text)
+    tracebacks = log_tracebacks(log_text)
     ranks = {}
-    for r in rank_numbers(layout, table):
+    for r in sorted(set(rank_numbers(layout, table)) | set(tracebacks)):
         ev = load_rank(layout, r)
         info = table.ranks.get(r)
         if info is not None:
@@ -155,7 +157,9 @@ def load_capture(root: Path, *, world: int | None = None, job: str | None = None
             ev.progressed = info.progressed
         if r in failures and ev.exit_code is None:
             ev.exit_code = failures[r][0]
-        if ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
+        if ev.error is None and r in tracebacks:
+            ev.error = tracebacks[r]  # the probe's record is first hand; the log is a copy
+        elif ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
             typ, _, message = log_errors[r].partition(":")
             ev.error = RankError(type=typ, message=message.strip(), source="job log")
         ranks[r] = ev

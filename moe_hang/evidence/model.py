@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hang.evidence.frtrace import FRDump, PgStatus
-from moe_hang.evidence.stacks import Frame, ThreadStack, parse_probe_frames, traceback_frames
+from moe_hang.evidence.stacks import (
+    Frame,
+    P2PCall,
+    ThreadStack,
+    parse_probe_frames,
+    traceback_frames,
+)
 
 
 def _int(v: Any) -> int | None:
@@ -61,6 +67,7 @@ class Heartbeat:
     pg_status: dict[str, PgStatus] | None = None  # by process-group id; None: no recorder yet
     pending: list[dict[str, Any]] = field(default_factory=list)  # recorder entries, raw
     main_frame: list[list[Any]] | None = None  # the main thread, innermost first
+    p2p: P2PCall | None = None  # the send/recv the main thread was inside, with its peer
 
     @classmethod
     def parse(cls, data: Any) -> Heartbeat | None:
@@ -79,7 +86,8 @@ class Heartbeat:
             pg_status=parse_pg_status(data.get("pg_status")),
             pending=[e for e in pending if isinstance(e, dict)] if isinstance(pending, list)
             else [],
-            main_frame=list(frames) if isinstance(frames, list) else None)
+            main_frame=list(frames) if isinstance(frames, list) else None,
+            p2p=_p2p(data.get("p2p")))
 
     @property
     def phase(self) -> str | None:
@@ -111,6 +119,13 @@ class Heartbeat:
             pg: {"enqueued": s.enqueued, "completed": s.completed}
             for pg, s in self.pg_status.items()}
         return json.dumps([self.progress, status, self.main_frame], sort_keys=True, default=str)
+
+
+def _p2p(d: Any) -> P2PCall | None:
+    if not isinstance(d, dict) or d.get("op") not in ("send", "recv"):
+        return None
+    return P2PCall(str(d["op"]), _int(d.get("peer")), _int(d.get("tag")),
+                   str(d["group"]) if d.get("group") else None)
 
 
 def said_exiting(hb: Heartbeat | None) -> bool:

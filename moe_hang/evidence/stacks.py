@@ -26,6 +26,47 @@ class Frame:
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
+@dataclass(frozen=True)
+class P2PCall:
+    """A point-to-point call a thread is inside: ``recv`` from ``peer`` or ``send`` to it
+    (global ranks; ``peer`` None when the argument was not visible)."""
+
+    op: str  # send | recv
+    peer: int | None
+    tag: int | None = None
+    group: str | None = None  # process-group name; None: the default group
+
+    def describe(self) -> str:
+        where = "from" if self.op == "recv" else "to"
+        return f"{self.op} {where} rank {self.peer if self.peer is not None else '?'}"
+
+
+# c10d point-to-point functions, and the argument naming the peer
+P2P_FUNCS = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
+             "irecv": ("recv", "src")}
+
+
+def p2p_from_locals(function: str, values: dict[str, str]) -> P2PCall | None:
+    """The call, from a c10d p2p frame's arguments as text (py-spy's ``repr``s, or the
+    probe's ``str``s); a group-relative peer (``group_src``) is left unknown."""
+    spec = P2P_FUNCS.get(function)
+    if spec is None:
+        return None
+    op, arg = spec
+
+    def num(key: str) -> int | None:
+        v = values.get(key)
+        try:
+            return int(v) if v not in (None, "None") else None
+        except ValueError:
+            return None
+
+    group = values.get("group")
+    # py-spy shows a group as "<ProcessGroup at 0x...>", not its name
+    named = group is not None and group != "None" and not group.startswith("<")
+    return P2PCall(op, num(arg), num("tag"), group if named else None)
+
+
 @dataclass
 class ThreadStack:
     name: str
@@ -33,6 +74,7 @@ class ThreadStack:
     thread_id: str = ""
     active: bool | None = None  # py-spy: on CPU; None when the source cannot tell
     is_main: bool = False
+    p2p: P2PCall | None = None  # the point-to-point call it is inside, with its peer
 
 
 @dataclass
@@ -46,6 +88,7 @@ class StackView:
     autograd_function: str | None = None  # user autograd.Function whose backward is running
     callsite: Frame | None = None
     frames: list[Frame] = field(default_factory=list)
+    p2p: P2PCall | None = None
 
 
 def short_path(path: str) -> str:
@@ -66,13 +109,26 @@ def parse_pyspy(data: Any) -> list[ThreadStack]:
         raise ValueError("py-spy JSON: expected a list of threads")
     threads = []
     for t in data:
+        raw = [f for f in t.get("frames", []) if isinstance(f, dict)]
         frames = [Frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0),
-                        str(f.get("name", "?"))) for f in t.get("frames", [])]
+                        str(f.get("name", "?"))) for f in raw]
         name = str(t.get("thread_name") or "")
         is_main = name == "MainThread" or t.get("os_thread_id") == t.get("pid")
         threads.append(ThreadStack(name=name, frames=frames, thread_id=str(t.get("thread_id", "")),
-                                   active=t.get("active"), is_main=bool(is_main)))
+                                   active=t.get("active"), is_main=bool(is_main),
+                                   p2p=_pyspy_p2p(raw)))
     return threads
+
+
+def _pyspy_p2p(raw: list[dict[str, Any]]) -> P2PCall | None:
+    """With ``py-spy dump --locals``: the innermost c10d send/recv frame and its arguments."""
+    for f in raw:
+        if str(f.get("filename", "")).endswith("distributed_c10d.py") and \
+                f.get("name") in P2P_FUNCS and f.get("locals"):
+            values = {str(v.get("name")): str(v.get("repr")) for v in f["locals"]
+                      if isinstance(v, dict)}
+            return p2p_from_locals(str(f["name"]), values)
+    return None
 
 
 _FH_THREAD = re.compile(
@@ -226,7 +282,10 @@ def view(thread: ThreadStack | None) -> StackView:
     site = callsite(frames)
     fn = autograd_function(frames) if back else None
     if op is not None:
-        return StackView("in_collective", op, api, back, fn, site, frames)
+        p2p = thread.p2p if op in ("send", "recv") else None
+        if p2p is None and op in ("send", "recv"):
+            p2p = P2PCall(op, None)  # inside it, peer not visible (no --locals)
+        return StackView("in_collective", op, api, back, fn, site, frames, p2p)
     if thread.active is True:
         state = "computing"
     elif thread.active is False or _is_idle_wait(frames):

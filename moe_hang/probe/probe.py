@@ -214,6 +214,7 @@ class Probe:
             "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
             "progress": progress, "pg_status": status, "pending": self._pending,
             "main_frame": self._main_frame(),
+            "p2p": self._p2p(),
         }
         write_atomic(self.files.heartbeat, json.dumps(hb, default=str).encode())
 
@@ -224,6 +225,22 @@ class Probe:
             out.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
             frame = frame.f_back
         return out or None
+
+    def _p2p(self) -> dict[str, Any] | None:
+        """The send/recv the main thread is inside, with its peer: gloo's recorder keeps no
+        point-to-point entries, and a stack does not show whom a rank waits for."""
+        frame = sys._current_frames().get(self._main_ident or -1)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name in _P2P_ARG and code.co_filename.endswith("distributed_c10d.py"):
+                op, arg = _P2P_ARG[code.co_name]
+                loc = frame.f_locals
+                group = loc.get("group")
+                return {"op": op, "peer": _as_int(loc.get(arg)), "tag": _as_int(loc.get("tag")),
+                        "group": getattr(group, "group_name", None) if group is not None
+                        else None}
+            frame = frame.f_back
+        return None
 
     def _groups(self) -> dict[str, list[int]] | None:
         """Process group name -> global member ranks (subgroups, device-mesh dimensions)."""
@@ -355,6 +372,14 @@ class Probe:
             threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
                              daemon=True).start()
         self.heartbeat()
+
+
+_P2P_ARG = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
+            "irecv": ("recv", "src")}
+
+
+def _as_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _unblock_sigterm() -> None:

@@ -1,0 +1,145 @@
+"""What to change, from the same facts as the summary (docs/DESIGN.md §8). The MoE-specific
+fixes are offered only when the frames show their pattern; otherwise a plain, true sentence
+naming the ranks and lines; no advice rather than wrong advice. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moe_hang.analysis.diagnosis import (
+    CulpritBasis,
+    Divergence,
+    RankReport,
+    fmt_shape,
+)
+from moe_hang.analysis.source import in_loop
+from moe_hang.evidence.stacks import Frame, is_library_frame
+
+
+@dataclass
+class Situation:
+    """What advice is given from: the divergence, the blame, and each rank's frames there
+    (the stack that posted its collective, else its stack now; innermost first)."""
+
+    div: Divergence
+    culprits: list[int]
+    basis: CulpritBasis
+    reports: dict[int, RankReport]
+    frames: dict[int, list[Frame]] = field(default_factory=dict)
+
+    def all_frames(self) -> list[Frame]:
+        return [f for fs in self.frames.values() for f in fs]
+
+    def site(self, r: int) -> Frame | None:
+        c = self.div.per_rank.get(r)
+        if c is not None and c.callsite is not None:
+            return c.callsite
+        rep = self.reports.get(r)
+        return rep.callsite if rep is not None else None
+
+    def waiting(self) -> list[int]:
+        return [r for r, c in sorted(self.div.per_rank.items())
+                if c is not None and r not in self.culprits]
+
+
+@dataclass
+class Advice:
+    text: str
+    code: str | None = None  # a snippet to paste at the user's line
+
+
+def _torch_fn(frames: list[Frame], path_part: str, names: tuple[str, ...]) -> bool:
+    return any(path_part in f.file.replace("\\", "/") and f.function.rsplit(".", 1)[-1] in names
+               for f in frames)
+
+
+def uses_dtensor_gather(frames: list[Frame]) -> bool:
+    """``DTensor.from_local(...).full_tensor()`` / ``redistribute``: no size exchange."""
+    return _torch_fn(frames, "torch/distributed/tensor/", ("full_tensor", "redistribute",
+                                                           "from_local", "_to_replicate_tensor"))
+
+
+def fsdp_unshard(frames: list[Frame]) -> bool:
+    """FSDP2's pre-forward all-gather of a module's parameters."""
+    return _torch_fn(frames, "torch/distributed/fsdp/", (
+        "pre_forward", "_pre_forward", "unshard", "foreach_all_gather", "wait_for_unshard",
+        "_root_pre_forward", "lazy_init"))
+
+
+def user_autograd_backward(frames: list[Frame]) -> Frame | None:
+    """The user ``autograd.Function.backward`` frame that posted the collective, if any."""
+    for f in frames:
+        if not is_library_frame(f) and f.function.rsplit(".", 1)[-1] == "backward":
+            return f
+    return None
+
+
+def _at(f: Frame | None) -> str:
+    return f.short() if f is not None else "its line"
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    return str(rs[0]) if len(rs) == 1 else ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def advise_size(s: Situation) -> Advice:
+    if uses_dtensor_gather(s.all_frames()):
+        return Advice(
+            "DTensor.from_local(x, mesh, [Shard(0)]) exchanges no sizes: it assumes every rank "
+            "holds the same number of rows. Exchange the lengths first and gather padded rows "
+            "(all-gather the counts, pad to the max, all-gather, trim each piece): "
+            "moe_hang.VarlenDispatch does this, with the gradient anchor.",
+            "from moe_hang import VarlenDispatch\n"
+            "y_TD = VarlenDispatch(ep_group)(x_TD, weights_TK, experts_TK, local_experts)")
+    sizes = "; ".join(f"rank {r}: {fmt_shape(c.input_sizes) or 'scalar'}"
+                      for r, c in sorted(s.div.per_rank.items()) if c is not None)
+    op = next((c.op for c in s.div.per_rank.values() if c is not None), "the collective")
+    return Advice(f"Every rank must pass the same shape to {op} ({sizes}): pad to a common "
+                  "size, or exchange the sizes first (all-gather them) and send padded "
+                  "tensors.")
+
+
+def advise_dtype(s: Situation) -> Advice:
+    dtypes = "; ".join(f"rank {r}: {'/'.join(c.dtypes)}" for r, c in sorted(s.div.per_rank.items())
+                       if c is not None and c.dtypes)
+    site = s.site(next(iter(sorted(s.div.per_rank))))
+    return Advice(f"Cast to one dtype on every rank before the collective at {_at(site)} "
+                  f"({dtypes}).")
+
+
+def advise_order(s: Situation) -> Advice:
+    """A rank skipped (or reordered) a collective the others post."""
+    frames = s.all_frames()
+    back = next((f for r in s.waiting() if (f := user_autograd_backward(s.frames.get(r, [])))),
+                None)
+    if back is not None:
+        return Advice(
+            f"Rank {_ranks(s.waiting())} runs a collective in {back.function} "
+            f"({back.short()}) that rank {_ranks(s.culprits)}'s backward never reaches: its "
+            "output does not depend on that function's input, so autograd skips it. Tie the "
+            "output to the input (a gradient anchor) so every rank runs the same backward.",
+            "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
+    if fsdp_unshard(frames):
+        loop = next((site for r in s.waiting() if (site := s.site(r)) is not None
+                     and in_loop(site.file, site.line)), None)
+        where = f" at {loop.short()}" if loop is not None else ""
+        return Advice(
+            f"FSDP all-gathers a module's parameters when it is called; rank "
+            f"{_ranks(s.culprits)} did not call one that rank {_ranks(s.waiting())} did"
+            f"{where} (a loop over the experts that got tokens on this rank). Call every "
+            "expert on every rank every step, with an empty input where it has no token, so "
+            "every rank posts the same all-gathers.",
+            "for expert in experts:  # every expert, every step, on every rank\n"
+            "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
+    if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
+        return Advice("Every rank must post the same collectives in the same order; these "
+                      "ranks do not, and which one deviates is not decided by this capture: "
+                      "compare the lines each rank is at (above).")
+    culprit = s.culprits[0]
+    missed = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
+    now = s.site(culprit)
+    return Advice(f"Make rank {_ranks(s.culprits)} post the collective at {_at(missed)} too: it "
+                  f"went on to {_at(now)} without it, and every rank must post the same "
+                  "collectives in the same order.")
+

@@ -1,0 +1,136 @@
+"""Who is to blame, from evidence only (docs/DESIGN.md §8): the minority at a divergence;
+else the rank further along the same code (it went past what the others wait in); else what
+earlier iterations did; else every candidate, said to be ambiguous. Never by rank number or
+dict order. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_hang.analysis.align import GroupDivergence
+from moe_hang.analysis.diagnosis import CulpritBasis, MismatchKind
+from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.order import Ahead, further_along, who_skipped
+from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.waitfor import Edge
+from moe_hang.evidence.frtrace import Collective
+
+
+@dataclass
+class Blame:
+    culprits: list[int]
+    basis: CulpritBasis
+    confirmed: bool = True  # False: program order from line numbers only
+    causal: bool = True  # False: its absent ranks are held up elsewhere (a consequence)
+
+
+def minority(groups: list[list[int]]) -> list[int] | None:
+    """Majority vote over groups of ranks that agree: the ranks outside the largest group when
+    it is strictly bigger than every other, else None (no majority: blame is undecided)."""
+    ranked = sorted(groups, key=len, reverse=True)
+    if len(ranked) > 1 and len(ranked[0]) > len(ranked[1]):
+        return sorted(r for rs in ranked[1:] for r in rs)
+    return None
+
+
+def _sides(items: dict[int, object]) -> list[list[int]]:
+    groups: dict[object, list[int]] = {}
+    for r, key in sorted(items.items()):
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def _two_sides(sides: list[list[int]], have: dict[int, Collective],
+               views: dict[int, RankView]) -> Blame | None:
+    """Two equal camps: the one that went past the other's collective skipped it."""
+    if len(sides) != 2:
+        return None
+    ra, rb = sides
+    ahead = who_skipped(have[ra[0]], have[rb[0]], views, ra, rb)
+    if ahead.side is None:
+        return None
+    return Blame(ra if ahead.side == "a" else rb, ahead.basis, ahead.confirmed)
+
+
+def _tag_ahead(g: GroupDivergence, views: dict[int, RankView]) -> list[int] | None:
+    """Probe tags (layer1.expert2): the rank whose collective here is the one the others post
+    *next* is ahead by one: it skipped the one in between."""
+    pg, seq = g.div.pg, g.div.seq or 0
+    tags = {r: c.tag for r, c in g.have.items() if c.tag}
+    ahead = [r for r, tag in tags.items()
+             if any(q != r and tags[q] != tag
+                    and (nxt := views[q].tl.by_pg.get(pg, {}).get(seq + 1)) is not None
+                    and nxt.tag == tag for q in tags)]
+    return sorted(ahead) or None
+
+
+def blame(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
+    """The culprits of one group's divergence."""
+    if g.div.kind == MismatchKind.MISSING and g.absent:
+        return _blame_absent(g, views)
+    if g.identity:
+        sides = _sides(g.identity)
+        if (tagged := _tag_ahead(g, views)) is not None:
+            return Blame(tagged, CulpritBasis.PROGRAM_ORDER)
+    else:
+        same = ROW[g.div.kind].same
+        reps: list[tuple[Collective, list[int]]] = []
+        for r, c in sorted(g.have.items()):
+            for rep, rs in reps:
+                if same(rep, c):
+                    rs.append(r)
+                    break
+            else:
+                reps.append((c, [r]))
+        sides = [rs for _, rs in reps]
+    least = minority(sides)
+    if least is not None:
+        return Blame(least, CulpritBasis.MAJORITY)
+    if g.div.kind in (MismatchKind.OP, MismatchKind.MISSING):
+        two = _two_sides(sides, g.have, views)
+        if two is not None:
+            return two
+    return Blame(sorted(g.have), CulpritBasis.AMBIGUOUS)
+
+
+def _blame_absent(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
+    """Members that never posted it: those further along skipped it (culprits); those behind
+    are held up earlier (this divergence is then a consequence)."""
+    waiter = next((r for r, c in g.have.items() if c.completed is not True), next(iter(g.have)))
+    verdicts: dict[int, Ahead] = {a: further_along(a, g.have[waiter], views, waiter)
+                                  for a in g.absent}
+    ahead = sorted(a for a, v in verdicts.items() if v.side == "a")
+    behind = [a for a, v in verdicts.items() if v.side == "b"]
+    if ahead:
+        basis = verdicts[ahead[0]].basis
+        return Blame(ahead, basis, all(verdicts[a].confirmed for a in ahead))
+    if behind and len(behind) == len(g.absent):
+        return Blame(sorted(behind), CulpritBasis.PROGRAM_ORDER, causal=False)
+    return Blame(sorted(g.absent), CulpritBasis.AMBIGUOUS)
+
+
+def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
+    """On a wait-for cycle, a rank that went past what its waiter waits in skipped it; when
+    no edge tells, every rank on the cycle is named."""
+    ahead: list[int] = []
+    confirmed = True
+    basis = CulpritBasis.PROGRAM_ORDER
+    for e in cycle:
+        target = e.coll
+        if target is None:  # point-to-point: compare where the two ranks are
+            verdict = further_along(e.on, _stand_in(e.waiter, views), views, e.waiter)
+        else:
+            verdict = further_along(e.on, target, views, e.waiter)
+        if verdict.side == "a":
+            ahead.append(e.on)
+            confirmed &= verdict.confirmed
+            basis = verdict.basis
+    ranks = sorted({e.waiter for e in cycle})
+    if ahead and len(set(ahead)) < len(ranks):
+        return Blame(sorted(set(ahead)), basis, confirmed)
+    return Blame(ranks, CulpritBasis.CYCLE)
+
+
+def _stand_in(rank: int, views: dict[int, RankView]) -> Collective:
+    """A placeholder for where a rank waits in a point-to-point call (its position)."""
+    return Collective(pg="p2p", seq=-1, op=views[rank].stack.op or "p2p", frames=[])

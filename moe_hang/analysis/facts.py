@@ -1,0 +1,127 @@
+"""What the evidence establishes about a job, computed once and read by every rule (pure)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from moe_hang.analysis.align import GroupDivergence, divergences
+from moe_hang.analysis.culprit import Blame, blame
+from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankReport, RankState
+from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
+from moe_hang.analysis.ranks import report
+from moe_hang.analysis.timeline import RankView, rank_view
+from moe_hang.analysis.waitfor import Edge, cycles, edges
+from moe_hang.evidence.errors import is_consequence
+from moe_hang.evidence.model import Evidence, RankError, said_exiting
+
+# Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
+# teardown, SIGABRT gloo's or a C++ abort: read elsewhere)
+_KILL_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                 signal.SIGQUIT, signal.SIGHUP}
+
+
+@dataclass
+class Facts:
+    ev: Evidence
+    views: dict[int, RankView]
+    divs: list[GroupDivergence]  # every group's first divergence, earliest first
+    blames: list[Blame]  # one per divergence
+    wait_edges: list[Edge]
+    wait_cycles: list[list[Edge]]
+    root_causes: dict[int, RankError]  # exceptions that are not a consequence of a peer
+    consequences: dict[int, RankError]
+    killed: list[int]  # by a signal from outside, or gone without a trace
+    left: list[int]  # exited cleanly while others still wait
+    bad_exit: list[int]  # exited with an error, a signal, or an exception on record
+    exited: list[int]
+    alive: list[int]
+    moving: list[int]
+    waiting: list[int]  # alive, in a collective or idle, not moving
+    agent_died: bool
+    orphans_moving: bool
+    stack_div: tuple[Divergence, list[int]] | None = None  # from stacks alone
+    size_abort: tuple[Divergence, list[int], str] | None = None
+    evidence: list[str] = field(default_factory=list)
+
+    def reports(self, div: Divergence | None) -> dict[int, RankReport]:
+        """Every rank's report, showing its side of ``div``."""
+        return {r: report(v, div) for r, v in self.views.items()}
+
+    def causal(self) -> list[tuple[GroupDivergence, Blame]]:
+        """Divergences that are a cause, not the consequence of another group's."""
+        return [(g, b) for g, b in zip(self.divs, self.blames, strict=True) if b.causal]
+
+    def waits(self, reports: dict[int, RankReport]) -> str:
+        """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
+        from moe_hang.analysis.explain import fmt_sizes
+
+        victims = [r for r in self.views if r not in self.killed and r not in self.left
+                   and reports[r].collective is not None
+                   and (r in self.waiting or reports[r].state == RankState.EXITED)]
+        return ", ".join(f"rank {r} in {fmt_sizes(reports[r].collective)}" for r in victims)
+
+
+def _evidence_lines(ev: Evidence) -> list[str]:
+    lines = list(ev.log_lines)
+    for r, e in sorted(ev.ranks.items()):
+        if e.fr_error:
+            lines.append(f"rank {r}: Flight Recorder dump unreadable ({e.fr_error})")
+        if e.stack_error:
+            lines.append(f"rank {r}: {e.stack_error}")
+        lines.extend(f"rank {r}: {n}" for n in e.notes)
+    return lines
+
+
+def facts(ev: Evidence) -> Facts:
+    views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
+    divs = divergences(views, ev.world_size)
+    blames = [blame(g, views) for g in divs]
+    es = edges(views, divs)
+    cyc = [c for c in cycles(es)
+           if all(views[e.waiter].ev.progressed is False for e in c)]
+    root: dict[int, RankError] = {}
+    conseq: dict[int, RankError] = {}
+    for r, e in ev.ranks.items():
+        if e.error is not None:
+            (conseq if is_consequence(e.error) else root)[r] = e.error
+    exited = [r for r, v in views.items() if v.state == RankState.EXITED]
+    # exit 0, or gone while the launcher lives on (no exit code yet) after the probe's last
+    # beat said the interpreter was shutting down normally
+    clean = [r for r in exited if not ev.ranks[r].error and not ev.ranks[r].fatal and (
+        ev.ranks[r].exit_code == 0
+        or (ev.ranks[r].exit_code is None and said_exiting(ev.ranks[r].heartbeat)))]
+    bad_exit = [r for r in exited if r not in clean]
+    alive = [r for r in views if r not in exited]
+    moving = [r for r in alive if views[r].ev.progressed
+              or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)]
+    waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
+               and r not in moving]
+    killed = [r for r in bad_exit if r not in root and (
+        ((code := ev.ranks[r].exit_code) is not None and code < 0 and -code in _KILL_SIGNALS)
+        or (code is None and not ev.ranks[r].error and not ev.ranks[r].fatal))]
+    # finished while another rank still waits — or failed waiting for it (gloo closes the
+    # connection of a rank that leaves: its peer then dies of "Connection closed by peer")
+    left = clean if waiting or bad_exit else []
+    agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
+    orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
+    f = Facts(ev, views, divs, blames, es, cyc, root, conseq, killed, left, bad_exit, exited,
+              alive, moving, waiting, agent_died, orphans_moving, evidence=_evidence_lines(ev))
+    if not divs and len(waiting) >= 2:
+        f.stack_div = stack_divergence(views, waiting)
+    if ev.size_abort is not None:
+        f.size_abort = size_abort_divergence(views, ev)
+    return f
+
+
+def desync_divs(f: Facts) -> list[tuple[GroupDivergence, Blame]]:
+    """The causal divergences that are a desync: ranks posted different collectives at one
+    seq, or a member skipped one and is now in another collective (outside any collective,
+    idle or busy, a rank may just be slow: not a desync)."""
+    out = []
+    for g, b in f.causal():
+        stuck_in_collectives = all(
+            f.views[a].state in (RankState.IN_COLLECTIVE, RankState.EXITED) for a in g.absent)
+        if g.div.kind != MismatchKind.MISSING or g.identity or stuck_in_collectives:
+            out.append((g, b))
+    return out

@@ -1,0 +1,130 @@
+"""Which of two lines of the same function runs first: from the source itself (pure; reads
+the file, never runs it).
+
+Line numbers alone mislead: in ``if rank == 0: a() else: b()`` the ``else`` branch has the
+higher line, yet neither rank is "further along" — they took exclusive branches. So two lines
+are ordered only when, in the innermost block holding both, they sit in different statements
+of that same block; lines in different branches of one ``if``/``try``/``match`` are not
+ordered. Without the source (another machine), the line numbers are used and the caller is
+told the order is unconfirmed.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from enum import Enum
+
+
+class Order(Enum):
+    A_FIRST = "a"
+    B_FIRST = "b"
+    EXCLUSIVE = "exclusive"  # different branches of one statement: neither is "after"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(path: str, mtime: float) -> ast.Module | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _tree(path: str) -> ast.Module | None:
+    try:
+        return _parse(path, os.path.getmtime(path))
+    except OSError:
+        return None
+
+
+def _path_to(body: list[ast.stmt], line: int) -> list[tuple[int, int, str, ast.stmt]]:
+    """(id of the block, index in it, which field of its parent statement holds the block,
+    the statement) from the outermost block down to the statement that holds ``line``."""
+    out: list[tuple[int, int, str, ast.stmt]] = []
+    block: list[ast.stmt] | None = body
+    field = "body"
+    while block:
+        for i, st in enumerate(block):
+            end = getattr(st, "end_lineno", st.lineno) or st.lineno
+            if st.lineno <= line <= end:
+                out.append((id(block), i, field, st))
+                inner = _inner_block(st, line)
+                block, field = inner if inner else (None, "")
+                break
+        else:
+            break
+    return out
+
+
+def _inner_block(st: ast.stmt, line: int) -> tuple[list[ast.stmt], str] | None:
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        sub = getattr(st, name, None)
+        if not isinstance(sub, list) or not sub:
+            continue
+        blocks: list[list[ast.stmt]] = [sub]
+        if name in ("handlers", "cases"):  # except handlers / match cases carry bodies
+            blocks = [getattr(h, "body", []) for h in sub]
+        for i, b in enumerate(blocks):
+            if b and b[0].lineno <= line <= (getattr(b[-1], "end_lineno", None) or line):
+                return b, f"{name}{i}" if name in ("handlers", "cases") else name
+    return None
+
+
+# In one statement, which of its blocks run one after the other (the rest are exclusive):
+# a loop's or a try's ``else`` after its body, a ``finally`` after everything.
+_SEQUENTIAL = {"body": 0, "orelse": 1, "finalbody": 2}
+
+
+def _between_blocks(st: ast.stmt, fa: str, fb: str) -> Order:
+    if isinstance(st, (ast.If, ast.Match)) and "finalbody" not in (fa, fb):
+        return Order.EXCLUSIVE
+    if fa.startswith(("handlers", "cases")) or fb.startswith(("handlers", "cases")):
+        if "finalbody" in (fa, fb):
+            return Order.A_FIRST if fb == "finalbody" else Order.B_FIRST
+        return Order.EXCLUSIVE
+    ra, rb = _SEQUENTIAL.get(fa), _SEQUENTIAL.get(fb)
+    if ra is None or rb is None or ra == rb:
+        return Order.EXCLUSIVE
+    return Order.A_FIRST if ra < rb else Order.B_FIRST
+
+
+def order(path: str, line_a: int, line_b: int) -> Order:
+    """How two lines of the same file relate in program order (see the module doc)."""
+    if line_a == line_b:
+        return Order.SAME
+    tree = _tree(path)
+    if tree is None:
+        return Order.UNKNOWN
+    pa, pb = _path_to(tree.body, line_a), _path_to(tree.body, line_b)
+    parent: ast.stmt | None = None
+    for (ba, ia, fa, sa), (bb, ib, fb, _sb) in zip(pa, pb, strict=False):
+        if ba != bb:  # two blocks of the statement above: exclusive or in sequence
+            return _between_blocks(parent, fa, fb) if parent is not None else Order.UNKNOWN
+        if ia != ib:
+            return Order.A_FIRST if ia < ib else Order.B_FIRST
+        parent = sa
+    # one line holds the other's statement (a compound statement's header vs its body):
+    # the header runs first
+    if len(pa) != len(pb):
+        return Order.A_FIRST if len(pa) < len(pb) else Order.B_FIRST
+    return Order.SAME
+
+
+def in_loop(path: str, line: int) -> bool:
+    """The line is inside the body of a ``for``/``while`` loop of its function."""
+    tree = _tree(path)
+    if tree is None:
+        return False
+    return any(isinstance(st, (ast.For, ast.While, ast.AsyncFor)) and field == "body"
+               for _b, _i, field, st in _inner_statements(tree.body, line))
+
+
+def _inner_statements(body: list[ast.stmt], line: int) -> list[tuple[int, int, str, ast.stmt]]:
+    """Like the path to ``line``, but each entry names the field of *its own* statement
+    that holds the next level (so "a statement whose body holds the line")."""
+    path = _path_to(body, line)
+    return [(b, i, path[k + 1][2], st) for k, (b, i, _f, st) in enumerate(path[:-1])]

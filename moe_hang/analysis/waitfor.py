@@ -1,0 +1,85 @@
+"""Who waits for whom: the wait-for graph across groups and point-to-point calls, and its
+cycles (docs/DESIGN.md §8). Pure.
+
+An edge ``u -> v`` says rank u is blocked in something only rank v can complete: a collective
+of a group v belongs to and has not posted yet, or a recv from v (a send to v) that v has not
+matched. A cycle can never resolve by itself: it is a deadlock, whoever is to blame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_hang.analysis.align import GroupDivergence
+from moe_hang.analysis.diagnosis import MismatchKind, RankState
+from moe_hang.analysis.timeline import RankView
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.stacks import P2PCall
+
+
+@dataclass(frozen=True)
+class Edge:
+    waiter: int
+    on: int
+    what: str  # for a person: "all_reduce default_pg#7", "recv from rank 0"
+    coll: Collective | None = None  # the collective waited in (None for point-to-point)
+    p2p: P2PCall | None = None
+
+
+def _p2p_of(v: RankView) -> P2PCall | None:
+    if v.state != RankState.IN_COLLECTIVE or v.ev.progressed is not False:
+        return None
+    if v.stack.p2p is not None:
+        return v.stack.p2p
+    hb = v.ev.heartbeat
+    if hb is not None and hb.p2p is not None and v.stack.op in (None, hb.p2p.op):
+        return hb.p2p
+    return None
+
+
+def _matches(a: P2PCall, a_rank: int, b: P2PCall | None, b_rank: int) -> bool:
+    """b is the other end of a's call (a recv from b while b sends to a, or vice versa)."""
+    return (b is not None and {a.op, b.op} == {"send", "recv"} and a.peer == b_rank
+            and b.peer in (a_rank, None) and a.tag == b.tag)
+
+
+def edges(views: dict[int, RankView], divs: list[GroupDivergence]) -> list[Edge]:
+    out: list[Edge] = []
+    for g in divs:
+        if g.div.kind != MismatchKind.MISSING or not g.absent:
+            continue
+        label = f"{next(iter(g.have.values())).op} {g.div.pg}#{g.div.seq}"
+        for w, c in g.have.items():
+            if c.completed is True or views[w].state == RankState.EXITED:
+                continue
+            out.extend(Edge(w, a, label, coll=c) for a in g.absent
+                       if views[a].state != RankState.EXITED)
+    for r, v in views.items():
+        call = _p2p_of(v)
+        if call is None or call.peer is None or call.peer not in views:
+            continue
+        if not _matches(call, r, _p2p_of(views[call.peer]), call.peer):
+            out.append(Edge(r, call.peer, call.describe(), p2p=call))
+    return out
+
+
+def cycles(es: list[Edge]) -> list[list[Edge]]:
+    """Elementary cycles of the graph, each once (as the edges around it, smallest rank
+    first), shortest first."""
+    by_waiter: dict[int, list[Edge]] = {}
+    for e in es:
+        by_waiter.setdefault(e.waiter, []).append(e)
+    found: dict[frozenset[tuple[int, int]], list[Edge]] = {}
+
+    def walk(start: int, node: int, path: list[Edge], seen: set[int]) -> None:
+        for e in by_waiter.get(node, []):
+            if e.on == start:
+                cyc = [*path, e]
+                key = frozenset((x.waiter, x.on) for x in cyc)
+                found.setdefault(key, cyc)
+            elif e.on not in seen and e.on > start and len(path) < 16:
+                walk(start, e.on, [*path, e], seen | {e.on})
+
+    for start in sorted(by_waiter):
+        walk(start, start, [], {start})
+    return sorted(found.values(), key=lambda c: (len(c), min(e.waiter for e in c)))

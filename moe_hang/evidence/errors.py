@@ -1,0 +1,77 @@
+"""Exceptions that ended ranks, and which of them are the root cause (pure).
+
+Sources: the probe's ``error.json`` (type, message, frames, time), and the ``[rankN]:``
+traceback blocks torch prints into the job log for an uncaught exception. A rank that fails
+*because* a peer failed raises a communication error (gloo's "Connection reset/closed by peer",
+"Timed out waiting ... for recv", NCCL's watchdog timeout); those are consequences. Anything
+else is a root cause, and the earliest root cause is the one to fix (docs/DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+import re
+
+from moe_hang.evidence.model import RankError
+from moe_hang.evidence.stacks import Frame
+
+# A communication failure seen by a rank whose peer died, aborted or left: a consequence.
+_CONSEQUENCE = re.compile(
+    r"Connection reset by peer|Connection closed by peer|Connection refused|Broken pipe|"
+    r"Timed out waiting \d+ ?ms for (?:recv|send)|Application timeout caused pair closure|"
+    r"Socket Timeout|timed out after|Watchdog caught collective operation timeout|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL is aborted|"
+    r"Detected mismatch between collectives on ranks|"
+    r"failed to pass monitoredBarrier|monitoredBarrier|"
+    r"DistNetworkError|DistBackendError: .*(?:reset|closed|timed out|Timed out|abort)|"
+    r"Rank \d+ is not reachable|ECONNRESET|EPIPE|"
+    r"Signal \d+ \(SIGTERM\)|got signal: 15|SignalException", re.IGNORECASE)
+_CONSEQUENCE_TYPES = ("KeyboardInterrupt", "SystemExit", "ChildFailedError", "SignalException")
+
+
+def is_consequence(err: RankError) -> bool:
+    """The error says a peer failed (or torchrun tore the job down), not what went wrong."""
+    if err.type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES:
+        return True
+    return bool(_CONSEQUENCE.search(f"{err.type}: {err.message}"))
+
+
+_PREFIX = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|"
+                       r"[A-Za-z_][\w.]*\.[A-Z]\w*)(?::\s?(.*))?$")
+
+
+def log_tracebacks(text: str) -> dict[int, RankError]:
+    """The last traceback each rank printed (``[rankN]: Traceback ...`` blocks), with its
+    frames (innermost first) and its final ``Type: message`` line. Their order of appearance
+    in the log is kept in ``RankError.time`` as a sequence number (the log has no clock)."""
+    lines: dict[int, list[str]] = {}
+    first_seen: dict[int, int] = {}
+    for i, raw in enumerate(text.splitlines()):
+        m = _PREFIX.match(raw)
+        if m:
+            r = int(m.group(1))
+            lines.setdefault(r, []).append(m.group(2))
+            first_seen.setdefault(r, i)
+    out: dict[int, RankError] = {}
+    for r, body in lines.items():
+        start = max((i for i, ln in enumerate(body) if ln.strip().startswith("Traceback (")),
+                    default=None)
+        if start is None:
+            continue
+        frames: list[Frame] = []
+        exc: tuple[str, str] | None = None
+        for ln in body[start + 1:]:
+            fm = _FRAME.match(ln)
+            if fm:
+                frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
+                exc = None  # the exception line follows the last frame
+                continue
+            em = _EXC_LINE.match(ln.strip())
+            if em and exc is None and not ln.startswith((" ", "\t")):
+                exc = (em.group(1), (em.group(2) or "").strip())
+        if exc is None:
+            continue
+        out[r] = RankError(type=exc[0], message=exc[1][:500], frames=list(reversed(frames)),
+                           time=None, source="job log")
+    return out
