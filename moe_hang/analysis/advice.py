@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Divergence,
+    RankCollective,
     RankReport,
     fmt_shape,
 )
@@ -38,8 +39,8 @@ class Situation:
         return rep.callsite if rep is not None else None
 
     def waiting(self) -> list[int]:
-        return [r for r, c in sorted(self.div.per_rank.items())
-                if c is not None and r not in self.culprits]
+        """The ranks the culprits leave waiting (every other member with an entry)."""
+        return [r for r in sorted(self.div.per_rank) if r not in self.culprits]
 
 
 @dataclass
@@ -80,6 +81,8 @@ def _at(f: Frame | None) -> str:
 
 def _ranks(rs: list[int]) -> str:
     rs = sorted(rs)
+    if not rs:
+        return "-"
     return str(rs[0]) if len(rs) == 1 else ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
 
@@ -92,7 +95,10 @@ def advise_size(s: Situation) -> Advice:
             "moe_hang.VarlenDispatch does this, with the gradient anchor.",
             "from moe_hang import VarlenDispatch\n"
             "y_TD = VarlenDispatch(ep_group)(x_TD, weights_TK, experts_TK, local_experts)")
-    sizes = "; ".join(f"rank {r}: {fmt_shape(c.input_sizes) or 'scalar'}"
+    def shape(c: RankCollective) -> str:
+        return fmt_shape(c.input_sizes) or ("?" if c.source == "stack" else "scalar")
+
+    sizes = "; ".join(f"rank {r}: {shape(c)}"
                       for r, c in sorted(s.div.per_rank.items()) if c is not None)
     op = next((c.op for c in s.div.per_rank.values() if c is not None), "the collective")
     return Advice(f"Every rank must pass the same shape to {op} ({sizes}): pad to a common "
@@ -121,17 +127,21 @@ def advise_order(s: Situation) -> Advice:
             "output to the input (a gradient anchor) so every rank runs the same backward.",
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
     if fsdp_unshard(frames):
-        loop = next((site for r in s.waiting() if (site := s.site(r)) is not None
-                     and in_loop(site.file, site.line)), None)
-        where = f" at {loop.short()}" if loop is not None else ""
+        called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
+        if called is not None and in_loop(called.file, called.line):
+            return Advice(
+                f"FSDP all-gathers a module's parameters when it is called; the loop at "
+                f"{called.short()} called fewer modules on rank {_ranks(s.culprits)} than on "
+                f"rank {_ranks(s.waiting())} (e.g. only the experts that got tokens). Call "
+                "every expert on every rank every step, with an empty input where it has no "
+                "token, so every rank posts the same all-gathers.",
+                "for expert in experts:  # every expert, every step, on every rank\n"
+                "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; rank "
-            f"{_ranks(s.culprits)} did not call one that rank {_ranks(s.waiting())} did"
-            f"{where} (a loop over the experts that got tokens on this rank). Call every "
-            "expert on every rank every step, with an empty input where it has no token, so "
-            "every rank posts the same all-gathers.",
-            "for expert in experts:  # every expert, every step, on every rank\n"
-            "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
+            f"{_ranks(s.culprits)} did not call the one rank {_ranks(s.waiting())} called at "
+            f"{_at(called)}. Call the same modules on every rank every step (run a skipped "
+            "block on an empty or dummy input), so every rank posts the same all-gathers.")
     if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
         return Advice("Every rank must post the same collectives in the same order; these "
                       "ranks do not, and which one deviates is not decided by this capture: "
@@ -139,6 +149,11 @@ def advise_order(s: Situation) -> Advice:
     culprit = s.culprits[0]
     missed = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     now = s.site(culprit)
+    if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
+        return Advice(f"Rank {_ranks(s.culprits)} posted its collective at {_at(now)} where rank "
+                      f"{_ranks(s.waiting())} posted theirs at {_at(missed)}: every rank must "
+                      "post the same collectives in the same order (a collective inside code "
+                      "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     return Advice(f"Make rank {_ranks(s.culprits)} post the collective at {_at(missed)} too: it "
                   f"went on to {_at(now)} without it, and every rank must post the same "
                   "collectives in the same order.")

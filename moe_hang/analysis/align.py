@@ -40,6 +40,22 @@ def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int
 
 
 @dataclass
+class Shift:
+    """From ``start`` on, the ``ahead`` ranks post what the ``behind`` ranks post ``k``
+    collectives later: they skipped ``k`` of them. Identical collectives pair silently (FSDP's
+    per-expert all-gathers have one shape), so the first visible difference (``first_diff``,
+    one rank still in the expert loop, the other already in backward) comes after the skip;
+    ``counts`` says how many collectives like the run's first each rank posted up to there."""
+
+    ahead: list[int]
+    behind: list[int]
+    k: int
+    start: int
+    first_diff: int
+    counts: dict[int, int]
+
+
+@dataclass
 class GroupDivergence:
     """Where one group's members first disagree."""
 
@@ -50,6 +66,7 @@ class GroupDivergence:
     # the same op from different code: which ranks' entry is not the collective the others
     # posted here (they skipped one, or are behind); filled for identity mismatches
     identity: dict[int, object] = field(default_factory=dict)
+    shift: Shift | None = None  # one side posts the other's collectives k seqs early
 
 
 def blocked_elsewhere(v: RankView) -> bool:
@@ -74,27 +91,65 @@ def _identity(c: Collective, pending: bool, v: RankView) -> object | None:
     return ("stack", user) if user else None
 
 
+def _sig(pg: str, seq: int, r: int, views: dict[int, RankView]) -> object | None:
+    c = views[r].tl.by_pg.get(pg, {}).get(seq)
+    if c is None:
+        return None
+    return (c.op, tuple(tuple(x) for x in c.input_sizes),
+            _identity(c, c.completed is False, views[r]))
+
+
+def _shift(seq: int, ids: dict[int, object], pg: str,
+           views: dict[int, RankView]) -> Shift | None:
+    """Two camps whose posting stacks differ at ``seq``: is one of them ahead by k, the same
+    collectives one position later on the other, at every seq from here on?"""
+    camps: dict[object, list[int]] = {}
+    for r, i in sorted(ids.items()):
+        camps.setdefault(i, []).append(r)
+    if len(camps) != 2:
+        return None
+    (ca, cb) = camps.values()
+    last = max(max(views[r].tl.by_pg.get(pg, {}), default=seq) for r in (*ca, *cb))
+    for k in (1, 2, 3):
+        for ahead, behind in ((cb, ca), (ca, cb)):
+            a, b = ahead[0], behind[0]
+            matched = 0
+            for u in range(seq, last + 1):
+                x, y = _sig(pg, u, a, views), _sig(pg, u + k, b, views)
+                if x is None or y is None:
+                    continue
+                if x != y:
+                    break
+                matched += 1
+            else:
+                if matched == 0:
+                    continue
+                start = seq
+                while (x := _sig(pg, start - 1, a, views)) is not None and \
+                        x == _sig(pg, start - 1 + k, b, views):
+                    start -= 1
+                loop = _sig(pg, start, b, views)
+                counts = {r: sum(1 for u in range(start, seq + 1)
+                                 if _sig(pg, u, r, views) == loop) for r in (*ahead, *behind)}
+                return Shift(sorted(ahead), sorted(behind), k, start, seq, counts)
+    return None
+
+
 def _identities_differ(seq: int, have: dict[int, Collective], pg: str,
-                       views: dict[int, RankView]) -> dict[int, object] | None:
+                       views: dict[int, RankView]) -> tuple[dict[int, object], Shift | None]:
     """Same op and sizes, but not the same collective. At a seq that is still pending this is
     where the ranks are stuck; at one that completed (the pair went through, silently) it only
-    counts if the ranks never line up again afterwards — two code paths may post the same
-    collective legitimately (``if rank == 0: dist.barrier() else: dist.barrier()``)."""
-    ids = {r: _identity(c, c.completed is not True, views[r]) for r, c in have.items()}
+    counts if one side is shifted against the other from there on — two code paths may post
+    the same collective legitimately (``if rank == 0: dist.barrier() else: dist.barrier()``),
+    and then they line up again."""
+    ids = {r: _identity(c, c.completed is False, views[r]) for r, c in have.items()}
     known = {r: i for r, i in ids.items() if i is not None}
     if len(known) < 2 or len(set(known.values())) < 2:
-        return None
-    if all(c.completed is not True for c in have.values()):
-        return known
-    later = sorted({s for r in have for s in views[r].tl.by_pg.get(pg, {}) if s > seq})
-    for s in later:
-        ls = {r: views[r].tl.by_pg.get(pg, {}).get(s) for r in have}
-        li = {r: _identity(c, c.completed is not True, views[r])
-              for r, c in ls.items() if c is not None}
-        li = {r: i for r, i in li.items() if i is not None}
-        if len(li) >= 2 and len(set(li.values())) == 1:
-            return None  # back in step: the difference was two paths to the same collective
-    return known
+        return {}, None
+    shift = _shift(seq, known, pg, views)
+    if shift is not None or all(c.completed is False for c in have.values()):
+        return known, shift
+    return {}, None
 
 
 def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
@@ -116,10 +171,17 @@ def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
                   if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
         kind = mismatch_kind(list(have.values()))
         identity: dict[int, object] = {}
-        if kind is None and len(have) >= 2:
-            ids = _identities_differ(seq, have, pg, views)
-            if ids is not None:
+        shift: Shift | None = None
+        if kind != MismatchKind.OP and len(have) >= 2:
+            # same op from different code: different collectives, whose sizes or dtypes
+            # differ because of that — a rank skipped one (stale all-to-all counts)
+            ids, shift = _identities_differ(seq, have, pg, views)
+            if ids:
                 kind, identity = MismatchKind.MISSING, ids
+            if shift is not None and shift.start < seq:  # show where the skip happened
+                seq = shift.start
+                present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
+                have = {r: c for r, c in present.items() if c is not None}
         if kind is None and absent:
             stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]
@@ -135,7 +197,7 @@ def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
         div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
                          members=ranks, per_rank=per_rank, phase=phase)
         t = min((c.time_created_ns or 0) for c in have.values())
-        return GroupDivergence(div, have, absent if not identity else [], t, identity)
+        return GroupDivergence(div, have, absent if not identity else [], t, identity, shift)
     return None
 
 

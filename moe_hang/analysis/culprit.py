@@ -8,12 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.align import GroupDivergence
-from moe_hang.analysis.diagnosis import CulpritBasis, MismatchKind
+from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.kinds import ROW
-from moe_hang.analysis.order import Ahead, further_along, who_skipped
+from moe_hang.analysis.order import (
+    Ahead,
+    breaks_history,
+    further_along,
+    program_order,
+    user_frames,
+    who_skipped,
+)
 from moe_hang.analysis.timeline import RankView
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.model import SizeAbort
+from moe_hang.evidence.ops import nbytes
+from moe_hang.evidence.stacks import Frame
 
 
 @dataclass
@@ -68,6 +78,8 @@ def blame(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
     """The culprits of one group's divergence."""
     if g.div.kind == MismatchKind.MISSING and g.absent:
         return _blame_absent(g, views)
+    if g.shift is not None:  # it posts what the others post later: it skipped some
+        return Blame(g.shift.ahead, CulpritBasis.PROGRAM_ORDER)
     if g.identity:
         sides = _sides(g.identity)
         if (tagged := _tag_ahead(g, views)) is not None:
@@ -128,9 +140,60 @@ def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
     ranks = sorted({e.waiter for e in cycle})
     if ahead and len(set(ahead)) < len(ranks):
         return Blame(sorted(set(ahead)), basis, confirmed)
+    # exclusive branches (no order between them): did one rank break what earlier
+    # iterations did (the others doing what they always did)?
+    broke = {r: breaks_history(r, views) for r in ranks}
+    deviating = sorted(r for r, b in broke.items() if b is True)
+    if deviating and any(b is False for b in broke.values()):
+        return Blame(deviating, CulpritBasis.HISTORY)
     return Blame(ranks, CulpritBasis.CYCLE)
 
 
 def _stand_in(rank: int, views: dict[int, RankView]) -> Collective:
     """A placeholder for where a rank waits in a point-to-point call (its position)."""
     return Collective(pg="p2p", seq=-1, op=views[rank].stack.op or "p2p", frames=[])
+
+
+def _posted_from(r: int, div: Divergence, views: dict[int, RankView]) -> list[Frame]:
+    """The user frames that posted rank r's collective at the divergence (the recorder's),
+    else where the rank is (a rank that aborted inside it left its stack)."""
+    c = views[r].tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
+    return (user_frames(c.frames) if c is not None and c.frames else []) or views[r].position
+
+
+def _nbytes(c: RankCollective) -> int | None:
+    return nbytes(c.input_sizes, c.dtypes)
+
+
+def blame_abort(div: Divergence, views: dict[int, RankView], abort: SizeAbort | None,
+                aborted: list[int]) -> Blame:
+    """gloo aborted a rank (a peer sent more bytes than it expected) before it could dump
+    its recorder: camps by the line each posted from (a rank that went past posts from
+    another line); on one line, by bytes — where the abort's byte ratio matches the two sizes
+    the others posted, the aborted rank is the one that expected less."""
+    entries = {r: c for r, c in div.per_rank.items() if c is not None}
+    sites = {r: (c.op, (c.callsite.file, c.callsite.line) if c.callsite else None)
+             for r, c in entries.items()}
+    sides = _sides(dict(sites))
+    if len(sides) > 1:
+        least = minority(sides)
+        if least is not None:
+            return Blame(least, CulpritBasis.MAJORITY)
+        if len(sides) == 2:
+            ahead = program_order(_posted_from(sides[0][0], div, views),
+                                  _posted_from(sides[1][0], div, views))
+            if ahead.side is not None:
+                return Blame(sides[0] if ahead.side == "a" else sides[1], ahead.basis,
+                             ahead.confirmed)
+        return Blame(sorted(entries), CulpritBasis.AMBIGUOUS)
+    sizes = {r: b for r, c in entries.items() if (b := _nbytes(c)) is not None}
+    distinct = sorted(set(sizes.values()))
+    if abort is not None and abort.received and abort.expected and len(distinct) == 2:
+        ratio = abort.received / abort.expected
+        if abs(distinct[1] / distinct[0] - ratio) < 0.01 * ratio:
+            for r in aborted:  # it expected the smaller message: it holds the smaller tensor
+                sizes.setdefault(r, distinct[0])
+    least = minority(_sides(dict(sizes)))
+    if least is not None:
+        return Blame(least, CulpritBasis.MAJORITY)
+    return Blame(sorted(entries), CulpritBasis.AMBIGUOUS)

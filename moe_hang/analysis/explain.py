@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
@@ -18,6 +19,9 @@ from moe_hang.analysis.kinds import ROW
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import RankError
 from moe_hang.evidence.stacks import Frame
+
+if TYPE_CHECKING:  # align imports this module's helpers through ranks
+    from moe_hang.analysis.align import GroupDivergence
 
 
 def exit_desc(code: int | None) -> str:
@@ -95,6 +99,34 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
         pg += f" (ranks {', '.join(map(str, div.members))})"
     return (f"Ranks posted {ROW[div.kind].phrase} at seq {div.seq} of {pg}{where}{site}: "
             + "; ".join(parts) + tail + ".")
+
+
+def shift_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
+    """One side is k collectives ahead of the other from ``start`` on."""
+    sh = g.shift
+    assert sh is not None
+    div = g.div
+    a, b = sh.ahead[0], sh.behind[0]
+    ca, cb = div.per_rank.get(a), div.per_rank.get(b)
+    what = ca.op if ca is not None else "collective"
+    site = cb.callsite if cb is not None and cb.callsite else None
+    at = f" at {site.short()}" if site else ""
+    many = "s" if sh.k > 1 else ""
+    if cb is not None and cb.tag and sh.k == 1:  # the probe says which one it was
+        skipped = f"never posted the {what} of {cb.tag}"
+    else:
+        skipped = f"skipped {sh.k} {what}{many}"
+    text = (f"Rank {ranks_text(sh.ahead)} {skipped} that rank "
+            f"{ranks_text(sh.behind)} posted{at}: from seq {sh.start} of "
+            f"{pg_label(div.pg, div.pg_desc)} it posts what rank {ranks_text(sh.behind)} posts "
+            f"{sh.k} later, and the pairs went through silently (same shape)")
+    if sh.counts.get(a) is not None and sh.counts.get(b) is not None and site:
+        text += (f"; up to seq {sh.first_diff}, rank {a} posted {sh.counts[a]} like it where "
+                 f"rank {b} posted {sh.counts[b]}")
+    now = reports.get(a)
+    if now is not None and now.callsite is not None:
+        text += f"; rank {a} is now at {now.callsite.short()}"
+    return text + "."
 
 
 def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:

@@ -12,7 +12,7 @@ from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.timeline import RankView, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
-from moe_hang.evidence.errors import is_consequence
+from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, said_exiting
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
@@ -31,6 +31,7 @@ class Facts:
     wait_cycles: list[list[Edge]]
     root_causes: dict[int, RankError]  # exceptions that are not a consequence of a peer
     consequences: dict[int, RankError]
+    mismatch_reports: dict[int, RankError]  # a collective's own check failed: a desync
     killed: list[int]  # by a signal from outside, or gone without a trace
     left: list[int]  # exited cleanly while others still wait
     bad_exit: list[int]  # exited with an error, a signal, or an exception on record
@@ -82,8 +83,13 @@ def facts(ev: Evidence) -> Facts:
            if all(views[e.waiter].ev.progressed is False for e in c)]
     root: dict[int, RankError] = {}
     conseq: dict[int, RankError] = {}
+    mismatch: dict[int, RankError] = {}
     for r, e in ev.ranks.items():
-        if e.error is not None:
+        if e.error is None:
+            continue
+        if is_mismatch_report(e.error):
+            mismatch[r] = e.error
+        else:
             (conseq if is_consequence(e.error) else root)[r] = e.error
     exited = [r for r, v in views.items() if v.state == RankState.EXITED]
     # exit 0, or gone while the launcher lives on (no exit code yet) after the probe's last
@@ -105,7 +111,8 @@ def facts(ev: Evidence) -> Facts:
     left = clean if waiting or bad_exit else []
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
-    f = Facts(ev, views, divs, blames, es, cyc, root, conseq, killed, left, bad_exit, exited,
+    f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,
+              exited,
               alive, moving, waiting, agent_died, orphans_moving, evidence=_evidence_lines(ev))
     if not divs and len(waiting) >= 2:
         f.stack_div = stack_divergence(views, waiting)

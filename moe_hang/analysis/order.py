@@ -100,3 +100,33 @@ def further_along(r: int, waiting: Collective, views: dict[int, RankView],
     waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier."""
     fw = user_frames(waiting.frames) or views[waiter].position
     return program_order(views[r].position, fw)
+
+
+def _key(c: Collective) -> tuple[object, ...]:
+    return (c.pg, c.op, tuple(tuple(s) for s in c.input_sizes), site_key(c))
+
+
+def _sequence(v: RankView) -> list[Collective]:
+    """Every collective of a rank, across its groups, in the order it posted them."""
+    colls = [c for by_seq in v.tl.by_pg.values() for c in by_seq.values()
+             if c.time_created_ns is not None]
+    return sorted(colls, key=lambda c: (c.time_created_ns or 0, c.pg, c.seq))
+
+
+def breaks_history(r: int, views: dict[int, RankView]) -> bool | None:
+    """Is the collective rank ``r`` is blocked in not what, in earlier iterations (of any
+    rank), followed the one it posted before it? None: no history to tell."""
+    v = views[r]
+    mine = _sequence(v)
+    if v.current is None or len(mine) < 3 or mine[-1] is not v.current:
+        return None
+    before, now = _key(mine[-2]), _key(mine[-1])
+    followers: set[tuple[object, ...]] = set()
+    for other in views.values():
+        past = _sequence(other)
+        if other.current is not None and past and past[-1] is other.current:
+            past = past[:-1]  # what each rank waits in now is not history
+        followers.update(_key(b) for a, b in pairwise(past) if _key(a) == before)
+    if not followers:
+        return None
+    return now not in followers

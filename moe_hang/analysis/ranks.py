@@ -57,7 +57,10 @@ def report(v: RankView, div: Divergence | None) -> RankReport:
         rc = div.per_rank[ev.rank]  # known from the stack only (coll is None here)
     if rc is None and v.state == RankState.IN_COLLECTIVE and v.stack.op:
         rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
-    site = posting_site(coll, v.stack, v.current, v.state) or v.site
+    if v.state == RankState.EXITED and ev.error is not None and ev.error.frames:
+        site = v.site  # the line it raised at: fresher than its last collective's
+    else:
+        site = posting_site(coll, v.stack, v.current, v.state) or v.site
     coll_in_backward = coll is not None and bool(coll.frames) and in_backward(coll.frames)
     phase = coll.phase if coll is not None and coll.phase else None
     if phase is None and (v.stack.in_backward or coll_in_backward):

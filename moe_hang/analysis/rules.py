@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.advice import Advice, Situation
+from moe_hang.analysis.culprit import blame_abort, blame_cycle
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -27,11 +28,13 @@ from moe_hang.analysis.explain import (
     error_text,
     exit_desc,
     ranks_text,
+    shift_summary,
     site_str,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts
 from moe_hang.analysis.kinds import ROW
 from moe_hang.analysis.timeline import build_timeline
+from moe_hang.evidence.errors import monitored_barrier_laggards
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.stacks import callsite
 
@@ -101,18 +104,27 @@ def _size_abort(f: Facts) -> Outcome:
     """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
     survivors' records reach it; else the abort itself does."""
     assert f.size_abort is not None
-    div, ranks, detail = f.size_abort
+    div, _, detail = f.size_abort
+    aborted = [r for r in f.views if f.views[r].ev.fatal or f.views[r].ev.exit_code == -6]
     if desync_divs(f):
         out = _desync(f)
+        if out.basis == CulpritBasis.AMBIGUOUS and out.div is not None:
+            # the aborted rank left no recorder entry: the abort's byte counts may decide
+            b = blame_abort(out.div, f.views, f.ev.size_abort, aborted)
+            if b.basis != CulpritBasis.AMBIGUOUS:
+                out.culprits, out.basis = b.culprits, b.basis
+                out.summary = out.summary.split(" Which rank deviates")[0] + culprit_clause(
+                    b.basis, b.culprits, b.confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
         out.certainty = Certainty.DEFINITE
         return out
+    b = blame_abort(div, f.views, f.ev.size_abort, aborted)
     reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    summary = desync_summary(div, reports, ranks, exits).rstrip(".") + f" ({detail})."
-    return Outcome(Verdict.DESYNC, ranks, CulpritBasis.AMBIGUOUS, Certainty.DEFINITE, summary,
-                   ROW[div.kind].advice(_situation(f, div, ranks, CulpritBasis.AMBIGUOUS)),
-                   div)
+    summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
+    summary += culprit_clause(b.basis, b.culprits, b.confirmed)
+    return Outcome(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
+                   ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
 
 
 def _killed(f: Facts) -> Outcome:
@@ -146,8 +158,6 @@ def _left_early(f: Facts) -> Outcome:
 
 
 def _cycle(f: Facts) -> Outcome:
-    from moe_hang.analysis.culprit import blame_cycle
-
     cyc = f.wait_cycles[0]
     b = blame_cycle(cyc, f.views)
     culprits = set(b.culprits)
@@ -189,8 +199,11 @@ def _desync(f: Facts) -> Outcome:
     culprits = sorted({r for _, bb in found for r in bb.culprits})
     reports = f.reports(g.div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    summary = desync_summary(g.div, reports, b.culprits, exits)
-    summary += culprit_clause(b.basis, b.culprits, b.confirmed)
+    if g.shift is not None:
+        summary = shift_summary(g, reports)
+    else:
+        summary = desync_summary(g.div, reports, b.culprits, exits)
+        summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     if len(found) > 1:
         summary += (f" {len(found) - 1} more group(s) diverged: "
                     + "; ".join(f"{x.div.pg}#{x.div.seq} (rank {ranks_text(bb.culprits)})"
@@ -225,6 +238,24 @@ def _agent_died(f: Facts) -> Outcome:
     return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
                    Advice("Find out what ended the launcher (its process, not a rank, was "
                           "killed); the ranks had no error of their own."))
+
+
+def _laggards(f: Facts) -> dict[int, list[int]]:
+    """Ranks whose monitored_barrier named the ranks that did not reach it in time."""
+    return {r: lag for r, e in f.consequences.items()
+            if (lag := monitored_barrier_laggards(e))}
+
+
+def _monitored_barrier(f: Facts) -> Outcome:
+    reporter, laggards = next(iter(sorted(_laggards(f).items())))
+    at = "; ".join(f"rank {r} was at {site_str(f.views[r].site)}" for r in laggards
+                   if r in f.views)
+    summary = (f"Rank {reporter}'s monitored_barrier reports that rank {ranks_text(laggards)} "
+               "did not reach it in time" + (f" ({at})" if at else "") + ".")
+    site = f.views[laggards[0]].site if laggards[0] in f.views else None
+    return Outcome(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
+                   Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
+                          "barrier waited for it there."))
 
 
 def _consequences_only(f: Facts) -> Outcome:
@@ -330,6 +361,8 @@ RULES: tuple[Rule, ...] = (
     Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
          _stack_desync),
     Rule("launcher died", lambda f: f.agent_died, _agent_died),
+    Rule("monitored barrier names the laggards", lambda f: bool(_laggards(f)),
+         _monitored_barrier),
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), _consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),

@@ -25,6 +25,7 @@ from moe_hang.evidence.stacks import (
     StackView,
     ThreadStack,
     callsite,
+    collective_of,
     is_library_frame,
     main_thread,
     parse_faulthandler,
@@ -96,7 +97,21 @@ def timeline(ev: RankEvidence) -> RankTimeline:
             for c in coll.values():
                 if c.completed is None:
                     c.completed = c.seq <= done[pg]
+    _failed_in(ev, by_pg)
     return RankTimeline(by_pg, enq, done, has)
+
+
+def _failed_in(ev: RankEvidence, by_pg: dict[str, dict[int, Collective]]) -> None:
+    """A rank that raised inside a collective (a timeout, a closed connection) did not
+    complete it, whatever the recorder counts: gloo retires a collective that failed."""
+    if ev.error is None or not ev.error.frames:
+        return
+    op, _ = collective_of(ev.error.frames)
+    if op is None or op == "unknown":
+        return
+    same = [c for coll in by_pg.values() for c in coll.values() if c.op == op]
+    if same:
+        max(same, key=lambda c: (c.time_created_ns or 0, c.seq)).completed = False
 
 
 @dataclass

@@ -32,11 +32,12 @@ from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job
-from moe_hang.runtime.procs import CpuClock
+from moe_hang.runtime.procs import CpuClock, main_thread_cpu
 
 SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
 SAMPLE_INTERVAL_S = 0.25
 BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
+MAIN_BUSY_CORES = 0.1  # of its main thread alone
 
 
 def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
@@ -127,6 +128,7 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     clock = CpuClock()
     done0 = _completed(job)
     cpu0, t_cpu0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    main0 = {r: main_thread_cpu(p) for r, p in pids.items()}
     samples = []
     for i in range(SAMPLES):
         if i:
@@ -134,9 +136,15 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
         # the last one with the peers of send/recv calls (py-spy --locals, filtered)
         samples.append(pyspy.pyspy_many(pids, native=native, with_locals=i == SAMPLES - 1))
     cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
+    main1 = {r: main_thread_cpu(p) for r, p in pids.items()}
     done1 = _completed(job)
     span = max(t_cpu1 - t_cpu0, 1e-3)
     cores = {r: _cores(cpu0[r], cpu1[r], span) for r in pids}
+    # the main thread posts collectives and blocks in them (gloo: in a syscall, no CPU); one
+    # that kept computing over the window completed collectives in between, however often
+    # the samples found it inside one
+    main_busy = {r: (c := _cores(main0[r], main1[r], span)) is not None and c > MAIN_BUSY_CORES
+                 for r in pids}
     asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
     final = {r: next((s[r] for s in reversed(samples) if s[r].data is not None), samples[-1][r])
              for r in pids}
@@ -157,8 +165,8 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
         seen = [s[r.rank].data for s in samples if s[r.rank].data is not None]
         moved = None
         if len(seen) >= 2:
-            moved = advanced or any(progressed(a, b, cores[r.rank])
-                                    for a, b in itertools.pairwise(seen))
+            moved = advanced or main_busy[r.rank] or any(
+                progressed(a, b, cores[r.rank]) for a, b in itertools.pairwise(seen))
         table.ranks[r.rank] = ProcessRecord(pid=r.pid, host=r.host, alive=True,
                                             progressed=moved, local_rank=r.local_rank,
                                             env=r.env)

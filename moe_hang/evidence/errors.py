@@ -28,6 +28,27 @@ _CONSEQUENCE = re.compile(
 _CONSEQUENCE_TYPES = ("KeyboardInterrupt", "SystemExit", "ChildFailedError", "SignalException")
 
 
+# A collective's own check failing on mismatched peers (gloo's enforce in a collective, not in
+# its transport; DETAIL's fingerprint check): a symptom of a desync, which the alignment names
+_MISMATCH = re.compile(
+    r"enforce fail at [^\]]*gloo/(?!transport/)|Received data size doesn't match|"
+    r"Detected mismatch between collectives on ranks", re.IGNORECASE)
+
+
+def is_mismatch_report(err: RankError) -> bool:
+    """The error is a collective's check that its peers posted something else."""
+    return bool(_MISMATCH.search(f"{err.type}: {err.message}"))
+
+
+_MONITORED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def monitored_barrier_laggards(err: RankError) -> list[int]:
+    """``monitored_barrier`` names the ranks that did not reach it in time."""
+    m = _MONITORED.search(err.message)
+    return sorted({int(x) for x in re.findall(r"\d+", m.group(1))}) if m else []
+
+
 def is_consequence(err: RankError) -> bool:
     """The error says a peer failed (or torchrun tore the job down), not what went wrong."""
     if err.type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES:

@@ -112,7 +112,10 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
         return
     marker = _read_json(files.dump_marker, ev, "dump marker")
     reason = marker.get("reason") if isinstance(marker, dict) else None
-    if files.stack.exists() and reason != "exception":
+    # a rank that raised: its traceback says where, not the dump of its teardown (torchrun's
+    # SIGTERM reaches it on the way out); only a dump we asked for while it lived is fresher
+    raised = ev.error is not None and bool(ev.error.frames) and reason != "request"
+    if files.stack.exists() and reason != "exception" and not raised:
         threads = parse_faulthandler(files.stack.read_text(errors="replace"))
         # the dumping thread is the probe's; the rank's own work is on the main thread
         ev.threads = [t for t in threads if not _is_probe_thread(t)] or threads

@@ -76,3 +76,20 @@ def short_op(op: str) -> str:
 def normalise_dtype(name: str) -> str:
     """``torch.float32`` (how a rank spells it) -> ``Float`` (how the recorder does)."""
     return _DTYPE_NAMES.get(name, name)
+
+
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
+                "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}
+
+
+def nbytes(sizes: list[list[int]], dtypes: list[str]) -> int | None:
+    """Bytes of a collective's inputs (float32 when the dtype is not recorded)."""
+    if not sizes:
+        return None
+    numel = 0
+    for s in sizes:
+        n = 1
+        for d in s:
+            n *= d
+        numel += n
+    return numel * _DTYPE_BYTES.get(normalise_dtype(dtypes[0]) if dtypes else "Float", 4)

@@ -1,0 +1,267 @@
+"""The verdict engine's rules on hand-built evidence: root cause first, culprit from evidence
+(and the culprit swaps when the ranks' roles do), cycles, advice from the same facts."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.source import Order, order
+from moe_hang.evidence.errors import is_consequence, log_tracebacks
+from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
+from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
+
+TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _job(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "job.py"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if needle in ln)
+
+
+def _stack(*frames: tuple[str, int, str], active: bool = False,
+           p2p: P2PCall | None = None) -> list[ThreadStack]:
+    return [ThreadStack("MainThread", [Frame(*f) for f in frames], active=active, is_main=True,
+                        p2p=p2p)]
+
+
+def _ev(*ranks: RankEvidence, job: str = "stalled") -> Evidence:
+    return Evidence(ranks={r.rank: r for r in ranks}, world_size=len(ranks), job=job)
+
+
+# ---------------------------------------------------------------------------- evidence
+
+
+def test_tracebacks_in_the_job_log_and_which_are_consequences():
+    log = textwrap.dedent("""\
+        [rank1]: Traceback (most recent call last):
+        [rank1]:   File "/job/train.py", line 40, in <module>
+        [rank1]:     step(batch)
+        [rank1]:   File "/job/train.py", line 22, in step
+        [rank1]:     raise ValueError("bad batch: NaN in labels")
+        [rank1]: ValueError: bad batch: NaN in labels
+        [rank0]: Traceback (most recent call last):
+        [rank0]:   File "/job/train.py", line 24, in step
+        [rank0]:     dist.all_reduce(t)
+        [rank0]: RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:5000
+        """)
+    tb = log_tracebacks(log)
+    assert tb[1].type == "ValueError" and tb[1].message == "bad batch: NaN in labels"
+    assert tb[1].frames[0] == Frame("/job/train.py", 22, "step")  # innermost first
+    assert not is_consequence(tb[1]) and is_consequence(tb[0])
+    assert is_consequence(RankError("RuntimeError", "Timed out waiting 5000ms for recv "
+                                                    "operation to complete"))
+    ddp = RankError("RuntimeError", "Expected to have finished reduction in the prior "
+                                    "iteration before starting a new one.")
+    assert not is_consequence(ddp)
+
+
+def test_program_order_comes_from_the_source(tmp_path):
+    job = _job(tmp_path, """\
+        def f(rank, tokens):
+            if rank == 0:
+                a()  # A0
+                b()  # B0
+            else:
+                b()  # B1
+                a()  # A1
+            if tokens:
+                dispatch()  # D
+            barrier()  # BAR
+        """)
+    ln = {k: _line(job, f"# {k}") for k in ("A0", "B0", "B1", "A1", "D", "BAR")}
+    assert order(str(job), ln["A0"], ln["B1"]) is Order.EXCLUSIVE
+    assert order(str(job), ln["A0"], ln["B0"]) is Order.A_FIRST
+    assert order(str(job), ln["D"], ln["BAR"]) is Order.A_FIRST
+    assert order(str(job), ln["BAR"], ln["D"]) is Order.B_FIRST
+    assert order(str(tmp_path / "gone.py"), 1, 2) is Order.UNKNOWN
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_the_earliest_root_cause_exception_wins(culprit):
+    """The ValueError is the root cause; the peer's 'Connection closed' is its consequence,
+    even when it was recorded later or earlier."""
+    other = 1 - culprit
+    raised = RankEvidence(rank=culprit, alive=False, exit_code=1, error=RankError(
+        "ValueError", "bad batch: NaN in labels",
+        [Frame("/job/train.py", 22, "step"), Frame("/job/train.py", 40, "<module>")], 100.0))
+    victim = RankEvidence(rank=other, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "Connection closed by peer", [Frame(TORCH, 9, "all_reduce")], 99.0))
+    d = diagnose(_ev(raised, victim, job="failed"))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis, d.certainty) == (
+        "crash", [culprit], "exception", "definite")
+    assert "ValueError: bad batch" in d.summary and "train.py:22" in d.summary
+    assert d.rank(culprit).callsite == Frame("/job/train.py", 22, "step")
+    assert "skip" not in d.fix.lower()
+
+
+@pytest.mark.parametrize("sender", [0, 1])
+def test_recv_from_a_rank_that_never_sent_names_that_rank(tmp_path, sender):
+    job = _job(tmp_path, """\
+        import torch.distributed as dist
+        def main(rank, peer):
+            if rank == RECEIVER:
+                dist.recv(t, src=peer)  # RECV
+            dist.all_reduce(t)  # AR
+        """)
+    recv_at, ar_at = _line(job, "# RECV"), _line(job, "# AR")
+    receiver = 1 - sender
+    r_recv = RankEvidence(rank=receiver, alive=True, progressed=False, threads=_stack(
+        (TORCH, 5, "recv"), (str(job), recv_at, "main"), p2p=P2PCall("recv", sender)))
+    fr_ar = Collective(pg="0", seq=3, op="all_reduce", input_sizes=[[4]], completed=False,
+                       frames=[Frame(TORCH, 9, "all_reduce"), Frame(str(job), ar_at, "main")])
+    r_ar = RankEvidence(rank=sender, alive=True, progressed=False, threads=_stack(
+        (TORCH, 9, "all_reduce"), (str(job), ar_at, "main")),
+        records=[PostedRecord(seq=3, op="all_reduce", pg="0", input_sizes=[[4]],
+                              frames=fr_ar.frames)])
+    r_recv.records = [PostedRecord(seq=2, op="all_reduce", pg="0", input_sizes=[[4]])]
+    d = diagnose(_ev(r_recv, r_ar))
+    assert d.rule == "wait-for cycle" and d.culprit_ranks == [sender], d.summary
+    assert d.culprit_basis == "program_order" and d.certainty == "definite"
+    assert f"recv from rank {sender}" in d.summary
+
+
+def test_two_ranks_receiving_from_each_other_is_a_deadlock_naming_both(tmp_path):
+    job = _job(tmp_path, """\
+        def stage(rank):
+            dist.recv(t, src=1 - rank)  # RECV
+            dist.send(t, dst=1 - rank)
+        """)
+    at = _line(job, "# RECV")
+    ranks = [RankEvidence(rank=r, alive=True, progressed=False, threads=_stack(
+        (TORCH, 5, "recv"), (str(job), at, "stage"), p2p=P2PCall("recv", 1 - r)))
+        for r in (0, 1)]
+    d = diagnose(_ev(*ranks))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis) == ("hang", [0, 1], "cycle")
+    assert "Deadlock" in d.summary and "sends first" in d.fix
+
+
+@pytest.mark.parametrize("skipper", [0, 1])
+def test_same_op_from_another_line_is_a_skip_not_a_dtype_mismatch(tmp_path, skipper):
+    """Stale all-to-all split counts: one rank skipped the count exchange and posted the token
+    all-to-all at the same seq (same op, other dtype): it is further along the same code."""
+    job = _job(tmp_path, """\
+        def dispatch(x, counts):
+            if refresh:
+                counts = exchange(counts)  # COUNTS
+            return all_to_all(x, counts)  # TOKENS
+        """)
+    counts_at, tokens_at = _line(job, "# COUNTS"), _line(job, "# TOKENS")
+
+    def rank(r: int) -> RankEvidence:
+        at = tokens_at if r == skipper else counts_at
+        dtype = "torch.float32" if r == skipper else "torch.int64"
+        frames = [Frame(TORCH, 7, "all_to_all_single"), Frame(str(job), at, "dispatch")]
+        return RankEvidence(rank=r, alive=True, progressed=False, threads=_stack(*(
+            (f.file, f.line, f.function) for f in frames)), records=[PostedRecord(
+                seq=3, op="all_to_all", pg="0", input_sizes=[[2]], dtype=dtype,
+                frames=frames)], heartbeat=Heartbeat.parse(
+                    {"rank": r, "pg_status": {"0": {"enqueued": 3, "completed": 2}}}))
+
+    d = diagnose(_ev(rank(0), rank(1)))
+    assert d.verdict == "desync" and d.culprit_ranks == [skipper], d.summary
+    assert d.culprit_basis == "program_order"
+    assert "dtype" not in d.fix.lower()
+    assert f"rank {skipper}" in d.fix.lower()
+
+
+@pytest.mark.parametrize("sleeper", [0, 1])
+def test_a_rank_blocked_outside_collectives_is_waited_for_not_the_transport(sleeper):
+    waiter = 1 - sleeper
+    asleep = RankEvidence(rank=sleeper, alive=True, progressed=False, threads=_stack(
+        ("/job/loader.py", 8, "next_batch"), ("/job/train.py", 30, "<module>")))
+    blocked = RankEvidence(rank=waiter, alive=True, progressed=False, threads=_stack(
+        (TORCH, 9, "all_reduce"), ("/job/train.py", 33, "<module>")))
+    d = diagnose(_ev(asleep, blocked))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis, d.certainty) == (
+        "hang", [sleeper], "waited_for", "uncertain")
+    assert "NCCL_DEBUG" not in d.fix and "transport" not in d.fix
+    assert "loader.py:8" in d.summary
+
+
+def test_size_advice_names_varlen_only_for_a_dtensor_gather():
+    def rank(r: int, rows: int, via_dtensor: bool) -> RankEvidence:
+        frames = [Frame(TORCH, 3, "all_gather_into_tensor")]
+        if via_dtensor:
+            frames.append(Frame("/x/site-packages/torch/distributed/tensor/_api.py", 7,
+                                "full_tensor"))
+        frames.append(Frame("/job/train.py", 12, "gather"))
+        return RankEvidence(rank=r, alive=True, progressed=False, records=[PostedRecord(
+            seq=2, op="all_gather", pg="0", input_sizes=[[rows, 4]], frames=frames)])
+
+    plain = diagnose(_ev(rank(0, 16, False), rank(1, 32, False)))
+    assert plain.verdict == "desync" and plain.first_divergence is not None
+    assert plain.first_divergence.kind == "size_mismatch"
+    assert "varlen" not in plain.fix.lower() and "16×4" in plain.fix
+    dtensor = diagnose(_ev(rank(0, 16, True), rank(1, 32, True)))
+    assert "VarlenDispatch" in dtensor.fix and dtensor.fix_code
+
+
+def test_a_completed_seq_from_two_code_paths_is_not_a_divergence():
+    """``if rank == 0: dist.barrier() else: dist.barrier()``: different lines, one collective;
+    they line up again afterwards, so the divergence is where they really differ."""
+    def rank(r: int) -> RankEvidence:
+        first = Frame("/job/train.py", 10 if r == 0 else 12, "<module>")
+        then = Frame("/job/train.py", 20, "<module>")
+        return RankEvidence(rank=r, alive=True, progressed=False, records=[
+            PostedRecord(seq=1, op="barrier", pg="0", frames=[Frame(TORCH, 1, "barrier"),
+                                                              first]),
+            PostedRecord(seq=2, op="all_reduce", pg="0", input_sizes=[[4 if r == 0 else 8]],
+                         frames=[Frame(TORCH, 2, "all_reduce"), then])])
+
+    d = diagnose(_ev(rank(0), rank(1)))
+    assert d.first_divergence is not None and d.first_divergence.seq == 2
+    assert d.first_divergence.kind == "size_mismatch"
+
+
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_a_cross_group_order_inversion_is_a_cycle_blamed_by_history(tmp_path, culprit):
+    """Every step reduces over dp then ep; at the last step one rank takes a branch that does
+    ep first. Each waits in a different group for the other (a cycle); the branches are
+    exclusive, so program order cannot tell — earlier steps can: the culprit broke them."""
+    job = _job(tmp_path, """\
+        for step in range(5):
+            if rank == culprit and step == 3:
+                dist.all_reduce(e, group=ep)  # EP_FIRST
+                dist.all_reduce(d, group=dp)
+            else:
+                dist.all_reduce(d, group=dp)  # DP
+                dist.all_reduce(e, group=ep)  # EP
+        """)
+    ep_first, dp_at, ep_at = (_line(job, f"# {k}") for k in ("EP_FIRST", "DP", "EP"))
+
+    def rec(seq: int, pg: str, line: int, t: float) -> PostedRecord:
+        return PostedRecord(seq=seq, op="all_reduce", pg=pg,
+                            input_sizes=[[16 if pg == "1" else 8]], time=t,
+                            frames=[Frame(TORCH, 9, "all_reduce"),
+                                    Frame(str(job), line, "<module>")])
+
+    def rank(r: int) -> RankEvidence:
+        past = [x for s in range(3) for x in (rec(s + 1, "1", dp_at, 10.0 * s + 1),
+                                               rec(s + 1, "2", ep_at, 10.0 * s + 2))]
+        now = rec(4, "2", ep_first, 41.0) if r == culprit else rec(4, "1", dp_at, 41.0)
+        at = ep_first if r == culprit else dp_at
+        mine = "2" if r == culprit else "1"
+        return RankEvidence(rank=r, alive=True, progressed=False, records=[*past, now],
+                            groups={"1": [0, 1], "2": [0, 1]},
+                            heartbeat=Heartbeat.parse({"rank": r, "pg_status": {
+                                pg: {"enqueued": 4 if pg == mine else 3, "completed": 3}
+                                for pg in ("1", "2")}}),
+                            threads=_stack((TORCH, 9, "all_reduce"), (str(job), at, "<module>")))
+
+    d = diagnose(_ev(rank(0), rank(1)))
+    assert d.rule == "wait-for cycle" and d.verdict == "desync", d.summary
+    assert (d.culprit_ranks, d.culprit_basis) == ([culprit], "history")
+    assert "same order" in d.fix
