@@ -334,9 +334,10 @@ class Probe:
                "message": (str(exc).strip().splitlines() or [""])[0][:500],
                "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
                "time": time.time()}
+        # the record first: it is small, and torchrun's SIGTERM may end us during the dump
+        write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
             self.dump("exception", "exception")
-        write_atomic(self.files.error, json.dumps(err).encode())
 
     def _chain_excepthook(self) -> None:
         previous = sys.excepthook
