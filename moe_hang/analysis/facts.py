@@ -94,9 +94,11 @@ def facts(ev: Evidence) -> Facts:
     exited = [r for r, v in views.items() if v.state == RankState.EXITED]
     # exit 0, or gone while the launcher lives on (no exit code yet) after the probe's last
     # beat said the interpreter was shutting down normally
+    # (torchrun's SIGTERM may catch a rank already on its way out: still a clean exit)
     clean = [r for r in exited if not ev.ranks[r].error and not ev.ranks[r].fatal and (
         ev.ranks[r].exit_code == 0
-        or (ev.ranks[r].exit_code is None and said_exiting(ev.ranks[r].heartbeat)))]
+        or (ev.ranks[r].exit_code in (None, -signal.SIGTERM)
+            and said_exiting(ev.ranks[r].heartbeat)))]
     bad_exit = [r for r in exited if r not in clean]
     alive = [r for r in views if r not in exited]
     moving = [r for r in alive if views[r].ev.progressed
