@@ -32,9 +32,11 @@ class Terminal:
     def __init__(self, *, live: bool, plain: bool, job: BinaryIO | None = None,
                  status: TextIO | None = None) -> None:
         self._live, self._plain = live, plain
-        self._job = job if job is not None else sys.stdout.buffer
+        self._job_stream = job
         self._status = status if status is not None else sys.stderr
-        self._lock = threading.Lock()
+        # reentrant: a Ctrl-C raised in the main thread while it holds the lock must not
+        # deadlock the close() on its way out
+        self._lock = threading.RLock()
         self._last = b"\n"  # nothing written yet: as good as a line start
         self._last_t = 0.0
         self._text = ""
@@ -46,6 +48,11 @@ class Terminal:
             self._ticker = threading.Thread(target=self._tick, name="moe-hang-status",
                                             daemon=True)
             self._ticker.start()
+
+    @property
+    def _job(self) -> BinaryIO:
+        # resolved late: only watch writes job bytes, and a test's stdout may have no buffer
+        return self._job_stream if self._job_stream is not None else sys.stdout.buffer
 
     # the three writers ---------------------------------------------------------------
 
