@@ -48,7 +48,7 @@ def check_out(out: Path | None) -> None:
         raise MoeHangError(f"--out {out}: {where} is not a directory")
     why = _can_create_in(where)
     if why is not None:
-        raise MoeHangError(f"--out {out}: cannot write in {where} ({why})")
+        raise MoeHangError(f"--out {out}: {where} is not writable ({why})")
 
 
 def check_html(html: Path | None, out: Path | None = None) -> None:
@@ -70,4 +70,4 @@ def check_html(html: Path | None, out: Path | None = None) -> None:
         raise MoeHangError(f"--html {html}: exists and is not writable")
     why = _can_create_in(parent)
     if why is not None:
-        raise MoeHangError(f"--html {html}: cannot write in {parent} ({why})")
+        raise MoeHangError(f"--html {html}: {parent} is not writable ({why})")

@@ -28,7 +28,7 @@ def test_html_must_be_a_file_in_a_writable_directory(tmp_path):
     _refused(check_html, tmp_path / "missing" / "r.html", needle="does not exist")
     (tmp_path / "afile").write_text("x")
     _refused(check_html, tmp_path / "afile" / "r.html", needle="is not a directory")
-    _refused(check_html, Path("/proc/r.html"), needle="cannot write in /proc")
+    _refused(check_html, Path("/proc/r.html"), needle="/proc is not writable")
     assert list(tmp_path.iterdir()) == [tmp_path / "afile"]  # the probe left nothing
 
 
@@ -45,7 +45,7 @@ def test_out_is_checked_without_creating_it(tmp_path):
     (tmp_path / "afile").write_text("x")
     _refused(check_out, tmp_path / "afile", needle="exists and is not a directory")
     _refused(check_out, tmp_path / "afile" / "run", needle="is not a directory")
-    _refused(check_out, Path("/proc/run"), needle="cannot write in /proc")
+    _refused(check_out, Path("/proc/run"), needle="/proc is not writable")
 
 
 def _fake_python(tmp_path: Path, body: str) -> str:
