@@ -168,10 +168,8 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
         c = fd.per_rank[rank]
         if c is not None:
             site = c.callsite or (rep.callsite if rep else None)
-            text = f"in {collective_text(c, sizes=sizes)} at {site_text(site)}"
-            if rep is not None and rep.state == RankState.EXITED and rep.exit_code:
-                text += f"; then {exit_words(rep.exit_code)}"
-            return text
+            # how it ended (killed by SIGABRT) is the summary's and the detail's to say
+            return f"in {collective_text(c, sizes=sizes)} at {site_text(site)}"
         posted = next((x for x in fd.per_rank.values() if x is not None), None)
         what = collective_text(posted) if posted is not None else "the collective"
         return f"never posted {what}; " + (where_now(rep, sizes=sizes) if rep
@@ -228,23 +226,28 @@ def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
     return label, names, BASIS_WORDS.get(d.culprit_basis, "")
 
 
-def site_groups(d: Diagnosis, max_groups: int = MAX_SITE_GROUPS
-                ) -> list[tuple[list[int], str, bool]]:
-    """(ranks, what they did, holds a culprit) per distinct call site, culprits first. With
-    more distinct lines than ``max_groups``, ranks that differ only in their sizes are one
-    group (its sizes counted, not listed)."""
+def site_groups(d: Diagnosis, max_groups: int = MAX_SITE_GROUPS, *,
+                merge_sizes: bool | None = None) -> list[tuple[list[int], str, bool]]:
+    """(ranks, what they did, holds a culprit) per distinct call site, culprits first.
+    ``merge_sizes`` (by default: when there are more distinct lines than ``max_groups``):
+    ranks that differ only in their sizes are one group, its sizes counted, not listed."""
     if d.verdict == Verdict.HEALTHY:
         return []
     ranks = sorted({r.rank for r in d.ranks}
                    | set(d.first_divergence.per_rank if d.first_divergence else ()))
     groups = _group(ranks, lambda r: rank_phrase(d, r))
-    if len(groups) > max_groups:
-        groups = _group(ranks, lambda r: rank_phrase(d, r, sizes=False))
-        for phrase, members in list(groups.items()):
-            shapes = {fmt_shape(c.input_sizes) for r in members
-                      if (c := _collective_at(d, r)) is not None}
-            if len(shapes) > 1:
-                groups[f"{phrase} ({len(shapes)} different sizes)"] = groups.pop(phrase)
+    if merge_sizes is not False:
+        merged = _group(ranks, lambda r: rank_phrase(d, r, sizes=False))
+        if merge_sizes or (len(groups) > max_groups and len(merged) < len(groups)):
+            groups = {}
+            for phrase, members in merged.items():
+                shapes = {fmt_shape(c.input_sizes) for r in members
+                          if (c := _collective_at(d, r)) is not None}
+                if len(shapes) > 1:
+                    phrase += f" ({len(shapes)} different sizes)"
+                elif len(shapes) == 1:
+                    phrase = rank_phrase(d, members[0])  # one size: say it
+                groups[phrase] = members
     culprits = set(d.culprit_ranks)
     out = [(members, shorten_paths(phrase), bool(culprits & set(members)))
            for phrase, members in groups.items()]
@@ -322,22 +325,21 @@ def _site_lines(groups: list[tuple[list[int], str, bool]], shown: int,
 
 
 def _sites_section(d: Diagnosis, width: int) -> _Section | None:
-    """One line (or two) per group; shortened by folding the last groups into "… and N
-    more", never by cutting a group's line."""
-    groups = site_groups(d)
-    if not groups:
+    """One line (or two) per group. Shorter: ranks differing only in sizes merged, then the
+    last groups folded into "… and N more" — never a group's line cut."""
+    full = site_groups(d)
+    if not full:
         return None
-    shown = min(len(groups), MAX_SITE_GROUPS)
-    section = _Section(_site_lines(groups, shown, width))
-
-    def shorter() -> list[Text] | None:
-        nonlocal shown
-        if shown <= 1:
-            return None
-        shown -= 1
-        return _site_lines(groups, shown, width)
-
-    section.shorter = shorter
+    merged = site_groups(d, merge_sizes=True)
+    base = merged if len(merged) < len(full) else full
+    stages = [_site_lines(full, min(len(full), MAX_SITE_GROUPS), width)]
+    if base is merged:
+        stages.append(_site_lines(merged, min(len(merged), MAX_SITE_GROUPS), width))
+    stages += [_site_lines(base, n, width)
+               for n in range(min(len(base), MAX_SITE_GROUPS) - 1, 0, -1)]
+    section = _Section(stages[0])
+    rest = iter(stages[1:])
+    section.shorter = lambda: next(rest, None)
     return section
 
 

@@ -38,6 +38,8 @@ from moe_hang.report.screen import (
     first_screen,
     next_verify_command,
     rank_ranges,
+    ranks_label,
+    site_groups,
 )
 from moe_hang.report.wrap import screen_lines, shorten_paths, wrap
 
@@ -180,6 +182,30 @@ def many_ranks_ragged(world: int = 64) -> Diagnosis:
     return d
 
 
+def ragged_four() -> Diagnosis:
+    """The real 4-rank repro: four sizes, a long summary, a2a recommended."""
+    d = many_ranks_ragged(4)
+    sizes = [68, 401, 1607, 230]
+    for r, n in enumerate(sizes):
+        c = d.first_divergence.per_rank[r]  # type: ignore[union-attr]
+        assert c is not None
+        c.input_sizes = [[n, 64]]
+    d.summary = (f"Ranks posted different sizes at seq 1 of default_pg at {EP}:95 naive_gather: "
+                 + "; ".join(f"rank {r} all_gather({n}×64)" for r, n in enumerate(sizes))
+                 + "; rank 0 killed by SIGABRT, rank 1 killed by SIGTERM, rank 2 killed by "
+                   "SIGTERM, rank 3 killed by SIGTERM.")
+    return d
+
+
+def six_sites() -> Diagnosis:
+    """Six ranks, six different lines: the first four shown, the rest counted."""
+    ranks = [RankReport(rank=r, state=RankState.IN_COLLECTIVE,
+                        collective=_coll("all_reduce", r + 1, [[8]]),
+                        callsite=Frame(TRAIN, 10 * (r + 1), f"step{r}")) for r in range(6)]
+    return Diagnosis(verdict=Verdict.HANG, summary="Every rank waits somewhere else.",
+                     culprit_ranks=[5], ranks=ranks, artifacts="/tmp/runs/6")
+
+
 def hang_eight() -> Diagnosis:
     """Ranks 0-6 wait in all_reduce at train.py:40; rank 7 computes elsewhere."""
     ar = Frame(TRAIN, 40, "step")
@@ -252,6 +278,10 @@ CASES = {
     "repro-a2a-64-ranks": (many_ranks_ragged, ReportContext(
         "repro", "moe-hang repro", ["moe-hang", "verify", "--fixed", "--nproc", "64",
                                     "--fix", "a2a"])),
+    "repro-4-ranks": (ragged_four, ReportContext(
+        "repro", "moe-hang repro", ["moe-hang", "verify", "--fixed", "--nproc", "4",
+                                    "--fix", "a2a"])),
+    "diagnose-6-sites": (six_sites, ReportContext("diagnose", "moe-hang diagnose 6")),
     "repro-ruled-out": (lambda: _with_run(healthy(), _scenario(reproduced=False)),
                         ReportContext("repro", "moe-hang repro", ["moe-hang", "verify"])),
     "verify-regression": (lambda: ragged_repro(verified=True, reproduced=True),
@@ -316,6 +346,8 @@ def test_no_word_is_broken_at_80_columns(name, verbose):
     # said only at narrow widths: a clipped line (and the detail repeating it in full),
     # columns of the timeline left out
     extra = {"…"} | _tokens("in full (5 more sequence numbers in console.log and the HTML)")
+    for members, phrase, _ in site_groups(d, merge_sizes=True):  # shortened to fit
+        extra |= _tokens(f"{ranks_label(members)} {phrase}")
     broken = {t for t in narrow - wide - extra if not t.isdigit() and not t.startswith("(")}
     assert not broken, broken
 
@@ -356,6 +388,16 @@ def test_sixty_four_different_sizes_are_summarised():
     assert ("ranks 0-63 in all_gather default_pg#1 at moe_hang/scenarios/ep.py:95\n"
             "    naive_gather (64 different sizes)") in out
     assert "next: moe-hang verify --fixed --nproc 64 --fix a2a" in out
+
+
+def test_sizes_merge_before_ranks_are_left_out():
+    out = _render(*_case("repro-4-ranks"), 80)
+    assert "ranks 0-3 in all_gather default_pg#1 at moe_hang/scenarios/ep.py:95" in out
+    assert "(4 different sizes)" in out and "more rank(s)" not in out
+    out = _render(*_case("diagnose-6-sites"), 80)
+    assert out.index("rank 5 in all_reduce default_pg#6 [8] at train.py:60 step5") < \
+        out.index("rank 0 in all_reduce")
+    assert "… and 2 more rank(s) in 2 other place(s) (--verbose)" in out
 
 
 def test_certainty_is_shown_when_the_verdict_engine_set_it():
