@@ -59,7 +59,7 @@ th,td{border:1px solid #d0d7de;padding:.25em .55em;text-align:left;vertical-alig
 th{background:#f6f8fa}tr.culprit td{background:#fff1f0}
 table.timeline td,table.timeline th{text-align:center}
 .diverge{background:#ffe3e0 !important;font-weight:bold}
-td.pending{color:#9a6700}td.missing{color:#b3261e}td.done{color:#57606a}
+td.pending{color:#9a6700}td.missing{color:#b3261e}td.done,td.posted{color:#57606a}
 details{margin:.25em 0}summary{cursor:pointer;font-weight:600}
 ul.sites li.culprit{color:#b3261e}.dim{color:#57606a}
 """
@@ -117,7 +117,7 @@ def _rank_row(r: RankReport, culprit: bool) -> str:
              collective_text(r.collective) if r.collective else "-",
              site_text(r.callsite), _tokens(r.tokens),
              "-" if r.exit_code is None else f"{r.exit_code} ({exit_words(r.exit_code)})",
-             shorten_paths(r.note or "")]
+             shorten_paths(clean_evidence(r.note, limit=2000)) if r.note else ""]
     cls = ' class="culprit"' if culprit else ""
     return f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
 
@@ -219,9 +219,12 @@ def _files_section(d: Diagnosis, ctx: ReportContext, page: Path) -> Iterator[str
                f'<p><a href="{_e(_href(root, page, inside) or ".")}">{_e(root)}</a></p><ul>')
         files = sorted(p for p in root.rglob("*") if p.is_file() and p != page)
         for p in files[:MAX_FILES]:
-            size = p.stat().st_size
+            try:
+                size = f"{p.stat().st_size:,} B"
+            except OSError:  # gone since (a probe's temporary file)
+                continue
             yield (f'<li><a href="{_e(_href(p, page, inside))}">{_e(p.relative_to(root))}</a> '
-                   f'<span class="dim">{size:,} B</span></li>')
+                   f'<span class="dim">{size}</span></li>')
         if len(files) > MAX_FILES:
             yield f"<li>… and {len(files) - MAX_FILES} more files</li>"
         yield "</ul>"
