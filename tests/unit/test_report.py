@@ -602,3 +602,15 @@ def test_console_log_holds_everything_at_a_fixed_width():
     assert "[enforce fail" not in log and "(details: --verbose" not in log
     assert max(len(x) for x in log.splitlines()) <= 120
     assert re.search(r"run directory /tmp/runs/x-ep-ragged$", log, re.M)
+
+
+def test_a_long_timeline_shows_the_diverging_column_and_its_neighbours():
+    d, ctx = _case("watch-desync")
+    d.timeline = _timeline(2, list(range(1, 41)), 40)
+    out = _render(d, ctx, 80, verbose=True)
+    header = next(line for line in out.splitlines() if "▶40" in line)
+    assert header.split()[0] == "rank" and len(header) <= 80
+    assert "more sequence numbers in console.log and the HTML)" in out
+    wide = render_text(d, ctx, width=400)
+    assert "more sequence numbers" not in wide and " 1 " in next(
+        line for line in wide.splitlines() if "▶40" in line)
