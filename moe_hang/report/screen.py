@@ -36,7 +36,7 @@ from moe_hang.evidence.stacks import Frame
 from moe_hang.report.wrap import clip, display_path, screen_lines, shorten_paths, wrap
 
 MAX_LINES = 15
-MAX_SITE_GROUPS = 4  # beyond that the sites are summarised in one line
+MAX_SITE_GROUPS = 4  # more distinct lines: merged by size, then folded into "… and N more"
 
 VERDICT_STYLE = {
     Verdict.DESYNC: "bold red", Verdict.HANG: "bold red", Verdict.CRASH: "bold red",
