@@ -138,6 +138,7 @@ def test_bad_output_paths_are_refused_before_anything_runs(tmp_path, args, needl
     err = proc.stderr.strip()
     assert err.startswith("[error] ") and "\n" not in err and needle in err, err
     assert not proc.stdout and not marker.exists() and not list(cwd.iterdir())
+    assert_no_survivors(str(tmp_path))
 
 
 @pytest.mark.timeout(90)
@@ -152,6 +153,7 @@ def test_nccl_without_a_gpu_per_rank_is_refused_up_front(tmp_path):
     err = proc.stderr.strip()
     assert err.startswith("[error] --backend nccl: ") and "\n" not in err, err
     assert not out.exists() and not proc.stdout
+    assert_no_survivors(str(out))
 
 
 # ----------------------------------------------------------------------------- watch

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_no_survivors
 
 from moe_hang.commands.checks import check_html, check_out
 from moe_hang.config import require_gpu_per_rank
@@ -71,5 +72,7 @@ def test_nccl_needs_a_cuda_build_and_a_gpu_per_rank(tmp_path, body, nproc, needl
 def test_nccl_check_passes_and_is_bounded(tmp_path):
     require_gpu_per_rank(4, python=_fake_python(tmp_path, "print('noise'); print('12.4'); "
                                                           "print(8)"))
+    slow = _fake_python(tmp_path, "time.sleep(30)")
     with pytest.raises(MoeHangError, match="within 1 s"):
-        require_gpu_per_rank(2, python=_fake_python(tmp_path, "time.sleep(30)"), timeout_s=1)
+        require_gpu_per_rank(2, python=slow, timeout_s=1)
+    assert_no_survivors(slow)  # killed at the timeout, not left sleeping
