@@ -171,7 +171,8 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
             # how it ended (killed by SIGABRT) is the summary's and the detail's to say
             return f"in {collective_text(c, sizes=sizes)} at {site_text(site)}"
         posted = next((x for x in fd.per_rank.values() if x is not None), None)
-        what = collective_text(posted) if posted is not None else "the collective"
+        # the others' sizes may differ from each other: the op and the seq say which one
+        what = collective_text(posted, sizes=False) if posted is not None else "the collective"
         return f"never posted {what}; " + (where_now(rep, sizes=sizes) if rep
                                            else "nothing known")
     return where_now(rep, sizes=sizes) if rep is not None else "nothing known"

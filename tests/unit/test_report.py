@@ -406,7 +406,7 @@ def test_certainty_is_shown_when_the_verdict_engine_set_it():
     d.rule = ""  # the schema's default certainty, not a judgement: not shown
     assert _render(d, ctx, 80).splitlines()[0] == "moe-hang watch: DESYNC"
     out = _render(*_case("watch-subgroup"), 80)
-    assert "rank 3 never posted all_reduce ep_group#4 [16]; in barrier" in out
+    assert "rank 3 never posted all_reduce ep_group#4; in barrier" in out
     assert "culprit: rank 3 (it went past what the others wait in)" in out
 
 
