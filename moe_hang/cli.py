@@ -1,4 +1,5 @@
-"""The command line: parse, call one ``commands`` function, render, exit. Nothing else here."""
+"""The command line: parse, check, call one ``commands`` function, render, exit. Nothing else
+here."""
 
 from __future__ import annotations
 
@@ -9,22 +10,71 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from moe_hang import __version__
-from moe_hang.config import DEFAULT_STALL_S, build_config
+from moe_hang.config import DEFAULT_STALL_S, build_config, require_gpu_per_rank
 from moe_hang.errors import EXIT_TOOL_ERROR, Interrupted, MoeHangError
 
+if TYPE_CHECKING:
+    from moe_hang.analysis.diagnosis import Diagnosis
+    from moe_hang.report.screen import ReportContext
+
+
+class _PlainFlags:
+    """typer's rich help, two habits undone.
+
+    typer prints every parameter's ``display_type_rich()`` in its rich option panels — with
+    ``rich_markup_mode="markdown"`` as with ``"rich"`` — flags included, so ``--json`` reads
+    ``--json <bool>`` as if it took a value (its plain formatter skips flags; the rich one
+    does not). An empty metavar makes the type column of a flag empty. And typer writes a
+    required argument ``{pid}`` in the usage line; ``PID`` is what a person types."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        metavar = getattr(self, "options_metavar", None)
+        pieces = [metavar] if metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument):
+                name = p.metavar or (p.name or "").upper()
+                pieces.append(name + ("..." if p.nargs != 1 else ""))
+            else:
+                pieces.extend(p.get_usage_pieces(ctx))
+        return pieces
+
+
+class _Command(_PlainFlags, TyperCommand):
+    pass
+
+
+class _Group(_PlainFlags, TyperGroup):
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), self.subcommand_metavar]
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode="markdown",
+                  rich_markup_mode="markdown", cls=_Group,
                   help="Find, explain and prove the fix for collective deadlocks in "
                        "distributed PyTorch (MoE + LoRA first).")
 
-Out = Annotated[Path | None, typer.Option("--out", help="run directory (default runs/<ts>-...)")]
+# markdown eats anything in angle brackets: defaults are spelled without them
+Out = Annotated[Path | None, typer.Option(
+    "--out", help="run directory (default: runs/TIMESTAMP-LABEL/)")]
 Json = Annotated[bool, typer.Option("--json", help="print only the diagnosis JSON")]
-Html = Annotated[Path | None, typer.Option("--html", help="also save the report as HTML")]
+Html = Annotated[Path | None, typer.Option(
+    "--html", help="also save the report as a self-contained HTML page")]
+Verbose = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="also print ranks, timeline, stacks and evidence (always in "
+                            "console.log and the HTML)")]
 
 # The options repro and verify share: (name, annotation, default), added to both signatures.
 _SCENARIO_OPTIONS: list[tuple[str, Any, Any]] = [
@@ -32,21 +82,24 @@ _SCENARIO_OPTIONS: list[tuple[str, Any, Any]] = [
                                              help="ep-ragged | ep-no-anchor | fsdp-skip")],
      "ep-ragged"),
     ("nproc", Annotated[int | None, typer.Option(
-        "--nproc", help="ranks (default 2, or one per --tokens)")], None),
+        "--nproc", help="ranks (default: 2, or one per --tokens)")], None),
     ("tokens", Annotated[str | None, typer.Option(
-        "--tokens", help="per-rank token counts, e.g. 68,401")], None),
-    ("backend", Annotated[str, typer.Option("--backend", help="auto | gloo | nccl")], "auto"),
+        "--tokens", help="per-rank token counts, e.g. 68,401 (default: the scenario's "
+                         "ragged counts)")], None),
+    ("backend", Annotated[str, typer.Option(
+        "--backend", help="auto | gloo | nccl (auto: nccl with a GPU per rank)")], "auto"),
     ("stall", Annotated[float, typer.Option(
         "--stall", help="seconds without progress = stalled")], DEFAULT_STALL_S),
     ("out", Out, None),
     ("as_json", Json, False),
     ("html", Html, None),
+    ("verbose", Verbose, False),
     ("steps", Annotated[int | None, typer.Option(
-        "--steps", help="training steps (3; fsdp-skip 5)")], None),
+        "--steps", help="training steps (default: 3; fsdp-skip 5)")], None),
     ("hidden", Annotated[int, typer.Option("--hidden", help="model width D")], 64),
     ("ffn", Annotated[int, typer.Option("--ffn", help="expert FFN width F")], 128),
     ("experts", Annotated[int | None, typer.Option(
-        "--experts", help="experts per layer (default 2×ranks)")], None),
+        "--experts", help="experts per layer (default: 2×ranks)")], None),
     ("topk", Annotated[int, typer.Option("--topk", help="experts per token")], 2),
     ("lora_rank", Annotated[int, typer.Option("--lora-rank", help="LoRA rank r")], 8),
     ("lora_alpha", Annotated[float, typer.Option("--lora-alpha", help="LoRA alpha")], 16.0),
@@ -54,13 +107,14 @@ _SCENARIO_OPTIONS: list[tuple[str, Any, Any]] = [
     ("dead_experts", Annotated[str | None, typer.Option(
         "--dead-experts", help="experts no token is routed to, e.g. 3 or 1,3")], None),
     ("dead_layers", Annotated[str | None, typer.Option(
-        "--dead-layers", help="layers where --dead-experts apply")], None),
+        "--dead-layers", help="layers where --dead-experts apply (default: all)")], None),
     ("port", Annotated[int | None, typer.Option(
         "--port", help="rendezvous port (default: a free one)")], None),
     ("lora_outside_fsdp", Annotated[bool, typer.Option(
         "--lora-outside-fsdp", help="fsdp-skip: add LoRA after fully_shard (the wrapping "
                                     "mistake)")], False),
 ]
+_SCENARIO_DEFAULTS: dict[str, Any] = {n: d for n, _, d in _SCENARIO_OPTIONS}
 
 
 def scenario_options(fn: Callable[..., None]) -> Callable[..., None]:
@@ -97,39 +151,103 @@ def _command() -> list[str]:
     return ["moe-hang", *sys.argv[1:]]
 
 
-def _show(diag: Any, *, as_json: bool, title: str, html: Path | None,
-          console_log: Path | None) -> None:
-    """The report (always rendered: into console.log too); --json prints only the JSON."""
+def _check_paths(out: Path | None, html: Path | None) -> None:
+    """Where the run will write, before anything starts (raises MoeHangError)."""
+    from moe_hang.commands.checks import check_html, check_out
+
+    check_out(out)
+    check_html(html, out)
+
+
+def _show(diag: Diagnosis, ctx: ReportContext, *, as_json: bool, verbose: bool,
+          html: Path | None, console_log: Path | None) -> None:
+    """The first screen (the detail too with --verbose); --json prints only the JSON.
+    console.log and the HTML page always hold everything."""
     from moe_hang.report.console import make_console, render
-    from moe_hang.report.html import save_console
+    from moe_hang.report.html import save_console_log, save_html
     from moe_hang.report.json import to_json
 
-    console = make_console(quiet=as_json)
-    render(diag, console, title=title)
     if as_json:
         typer.echo(to_json(diag))
-    if console_log is not None or html is not None:
-        save_console(console, console_log, html)
+    else:
+        render(diag, make_console(), ctx, verbose=verbose)
+    if console_log is not None:
+        save_console_log(diag, ctx, console_log)
+    if html is not None:
+        try:
+            save_html(diag, ctx, html)
+        except OSError as exc:
+            # checked up front; if it went away since, the verdict (and its exit code) stand
+            typer.echo(f"[error] --html {html}: cannot write it ({exc.strerror}); the report "
+                       "is in console.log", err=True)
 
 
 def _run_scenario(kind: str, *, variant: str, fix: str | None, opts: dict[str, Any]) -> None:
     from moe_hang.commands import repro as commands
+    from moe_hang.report.screen import ReportContext, next_verify_command
     from moe_hang.report.status import live_status
 
+    given = dict(opts)
     out, as_json, html = opts.pop("out"), opts.pop("as_json"), opts.pop("html")
+    verbose = opts.pop("verbose")
     with _errors("; every process this run started was ended"):
         cfg = build_config(variant=variant, fix=fix, stall_s=opts.pop("stall"), **opts)
-        with live_status(enabled=not as_json) as say:
+        _check_paths(out, html)
+        if cfg.backend == "nccl":
+            require_gpu_per_rank(cfg.nproc)
+        with live_status(enabled=not as_json) as term:
             run = commands.repro if kind == "repro" else commands.verify
-            res = run(cfg, str(out) if out else None, say, _command())
+            res = run(cfg, str(out) if out else None, term.say, _command())
     title = "moe-hang repro" if kind == "repro" else (
         "moe-hang verify --fixed" if variant == "fixed" else "moe-hang verify")
-    _show(res.diagnosis, as_json=as_json, title=title, html=html,
-          console_log=res.run_dir.console_log)
+    nxt = (next_verify_command(given, _SCENARIO_DEFAULTS, res.scenario) if kind == "repro"
+           else None)
+    _show(res.diagnosis, ReportContext(kind, title, nxt), as_json=as_json, verbose=verbose,
+          html=html, console_log=res.run_dir.console_log)
     raise typer.Exit(res.exit_code)
 
 
-@app.command()
+# Epilogs (markdown): one example each, lines short enough for an 80-column help.
+_REPRO_EXAMPLE = """**Examples** (the 68/401-token gather of NeMo PR #3631, then FSDP2 on 4 ranks)
+
+```
+moe-hang repro
+moe-hang repro --scenario fsdp-skip --nproc 4 --html report.html
+```
+"""
+
+_VERIFY_EXAMPLE = """**Examples** (prove the fix; a rank with no token; the regression check)
+
+```
+moe-hang verify --fixed
+moe-hang verify --fixed --fix a2a --tokens 0,5
+moe-hang verify
+```
+"""
+
+_DIAGNOSE_EXAMPLE = """**Example** (12345: the torchrun agent's PID, or any rank's)
+
+```
+moe-hang diagnose 12345 --out capture/
+```
+"""
+
+_WATCH_EXAMPLE = """**Example**
+
+```
+moe-hang watch --stall 30 -- torchrun --nproc-per-node 8 train.py
+```
+"""
+
+_ANALYZE_EXAMPLE = """**Example** (captures of watch or diagnose --out, one per node)
+
+```
+moe-hang analyze node0/ node1/
+```
+"""
+
+
+@app.command(cls=_Command, epilog=_REPRO_EXAMPLE)
 @scenario_options
 def repro(*, opts: dict[str, Any]) -> None:
     """Launch the minimal MoE+LoRA model with the *unfixed* exchange and reproduce the hang.
@@ -139,89 +257,107 @@ def repro(*, opts: dict[str, Any]) -> None:
     _run_scenario("repro", variant="broken", fix=None, opts=opts)
 
 
-@app.command()
+@app.command(cls=_Command, epilog=_VERIFY_EXAMPLE)
 @scenario_options
 def verify(fixed: Annotated[bool, typer.Option("--fixed", help="run the fix and prove it")]
            = False,
            fix: Annotated[str | None, typer.Option(
-               "--fix", help="varlen | a2a (ep-*), all-experts (fsdp-skip)")] = None,
+               "--fix", help="varlen | a2a (ep-*), all-experts (fsdp-skip); default: the "
+                             "scenario's first")] = None,
            *, opts: dict[str, Any]) -> None:
     """With --fixed: run the fix, check every step completes and matches a single-process
     reference (exit 0, or 4). Without: check the broken code still reproduces (exit 0, or 4)."""
     _run_scenario("verify", variant="fixed" if fixed else "broken", fix=fix, opts=opts)
 
 
-@app.command()
-def diagnose(pid: Annotated[int, typer.Argument(help="the torchrun agent's PID or any rank's")],
+@app.command(cls=_Command, epilog=_DIAGNOSE_EXAMPLE)
+def diagnose(pid: Annotated[int, typer.Argument(
+                 metavar="PID", help="the torchrun agent's PID or any rank's")],
              as_json: Json = False,
-             out: Annotated[Path | None, typer.Option("--out", help="keep the captures here")]
-             = None,
+             out: Annotated[Path | None, typer.Option(
+                 "--out", help="keep the captures here (default: not kept)")] = None,
              native: Annotated[bool, typer.Option("--native",
                                                   help="include native frames (slower)")]
              = False,
              fr_dir: Annotated[Path | None, typer.Option(
                  "--fr-dir", help="Flight Recorder dumps of this job (pickle or JSON)")] = None,
-             html: Html = None) -> None:
+             html: Html = None, verbose: Verbose = False) -> None:
     """Diagnose a running job you did not start: find its ranks, capture their stacks (and
     Flight Recorder dumps where present) and name the hang. Exit 3 on a problem, 0 if healthy."""
     from moe_hang.analysis.diagnosis import exit_code_for
     from moe_hang.commands.diagnose import diagnose_pid
     from moe_hang.commands.session import interruptible
+    from moe_hang.report.screen import ReportContext
     from moe_hang.report.status import live_status
 
-    with _errors(""), interruptible(), live_status(enabled=not as_json) as say:
-        diag = diagnose_pid(pid, say, out=out, native=native, fr_dir=fr_dir,
-                            command=_command())
-    _show(diag, as_json=as_json, title=f"moe-hang diagnose {pid}", html=html,
+    with _errors(""):
+        _check_paths(out, html)
+        with interruptible(), live_status(enabled=not as_json) as term:
+            diag = diagnose_pid(pid, term.say, out=out, native=native, fr_dir=fr_dir,
+                                command=_command())
+    _show(diag, ReportContext("diagnose", f"moe-hang diagnose {pid}"), as_json=as_json,
+          verbose=verbose, html=html,
           console_log=Path(diag.artifacts) / "console.log" if diag.artifacts else None)
     raise typer.Exit(exit_code_for(diag.verdict))
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command(cls=_Command, epilog=_WATCH_EXAMPLE, options_metavar="[OPTIONS] --",
+             context_settings={"allow_interspersed_args": False})
 def watch(command: Annotated[list[str] | None, typer.Argument(
-              help="the job to run, after --: e.g. -- torchrun --nproc-per-node 2 train.py")]
-          = None,
+              metavar="COMMAND", help="the job to run, after --: e.g. -- torchrun "
+                                      "--nproc-per-node 2 train.py")] = None,
           stall: Annotated[float, typer.Option("--stall", help="seconds without progress "
                                                "while a rank waits = stalled")] = 10.0,
           out: Out = None, as_json: Json = False, html: Html = None,
           native: Annotated[bool, typer.Option("--native", help="native frames in stacks")]
-          = False) -> None:
+          = False, verbose: Verbose = False) -> None:
     """Run any training command with the probe injected into every rank; diagnose it the
     moment it stalls, desyncs, crashes or loses a rank, then end it. Exit 3 on a problem,
     the job's own exit code otherwise."""
     from moe_hang.commands.watch import watch_command
-    from moe_hang.report.status import live_status
+    from moe_hang.report.screen import ReportContext
+    from moe_hang.report.status import JobOutput, live_status
 
-    def echo(line: str) -> None:
-        # the job's own output goes through untouched (to stderr with --json)
-        typer.echo(line, err=as_json)
-
+    # the job's bytes go through untouched: to stdout, or to stderr with --json
+    job_stream = (sys.stderr if as_json else sys.stdout).buffer
     with _errors("; the job and every process it started were ended"):
         if stall <= 0:
             raise MoeHangError(f"--stall {stall}: must be a positive number of seconds")
-        with live_status(enabled=not as_json) as say:
-            res = watch_command(list(command or []), say, echo, out=str(out) if out else None,
-                                stall_s=stall, native=native, command=_command())
+        _check_paths(out, html)
+        with live_status(enabled=not as_json, job=job_stream) as term:
+            res = watch_command(list(command or []), term.say, JobOutput(term),
+                                out=str(out) if out else None, stall_s=stall, native=native,
+                                command=_command())
     if res.diagnosis is not None:
-        _show(res.diagnosis, as_json=as_json, title="moe-hang watch", html=html,
-              console_log=res.run_dir.console_log)
+        _show(res.diagnosis, ReportContext("watch", "moe-hang watch"), as_json=as_json,
+              verbose=verbose, html=html, console_log=res.run_dir.console_log)
     else:
         typer.echo(f"[moe-hang] the job exited with code {res.outcome.returncode} and no rank "
                    "ever started: nothing to diagnose", err=True)
     raise typer.Exit(res.exit_code)
 
 
-@app.command()
-def analyze(dirs: Annotated[list[Path], typer.Argument(help="capture directories (one per "
-                                                        "node) of the same job")],
-            as_json: Json = False, html: Html = None) -> None:
+@app.command(cls=_Command, epilog=_ANALYZE_EXAMPLE)
+def analyze(paths: Annotated[list[Path], typer.Argument(
+                metavar="PATH", help="capture directories (one per node) of the same job")],
+            as_json: Json = False, html: Html = None, verbose: Verbose = False,
+            force: Annotated[bool, typer.Option(
+                "--force", help="merge even captures that look like different jobs")]
+            = False) -> None:
     """Merge captures from several nodes (global ranks, hosts) into one verdict."""
     from moe_hang.analysis.diagnosis import exit_code_for
-    from moe_hang.commands.diagnose import analyze_dirs
+    from moe_hang.commands import diagnose as commands
+    from moe_hang.report.screen import ReportContext
 
     with _errors(""):
-        diag = analyze_dirs(list(dirs))
-    _show(diag, as_json=as_json, title="moe-hang analyze", html=html, console_log=None)
+        _check_paths(None, html)
+        # analyze_paths (refuses captures of different jobs unless --force, reads torch's own
+        # Flight Recorder dumps) is being written; until it lands, analyze_dirs
+        merge: Callable[..., Diagnosis] | None = getattr(commands, "analyze_paths", None)
+        diag = (merge(list(paths), force=force) if merge is not None
+                else commands.analyze_dirs(list(paths)))
+    _show(diag, ReportContext("analyze", "moe-hang analyze"), as_json=as_json,
+          verbose=verbose, html=html, console_log=None)
     raise typer.Exit(exit_code_for(diag.verdict))
 
 
@@ -233,13 +369,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version,
-                                                is_eager=True)] = False) -> None:
+                                                is_eager=True, help="print the version")]
+          = False) -> None:
     pass
 
 
 def main() -> None:
     try:
-        app()
+        app(prog_name="moe-hang")  # the usage line reads as the user types it
     except SystemExit:
         raise
     except KeyboardInterrupt:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +214,40 @@ def build_config(
         model=ModelConfig(hidden=hidden, ffn=ffn, experts=n_experts, topk=topk,
                           lora_rank=lora_rank, lora_alpha=lora_alpha, seed=seed,
                           dead_experts=tuple(dead), dead_layers=tuple(layers_dead)))
+
+
+# Prints the CUDA version torch was built with ('' for a CPU build) and the devices it sees.
+_COUNT_GPUS = ("import torch; c = torch.version.cuda; "
+               "print(c or ''); print(torch.cuda.device_count() if c else 0)")
+GPU_CHECK_TIMEOUT_S = 60.0
+
+
+def require_gpu_per_rank(nproc: int, *, python: str = sys.executable,
+                         timeout_s: float = GPU_CHECK_TIMEOUT_S) -> None:
+    """``--backend nccl`` needs a CUDA build of torch and one GPU per rank; refused before
+    anything is launched, instead of every rank failing in init_process_group. Asked of a
+    short subprocess, and only when nccl is requested: importing torch here would cost every
+    command about 2 s."""
+    try:
+        proc = subprocess.run([python, "-c", _COUNT_GPUS], capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise MoeHangError(f"--backend nccl: could not count the GPUs within {timeout_s:.0f} s "
+                           "(torch.cuda.device_count() did not return)") from None
+    except OSError as exc:
+        raise MoeHangError(f"--backend nccl: cannot run {python} ({exc.strerror})") from None
+    lines = proc.stdout.splitlines()[-2:]  # the last two: whatever torch may print first
+    if proc.returncode != 0 or len(lines) != 2 or not lines[1].strip().isdigit():
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MoeHangError(f"--backend nccl: cannot ask torch for GPUs ({why[:200]})")
+    cuda, count = lines[0].strip(), int(lines[1])
+    if not cuda:
+        raise MoeHangError("--backend nccl: this torch is a CPU-only build "
+                           "(torch.version.cuda is None); use --backend gloo")
+    if count < nproc:
+        raise MoeHangError(f"--backend nccl: {nproc} ranks need a GPU each, but CUDA sees "
+                           f"{count}; use --backend gloo" + (f" or --nproc {count}"
+                                                             if count else ""))
 
 
 def parse_index_list(text: str, n: int, option: str) -> list[int]:

@@ -10,6 +10,7 @@ grace period is killed, ranks included, even if the agent died first.
 
 from __future__ import annotations
 
+import codecs
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol, runtime_checkable
 
 from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import Diagnosis, Timings, WatchRun, exit_code_for
@@ -62,11 +63,20 @@ def probe_env(layout: RunLayout, base: dict[str, str] | None = None) -> dict[str
     return env
 
 
-def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[str], None]) -> None:
-    for raw in iter(stream.readline, b""):
-        log.write(raw)
+def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[bytes], None]) -> None:
+    """The job's output as it comes, in chunks (not lines: a ``\\r`` progress bar must move
+    live), to job.log and through ``echo`` unchanged."""
+    fd = stream.fileno()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # the pipe went away with the job
+            return
+        if not data:
+            return
+        log.write(data)
         log.flush()
-        echo(raw.decode(errors="replace").rstrip("\n"))
+        echo(data)
 
 
 def _resolve(cmd: list[str]) -> list[str]:
@@ -81,14 +91,32 @@ def _resolve(cmd: list[str]) -> list[str]:
     return cmd
 
 
+@runtime_checkable
+class _ByteSink(Protocol):
+    def job_bytes(self, data: bytes) -> None: ...
+
+
 class _Echo:
-    """Job output goes through until the verdict; torchrun's teardown noise only to job.log."""
+    """Job output goes through until the verdict or an interrupt; after that (torchrun's
+    teardown noise, its interrupt traceback) only to job.log.
+
+    An ``echo`` with ``job_bytes`` (moe_hang.report.status.JobOutput) gets the bytes
+    unchanged; a plain line printer gets whole decoded lines."""
 
     def __init__(self, echo: Callable[[str], None]):
         self.echo, self.on = echo, True
+        self._raw = echo.job_bytes if isinstance(echo, _ByteSink) else None
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
 
-    def __call__(self, line: str) -> None:
-        if self.on:
+    def __call__(self, data: bytes) -> None:
+        if not self.on:
+            return
+        if self._raw is not None:
+            self._raw(data)
+            return
+        *lines, self._partial = (self._partial + self._text.decode(data)).split("\n")
+        for line in lines:
             self.echo(line)
 
 
@@ -150,6 +178,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     # before teardown: the ranks are frozen where they hung
                     diag = _diagnose(layout, outcome, alive, cmd)
             except Interrupted as exc:
+                gate.on = False  # torchrun's interrupt traceback goes to job.log only
                 interrupted = str(exc)
                 say("interrupted → stopping the job")
                 if job is not None:

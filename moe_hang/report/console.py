@@ -1,4 +1,9 @@
-"""Render a :class:`~moe_hang.analysis.diagnosis.Diagnosis` for a person on a terminal."""
+"""Render a :class:`~moe_hang.analysis.diagnosis.Diagnosis` for a person on a terminal.
+
+The first screen (:mod:`moe_hang.report.screen`) always; the detail — ranks, the timeline,
+stacks, the single-process reference, evidence, timings — with ``--verbose``, and always in
+``console.log`` (:data:`LOG_WIDTH` columns). Every line breaks at whitespace only.
+"""
 
 from __future__ import annotations
 
@@ -6,51 +11,49 @@ import io
 import os
 import re
 import sys
+from typing import TextIO
 
 from rich import box
-from rich.console import Console, Group
-from rich.panel import Panel
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from moe_hang.analysis.diagnosis import (
     Diagnosis,
-    RankCollective,
+    RankReport,
     ReferenceReport,
     ScenarioRun,
+    Timeline,
     Verdict,
     fmt_shape,
     pg_label,
 )
 from moe_hang.evidence.ops import short_op
-from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.report.screen import (
+    ReportContext,
+    collective_text,
+    exit_words,
+    first_screen,
+    site_text,
+)
+from moe_hang.report.wrap import display_path, shorten_paths, wrap
 
-VERDICT_STYLE = {
-    Verdict.DESYNC: "bold red", Verdict.HANG: "bold red", Verdict.CRASH: "bold red",
-    Verdict.RANK_DIED: "bold red", Verdict.STRAGGLER: "bold yellow",
-    Verdict.INCONCLUSIVE: "bold yellow", Verdict.HEALTHY: "bold green",
-}
+LOG_WIDTH = 120  # console.log: one fixed width, whatever terminal the run had
+STACK_DEPTH = 8  # user frames per rank (torch's own are folded)
 
-
-def make_console(*, quiet: bool = False, stderr: bool = False) -> Console:
-    """A recording console; ``quiet`` renders only into the recording (for --json)."""
-    if quiet:
-        return Console(record=True, file=io.StringIO(), width=120, highlight=False)
-    stream = sys.stderr if stderr else sys.stdout
-    # a pipe or a file gets a width that fits the per-rank table; a terminal keeps its own
-    width = None if stream.isatty() else 120
-    return Console(record=True, stderr=stderr, highlight=False, soft_wrap=False, width=width)
+__all__ = ["LOG_WIDTH", "clean_evidence", "details", "display_path", "make_console",
+           "render", "render_text"]
 
 
-def display_path(path: str) -> str:
-    """Relative to the working directory when under it, else without the site-packages."""
-    try:
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            return rel
-    except ValueError:
-        pass
-    return short_path(path)
+def make_console(*, file: TextIO | None = None, width: int | None = None) -> Console:
+    """A console for the report: a terminal keeps its own width; a pipe or a file gets
+    ``$COLUMNS`` or 80 (what the first screen is made for)."""
+    stream = file if file is not None else sys.stdout
+    if width is None and not stream.isatty():
+        cols = os.environ.get("COLUMNS", "")
+        width = int(cols) if cols.isdigit() and int(cols) > 20 else 80
+    return Console(file=stream, width=width, highlight=False, soft_wrap=True)
 
 
 _GLOO_PREFIX = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
@@ -62,193 +65,257 @@ def clean_evidence(line: str, limit: int = 220) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _sizes(sizes: list[list[int]]) -> str:
-    return fmt_shape(sizes) or "-"
+# ----------------------------------------------------------------------------- detail
 
 
-def _coll(c: RankCollective | None) -> str:
-    if c is None:
-        return "-"
-    if c.from_stack_only:
-        return f"{c.op} (from stack)"
-    pg = pg_label(c.pg, c.pg_desc, word="pg")
-    seq = f"#{c.seq}" if c.seq is not None else ""
-    what = f" ({c.tag})" if c.tag else ""
-    return f"{c.op} {pg}{seq} [{_sizes(c.input_sizes)}]{what}"
-
-
-def _site(cs: Frame | None) -> str:
-    if cs is None:
-        return "-"
-    return f"{display_path(cs.file)}:{cs.line} {cs.function}"
+def _heading(text: str) -> Text:
+    return Text(text, style="bold")
 
 
 def _tokens(t: dict[str, object] | None) -> str:
     if not t:
-        return "-"
-    parts = [f"{t.get('local')} local"]
+        return ""
 
     def joined(key: str) -> str:
         v = t.get(key)
         return "/".join(map(str, v)) if isinstance(v, list) else str(v)
 
-    if t.get("per_expert") is not None:
-        parts.append("experts " + joined("per_expert"))
-    if t.get("gathered_lengths") is not None:
-        parts.append("gathered " + joined("gathered_lengths"))
-    if t.get("assumed_lengths") is not None:
-        parts.append("from_local assumes " + joined("assumed_lengths"))
-    return "\n".join(parts)
+    parts = [f"{t.get('local')} local"]
+    for key, label in (("per_expert", "experts"), ("gathered_lengths", "gathered"),
+                       ("assumed_lengths", "from_local assumes")):
+        if t.get(key) is not None:
+            parts.append(f"{label} {joined(key)}")
+    return " · ".join(parts)
 
 
-def verdict_panel(d: Diagnosis, title: str) -> Panel:
-    style = VERDICT_STYLE.get(d.verdict, "bold")
-    run = d.run if isinstance(d.run, ScenarioRun) else None
-    body = Text()
-    body.append(d.summary + "\n")
-    if d.culprit_ranks:
-        body.append("\nculprit rank(s): ", style="bold")
-        body.append(", ".join(map(str, sorted(d.culprit_ranks))) + "\n")
+def _rank_block(r: RankReport, culprit: bool, width: int) -> list[Text]:
+    head = Text(f"rank {r.rank}", style="bold red" if culprit else "bold")
+    phase = f" ({r.phase})" if r.phase else ""
+    if r.state == "exited":
+        state = exit_words(r.exit_code) + phase
+    else:
+        state = f"{r.state}{phase}" + (f", {exit_words(r.exit_code)}"
+                                       if r.exit_code is not None else "")
+    head.append(f"  pid {r.pid or '-'}" + (f" on {r.host}" if r.host else "") + f"  {state}")
+    lines = wrap(head, width, indent=2, hang=6)
+    facts: list[str] = []
+    if r.collective is not None:
+        facts.append(f"collective {collective_text(r.collective)}"
+                     + (f" ({r.collective.tag})" if r.collective.tag else ""))
+    if r.callsite is not None:
+        facts.append(f"at {site_text(r.callsite)}")
+    if r.autograd_function:
+        facts.append(f"inside {r.autograd_function}.backward")
+    if r.tokens:
+        facts.append(f"tokens {_tokens(r.tokens)}")
+    if r.note:
+        facts.append(f"note: {shorten_paths(clean_evidence(r.note))}")
+    for f in facts:
+        lines += wrap(f, width, indent=4, hang=6)
+    return lines
+
+
+def divergence_lines(d: Diagnosis, width: int) -> list[Text]:
+    """Where the ranks first disagree: kind, group, sequence number, phase."""
     fd = d.first_divergence
-    if fd is not None:
-        pg = ("an unknown group" if fd.pg == "?" and not fd.pg_desc
-              else pg_label(fd.pg, fd.pg_desc))
-        body.append("first divergence: ", style="bold")
-        seq = f"seq {fd.seq}" if fd.seq is not None else "(stacks only)"
-        body.append(f"{fd.kind} at {pg} {seq}"
-                    + (f" ({fd.phase})" if fd.phase else "")
-                    + (f", ranks {fd.members}" if fd.members and fd.pg != "0" else "")
-                    + "\n")
-        for r, c in sorted(fd.per_rank.items()):
-            body.append(f"  rank {r}: ", style="bold")
-            body.append(_coll(c) if c else "never posted it")
-            if c is not None and c.callsite is not None:
-                body.append(f"  ← {_site(c.callsite)}", style="cyan")
-            body.append("\n")
-    hint = (run.fix_hint if run is not None else "") or d.fix
-    if hint:
-        label = "fix under test: " if run is not None and run.variant == "fixed" else "fix: "
-        body.append("\n" + label, style="bold green")
-        body.append(hint)
-    label = d.verdict.upper()
-    if run is not None and run.verified is False:
-        style, label = "bold red", f"NOT VERIFIED ({d.verdict})"
-    elif run is not None and run.verified is True and run.variant == "fixed":
-        label = "VERIFIED"
-    return Panel(body, title=f"[{style}]{title}: {label}[/]", border_style=style,
-                 box=box.ROUNDED, expand=True)
+    if fd is None:
+        return []
+    pg = ("an unknown group" if fd.pg == "?" and not fd.pg_desc
+          else pg_label(fd.pg, fd.pg_desc))
+    line = _heading("first divergence: ")
+    line.append(f"{fd.kind} at {pg} " + (f"seq {fd.seq}" if fd.seq is not None
+                                          else "(stacks only)")
+                + (f" ({fd.phase})" if fd.phase else "")
+                + (f", members {', '.join(map(str, fd.members))}"
+                   if fd.members and fd.pg != "0" else ""))
+    return wrap(line, width, hang=2)
 
 
-def ranks_table(d: Diagnosis) -> Table:
-    t = Table(box=box.SIMPLE_HEAVY, expand=True, title="ranks", title_justify="left")
-    for col in ("rank", "pid", "state", "collective", "call site", "tokens", "exit"):
-        t.add_column(col, overflow="fold")
+def ranks_lines(d: Diagnosis, width: int) -> list[Text]:
+    if not d.ranks:
+        return []
     culprits = set(d.culprit_ranks)
+    out = [_heading("ranks")]
     for r in sorted(d.ranks, key=lambda r: r.rank):
-        state = r.state + (f" ({r.phase})" if r.phase else "")
-        if r.autograd_function:
-            state += f"\n{r.autograd_function}.backward"
-        exit_s = "-" if r.exit_code is None else str(r.exit_code)
-        style = "red" if r.rank in culprits else ""
-        t.add_row(str(r.rank), str(r.pid or "-"), state, _coll(r.collective), _site(r.callsite),
-                  _tokens(r.tokens), exit_s, style=style)
-    return t
+        out += _rank_block(r, r.rank in culprits, width)
+    return out
 
 
-def stacks_panel(d: Diagnosis, depth: int = 8) -> Panel | None:
-    rows = []
-    for r in sorted(d.ranks, key=lambda r: r.rank):
-        if not r.stack:
-            continue
-        # the user's frames and the collective they wait in, innermost first
-        keep = [s for s in r.stack if "torch/" not in s and "typing_extensions" not in s][:depth]
-        inner = next((s for s in r.stack if "distributed" in s), None)
-        head = Text(f"rank {r.rank}", style="bold")
-        head.append(f"  ({r.stack_source or 'stack'})", style="dim")
-        lines = [head]
-        if inner:
-            lines.append(Text(f"  ▸ {inner}", style="dim"))
-        lines += [Text(f"  {_short_frame(s)}") for s in keep]
-        rows.append(Group(*lines))
-    if not rows:
-        return None
-    return Panel(Group(*rows), title="stacks (innermost first, torch frames folded)",
-                 box=box.ROUNDED, expand=True)
+def timeline_window(tl: Timeline, width: int) -> list[int]:
+    """The indices of the sequence numbers that fit ``width``: the diverging one, then as
+    many of its neighbours as fit (earlier ones first: they show how the ranks got there)."""
+    def col_width(i: int) -> int:
+        cells = [c for cs in tl.ranks.values() for c in cs[i:i + 1] if c is not None]
+        texts = [timeline_label(c.op, c.sizes) for c in cells] + [f"▶{tl.seqs[i]}"]
+        return max(cell_len(t) for t in texts) + 2
+
+    n = len(tl.seqs)
+    hi = tl.seqs.index(tl.highlight) if tl.highlight in tl.seqs else n - 1
+    budget = width - 8  # the rank column
+    left = right = hi
+    used = col_width(hi)
+    grown = True
+    while grown:  # one column to each side per round, while it fits: a contiguous window
+        grown = False
+        for i in (left - 1, right + 1):
+            if 0 <= i < n and used + col_width(i) <= budget:
+                used += col_width(i)
+                left, right = min(left, i), max(right, i)
+                grown = True
+    return list(range(left, right + 1))
 
 
-def _short_frame(s: str) -> str:
+def timeline_label(op: str, sizes: list[list[int]]) -> str:
+    s = fmt_shape(sizes)
+    return short_op(op) if not s else f"{short_op(op)} {s}"
+
+
+def timeline_table(d: Diagnosis, width: int) -> list[RenderableType]:
+    """Ranks as rows, the group's sequence numbers as columns, the diverging one marked."""
+    tl = d.timeline
+    if tl is None or not tl.seqs or d.verdict == Verdict.HEALTHY:
+        return []
+    idx = timeline_window(tl, width)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    t.add_column("rank", style="bold", no_wrap=True)
+    for i in idx:
+        s = tl.seqs[i]
+        t.add_column(f"[bold red]▶{s}[/]" if s == tl.highlight else str(s), justify="center",
+                     no_wrap=True)
+    for r, cells in sorted(tl.ranks.items()):
+        row: list[RenderableType] = [str(r)]
+        for i in idx:
+            c = cells[i] if i < len(cells) else None
+            hi = tl.seqs[i] == tl.highlight
+            if c is None:
+                row.append(Text("—", style="bold red" if hi else "red"))
+                continue
+            style = "yellow" if c.state == "pending" else "dim"
+            if hi:
+                style = "bold red" if c.state == "pending" else "bold"
+            row.append(Text(timeline_label(c.op, c.sizes), style=style))
+        t.add_row(*row)
+    title = Text.from_markup(f"[bold]collectives of {pg_label(tl.pg, tl.pg_desc)} by sequence "
+                             "number[/] (done · [yellow]pending[/] · [red]missing[/])")
+    out: list[RenderableType] = [*wrap(title, width), t]
+    hidden = len(tl.seqs) - len(idx)
+    if hidden:
+        out.append(Text(f"  ({hidden} more sequence numbers in console.log and the HTML)",
+                        style="dim"))
+    return out
+
+
+def _frame(s: str) -> str:
     path, _, rest = s.partition(":")
     return f"{display_path(path)}:{rest}" if rest else s
 
 
-def reference_table(ref: ReferenceReport) -> Table:
-    t = Table(box=box.SIMPLE, title="single-process reference", title_justify="left")
+def stack_lines(d: Diagnosis, width: int) -> list[Text]:
+    if d.verdict == Verdict.HEALTHY:
+        return []
+    out: list[Text] = []
+    for r in sorted(d.ranks, key=lambda r: r.rank):
+        if not r.stack:
+            continue
+        keep = [s for s in r.stack if "torch/" not in s and "typing_extensions" not in s]
+        inner = next((s for s in r.stack if "distributed" in s), None)
+        head = Text(f"  rank {r.rank}", style="bold")
+        head.append(f"  ({r.stack_source or 'stack'})", style="dim")
+        out.append(head)
+        if inner:
+            out += wrap(Text(f"▸ {_frame(inner)}", style="dim"), width, indent=4, hang=8)
+        for s in keep[:STACK_DEPTH]:
+            out += wrap(_frame(s), width, indent=4, hang=8)
+        if len(keep) > STACK_DEPTH:
+            out.append(Text(f"    … {len(keep) - STACK_DEPTH} more frames (HTML)", style="dim"))
+    return [_heading("stacks (innermost first, torch frames folded)"), *out] if out else []
+
+
+def reference_lines(ref: ReferenceReport, width: int) -> list[RenderableType]:
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("compared", "max abs err", "max rel err", "rtol", "result"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=True)
     t.add_row(f"{ref.compared} tensors × {ref.steps} steps", f"{ref.max_abs_err:.3e}",
               f"{ref.max_rel_err:.3e}", f"{ref.rtol:.0e}",
               "[green]match[/]" if ref.ok else "[red]MISMATCH[/]")
-    return t
+    out: list[RenderableType] = [_heading("single-process reference"), t]
+    for f in ref.failures[:8]:
+        out += wrap(Text(f"✗ {f}", style="red"), width, indent=2, hang=4)
+    if len(ref.failures) > 8:
+        out.append(Text(f"  ✗ … and {len(ref.failures) - 8} more (reference.json)",
+                        style="red"))
+    return out
 
 
-def timeline_table(d: Diagnosis) -> Table | None:
-    """Ranks as rows, the group's sequence numbers as columns, the diverging column marked."""
-    tl = d.timeline
-    if tl is None or not tl.seqs:
-        return None
-    t = Table(box=box.SIMPLE)
-    t.add_column("rank", style="bold")
-    hi = tl.highlight
-    for s in tl.seqs:
-        t.add_column(f"[bold red]▶{s}[/]" if s == hi else str(s), justify="center")
-    for r, cells in tl.ranks.items():
-        row = []
-        for s, c in zip(tl.seqs, cells, strict=False):
-            if c is None:
-                row.append(Text("—", style="bold red" if s == hi else "red"))
-                continue
-            label = short_op(c.op)
-            sizes = _sizes(c.sizes)
-            text = label if sizes == "-" else f"{label} {sizes}"
-            style = "yellow" if c.state == "pending" else "dim"
-            if s == hi:
-                style = "bold red" if c.state == "pending" else "bold"
-            row.append(Text(text, style=style))
-        t.add_row(str(r), *row)
-    return t
+def evidence_lines(d: Diagnosis, width: int) -> list[Text]:
+    if not d.evidence:
+        return []
+    out = [_heading("evidence")]
+    for line in d.evidence[:10]:
+        out += wrap(Text(shorten_paths(clean_evidence(line)), style="dim"), width, indent=2,
+                    hang=4)
+    return out
 
 
-def render(diag: Diagnosis, console: Console, *, title: str = "moe-hang") -> None:
-    console.print(verdict_panel(diag, title))
-    console.print(ranks_table(diag))
-    tt = timeline_table(diag)
-    if tt is not None and diag.timeline is not None and diag.verdict != Verdict.HEALTHY:
-        pg = pg_label(diag.timeline.pg, diag.timeline.pg_desc)
-        console.print(Text.from_markup(
-            f"[bold]collectives of {pg} by sequence number[/] (done · [yellow]pending[/] · "
-            "[red]missing[/])"))
-        console.print(tt)
-    sp = stacks_panel(diag)
-    if sp is not None and diag.verdict != Verdict.HEALTHY:
-        console.print(sp)
-    ref = diag.run.reference if isinstance(diag.run, ScenarioRun) else None
-    if ref is not None:
-        console.print(reference_table(ref))
-        for f in ref.failures[:8]:
-            console.print(f"  [red]✗[/] {f}")
-        if len(ref.failures) > 8:
-            console.print(f"  [red]✗[/] … and {len(ref.failures) - 8} more (reference.json)")
-    if diag.evidence:
-        console.print(Text("evidence", style="bold"))
-        for line in diag.evidence[:10]:
-            console.print(Text(f"  {clean_evidence(line)}", style="dim"))
-    tm = diag.timings
-    foot = []
+def footer(d: Diagnosis, width: int) -> list[Text]:
+    tm = d.timings
+    parts = []
     if tm is not None and tm.wall_s is not None:
-        foot.append(f"wall {tm.wall_s:.1f} s")
+        parts.append(f"wall {tm.wall_s:.1f} s")
     if tm is not None and tm.onset_to_verdict_s is not None:
-        foot.append(f"hang onset → verdict {tm.onset_to_verdict_s:.2f} s")
-    if diag.artifacts:
-        foot.append(f"run directory {diag.artifacts}")
-    if foot:
-        console.print(Text(" · ".join(foot), style="dim"))
+        parts.append(f"hang onset → verdict {tm.onset_to_verdict_s:.2f} s")
+    if d.rule:
+        parts.append(f"rule {d.rule}")
+    if d.artifacts:
+        parts.append(f"run directory {d.artifacts}")
+    return wrap(Text(" · ".join(parts), style="dim"), width, hang=2) if parts else []
+
+
+def _in_full(d: Diagnosis, width: int) -> list[Text]:
+    """What the first screen had to shorten, whole."""
+    run = d.run if isinstance(d.run, ScenarioRun) else None
+    out = [_heading("in full"), *wrap(shorten_paths(d.summary), width, indent=2)]
+    hint = (run.fix_hint if run is not None else "") or d.fix
+    if hint:
+        out += wrap(Text("fix: ", style="bold green") + Text(shorten_paths(hint)), width,
+                    indent=2, hang=4)
+    if d.fix_code:
+        out += [Text("    " + c, style="cyan") for c in d.fix_code.rstrip("\n").split("\n")]
+    return out
+
+
+def details(d: Diagnosis, width: int, *, clipped: bool = False) -> list[RenderableType]:
+    """Everything after the first screen, in order, each block separated by a blank line."""
+    ref = d.run.reference if isinstance(d.run, ScenarioRun) else None
+    blocks: list[list[RenderableType]] = [
+        list(_in_full(d, width)) if clipped else [],
+        list(divergence_lines(d, width)), list(ranks_lines(d, width)),
+        timeline_table(d, width), list(stack_lines(d, width)),
+        reference_lines(ref, width) if ref is not None else [],
+        list(evidence_lines(d, width)), list(footer(d, width))]
+    out: list[RenderableType] = []
+    for b in blocks:
+        if b:
+            out += [Text(""), *b]
+    return out
+
+
+def render(d: Diagnosis, console: Console, ctx: ReportContext, *, verbose: bool = False
+           ) -> None:
+    """The first screen; with ``verbose`` the detail after it."""
+    screen = first_screen(d, ctx, console.width, verbose=verbose)
+    for line in screen.lines:
+        console.print(line, soft_wrap=True)
+    if verbose:
+        for item in details(d, console.width, clipped=screen.clipped):
+            console.print(item, soft_wrap=isinstance(item, Text))
+
+
+def render_text(d: Diagnosis, ctx: ReportContext, *, width: int = LOG_WIDTH,
+                verbose: bool = True) -> str:
+    """The report as plain text (``console.log``): at a fixed width, detail included."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, highlight=False, color_system=None,
+                      soft_wrap=True)
+    render(d, console, ctx, verbose=verbose)
+    return buf.getvalue()

@@ -64,7 +64,7 @@ def test_repro_reproduces_the_ragged_gather(tmp_path):
 def test_repro_human_output_and_html(tmp_path):
     run = tmp_path / "run"
     html = tmp_path / "report.html"
-    proc = run_cli("repro", "--out", str(run), "--html", str(html))
+    proc = run_cli("repro", "--out", str(run), "--html", str(html), "--verbose")
     assert proc.returncode == 3, proc.stderr
     out = proc.stdout
     for needle in ("moe-hang repro: DESYNC", "size_mismatch", "68×64", "401×64",
