@@ -310,11 +310,20 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
                                                "while a rank waits = stalled")] = 10.0,
           out: Out = None, as_json: Json = False, html: Html = None,
           native: Annotated[bool, typer.Option("--native", help="native frames in stacks")]
-          = False, verbose: Verbose = False) -> None:
+          = False, verbose: Verbose = False,
+          hang_after: Annotated[float, typer.Option(
+              "--hang-after", help="seconds an uncertain stall (a rank outside any "
+                                   "collective) is waited out before it is a hang; 0: never")]
+          = 300.0,
+          keep_running: Annotated[bool, typer.Option(
+              "--keep-running", help="after a verdict, leave the job running")] = False
+          ) -> None:
     """Run any training command with the probe injected into every rank; diagnose it the
-    moment it stalls, desyncs, crashes or loses a rank, then end it. Exit 3 on a problem,
+    moment it stalls, desyncs, crashes or loses a rank, then end it — unless the evidence is
+    uncertain (a rank outside any collective may only be slow): then it says so and watches
+    on. `kill -USR1 <watch pid>` diagnoses now and lets the job run. Exit 3 on a problem,
     the job's own exit code otherwise."""
-    from moe_hang.commands.watch import watch_command
+    from moe_hang.commands.watch import WatchOptions, watch_command
     from moe_hang.report.screen import ReportContext
     from moe_hang.report.status import JobOutput, live_status
 
@@ -323,11 +332,16 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
     with _errors("; the job and every process it started were ended"):
         if stall <= 0:
             raise MoeHangError(f"--stall {stall}: must be a positive number of seconds")
+        if hang_after < 0:
+            raise MoeHangError(f"--hang-after {hang_after}: must be 0 (never) or a number of "
+                               "seconds")
         _check_paths(out, html)
         with live_status(enabled=not as_json, job=job_stream) as term:
             res = watch_command(list(command or []), term.say, JobOutput(term),
-                                out=str(out) if out else None, stall_s=stall, native=native,
-                                command=_command())
+                                out=str(out) if out else None, command=_command(),
+                                options=WatchOptions(stall_s=stall, hang_after_s=hang_after,
+                                                     keep_running=keep_running,
+                                                     native=native))
     if res.diagnosis is not None:
         _show(res.diagnosis, ReportContext("watch", "moe-hang watch"), as_json=as_json,
               verbose=verbose, html=html, console_log=res.run_dir.console_log)

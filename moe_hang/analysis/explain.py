@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import TYPE_CHECKING
 
@@ -146,5 +147,10 @@ def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = T
     return ""
 
 
+_BUILD_PATH = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
+
+
 def error_text(err: RankError) -> str:
-    return f"{err.type}: {err.message}" if err.message else err.type
+    """``Type: message``, without the build machine's source paths gloo puts in front."""
+    message = _BUILD_PATH.sub("", err.message).strip()
+    return f"{err.type}: {message}" if message else err.type

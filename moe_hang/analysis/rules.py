@@ -10,7 +10,7 @@ the advice (docs/DESIGN.md §8). The README shows this table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from moe_hang.analysis.advice import Advice, Situation
 from moe_hang.analysis.culprit import blame_abort, blame_cycle
@@ -25,30 +25,26 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import (
     culprit_clause,
     desync_summary,
-    error_text,
-    exit_desc,
     ranks_text,
     shift_summary,
     site_str,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts
+from moe_hang.analysis.failures import (
+    agent_died,
+    barrier_laggards,
+    consequences_only,
+    killed,
+    left_early,
+    monitored_barrier,
+    outside_when_failed,
+    root_cause,
+    timed_out_waiting,
+)
 from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.timeline import build_timeline
-from moe_hang.evidence.errors import monitored_barrier_laggards
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.stacks import callsite
-
-
-@dataclass
-class Outcome:
-    verdict: Verdict
-    culprits: list[int]
-    basis: CulpritBasis
-    certainty: Certainty
-    summary: str
-    advice: Advice = field(default_factory=lambda: Advice(""))
-    div: Divergence | None = None  # the divergence to show as the first one
-    more: list[Divergence] = field(default_factory=list)  # other groups that diverged
 
 
 @dataclass(frozen=True)
@@ -64,40 +60,6 @@ class Rule:
 def _finished(f: Facts) -> Outcome:
     return Outcome(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
                    f"All {len(f.views)} ranks finished; every collective matched.")
-
-
-def _root_cause(f: Facts) -> Outcome:
-    # the earliest root cause: by the time the probe recorded it, else torchrun's "first
-    # observed failure", else the order the log shows them in
-    timed = {r: e for r, e in f.root_causes.items() if e.time is not None}
-    if timed:
-        rank = min(timed, key=lambda r: (timed[r].time or 0.0, r))
-    elif f.ev.root_cause_rank in f.root_causes:
-        rank = f.ev.root_cause_rank
-    else:
-        rank = min(f.root_causes, key=lambda r: (f.root_causes[r].source != "probe", r))
-    err = f.root_causes[rank]
-    site = callsite(err.frames)
-    others = sorted(set(f.root_causes) - {rank})
-    after = sorted(set(f.consequences) | set(f.bad_exit) - set(f.root_causes) - {rank})
-    summary = f"Rank {rank} raised {error_text(err)[:240]}" + (
-        f" at {site.short()}" if site else "") + "."
-    if after:
-        summary += (f" Rank {ranks_text(after)} then failed as a consequence"
-                    + (f" ({error_text(f.consequences[after[0]])[:80]})"
-                       if after[0] in f.consequences else "") + ".")
-    if others:
-        summary += f" Rank {ranks_text(others)} raised errors too, later."
-    text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
-            + (f" at {site.short()}" if site else "")
-            + ": the other ranks only failed because it left.")
-    if "find_unused_parameters" in err.message:
-        text = ("DistributedDataParallel says some parameters of rank "
-                f"{rank} got no gradient (a submodule it did not run): pass "
-                "find_unused_parameters=True to DistributedDataParallel, or make every rank "
-                "use every parameter every step.")
-    return Outcome(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
-                   Advice(text))
 
 
 def _size_abort(f: Facts) -> Outcome:
@@ -125,36 +87,6 @@ def _size_abort(f: Facts) -> Outcome:
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     return Outcome(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
                    ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
-
-
-def _killed(f: Facts) -> Outcome:
-    reports = f.reports(None)
-    w = f.waits(reports)
-    dead = f.ev.ranks[f.killed[0]]
-    if dead.exit_code is None:
-        how = "is gone (no process, no exception, no exit code) mid-step"
-    else:
-        how = f"was {exit_desc(dead.exit_code)} mid-step"
-    summary = f"Rank {ranks_text(f.killed)} {how}" + (f" while {w} waited for it." if w else ".")
-    kill9 = any(f.ev.ranks[r].exit_code in (-9, None) for r in f.killed)
-    text = ("Find out why it died: SIGKILL with no message is usually the OOM killer (check "
-            "`dmesg` / the node's memory); the others only wait for it." if kill9 else
-            "Find out why it died (its stack is in the run directory); the others only wait "
-            "for it.")
-    return Outcome(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
-                   summary, Advice(text))
-
-
-def _left_early(f: Facts) -> Outcome:
-    reports = f.reports(None)
-    w = f.waits(reports)
-    summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
-               "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
-    return Outcome(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
-                   Advice("A rank that leaves early leaves the others waiting in the next "
-                          "collective: make every rank run the same steps (e.g. the same "
-                          "number of batches: DistributedSampler(drop_last=True), or agree "
-                          "to stop with an all_reduce of a 'done' flag)."))
 
 
 def _cycle(f: Facts) -> Outcome:
@@ -226,48 +158,6 @@ def _stack_desync(f: Facts) -> Outcome:
     return Outcome(Verdict.DESYNC, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
                    summary, ROW[div.kind].advice(_situation(f, div, culprits,
                                                             CulpritBasis.PROGRAM_ORDER)), div)
-
-
-def _agent_died(f: Facts) -> Outcome:
-    w = f.waits(f.reports(None))
-    summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; rank "
-               f"{ranks_text(f.alive)} were left orphaned"
-               + (" and still running" if f.orphans_moving else "")
-               + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
-               + ". moe-hang ended them.")
-    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
-                   Advice("Find out what ended the launcher (its process, not a rank, was "
-                          "killed); the ranks had no error of their own."))
-
-
-def _laggards(f: Facts) -> dict[int, list[int]]:
-    """Ranks whose monitored_barrier named the ranks that did not reach it in time."""
-    return {r: lag for r, e in f.consequences.items()
-            if (lag := monitored_barrier_laggards(e))}
-
-
-def _monitored_barrier(f: Facts) -> Outcome:
-    reporter, laggards = next(iter(sorted(_laggards(f).items())))
-    at = "; ".join(f"rank {r} was at {site_str(f.views[r].site)}" for r in laggards
-                   if r in f.views)
-    summary = (f"Rank {reporter}'s monitored_barrier reports that rank {ranks_text(laggards)} "
-               "did not reach it in time" + (f" ({at})" if at else "") + ".")
-    site = f.views[laggards[0]].site if laggards[0] in f.views else None
-    return Outcome(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
-                   Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
-                          "barrier waited for it there."))
-
-
-def _consequences_only(f: Facts) -> Outcome:
-    failed = sorted(f.bad_exit)
-    why = next((error_text(f.consequences[r]) for r in failed if r in f.consequences), None)
-    summary = (f"Rank {ranks_text(failed)} failed"
-               + (f" with communication errors ({why[:120]})" if why else "")
-               + ", and no rank raised an error of its own; the captures do not show which "
-                 "collective diverged.")
-    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
-                   Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
-                          "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))
 
 
 def _outside(f: Facts) -> list[int]:
@@ -352,18 +242,20 @@ RULES: tuple[Rule, ...] = (
     Rule("every rank finished",
          lambda f: f.ev.job == "completed" or (bool(f.exited) and not f.alive
                                                 and not f.bad_exit), _finished),
-    Rule("root-cause exception", lambda f: bool(f.root_causes), _root_cause),
+    Rule("root-cause exception", lambda f: bool(f.root_causes), root_cause),
     Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
-    Rule("rank killed or gone", lambda f: bool(f.killed), _killed),
-    Rule("rank left early", lambda f: bool(f.left), _left_early),
+    Rule("rank killed or gone", lambda f: bool(f.killed), killed),
+    Rule("rank left early", lambda f: bool(f.left), left_early),
     Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), _cycle),
     Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
     Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
          _stack_desync),
-    Rule("launcher died", lambda f: f.agent_died, _agent_died),
-    Rule("monitored barrier names the laggards", lambda f: bool(_laggards(f)),
-         _monitored_barrier),
-    Rule("failed with consequences only", lambda f: bool(f.bad_exit), _consequences_only),
+    Rule("launcher died", lambda f: f.agent_died, agent_died),
+    Rule("monitored barrier names the laggards", lambda f: bool(barrier_laggards(f)),
+         monitored_barrier),
+    Rule("timed out waiting for a rank outside collectives",
+         lambda f: bool(f.bad_exit) and bool(outside_when_failed(f)), timed_out_waiting),
+    Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
     Rule("stalled outside collectives",

@@ -19,10 +19,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 from moe_hang.analysis.align import quick_divergence
-from moe_hang.analysis.diagnosis import Diagnosis, Timings, WatchRun, exit_code_for
+from moe_hang.analysis.diagnosis import (
+    Certainty,
+    Diagnosis,
+    Timings,
+    Verdict,
+    WatchRun,
+    exit_code_for,
+    pg_label,
+)
 from moe_hang.commands.session import (
     Interrupted,
     Phase,
@@ -36,7 +44,7 @@ from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import Outcome, WatchSettings, watch, world_of
+from moe_hang.runtime.monitor import Monitor, Outcome, WatchSettings, world_of
 from moe_hang.runtime.procs import is_alive, starting_child
 
 PROBE_SITE = Path(probe.__file__).resolve().parent / "_site"
@@ -134,14 +142,115 @@ def _diagnose(layout: RunLayout, outcome: Outcome, alive: dict[int, bool],
     return diag
 
 
+@dataclass
+class WatchOptions:
+    stall_s: float = 10.0
+    hang_after_s: float = 300.0  # an uncertain stall becomes a hang after this long; 0: never
+    keep_running: bool = False  # after a definite verdict, leave the job running
+    native: bool = False
+
+
+class _OnDemand:
+    """``kill -USR1 <watch pid>``: capture and diagnose now, let the job run on."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self._old: Any = None
+
+    def __enter__(self) -> _OnDemand:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGUSR1, lambda *_: self.asked.set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGUSR1, self._old)
+
+
+def _waiting_line(diag: Diagnosis, stall_s: float) -> str:
+    """"waiting 10 s on rank 1 at sleepy.py:8 next_batch; rank 0 in all_reduce default_pg#3"."""
+    parts = []
+    for r in diag.culprit_ranks:
+        rep = diag.rank(r)
+        parts.append(f"rank {r}" + (f" at {rep.callsite.short()}" if rep and rep.callsite
+                                    else ""))
+    for rep in diag.ranks:
+        if rep.rank not in diag.culprit_ranks and rep.collective is not None:
+            c = rep.collective
+            seq = f" {pg_label(c.pg, c.pg_desc, word='pg')}#{c.seq}" if c.seq is not None else ""
+            parts.append(f"rank {rep.rank} in {c.op}{seq}")
+    head = f"waiting {stall_s:.0f} s on " + (parts[0] if parts else "the job")
+    return "; ".join([head, *parts[1:]]) + " (not ended: it may only be slow; still watching)"
+
+
+def _final_hang(diag: Diagnosis, held_s: float) -> Diagnosis:
+    """An uncertain stall that outlived --hang-after is a hang."""
+    diag.verdict = Verdict.HANG
+    diag.summary = f"Nothing moved for {held_s:.0f} s (--hang-after). " + diag.summary
+    return diag
+
+
+def _supervise(mon: Monitor, layout: RunLayout, cmd: list[str], say: Phase,
+               notice: Callable[[str], None], opts: WatchOptions
+               ) -> tuple[Outcome, Diagnosis | None]:
+    """Watch until the job ends or a verdict ends it; returns the last outcome and the
+    diagnosis made while the ranks were still frozen (None: diagnose after the end).
+
+    Certainty decides (docs/DESIGN.md §9): a definite verdict ends the job; an uncertain one
+    (a rank outside any collective, which may just be slow) is written down, said in one line,
+    and watched on until a rank moves ("resumed") or --hang-after passes."""
+    kept: Diagnosis | None = None
+    with _OnDemand() as demand:
+        while True:
+            outcome = mon.run(stop=demand.asked.is_set)
+            if outcome.kind == "requested":
+                demand.asked.clear()
+                diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
+                notice(f"on request: {diag.verdict}: {diag.summary[:160]} "
+                       f"({layout.diagnosis})")
+                continue
+            if outcome.kind == "resumed":
+                notice(f"resumed after {outcome.stalled_for:.1f} s")
+                continue
+            alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+            if outcome.kind not in ("stalled", "desync") and not any(alive.values()):
+                return outcome, kept  # the job ended by itself: diagnose what it left
+            diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
+            held = mon.held_since is not None
+            if outcome.kind == "stalled" and diag.certainty == Certainty.UNCERTAIN and not held:
+                notice(_waiting_line(diag, opts.stall_s))
+                mon.hold()
+                continue
+            if held and outcome.kind == "stalled":
+                diag = _final_hang(diag, mon.held_for())
+            if opts.keep_running and outcome.kind in ("stalled", "desync"):
+                notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
+                       "(--keep-running)")
+                kept = diag
+                mon.s.hang_after_s = 0.0
+                mon.hold()
+                continue
+            return outcome, diag
+
+
+def _capture_and_diagnose(outcome: Outcome, layout: RunLayout, cmd: list[str], say: Phase,
+                          opts: WatchOptions) -> Diagnosis:
+    alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+    capture_frozen(outcome, layout, say, native=opts.native)
+    say("analysing")
+    return _diagnose(layout, outcome, alive, cmd)
+
+
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   out: str | None = None, stall_s: float = 10.0, native: bool = False,
-                  command: list[str] | None = None) -> WatchResult:
+                  command: list[str] | None = None,
+                  options: WatchOptions | None = None) -> WatchResult:
     cmd = _resolve(cmd)
+    opts = options or WatchOptions(stall_s=stall_s, native=native)
     layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
-                                               {"job_command": cmd, "stall_s": stall_s}))
+                                               {"job_command": cmd, "stall_s": opts.stall_s}))
     t0 = time.time()
     log = open(layout.job_log, "ab")  # noqa: SIM115 - closed below
     gate = _Echo(echo)
@@ -151,7 +260,6 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     pump: threading.Thread | None = None
     interrupted: str | None = None
     ended = False
-    alive: dict[int, bool] = {}
     try:
         with interruptible():
             try:
@@ -165,18 +273,15 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 # a slower poll than repro's: watch sits beside long jobs, and on a small
                 # machine its own CPU would show up in theirs
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
-                                         stall_s=stall_s, startup_timeout_s=float("inf"),
-                                         straggler_notice=True, poll_s=0.25, refresh_s=2.0)
-                outcome = watch(job, settings, say, quick_check=lambda hbs: (
+                                         stall_s=opts.stall_s, startup_timeout_s=float("inf"),
+                                         straggler_notice=True, poll_s=0.25, refresh_s=2.0,
+                                         hang_after_s=opts.hang_after_s)
+                mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))
-                alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-                if outcome.kind in ("stalled", "desync") or any(alive.values()):
-                    capture_frozen(outcome, layout, say, native=native)
-                    gate.on = False
-                    say("analysing")
-                    # before teardown: the ranks are frozen where they hung
-                    diag = _diagnose(layout, outcome, alive, cmd)
+                outcome, diag = _supervise(mon, layout, cmd, say,
+                                           lambda text: echo(f"[moe-hang] {text}"), opts)
+                gate.on = diag is None  # torchrun's teardown noise after a verdict: job.log
             except Interrupted as exc:
                 gate.on = False  # torchrun's interrupt traceback goes to job.log only
                 interrupted = str(exc)
@@ -204,6 +309,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         return WatchResult(None, _own_code(outcome.returncode), layout, outcome)
     if diag is None:
         say("analysing")
+        alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
         diag = _diagnose(layout, outcome, alive, cmd)
     if diag.timings is not None:
         diag.timings.wall_s = round(time.time() - t0, 3)

@@ -1,10 +1,15 @@
 """Watch a running job through its ranks' heartbeats until it ends, crashes, stalls or desyncs.
 
-A rank counts as *moving* while its heartbeat fingerprint (progress, Flight Recorder
-``pg_status``, main-thread frame) changes or its CPU time grows. The job has *stalled* when no
-live rank has moved for ``stall_s`` seconds while at least one waits in a collective. A
-*desync* is declared sooner: as soon as every rank's heartbeat shows a collective pending at
-the same sequence number with a different op, size or dtype, nothing can ever complete.
+A rank *waits* while it is inside a collective — a collective pending in the recorder's
+``pg_status`` or its main thread inside ``torch.distributed`` — and nothing of it changes
+(its heartbeat fingerprint: progress, recorder sequence numbers, main-thread frame), whatever
+its CPU use: a rank blocked behind a hung NCCL kernel spins a core (docs/DESIGN.md §9). Outside
+collectives, main-thread CPU counts as progress (a long matmul sits on one line). A heartbeat
+that stopped beating says nothing: the rank's interpreter holds the GIL (a full garbage
+collection, teardown at exit) and its CPU decides. The job has *stalled* when no live rank has
+moved for ``stall_s`` seconds while one waits in a collective. A *desync* is declared sooner:
+as soon as every rank's heartbeat shows a collective pending at the same sequence number with a
+different op, size or dtype, nothing can ever complete.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moe_hang.evidence.model import Heartbeat
+from moe_hang.evidence.stacks import collective_of
 from moe_hang.probe.layout import RankFiles
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.procs import CpuClock, is_alive, main_thread_cpu
+from moe_hang.runtime.procs import is_alive, main_thread_cpu
 
 Phase = Callable[[str], None]  # what a command shows as its live phase ("capturing stacks")
 CPU_MOVING_S = 0.02
 CPU_MOVING_RATE = 0.02  # of one core
+BEAT_STALE_S = 1.0  # the probe beats every 0.25 s: silent this long, its rank holds the GIL
 
 
 @dataclass
@@ -42,11 +49,14 @@ class WatchSettings:
     # nothing moves and no collective is pending (a deadlock outside torch.distributed, a
     # stuck data loader): stalled after this long (default max(30 s, 3 × stall_s))
     idle_stall_s: float | None = None
+    # a stall the command lives with (uncertain: a rank outside collectives may only be
+    # slow) is reported again, as final, after this long; 0: never
+    hang_after_s: float = 0.0
 
 
 @dataclass
 class Outcome:
-    kind: str  # completed | failed | stalled | desync | startup_timeout | interrupted
+    kind: str  # completed | failed | stalled | desync | startup_timeout | requested | resumed
     returncode: int | None = None
     reason: str = ""
     rank_pids: dict[int, int] = field(default_factory=dict)
@@ -58,6 +68,7 @@ class Outcome:
     onset_ns: int | None = None
     # ranks left running after the agent died: did each move while we captured it?
     progressed: dict[int, bool] = field(default_factory=dict)
+    stalled_for: float = 0.0  # resumed: how long nothing moved
 
 
 def read_heartbeats(probe_dir: Path) -> dict[int, Heartbeat]:
@@ -86,6 +97,12 @@ def world_of(hbs: dict[int, Heartbeat]) -> int | None:
     return next((hb.world for hb in hbs.values() if hb.world), None)
 
 
+def in_collective(hb: Heartbeat) -> bool:
+    """The recorder has a collective of this rank pending, or its main thread is inside
+    ``torch.distributed``."""
+    return hb.has_pending() or collective_of(hb.frames())[0] is not None
+
+
 def _describe(hbs: dict[int, Heartbeat], world: int | None) -> str:
     if not hbs:
         return "starting ranks"
@@ -99,118 +116,199 @@ def _describe(hbs: dict[int, Heartbeat], world: int | None) -> str:
     return f"{up}/{world or up} ranks up" + (f", {phase}" if phase else "")
 
 
-def watch(job: LaunchedJob, settings: WatchSettings, on_phase: Phase | None = None,
-          quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
-          on_notice: Phase | None = None) -> Outcome:
-    """Block (bounded by the job's own end, a stall, or the startup timeout) and say why."""
-    say = on_phase or (lambda _s: None)
-    notice = on_notice or say
-    out = Outcome(kind="running", t_start=time.time())
-    last_fp: dict[int, str] = {}
-    last_cpu: dict[int, float] = {}
-    last_move: dict[int, float] = {}
-    clock = CpuClock()
-    failed_at: float | None = None
-    abnormal: list[int] = []
-    t0 = time.monotonic()
-    last_refresh = -1e9
-    shown = ""
-    straggling = False
-    while True:
+@dataclass
+class _Rank:
+    fp: str = ""
+    beat: int = -1
+    beat_at: float = 0.0  # monotonic time its beat number last changed
+    cpu: float | None = None  # main-thread CPU seconds at the last movement
+    moved_at: float = 0.0
+
+
+class Monitor:
+    """The watcher's state across polls: which rank last moved when, which died, what was
+    reported. :meth:`run` blocks until something happens and says what; it can be called
+    again after an event the command chose to live with (an uncertain stall, a capture on
+    request), and then reports the next one."""
+
+    def __init__(self, job: LaunchedJob, settings: WatchSettings, on_phase: Phase | None = None,
+                 quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
+                 on_notice: Phase | None = None):
+        self.job, self.s = job, settings
+        self.say = on_phase or (lambda _s: None)
+        self.notice = on_notice or self.say
+        self.quick_check = quick_check
+        self.out = Outcome(kind="running", t_start=time.time())
+        self.ranks: dict[int, _Rank] = {}
+        self.failed_at: float | None = None
+        self.abnormal: list[int] = []
+        self.t0 = time.monotonic()
+        self.last_refresh = -1e9
+        self.shown = ""
+        self.straggling = False
+        self.held_since: float | None = None  # a stall the command chose to wait out
+        self.desync_seen = False
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: Callable[[], bool] = lambda: False) -> Outcome:
+        """Block (bounded by the job's own end, an event, or the startup timeout); ``stop``
+        (checked every poll) ends it with kind ``requested``."""
+        while True:
+            kind = self._poll()
+            if kind is None and stop():
+                kind = "requested"
+            if kind is not None:
+                self.out.kind = kind
+                self.out.t_detect = time.time()
+                return self.out
+            time.sleep(self.s.poll_s)
+
+    def hold(self) -> None:
+        """Live with the stall just reported: report it again only once ``hang_after`` is up
+        (:meth:`held_for`), or "resumed" when a rank moves."""
+        self.held_since = self.held_since or self._idle_since()
+
+    def held_for(self) -> float:
+        return time.monotonic() - self.held_since if self.held_since is not None else 0.0
+
+    # ------------------------------------------------------------------ one poll
+
+    def _poll(self) -> str | None:
         now = time.monotonic()
-        if now - last_refresh >= settings.refresh_s:
+        out, job = self.out, self.job
+        if now - self.last_refresh >= self.s.refresh_s:
             job.refresh()  # new descendants, so that none can outlive us
-            last_refresh = now
+            self.last_refresh = now
         rc = job.poll()
-        hbs = read_heartbeats(settings.probe_dir)
+        hbs = read_heartbeats(self.s.probe_dir)
         out.heartbeats = hbs
         for r, hb in hbs.items():
-            if hb.pid is None:
-                continue
-            out.rank_pids[r] = hb.pid
-            job.tracker.add(hb.pid)
+            if hb.pid is not None:
+                out.rank_pids[r] = hb.pid
+                job.tracker.add(hb.pid)
         if rc is not None:
-            out.kind = "completed" if rc == 0 else "failed"
             out.returncode = rc
             out.reason = f"torchrun exited with code {rc}"
-            out.t_detect = time.time()
-            _note_dead(out)
-            return out
-        world = settings.world or _local_world_from(hbs)
+            self._note_dead()
+            return "completed" if rc == 0 else "failed"
+        world = self.s.world or _local_world_from(hbs)
         if world and len(hbs) >= world and out.t_up is None:
             out.t_up = time.time()
-            for r in hbs:
-                last_move[r] = now
-        if out.t_up is None and now - t0 > settings.startup_timeout_s:
-            out.kind = "startup_timeout"
-            out.reason = (f"only {len(hbs)} of {world or '?'} ranks started within "
-                          f"{settings.startup_timeout_s:.0f} s")
-            out.t_detect = time.time()
-            return out
+            self.ranks = {r: _Rank(moved_at=now) for r in hbs}
+        if out.t_up is None:
+            if now - self.t0 > self.s.startup_timeout_s:
+                out.reason = (f"only {len(hbs)} of {world or '?'} ranks started within "
+                              f"{self.s.startup_timeout_s:.0f} s")
+                return "startup_timeout"
+            self._describe(hbs, world)
+            return None
         # a rank died while the agent is still up: torchrun is tearing the job down. A rank
         # that finished (the others may still checkpoint or evaluate for minutes) is not that.
         for r, pid in out.rank_pids.items():
             if r not in out.dead_ranks and not is_alive(pid):
                 out.dead_ranks[r] = time.time()
-                if not _left_cleanly(RankFiles(settings.probe_dir, r), hbs.get(r)):
-                    abnormal.append(r)
-                    failed_at = failed_at or now
-        if failed_at is not None and now - failed_at > settings.teardown_wait_s:
-            out.kind = "failed"
-            out.reason = f"rank {min(abnormal)} exited and torchrun did not end the job"
-            out.t_detect = time.time()
-            return out
-        if out.t_up is not None and failed_at is None:
-            for r, hb in hbs.items():
-                if r not in out.rank_pids:
-                    continue
-                fp = hb.fingerprint()
-                # CPU use counts as movement: a rank blocked in a collective burns next to
-                # none (the probe's heartbeat is ~0.5 ms/s), while even a starved rank on a
-                # loaded machine computes at a few percent of a core. Read it from /proc, not
-                # from the heartbeat: a rank holding the GIL for seconds (a full GC, teardown
-                # at exit) starves its probe thread but is busy, not stuck.
-                measured = clock.seconds(out.rank_pids[r])
-                cpu = measured if measured is not None else last_cpu.get(r, 0.0)
-                used = cpu - last_cpu.get(r, cpu)
-                rate = used / max(now - last_move.get(r, now), settings.poll_s)
-                if fp != last_fp.get(r) or (used > CPU_MOVING_S and rate > CPU_MOVING_RATE):
-                    last_move[r] = now
-                    last_fp[r], last_cpu[r] = fp, cpu
-            pending = any(hb.has_pending() for hb in hbs.values())
-            all_pending = len(hbs) >= (world or 0) and all(hb.pending for hb in hbs.values())
-            if settings.desync_fast_path and all_pending and quick_check and quick_check(hbs):
-                out.kind, out.reason = "desync", "ranks wait in mismatched collectives"
-                out.t_detect = time.time()
-                out.onset_ns = onset_ns(hbs)
-                return out
-            idle_for = now - max(last_move.values()) if last_move else 0.0
-            waiting = [r for r, hb in hbs.items() if hb.pending
-                       and now - last_move.get(r, now) >= settings.stall_s]
-            busy = [r for r in hbs if r not in waiting and r not in out.dead_ranks]
-            if settings.straggler_notice and waiting and busy and idle_for < settings.stall_s:
-                if not straggling:
-                    notice(f"rank {','.join(map(str, sorted(busy)))} still computing while rank "
-                        f"{','.join(map(str, sorted(waiting)))} wait: a straggler, not a hang "
-                        "(still watching)")
-                    straggling = True
-            else:
-                straggling = False
-            idle_limit = settings.idle_stall_s or max(30.0, 3 * settings.stall_s)
-            if (pending and idle_for >= settings.stall_s) or idle_for >= idle_limit:
-                out.kind = "stalled"
-                out.reason = (f"no progress on any rank for {idle_for:.1f} s"
-                              + ("" if pending else " (and no collective pending)"))
-                out.t_detect = time.time()
-                out.onset_ns = onset_ns(hbs)
-                return out
+                if not _left_cleanly(RankFiles(self.s.probe_dir, r), hbs.get(r)):
+                    self.abnormal.append(r)
+                    self.failed_at = self.failed_at or now
+        if self.failed_at is not None:
+            if now - self.failed_at > self.s.teardown_wait_s:
+                out.reason = (f"rank {min(self.abnormal)} exited and torchrun did not end "
+                              "the job")
+                return "failed"
+            return None
+        moved = self._movement(hbs, now)
+        if self.held_since is not None:
+            if moved:
+                out.stalled_for = now - self.held_since
+                self.held_since = None
+                return "resumed"
+            if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
+                out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
+                              "(--hang-after)")
+                return "stalled"
+            return None
+        pending = any(hb.has_pending() for hb in hbs.values())
+        all_pending = len(hbs) >= (world or 0) and all(hb.pending for hb in hbs.values())
+        if (self.s.desync_fast_path and not self.desync_seen and all_pending
+                and self.quick_check is not None and self.quick_check(hbs)):
+            self.desync_seen = True
+            out.reason, out.onset_ns = "ranks wait in mismatched collectives", onset_ns(hbs)
+            return "desync"
+        idle_for = now - self._idle_since()
+        self._straggler_notice(hbs, now, idle_for)
+        idle_limit = self.s.idle_stall_s or max(30.0, 3 * self.s.stall_s)
+        if (pending and idle_for >= self.s.stall_s) or idle_for >= idle_limit:
+            out.reason = (f"no progress on any rank for {idle_for:.1f} s"
+                          + ("" if pending else " (and no collective pending)"))
+            out.onset_ns = onset_ns(hbs)
+            return "stalled"
+        self._describe(hbs, world)
+        return None
+
+    def _movement(self, hbs: dict[int, Heartbeat], now: float) -> bool:
+        """Update when each rank last moved; True if any did in this poll."""
+        any_moved = False
+        for r, hb in hbs.items():
+            pid = self.out.rank_pids.get(r)
+            st = self.ranks.setdefault(r, _Rank(moved_at=now, beat_at=now))
+            if hb.beat != st.beat:
+                # a beat seen for the first time may be old: its own clock says how old
+                first = st.beat < 0
+                st.beat = hb.beat
+                st.beat_at = (now - (time.time() - hb.time) if hb.time is not None
+                              else now - BEAT_STALE_S - 1.0) if first else now
+            cpu = main_thread_cpu(pid) if pid is not None else None
+            fp = hb.fingerprint()
+            moved = fp != st.fp
+            if not moved and cpu is not None and st.cpu is not None:
+                used = cpu - st.cpu
+                rate = used / max(now - st.moved_at, self.s.poll_s)
+                busy = used > CPU_MOVING_S and rate > CPU_MOVING_RATE
+                # in a collective, CPU proves nothing (a spin-wait burns it too) — unless the
+                # heartbeat went silent: then the interpreter holds the GIL and works
+                stale = now - st.beat_at > BEAT_STALE_S
+                moved = busy and (stale or not in_collective(hb))
+            if moved or st.cpu is None:
+                st.fp, st.cpu = fp, cpu
+            if moved:
+                st.moved_at = now
+                any_moved = True
+        return any_moved
+
+    def _idle_since(self) -> float:
+        return max((st.moved_at for st in self.ranks.values()), default=time.monotonic())
+
+    def _straggler_notice(self, hbs: dict[int, Heartbeat], now: float, idle_for: float) -> None:
+        waiting = [r for r, hb in hbs.items() if hb.pending
+                   and now - self.ranks[r].moved_at >= self.s.stall_s]
+        busy = [r for r in hbs if r not in waiting and r not in self.out.dead_ranks]
+        if self.s.straggler_notice and waiting and busy and idle_for < self.s.stall_s:
+            if not self.straggling:
+                self.notice(f"rank {','.join(map(str, sorted(busy)))} still computing while "
+                            f"rank {','.join(map(str, sorted(waiting)))} wait: a straggler, "
+                            "not a hang (still watching)")
+                self.straggling = True
+        else:
+            self.straggling = False
+
+    def _describe(self, hbs: dict[int, Heartbeat], world: int | None) -> None:
         text = _describe(hbs, world)
-        if text != shown:
-            say(text)
-            shown = text
-        time.sleep(settings.poll_s)
+        if text != self.shown:
+            self.say(text)
+            self.shown = text
+
+    def _note_dead(self) -> None:
+        for r, pid in self.out.rank_pids.items():
+            if r not in self.out.dead_ranks and not is_alive(pid):
+                self.out.dead_ranks[r] = time.time()
 
 
+def watch(job: LaunchedJob, settings: WatchSettings, on_phase: Phase | None = None,
+          quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
+          on_notice: Phase | None = None) -> Outcome:
+    """Block until the first event (see :class:`Monitor`)."""
+    return Monitor(job, settings, on_phase, quick_check, on_notice).run()
 class ProgressSample:
     """Did each live rank move between two readings (heartbeat fingerprint or CPU time)?
 

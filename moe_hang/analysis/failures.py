@@ -1,0 +1,142 @@
+"""The rules' outcomes when ranks failed or left: an exception of their own, a kill, an early
+exit, a dead launcher, a timeout waiting for a rank outside collectives (pure)."""
+
+from __future__ import annotations
+
+from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
+from moe_hang.analysis.explain import error_text, exit_desc, ranks_text, site_str
+from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.outcome import Outcome
+from moe_hang.evidence.errors import monitored_barrier_laggards
+from moe_hang.evidence.stacks import callsite, collective_of
+
+
+def root_cause(f: Facts) -> Outcome:
+    # the earliest root cause: by the time the probe recorded it, else torchrun's "first
+    # observed failure", else the order the log shows them in
+    timed = {r: e for r, e in f.root_causes.items() if e.time is not None}
+    if timed:
+        rank = min(timed, key=lambda r: (timed[r].time or 0.0, r))
+    elif f.ev.root_cause_rank in f.root_causes:
+        rank = f.ev.root_cause_rank
+    else:
+        rank = min(f.root_causes, key=lambda r: (f.root_causes[r].source != "probe", r))
+    err = f.root_causes[rank]
+    site = callsite(err.frames)
+    others = sorted(set(f.root_causes) - {rank})
+    after = sorted(set(f.consequences) | set(f.bad_exit) - set(f.root_causes) - {rank})
+    summary = f"Rank {rank} raised {error_text(err)[:240]}" + (
+        f" at {site.short()}" if site else "") + "."
+    if after:
+        summary += (f" Rank {ranks_text(after)} then failed as a consequence"
+                    + (f" ({error_text(f.consequences[after[0]])[:80]})"
+                       if after[0] in f.consequences else "") + ".")
+    if others:
+        summary += f" Rank {ranks_text(others)} raised errors too, later."
+    text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
+            + (f" at {site.short()}" if site else "")
+            + ": the other ranks only failed because it left.")
+    if "find_unused_parameters" in err.message:
+        text = ("DistributedDataParallel says some parameters of rank "
+                f"{rank} got no gradient (a submodule it did not run): pass "
+                "find_unused_parameters=True to DistributedDataParallel, or make every rank "
+                "use every parameter every step.")
+    return Outcome(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
+                   Advice(text))
+
+
+def killed(f: Facts) -> Outcome:
+    reports = f.reports(None)
+    w = f.waits(reports)
+    dead = f.ev.ranks[f.killed[0]]
+    if dead.exit_code is None:
+        how = "is gone (no process, no exception, no exit code) mid-step"
+    else:
+        how = f"was {exit_desc(dead.exit_code)} mid-step"
+    summary = f"Rank {ranks_text(f.killed)} {how}" + (f" while {w} waited for it." if w else ".")
+    kill9 = any(f.ev.ranks[r].exit_code in (-9, None) for r in f.killed)
+    text = ("Find out why it died: SIGKILL with no message is usually the OOM killer (check "
+            "`dmesg` / the node's memory); the others only wait for it." if kill9 else
+            "Find out why it died (its stack is in the run directory); the others only wait "
+            "for it.")
+    return Outcome(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
+                   summary, Advice(text))
+
+
+def left_early(f: Facts) -> Outcome:
+    reports = f.reports(None)
+    w = f.waits(reports)
+    summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
+               "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
+    return Outcome(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
+                   Advice("A rank that leaves early leaves the others waiting in the next "
+                          "collective: make every rank run the same steps (e.g. the same "
+                          "number of batches: DistributedSampler(drop_last=True), or agree "
+                          "to stop with an all_reduce of a 'done' flag)."))
+
+
+def agent_died(f: Facts) -> Outcome:
+    w = f.waits(f.reports(None))
+    summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; rank "
+               f"{ranks_text(f.alive)} were left orphaned"
+               + (" and still running" if f.orphans_moving else "")
+               + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
+               + ". moe-hang ended them.")
+    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
+                   Advice("Find out what ended the launcher (its process, not a rank, was "
+                          "killed); the ranks had no error of their own."))
+
+
+def barrier_laggards(f: Facts) -> dict[int, list[int]]:
+    """Ranks whose monitored_barrier named the ranks that did not reach it in time."""
+    return {r: lag for r, e in f.consequences.items()
+            if (lag := monitored_barrier_laggards(e))}
+
+
+def monitored_barrier(f: Facts) -> Outcome:
+    reporter, laggards = next(iter(sorted(barrier_laggards(f).items())))
+    at = "; ".join(f"rank {r} was at {site_str(f.views[r].site)}" for r in laggards
+                   if r in f.views)
+    summary = (f"Rank {reporter}'s monitored_barrier reports that rank {ranks_text(laggards)} "
+               "did not reach it in time" + (f" ({at})" if at else "") + ".")
+    site = f.views[laggards[0]].site if laggards[0] in f.views else None
+    return Outcome(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
+                   Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
+                          "barrier waited for it there."))
+
+
+def outside_when_failed(f: Facts) -> list[int]:
+    """Ranks last seen outside any collective while the ones that failed (a timeout, a
+    closed connection) were inside one: the others timed out waiting for them."""
+    failed_in = [r for r in f.consequences if f.views[r].stack.state == "in_collective"
+                 or collective_of(f.consequences[r].frames)[0] is not None]
+    if not failed_in:
+        return []
+    return sorted(r for r, v in f.views.items() if r not in f.consequences
+                  and v.stack.state in ("idle", "computing"))
+
+
+def timed_out_waiting(f: Facts) -> Outcome:
+    culprits = outside_when_failed(f)
+    where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    failed = sorted(f.consequences)
+    why = error_text(f.consequences[failed[0]])[:120]
+    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
+                   f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
+                   f"{ranks_text(culprits)}, which was outside any collective ({where}).",
+                   Advice(f"Look at what rank {culprits[0]} does at "
+                          f"{site_str(f.views[culprits[0]].site)}: the others waited for it "
+                          "there until their timeout."))
+
+
+def consequences_only(f: Facts) -> Outcome:
+    failed = sorted(f.bad_exit)
+    why = next((error_text(f.consequences[r]) for r in failed if r in f.consequences), None)
+    summary = (f"Rank {ranks_text(failed)} failed"
+               + (f" with communication errors ({why[:120]})" if why else "")
+               + ", and no rank raised an error of its own; the captures do not show which "
+                 "collective diverged.")
+    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                   Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
+                          "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))
