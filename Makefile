@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.moe-hang-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak clean
+.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak corpus corpus-fast clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ test-matrix: setup
 lint: setup
 	$(VENV)/bin/ruff check moe_hang tests scripts
 	$(VENV)/bin/mypy
+
+# the accuracy corpus (tests/corpus): every case and its mirror, with the real third-party
+# code (transformers + peft, torch pinned so nothing else is pulled); table + JSON
+corpus: setup
+	@$(PY) -c "import transformers, peft" 2>/dev/null || (echo "$(TORCH_SPEC)" > $(VENV)/torch-pin.txt && $(PY) -m pip install -q -e ".[corpus]" -c $(VENV)/torch-pin.txt)
+	$(PY) scripts/corpus.py --json runs/corpus.json
+
+corpus-fast: setup
+	$(PY) -m pytest -q -m corpus tests/corpus $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) scripts/bench.py

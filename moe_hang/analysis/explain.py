@@ -75,10 +75,8 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
             text += f" at {callsites[r].short()}"
         parts.append(text)
     site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
+    del exits  # how each rank ended is in its own line of the report
     tail = ""
-    if exits:
-        tail = "; " + ", ".join(f"rank {r} {exit_desc(code)}"
-                                for r, code in list(exits.items())[:4])
     if div.seq is None:
         return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
             + "."
@@ -131,19 +129,11 @@ def shift_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
 
 
 def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:
-    """Why these ranks are blamed, in words (empty when there is nothing to add)."""
-    who = f"Rank {ranks_text(culprits)}"
-    unconfirmed = "" if confirmed else " (by line numbers: the source was not readable here)"
-    if basis == CulpritBasis.MAJORITY:
-        return f" {who} differs from the majority."
-    if basis == CulpritBasis.PROGRAM_ORDER:
-        return (f" {who} is further along the same code{unconfirmed}: it went past the "
-                "collective the others wait in.")
-    if basis == CulpritBasis.HISTORY:
-        return f" In earlier iterations the other order held: {who} broke it."
-    if basis == CulpritBasis.AMBIGUOUS and culprits:
-        return (" Which rank deviates is not decided by this capture: rank "
-                f"{ranks_text(culprits)} are named.")
+    """What the summary adds about the blame: the report says the basis in words; only an
+    order read from line numbers alone (no source here) is flagged in the sentence."""
+    if basis == CulpritBasis.PROGRAM_ORDER and not confirmed and culprits:
+        return (f" (Rank {ranks_text(culprits)} is further along by line numbers only: the "
+                "source was not readable here.)")
     return ""
 
 

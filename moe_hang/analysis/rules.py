@@ -75,8 +75,7 @@ def _size_abort(f: Facts) -> Outcome:
             b = blame_abort(out.div, f.views, f.ev.size_abort, aborted)
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis = b.culprits, b.basis
-                out.summary = out.summary.split(" Which rank deviates")[0] + culprit_clause(
-                    b.basis, b.culprits, b.confirmed)
+                out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
         out.certainty = Certainty.DEFINITE
         return out

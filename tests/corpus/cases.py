@@ -1,0 +1,428 @@
+"""Ground truth of the accuracy corpus: one typed record per case.
+
+Each case names a job in ``tests/corpus/jobs/`` (plain torch.distributed, launched by real
+torchrun, gloo), how it is run and what a careful human concludes about it: the verdict, the
+culprit ranks, the line each rank is at, advice that would be wrong, and optionally what the
+summary must say. Ground truth is what the job does, read from its code (and, where that was
+not enough, from its log and stacks), never what the tool prints.
+
+Roles come from environment variables (``CULPRIT_RANK=1``, ...), and every expectation that
+names a rank is a function of that environment, so a case's mirrored twin (the roles swapped
+through ``mirror``) is checked against the swapped ranks.
+
+How a case runs (``mode``):
+
+- ``watch``: ``moe-hang watch --json --out DIR [--stall S] -- torchrun --nproc_per_node N
+  --master_addr 127.0.0.1 --master_port FREE job.py``; the verdict is what watch printed.
+- ``diagnose``: torchrun is started in the background in its own session; once ``marks``
+  ranks wrote ``$JOB_MARKS/<wait_mark>.rank<r>`` and ``settle_s`` passed, ``moe-hang diagnose
+  <torchrun pid> --json --out DIR`` runs; then every process of the job is killed.
+
+Where a call site is checked (``LineExpect.where``):
+
+- ``rank``: ``ranks[r].callsite`` (where rank r is now, or was when it died/raised);
+- ``divergence``: ``first_divergence.per_rank[r].callsite`` (the line that posted the rank's
+  collective at the first divergence); its absence is a miss;
+- ``divergence?``: ``first_divergence.per_rank[r].callsite`` where the diagnosis has an entry
+  for rank r (a rank that never posted the collective may have none);
+- ``rank+divergence``: ``ranks[r].callsite``, and ``first_divergence.per_rank[r].callsite``
+  where the diagnosis has one for that rank.
+
+``culprit_basis`` / ``certainty`` may be absent from today's JSON: an expectation on them is
+"not checked yet" while the field is absent, unless the case sets ``require_basis`` (or the
+runner runs with ``--require-basis``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+Env = Mapping[str, str]
+RankFn = Callable[[Env], frozenset[int]]
+
+# verdicts that are not a problem (exit 0): a straggler is slow, not stuck
+HEALTHY = frozenset({"healthy", "straggler"})
+# a rank stuck outside any collective: today's schema calls it a hang; the engine being
+# rewritten may name it (the issue's "stalled outside collectives")
+STALLED = frozenset({"hang", "stalled", "stalled_outside_collectives"})
+# a wait-for cycle: a hang, or a verdict of its own
+DEADLOCK = frozenset({"hang", "deadlock"})
+DESYNC = frozenset({"desync"})
+DESYNC_OR_HANG = frozenset({"desync", "hang", "deadlock"})
+
+# advice that is wrong for the case at hand (case-insensitive substrings of ``fix``)
+SKIP_ADVICE = ("skip a layer", "skip an expert", "expert or exchange", "dummy input")
+TRANSPORT_ADVICE = ("NCCL_DEBUG", "suspect the transport")
+VARLEN_ADVICE = ("varlen", "VarlenDispatch", "DTensor.from_local", "3631")
+DTYPE_ADVICE = ("cast to one dtype",)
+ANCHOR_ADVICE = ("anchor",)
+# an exception, a dead rank or a stuck loader is none of the collective-order bugs
+NOT_A_COLLECTIVE_BUG = SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE
+
+
+@dataclass(frozen=True)
+class Site:
+    """A line: ``marker`` names a ``# corpus: <marker>`` comment in the job; otherwise the
+    first line of ``module``'s source file that contains ``needle`` (third-party code)."""
+
+    marker: str | None = None
+    module: str | None = None
+    needle: str | None = None
+
+
+@dataclass(frozen=True)
+class LineExpect:
+    ranks: RankFn
+    site: Site
+    where: str = "rank"  # rank | divergence | divergence? | rank+divergence
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    job: str
+    nproc: int
+    verdicts: frozenset[str]
+    mode: str = "watch"  # watch | diagnose
+    env: Mapping[str, str] = field(default_factory=dict)
+    # the env overrides of the mirrored twin (roles swapped); None: no twin
+    mirror: Mapping[str, str] | None = None
+    culprits: RankFn = lambda env: frozenset()
+    culprits_check: bool = True
+    lines: tuple[LineExpect, ...] = ()
+    fix_forbid: tuple[str, ...] = ()
+    fix_require: tuple[str, ...] = ()
+    summary_contains: str | None = None
+    basis: frozenset[str] = frozenset()
+    certainty: frozenset[str] = frozenset()
+    require_basis: bool = False
+    fast: bool = False
+    stall: float | None = None  # watch --stall (None: the tool's default)
+    timeout_s: float = 120.0  # hard limit of the whole run
+    requires: tuple[str, ...] = ()  # importable modules the job needs (else skipped)
+    wait_mark: str = "hang"  # diagnose: the mark to wait for ...
+    marks: int | None = None  # ... from this many ranks (default: all)
+    settle_s: float = 2.0  # diagnose: then this long before attaching
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A case's expectations evaluated for one role environment."""
+
+    verdicts: frozenset[str]
+    culprits: frozenset[int]
+    culprits_check: bool
+    lines: tuple[LineExpect, ...]
+    fix_forbid: tuple[str, ...]
+    fix_require: tuple[str, ...]
+    summary_contains: str | None
+    basis: frozenset[str]
+    certainty: frozenset[str]
+
+
+def expected_for(case: Case, env: Env) -> Expected:
+    return Expected(case.verdicts, frozenset(case.culprits(env)), case.culprits_check,
+                    case.lines, case.fix_forbid, case.fix_require, case.summary_contains,
+                    case.basis, case.certainty)
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+def rank(var: str) -> RankFn:
+    """The rank in $var (every case sets its role variables explicitly)."""
+    return lambda env: frozenset({int(env[var])})
+
+
+def ranks(var: str) -> RankFn:
+    """The ranks in a comma-separated $var."""
+    return lambda env: frozenset(int(r) for r in env[var].split(","))
+
+
+def others(fn: RankFn, nproc: int) -> RankFn:
+    return lambda env: frozenset(range(nproc)) - fn(env)
+
+
+def every(nproc: int) -> RankFn:
+    return lambda env: frozenset(range(nproc))
+
+
+def fixed(*rs: int) -> RankFn:
+    return lambda env: frozenset(rs)
+
+
+def at(who: RankFn, marker: str, where: str = "rank") -> LineExpect:
+    return LineExpect(who, Site(marker=marker), where)
+
+
+C = rank("CULPRIT_RANK")
+
+
+def culprit_env(r: int) -> dict[str, str]:
+    return {"CULPRIT_RANK": str(r)}
+
+
+MIXTRAL_LOOP = Site(module="transformers.models.mixtral.modeling_mixtral",
+                    needle="current_hidden_states = expert_layer(current_state)")
+
+
+# --- the cases -------------------------------------------------------------------------------
+
+CASES: tuple[Case, ...] = (
+    # 1. an exception in one rank
+    Case("raise_in_rank", "raise_in_rank.py", 2, frozenset({"crash"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "raise"), at(others(C, 2), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE, summary_contains="ValueError",
+         basis=frozenset({"exception"}), certainty=frozenset({"definite"}), fast=True,
+         note="rank C raises ValueError at step 2; the others wait in step 2's all-reduce and "
+              "then fail with gloo's 'Connection closed by peer'"),
+    Case("oom_exception", "oom_exception.py", 4, frozenset({"crash"}),
+         env=culprit_env(2), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "raise"), at(others(C, 4), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE, summary_contains="OutOfMemoryError",
+         basis=frozenset({"exception"}), certainty=frozenset({"definite"}), timeout_s=150,
+         note="4 ranks; rank C raises torch.OutOfMemoryError; three victims fail after it"),
+    # 2. DDP without find_unused_parameters
+    Case("ddp_unused_param", "ddp_unused_param.py", 2, frozenset({"crash"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "forward"), at(others(C, 2), "backward")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         summary_contains="Expected to have finished reduction",
+         basis=frozenset({"exception"}),
+         note="rank C skipped `refine` at step 2; its step-3 forward raises DDP's 'Expected to "
+              "have finished reduction' (traceback: the model(x) line); the other rank waited "
+              "in step 2's backward bucket all-reduce, then gloo closed it"),
+    Case("ddp_healthy", "ddp_healthy.py", 2, frozenset({"healthy"})),
+    # 3. healthy jobs: fast, slow, idle for a while
+    Case("healthy_fast", "healthy_fast.py", 2, frozenset({"healthy"}), fast=True),
+    Case("healthy_slow", "healthy_slow.py", 2, frozenset({"healthy"}),
+         note="~1 s of compute per step on every rank, 12 steps"),
+    Case("healthy_idle", "healthy_idle.py", 2, frozenset({"healthy"}),
+         env=culprit_env(0), mirror=culprit_env(1),
+         note="rank C sleeps 12 s once (a slow checkpoint write) while the other waits in the "
+              "all-reduce; with watch's default stall the job must run to completion"),
+    Case("healthy_steady_attach", "healthy_steady.py", 2, frozenset({"healthy"}),
+         mode="diagnose", note="diagnose attached to a job that is stepping normally"),
+    # 4. a rank blocked outside collectives
+    Case("dataloader_sleep", "dataloader_sleep.py", 2, STALLED,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE, timeout_s=180,
+         note="rank C's data loader loops in time.sleep for ever; the other waits in the "
+              "all-reduce: the problem is outside the collectives, not in the transport"),
+    Case("dataloader_sleep_attach", "dataloader_sleep.py", 2, STALLED, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE),
+    Case("monitored_barrier_timeout", "monitored_barrier_timeout.py", 2,
+         STALLED | {"crash"}, env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "sleep"), at(others(C, 2), "barrier")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
+         note="rank 0's monitored_barrier raises after 5 s naming rank C, which is stuck in "
+              "its data loader (time.sleep); the rank that raised is the victim"),
+    # 5. size mismatch
+    Case("size_mismatch", "size_mismatch.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=every(2),
+         lines=(at(every(2), "allreduce", "rank+divergence"),),
+         fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + DTYPE_ADVICE,
+         basis=frozenset({"ambiguous"}), fast=True,
+         note="16 vs 32 elements on two ranks: nothing says which is right, so both are named"),
+    Case("size_mismatch_majority", "size_mismatch_majority.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(every(3), "allreduce", "rank+divergence"),),
+         fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + DTYPE_ADVICE,
+         basis=frozenset({"majority"}),
+         note="three ranks: two post 16 elements, rank C 32: the odd one out"),
+    Case("dtype_mismatch", "dtype_mismatch.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(every(3), "allreduce", "rank+divergence"),),
+         fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + SKIP_ADVICE,
+         basis=frozenset({"majority"}),
+         note="three ranks: float32, float32, float64 (rank C), 16 elements each"),
+    # 6. stale all-to-all split counts
+    Case("stale_a2a_counts", "stale_a2a_counts.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "tokens", "rank+divergence"),
+                at(others(C, 2), "counts", "rank+divergence")),
+         fix_forbid=DTYPE_ADVICE + VARLEN_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order", "history"}), fast=True,
+         note="rank C skipped the count exchange (int64 all_to_all) and is in the token "
+              "all_to_all (float32): the dtypes differ because the collectives differ"),
+    # 7. a 2×2 mesh, the wrong group on two ranks
+    Case("mesh_wrong_group", "mesh_wrong_group.py", 4, DESYNC_OR_HANG,
+         env={"WRONG_GROUP_RANKS": "2,3"}, mirror={"WRONG_GROUP_RANKS": "0,1"},
+         culprits=ranks("WRONG_GROUP_RANKS"),
+         lines=(at(ranks("WRONG_GROUP_RANKS"), "loss"),
+                at(others(ranks("WRONG_GROUP_RANKS"), 4), "gather")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order", "history"}), timeout_s=150,
+         note="the wrong-group ranks gathered over tp (it completed between them) and wait "
+              "in the loss all-reduce; the others wait in the ep gather for them. The "
+              "default group's 'missing' ranks (the victims) are a consequence"),
+    # 8. transformers MoE + peft LoRA + FSDP2 per expert
+    Case("hf_moe_lora_fsdp_skip", "hf_moe_lora_fsdp_skip.py", 2, DESYNC_OR_HANG,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(LineExpect(others(C, 2), MIXTRAL_LOOP, "divergence"),
+                LineExpect(C, MIXTRAL_LOOP, "divergence?")),
+         fix_forbid=ANCHOR_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order", "history"}), requires=("transformers", "peft"),
+         timeout_s=180,
+         note="rank C routed no token to layer 1's expert 2 at step 2, so Mixtral's "
+              "expert_hit loop did not call it and its FSDP all-gather was never posted; the "
+              "first divergence is in that loop on both ranks (expert 2's all-gather on the "
+              "others, expert 3's on rank C: same shapes, so it pairs silently; the exact "
+              "seq cannot be known from sizes, the line can: every forward expert all-gather "
+              "is posted there). Rank C may be listed as missing there. Where the ranks end "
+              "up (backward, a few collectives later) is not checked"),
+    Case("hf_moe_lora_fsdp_healthy", "hf_moe_lora_fsdp_healthy.py", 2, frozenset({"healthy"}),
+         requires=("transformers", "peft"), timeout_s=180),
+    # 9. a wait-for cycle of recvs
+    Case("recv_recv_deadlock", "recv_recv_deadlock.py", 2, DEADLOCK, culprits=every(2),
+         lines=(at(every(2), "recv"),),
+         fix_forbid=NOT_A_COLLECTIVE_BUG, basis=frozenset({"cycle"}),
+         note="both pipeline stages posted recv before send: each waits for the other"),
+    Case("recv_recv_deadlock_attach", "recv_recv_deadlock.py", 2, DEADLOCK, mode="diagnose",
+         culprits=every(2), lines=(at(every(2), "recv"),),
+         fix_forbid=NOT_A_COLLECTIVE_BUG, basis=frozenset({"cycle"})),
+    # cross-group order inversion
+    Case("group_order_inversion", "group_order_inversion.py", 2, DESYNC_OR_HANG,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "ep_first"), at(others(C, 2), "dp_first")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history", "program_order"}),
+         note="steps 0-2 reduce dp then ep on every rank; at step 3 rank C does ep first: by "
+              "history it is the one that changed order"),
+    # a rank with no local experts skips an init-time broadcast
+    Case("no_local_experts_broadcast", "no_local_experts_broadcast.py", 3, DESYNC_OR_HANG,
+         env=culprit_env(2), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "allreduce"),),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"majority", "program_order"}),
+         note="rank C skipped rank 0's four expert broadcasts and is in the first training "
+              "all-reduce"),
+    # a rank finished its data early and exited cleanly
+    Case("early_finish", "early_finish.py", 2, frozenset({"rank_died"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(others(C, 2), "allreduce"),),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"exited"}), fast=True,
+         note="rank C ran out of data and exited normally; the others wait in the next "
+              "all-reduce and are then failed by gloo ('Connection closed by peer')"),
+    # SIGKILL (OOM killer)
+    Case("sigkill_rank", "sigkill_rank.py", 2, frozenset({"rank_died"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(others(C, 2), "allreduce"),),
+         fix_forbid=NOT_A_COLLECTIVE_BUG, summary_contains="SIGKILL",
+         basis=frozenset({"exited"}), certainty=frozenset({"definite"}), fast=True),
+    # a straggler: slow, not stuck
+    Case("straggler", "straggler.py", 2, HEALTHY,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C, stall=2.0,
+         note="rank C computes ~8 s at step 2 while the other waits (watch --stall 2): "
+              "healthy or straggler, never a hang; exit 0"),
+    Case("straggler_attach", "straggler.py", 2, HEALTHY, mode="diagnose",
+         env={**culprit_env(1), "STRAGGLE_S": "60"},
+         mirror=culprit_env(0), culprits=C,
+         note="diagnose while rank C computes (bounded at 60 s; the runner kills the job)"),
+    # subgroup desync
+    Case("subgroup_desync", "subgroup_desync.py", 4, DESYNC_OR_HANG,
+         env=culprit_env(3), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "barrier"),
+                LineExpect(lambda env: frozenset({int(env["CULPRIT_RANK"]) ^ 1}),
+                           Site(marker="group_allreduce"), "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order"}), timeout_s=150,
+         note="rank C skipped its pair's all-reduce and is in the global barrier with the "
+              "other pair; its partner waits in the pair all-reduce. The default group's "
+              "majority (three ranks in the barrier) points at the partner: wrong"),
+    # a short process-group timeout
+    Case("pg_timeout_skip", "pg_timeout_skip.py", 3, DESYNC_OR_HANG | {"crash"},
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "allgather"), at(others(C, 3), "allreduce")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"majority", "program_order"}),
+         note="5 s timeout; rank C skipped the default-group all-reduce and waits in the "
+              "expert-group all-gather; everyone times out and raises; the culprit is still "
+              "rank C, not the ranks whose timeouts fired"),
+    # recv of a tensor never sent
+    Case("recv_never_sent", "recv_never_sent.py", 2, DESYNC_OR_HANG,
+         env={**culprit_env(1), "RECEIVER_RANK": "0"},
+         mirror={**culprit_env(0), "RECEIVER_RANK": "1"}, culprits=C,
+         lines=(at(C, "allreduce"), at(rank("RECEIVER_RANK"), "recv")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order"}),
+         note="the receiver waits in recv; the sender (rank C) skipped its send and is in the "
+              "all-reduce that follows it"),
+    Case("recv_never_sent_spin", "recv_never_sent.py", 2, DESYNC_OR_HANG,
+         env={**culprit_env(1), "RECEIVER_RANK": "0", "SPIN_THREAD": "1"},
+         mirror={**culprit_env(0), "RECEIVER_RANK": "1"}, culprits=C,
+         lines=(at(C, "allreduce"), at(rank("RECEIVER_RANK"), "recv")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order"}),
+         note="as recv_never_sent, and every rank has a thread burning a core in native code "
+              "(a CUDA spin-wait): a busy process is not a progressing rank"),
+    Case("recv_never_sent_spin_attach", "recv_never_sent.py", 2, DESYNC_OR_HANG,
+         mode="diagnose",
+         env={**culprit_env(1), "RECEIVER_RANK": "0", "SPIN_THREAD": "1"},
+         mirror={**culprit_env(0), "RECEIVER_RANK": "1"}, culprits=C,
+         lines=(at(C, "allreduce"), at(rank("RECEIVER_RANK"), "recv")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE),
+    # op mismatch: all_gather vs barrier
+    Case("op_mismatch", "op_mismatch.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier", "rank+divergence"),
+                at(others(C, 2), "allgather", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order"}), fast=True),
+    Case("op_mismatch_attach", "op_mismatch.py", 2, DESYNC, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier"), at(others(C, 2), "allgather")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order"}),
+         note="stacks only (no recorder): the barrier comes after the all-gather in program "
+              "order, so the rank in the barrier skipped it"),
+    Case("early_return_barrier", "early_return_barrier.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier", "rank+divergence"),
+                at(others(C, 2), "allreduce", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order"})),
+    Case("rank0_eval_collective", "rank0_eval_collective.py", 3, DESYNC,
+         env=culprit_env(0), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "eval_allreduce", "rank+divergence"),
+                at(others(C, 3), "allreduce", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"majority"}),
+         note="only rank C evaluates, and evaluate() all-reduces 2 elements; the other two "
+              "are in the next step's 32-element all-reduce"),
+    # a backward collective skipped on one rank
+    Case("backward_skip", "backward_skip.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "loss", "rank+divergence"),
+                at(others(C, 2), "bwd_allreduce", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order"}),
+         note="rank C's output ignores the gathered tokens, so autograd skips the Function's "
+              "backward all-reduce there; it is in the loss all-reduce"),
+    # FSDP2 + DTensor, a submodule skipped
+    Case("fsdp2_skip_submodule", "fsdp2_skip_submodule.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         # the others receive less than they expect at the divergence: gloo lets them on, and
+         # they die at the head's all-gather; the line they posted the refine one from is fixed
+         lines=(at(C, "head", "rank+divergence"),
+                at(others(C, 2), "refine", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order"}),
+         note="rank C skipped refine: its head all-gather (shard of 68) meets the others' "
+              "refine all-gather (272); gloo aborts one of them"),
+    # the ragged DTensor gather, where the varlen fix IS the answer
+    Case("dtensor_ragged_gather", "dtensor_ragged_gather.py", 2, DESYNC, culprits=every(2),
+         # the rank that received fewer bytes than it expected gets through (gloo lets it)
+         # and dies further on: only the line it posted the gather from is fixed
+         lines=(at(every(2), "gather", "divergence"),),
+         fix_forbid=SKIP_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE,
+         basis=frozenset({"ambiguous"}),
+         note="68 vs 401 rows through DTensor.from_local(Shard(0)).full_tensor(): the code "
+              "is wrong on every rank; the varlen gather is the right fix here"),
+)

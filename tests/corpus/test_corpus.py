@@ -1,0 +1,63 @@
+"""The fast subset of the accuracy corpus (cases.py, ``fast=True``), through the same code as
+``scripts/corpus.py``: each case runs the real CLI on a real torchrun job and must be fully
+right; a failure lists the fields that differed. Their mirrored twins (the ranks' roles
+swapped: the culprit must swap) run too; ``CORPUS_MIRROR=0`` leaves them out. The whole
+corpus: ``python scripts/corpus.py`` (``make corpus``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import harness  # noqa: E402
+from cases import CASES, Case  # noqa: E402
+
+FAST = [c for c in CASES if c.fast]
+MIRROR = os.environ.get("CORPUS_MIRROR", "1") != "0"
+RUNS = [(c, env, mirrored) for c in FAST for env, mirrored in harness.runs_of(c, MIRROR)]
+
+
+def _id(run: tuple[Case, object, bool]) -> str:
+    return run[0].name + ("-mirrored" if run[2] else "")
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("run", [pytest.param(r, id=_id(r), marks=pytest.mark.timeout(
+    r[0].timeout_s + 30)) for r in RUNS])
+def test_fast_case(run: tuple[Case, harness.Env, bool], tmp_path: Path) -> None:
+    case, env, mirrored = run
+    s = harness.run_and_score(case, env, mirrored, tmp_path / "run")
+    if s.skipped:
+        pytest.skip(s.skipped)
+    assert not s.outcome.survivors, f"processes survived: {s.outcome.survivors}"
+    wrong = {k: v for k, v in s.checks.items() if v not in (harness.OK, harness.NOT_CHECKED)}
+    assert not wrong, (f"{s.label}: {wrong}\n  got: {s.got}\n  run directory: "
+                       f"{s.outcome.out_dir}")
+
+
+def test_ground_truth_is_well_formed() -> None:
+    """Every marker a case names exists exactly once in its job, every mirrored twin swaps
+    at least one role, and no job imports moe_hang."""
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names))
+    for c in CASES:
+        job = harness.JOBS / c.job
+        assert job.exists(), c.job
+        assert "moe_hang" not in job.read_text(), f"{c.job} imports moe_hang"
+        harness.markers(job)  # raises on a duplicate
+        for env, _mirrored in harness.runs_of(c, True):
+            exp = harness.expected_for(c, env)
+            for ex in exp.lines:
+                if ex.site.marker is not None:
+                    harness.resolve_site(ex.site, job)
+            assert all(0 <= r < c.nproc for r in exp.culprits), c.name
+        if c.mirror is not None:
+            assert any(c.env.get(k) != v for k, v in c.mirror.items()), c.name
+    assert sum(c.fast for c in CASES) >= 5
