@@ -191,7 +191,7 @@ def _final_hang(diag: Diagnosis, held_s: float) -> Diagnosis:
 
 
 def _supervise(mon: Monitor, layout: RunLayout, cmd: list[str], say: Phase,
-               notice: Callable[[str], None], opts: WatchOptions
+               notice: Callable[[str], None], opts: WatchOptions, demand: _OnDemand
                ) -> tuple[Outcome, Diagnosis | None]:
     """Watch until the job ends or a verdict ends it; returns the last outcome and the
     diagnosis made while the ranks were still frozen (None: diagnose after the end).
@@ -200,37 +200,38 @@ def _supervise(mon: Monitor, layout: RunLayout, cmd: list[str], say: Phase,
     (a rank outside any collective, which may just be slow) is written down, said in one line,
     and watched on until a rank moves ("resumed") or --hang-after passes."""
     kept: Diagnosis | None = None
-    with _OnDemand() as demand:
-        while True:
-            outcome = mon.run(stop=demand.asked.is_set)
-            if outcome.kind == "requested":
-                demand.asked.clear()
-                diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
-                notice(f"on request: {diag.verdict}: {diag.summary[:160]} "
-                       f"({layout.diagnosis})")
-                continue
-            if outcome.kind == "resumed":
-                notice(f"resumed after {outcome.stalled_for:.1f} s")
-                continue
-            alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-            if outcome.kind not in ("stalled", "desync") and not any(alive.values()):
-                return outcome, kept  # the job ended by itself: diagnose what it left
+    while True:
+        outcome = mon.run(stop=demand.asked.is_set)
+        if outcome.kind == "requested":
+            demand.asked.clear()
             diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
-            held = mon.held_since is not None
-            if outcome.kind == "stalled" and diag.certainty == Certainty.UNCERTAIN and not held:
-                notice(_waiting_line(diag, opts.stall_s))
-                mon.hold()
-                continue
-            if held and outcome.kind == "stalled":
-                diag = _final_hang(diag, mon.held_for())
-            if opts.keep_running and outcome.kind in ("stalled", "desync"):
-                notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
-                       "(--keep-running)")
-                kept = diag
-                mon.s.hang_after_s = 0.0
-                mon.hold()
-                continue
-            return outcome, diag
+            notice(f"on request: {diag.verdict}: {diag.summary[:160]} "
+                   f"({layout.diagnosis})")
+            continue
+        if outcome.kind == "resumed":
+            notice(f"resumed after {outcome.stalled_for:.1f} s")
+            continue
+        alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+        if outcome.kind not in ("stalled", "desync") and not any(alive.values()):
+            return outcome, kept  # the job ended by itself: diagnose what it left
+        if kept is not None:  # what follows a kept verdict (a timeout, a teardown) is its echo
+            return outcome, kept
+        diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
+        held = mon.held_since is not None
+        if outcome.kind == "stalled" and diag.certainty == Certainty.UNCERTAIN and not held:
+            notice(_waiting_line(diag, opts.stall_s))
+            mon.hold()
+            continue
+        if held and outcome.kind == "stalled":
+            diag = _final_hang(diag, mon.held_for())
+        if opts.keep_running and outcome.kind in ("stalled", "desync"):
+            notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
+                   "(--keep-running)")
+            kept = diag
+            mon.s.hang_after_s = 0.0
+            mon.hold()
+            continue
+        return outcome, diag
 
 
 def _capture_and_diagnose(outcome: Outcome, layout: RunLayout, cmd: list[str], say: Phase,
@@ -260,6 +261,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     pump: threading.Thread | None = None
     interrupted: str | None = None
     ended = False
+    # SIGUSR1 is ours from the start: its default action would end the tool, not the job
+    demand = _OnDemand().__enter__()
     try:
         with interruptible():
             try:
@@ -280,7 +283,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))
                 outcome, diag = _supervise(mon, layout, cmd, say,
-                                           lambda text: echo(f"[moe-hang] {text}"), opts)
+                                           lambda text: echo(f"[moe-hang] {text}"), opts,
+                                           demand)
                 gate.on = diag is None  # torchrun's teardown noise after a verdict: job.log
             except Interrupted as exc:
                 gate.on = False  # torchrun's interrupt traceback goes to job.log only
@@ -299,6 +303,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     say("ending the job")
                     job.terminate(grace=3.0)
     finally:
+        demand.__exit__()
         if pump is not None:
             pump.join(2.0)
         log.close()
