@@ -99,6 +99,9 @@ class Case:
     require_basis: bool = False
     fast: bool = False
     stall: float | None = None  # watch --stall (None: the tool's default)
+    # more watch options: a rank stuck outside collectives for ever is uncertain (it may be
+    # slow) until --hang-after (300 s by default): these cases wait less
+    watch_opts: tuple[str, ...] = ()
     timeout_s: float = 120.0  # hard limit of the whole run
     requires: tuple[str, ...] = ()  # importable modules the job needs (else skipped)
     wait_mark: str = "hang"  # diagnose: the mark to wait for ...
@@ -207,6 +210,7 @@ CASES: tuple[Case, ...] = (
          mode="diagnose", note="diagnose attached to a job that is stepping normally"),
     # 4. a rank blocked outside collectives
     Case("dataloader_sleep", "dataloader_sleep.py", 2, STALLED,
+         watch_opts=("--hang-after", "20"),
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE, timeout_s=180,
@@ -217,7 +221,7 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE),
     Case("monitored_barrier_timeout", "monitored_barrier_timeout.py", 2,
-         STALLED | {"crash"}, env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         STALLED | {"crash"}, watch_opts=("--hang-after", "20"), env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "sleep"), at(others(C, 2), "barrier")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
          note="rank 0's monitored_barrier raises after 5 s naming rank C, which is stuck in "

@@ -286,7 +286,8 @@ def run_case(case: Case, env: Env, work: Path) -> Outcome:
 def _run_watch(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: Path,
                res: Outcome, pgids: list[int], run_id: str) -> None:
     stall = ["--stall", f"{case.stall:g}"] if case.stall is not None else []
-    res.argv = [*moe_hang_argv(), "watch", "--json", "--out", str(out_dir), *stall, "--",
+    res.argv = [*moe_hang_argv(), "watch", "--json", "--out", str(out_dir), *stall,
+                *case.watch_opts, "--",
                 *torchrun_argv(job, case.nproc)]
     with open(res.stdout_path, "wb") as out, open(res.stderr_path, "wb") as err:
         proc = subprocess.Popen(res.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
