@@ -221,7 +221,8 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE),
     Case("monitored_barrier_timeout", "monitored_barrier_timeout.py", 2,
-         STALLED | {"crash"}, watch_opts=("--hang-after", "20"), env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         STALLED | {"crash"}, watch_opts=("--hang-after", "20"), env=culprit_env(1),
+         mirror=culprit_env(0), culprits=C,
          lines=(at(C, "sleep"), at(others(C, 2), "barrier")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
          note="rank 0's monitored_barrier raises after 5 s naming rank C, which is stuck in "
