@@ -24,7 +24,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import pickle
 import select
 import signal
 import socket
@@ -36,17 +35,22 @@ from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
+    from moe_hang.probe import sample
     from moe_hang.probe.layout import RankFiles
-else:  # loaded by path into a job's own environment (watch's sitecustomize): the sibling file
+else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
 
-    _spec = _ilu.spec_from_file_location("moe_hang_probe_layout",
-                                         Path(__file__).with_name("layout.py"))
-    assert _spec is not None and _spec.loader is not None
-    _layout = _ilu.module_from_spec(_spec)
-    sys.modules[_spec.name] = _layout  # dataclasses look their module up while defining
-    _spec.loader.exec_module(_layout)
-    RankFiles = _layout.RankFiles  # type: ignore[misc]
+    def _sibling(name: str) -> Any:
+        spec = _ilu.spec_from_file_location(f"moe_hang_probe_{name}",
+                                            Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        mod = _ilu.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up while defining
+        spec.loader.exec_module(mod)
+        return mod
+
+    sample = _sibling("sample")
+    RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 
 ENV_DIR = "MOE_HANG_PROBE_DIR"
 ENV_OWNER = "MOE_HANG_PROBE_OWNER"
@@ -167,22 +171,7 @@ class Probe:
 
     def _pending_entries(self, status: dict[str, Any]) -> list[dict[str, Any]]:
         raw = self._fr_pickle()
-        if raw is None:
-            return []
-        try:
-            entries = pickle.loads(raw).get("entries", [])
-        except Exception:
-            return []
-        out = []
-        for e in entries:
-            pg = str(e.get("pg_id"))
-            if e.get("is_p2p") or pg not in status:
-                continue
-            if int(e.get("collective_seq_id", -1)) > status[pg]["completed"]:
-                out.append({k: e.get(k) for k in (
-                    "pg_id", "process_group", "collective_seq_id", "profiling_name",
-                    "input_sizes", "output_sizes", "input_dtypes", "time_created_ns", "frames")})
-        return out
+        return [] if raw is None else sample.pending_entries(raw, status)
 
     def heartbeat(self) -> None:
         # the main thread writes the last beat at shutdown while ours may be mid-beat: one at
@@ -213,34 +202,10 @@ class Probe:
             "local_world": os.environ.get("LOCAL_WORLD_SIZE"),
             "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
             "progress": progress, "pg_status": status, "pending": self._pending,
-            "main_frame": self._main_frame(),
-            "p2p": self._p2p(),
+            "main_frame": sample.main_frame(self._main_ident),
+            "p2p": sample.p2p_call(self._main_ident),
         }
         write_atomic(self.files.heartbeat, json.dumps(hb, default=str).encode())
-
-    def _main_frame(self) -> list[Any] | None:
-        frame = sys._current_frames().get(self._main_ident or -1)
-        out: list[list[Any]] = []
-        while frame is not None and len(out) < 64:
-            out.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
-            frame = frame.f_back
-        return out or None
-
-    def _p2p(self) -> dict[str, Any] | None:
-        """The send/recv the main thread is inside, with its peer: gloo's recorder keeps no
-        point-to-point entries, and a stack does not show whom a rank waits for."""
-        frame = sys._current_frames().get(self._main_ident or -1)
-        while frame is not None:
-            code = frame.f_code
-            if code.co_name in _P2P_ARG and code.co_filename.endswith("distributed_c10d.py"):
-                op, arg = _P2P_ARG[code.co_name]
-                loc = frame.f_locals
-                group = loc.get("group")
-                return {"op": op, "peer": _as_int(loc.get(arg)), "tag": _as_int(loc.get("tag")),
-                        "group": getattr(group, "group_name", None) if group is not None
-                        else None}
-            frame = frame.f_back
-        return None
 
     def _groups(self) -> dict[str, list[int]] | None:
         """Process group name -> global member ranks (subgroups, device-mesh dimensions)."""
@@ -373,14 +338,6 @@ class Probe:
             threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
                              daemon=True).start()
         self.heartbeat()
-
-
-_P2P_ARG = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
-            "irecv": ("recv", "src")}
-
-
-def _as_int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _unblock_sigterm() -> None:

@@ -30,13 +30,8 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.evidence.ops import short_op
-from moe_hang.report.screen import (
-    ReportContext,
-    collective_text,
-    exit_words,
-    first_screen,
-    site_text,
-)
+from moe_hang.report.screen import first_screen
+from moe_hang.report.words import ReportContext, collective_text, exit_words, site_text
 from moe_hang.report.wrap import display_path, shorten_paths, wrap
 
 LOG_WIDTH = 120  # console.log: one fixed width, whatever terminal the run had

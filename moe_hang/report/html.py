@@ -29,13 +29,13 @@ from moe_hang.report.console import (
     render_text,
     timeline_label,
 )
-from moe_hang.report.screen import (
+from moe_hang.report.screen import headline
+from moe_hang.report.words import (
     ReportContext,
     collective_text,
     culprit_words,
     exit_words,
     fix_words,
-    headline,
     next_words,
     ranks_label,
     run_words,

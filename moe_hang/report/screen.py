@@ -13,8 +13,6 @@ reached: it reads the :class:`Diagnosis` and falls back quietly where a field is
 
 from __future__ import annotations
 
-import shlex
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,48 +20,29 @@ from rich.text import Text
 
 from moe_hang.analysis.diagnosis import (
     Certainty,
-    CulpritBasis,
     Diagnosis,
-    RankCollective,
-    RankReport,
-    RankState,
     ScenarioRun,
     Verdict,
-    fmt_shape,
-    pg_label,
 )
-from moe_hang.evidence.stacks import Frame
-from moe_hang.report.wrap import clip, display_path, screen_lines, shorten_paths, wrap
+from moe_hang.report.words import (
+    MAX_SITE_GROUPS,
+    ReportContext,
+    culprit_words,
+    fix_words,
+    next_words,
+    ranks_label,
+    run_words,
+    site_groups,
+)
+from moe_hang.report.wrap import clip, screen_lines, shorten_paths, wrap
 
 MAX_LINES = 15
-MAX_SITE_GROUPS = 4  # more distinct lines: merged by size, then folded into "… and N more"
 
 VERDICT_STYLE = {
     Verdict.DESYNC: "bold red", Verdict.HANG: "bold red", Verdict.CRASH: "bold red",
     Verdict.RANK_DIED: "bold red", Verdict.STRAGGLER: "bold yellow",
     Verdict.INCONCLUSIVE: "bold yellow", Verdict.HEALTHY: "bold green",
 }
-
-# why the culprit is the culprit, in words (CulpritBasis, docs/DESIGN.md §8)
-BASIS_WORDS: dict[str, str] = {
-    CulpritBasis.EXCEPTION: "it raised the first exception",
-    CulpritBasis.EXITED: "it died or left while the others wait for it",
-    CulpritBasis.MAJORITY: "it differs from the majority at the divergence",
-    CulpritBasis.PROGRAM_ORDER: "it went past what the others wait in",
-    CulpritBasis.HISTORY: "it broke the order its earlier iterations kept",
-    CulpritBasis.CYCLE: "they wait for each other in a cycle",
-    CulpritBasis.WAITED_FOR: "the others wait for it outside any collective",
-    CulpritBasis.AMBIGUOUS: "the evidence does not decide between them",
-}
-
-
-@dataclass(frozen=True)
-class ReportContext:
-    """What the command knows that the diagnosis does not."""
-
-    command: str  # repro | verify | watch | diagnose | analyze
-    title: str  # "moe-hang verify --fixed", "moe-hang diagnose 1234"
-    next_command: list[str] | None = None  # repro: verify --fixed with the user's options
 
 
 @dataclass
@@ -96,101 +75,6 @@ def _clippable(lines: list[Text], width: int, keep: int) -> _Section:
 # ----------------------------------------------------------------------------- words
 
 
-def exit_words(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def rank_ranges(ranks: list[int]) -> str:
-    """``0-6``, ``0-2,4-7``, ``3``."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def ranks_label(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-
-
-def site_text(site: Frame | None) -> str:
-    return f"{display_path(site.file)}:{site.line} {site.function}" if site else "-"
-
-
-def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
-    """``all_gather default_pg#1 [68×64]`` (a collective known only from a stack: its op)."""
-    if c.from_stack_only:
-        return c.op
-    seq = f"#{c.seq}" if c.seq is not None else ""
-    shape = fmt_shape(c.input_sizes) if sizes else ""
-    return f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq}" + (f" [{shape}]" if shape
-                                                                    else "")
-
-
-def where_now(r: RankReport, *, sizes: bool = True) -> str:
-    """Where a rank is, in a few words."""
-    at = f" at {site_text(r.callsite)}" if r.callsite else ""
-    if r.state == RankState.IN_COLLECTIVE and r.collective is not None:
-        return f"in {collective_text(r.collective, sizes=sizes)}{at}"
-    if r.state == RankState.EXITED:
-        return exit_words(r.exit_code) + at
-    if r.state in (RankState.COMPUTING, RankState.IDLE):
-        return f"{r.state}{at}"
-    return "state unknown" + (f" ({r.note})" if r.note else "") + at
-
-
-def _collective_at(d: Diagnosis, rank: int) -> RankCollective | None:
-    """The collective a rank is shown with: its own at the divergence, else its current."""
-    fd = d.first_divergence
-    if fd is not None and rank in fd.per_rank:
-        return fd.per_rank[rank]
-    rep = d.rank(rank)
-    return rep.collective if rep is not None and rep.state == RankState.IN_COLLECTIVE else None
-
-
-def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
-    """What one rank did at the divergence (else where it is now)."""
-    rep = d.rank(rank)
-    fd = d.first_divergence
-    if fd is not None and rank in fd.per_rank:
-        c = fd.per_rank[rank]
-        if c is not None:
-            site = c.callsite or (rep.callsite if rep else None)
-            # how it ended (killed by SIGABRT) is the summary's and the detail's to say
-            return f"in {collective_text(c, sizes=sizes)} at {site_text(site)}"
-        posted = next((x for x in fd.per_rank.values() if x is not None), None)
-        # the others' sizes may differ from each other: the op and the seq say which one
-        what = collective_text(posted, sizes=False) if posted is not None else "the collective"
-        return f"never posted {what}; " + (where_now(rep, sizes=sizes) if rep
-                                           else "nothing known")
-    return where_now(rep, sizes=sizes) if rep is not None else "nothing known"
-
-
-def culprit_site(d: Diagnosis) -> tuple[int, Frame] | None:
-    """The line to open: where the (first) culprit posted the diverging collective, else
-    where it is now."""
-    fd = d.first_divergence
-    for r in sorted(d.culprit_ranks):
-        c = fd.per_rank.get(r) if fd is not None else None
-        rep = d.rank(r)
-        site = (c.callsite if c is not None else None) or (rep.callsite if rep else None)
-        if site is not None:
-            return r, site
-    return None
-
-
 # ----------------------------------------------------------------------------- sections
 
 
@@ -214,88 +98,6 @@ def headline(d: Diagnosis, ctx: ReportContext) -> Text:
         # certainty is the schema's default, not a judgement
         label += f" ({d.certainty})"
     return Text(f"{ctx.title}: {label}", style=style)
-
-
-def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
-    """(label, ranks, why) of the culprit line; None when there is nobody to blame."""
-    if not d.culprit_ranks or d.verdict == Verdict.HEALTHY:
-        return None
-    ranks = sorted(d.culprit_ranks)
-    label = "culprit" if len(ranks) == 1 else "culprits"
-    names = ("rank " if len(ranks) == 1 else "ranks ") + (
-        ", ".join(map(str, ranks)) if len(ranks) < 9 else rank_ranges(ranks))
-    return label, names, BASIS_WORDS.get(d.culprit_basis, "")
-
-
-def site_groups(d: Diagnosis, max_groups: int = MAX_SITE_GROUPS, *,
-                merge_sizes: bool | None = None) -> list[tuple[list[int], str, bool]]:
-    """(ranks, what they did, holds a culprit) per distinct call site, culprits first.
-    ``merge_sizes`` (by default: when there are more distinct lines than ``max_groups``):
-    ranks that differ only in their sizes are one group, its sizes counted, not listed."""
-    if d.verdict == Verdict.HEALTHY:
-        return []
-    ranks = sorted({r.rank for r in d.ranks}
-                   | set(d.first_divergence.per_rank if d.first_divergence else ()))
-    groups = _group(ranks, lambda r: rank_phrase(d, r))
-    if merge_sizes is not False:
-        merged = _group(ranks, lambda r: rank_phrase(d, r, sizes=False))
-        if merge_sizes or (len(groups) > max_groups and len(merged) < len(groups)):
-            groups = {}
-            for phrase, members in merged.items():
-                shapes = {fmt_shape(c.input_sizes) for r in members
-                          if (c := _collective_at(d, r)) is not None}
-                if len(shapes) > 1:
-                    phrase += f" ({len(shapes)} different sizes)"
-                elif len(shapes) == 1:
-                    phrase = rank_phrase(d, members[0])  # one size: say it
-                groups[phrase] = members
-    culprits = set(d.culprit_ranks)
-    out = [(members, shorten_paths(phrase), bool(culprits & set(members)))
-           for phrase, members in groups.items()]
-    return sorted(out, key=lambda g: (not g[2], g[0][0]))
-
-
-def _group(ranks: list[int], key: Callable[[int], str]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = {}
-    for r in ranks:
-        groups.setdefault(key(r), []).append(r)
-    return groups
-
-
-def fix_words(d: Diagnosis) -> tuple[str, str, str | None] | None:
-    """(label, sentence, code to paste) of the fix; None where no fix belongs on screen."""
-    run = d.run if isinstance(d.run, ScenarioRun) else None
-    if run is not None and run.variant == "broken" and run.verified is not None:
-        return None  # a regression check: the fix is not what it is about
-    if d.verdict == Verdict.HEALTHY and (run is None or run.variant != "fixed"):
-        return None
-    hint = (run.fix_hint if run is not None else "") or d.fix
-    if not hint:
-        return None
-    label = "fix under test" if run is not None and run.variant == "fixed" else "fix"
-    return label, shorten_paths(hint), d.fix_code or None
-
-
-def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
-    """(what to run or open, why) of the next step; None when there is nothing to do."""
-    run = d.run if isinstance(d.run, ScenarioRun) else None
-    if d.verdict == Verdict.HEALTHY or (run is not None and run.verified is True):
-        return None  # proven (or the regression still reproduces): nothing left to do
-    if ctx.next_command:
-        return shlex.join(ctx.next_command), ""
-    found = culprit_site(d)
-    if found is None:
-        return None
-    rank, site = found
-    return f"open {display_path(site.file)}:{site.line}", f"{site.function}, rank {rank}"
-
-
-def run_words(d: Diagnosis, ctx: ReportContext) -> str:
-    if ctx.command == "analyze":
-        return f"captures {d.artifacts}" if d.artifacts else ""
-    if d.artifacts:
-        return f"run directory {display_path(d.artifacts)}"
-    return "captures not kept: --out DIR keeps them"
 
 
 def _culprit_line(d: Diagnosis) -> Text | None:

@@ -32,15 +32,8 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.evidence.stacks import Frame
 from moe_hang.report.console import render, render_text
 from moe_hang.report.html import to_html
-from moe_hang.report.screen import (
-    MAX_LINES,
-    ReportContext,
-    first_screen,
-    next_verify_command,
-    rank_ranges,
-    ranks_label,
-    site_groups,
-)
+from moe_hang.report.screen import MAX_LINES, first_screen, next_verify_command
+from moe_hang.report.words import ReportContext, rank_ranges, ranks_label, site_groups
 from moe_hang.report.wrap import screen_lines, shorten_paths, wrap
 
 CWD = os.getcwd()
