@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 
 from moe_hang.analysis.align import GroupDivergence, divergences
 from moe_hang.analysis.culprit import Blame, blame
-from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankReport, RankState
+from moe_hang.analysis.diagnosis import (
+    CulpritBasis,
+    Divergence,
+    MismatchKind,
+    RankReport,
+    RankState,
+)
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.timeline import RankView, rank_view
@@ -41,7 +47,7 @@ class Facts:
     waiting: list[int]  # alive, in a collective or idle, not moving
     agent_died: bool
     orphans_moving: bool
-    stack_div: tuple[Divergence, list[int]] | None = None  # from stacks alone
+    stack_div: tuple[Divergence, list[int], CulpritBasis] | None = None  # from stacks alone
     size_abort: tuple[Divergence, list[int], str] | None = None
     evidence: list[str] = field(default_factory=list)
 

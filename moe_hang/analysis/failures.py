@@ -13,15 +13,15 @@ from moe_hang.evidence.stacks import callsite, collective_of
 
 
 def root_cause(f: Facts) -> Outcome:
-    # the earliest root cause: by the time the probe recorded it, else torchrun's "first
-    # observed failure", else the order the log shows them in
-    timed = {r: e for r, e in f.root_causes.items() if e.time is not None}
-    if timed:
-        rank = min(timed, key=lambda r: (timed[r].time or 0.0, r))
-    elif f.ev.root_cause_rank in f.root_causes:
-        rank = f.ev.root_cause_rank
-    else:
-        rank = min(f.root_causes, key=lambda r: (f.root_causes[r].source != "probe", r))
+    rank = _earliest(f)
+    if rank is None:  # several, and nothing says which came first: every one is named
+        ranks = sorted(f.root_causes)
+        return Outcome(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
+                       f"Rank {ranks_text(ranks)} raised errors of their own ("
+                       + "; ".join(f"rank {r}: {error_text(f.root_causes[r])[:80]}"
+                                   for r in ranks) + "); which came first is not recorded.",
+                       Advice("Fix each of these errors; the other ranks only fail because "
+                              "these left."))
     err = f.root_causes[rank]
     site = callsite(err.frames)
     others = sorted(set(f.root_causes) - {rank})
@@ -39,11 +39,27 @@ def root_cause(f: Facts) -> Outcome:
             + ": the other ranks only failed because it left.")
     if "find_unused_parameters" in err.message:
         text = ("DistributedDataParallel says some parameters of rank "
-                f"{rank} got no gradient (a submodule it did not run): pass "
+                f"{rank} took no part in its loss: pass "
                 "find_unused_parameters=True to DistributedDataParallel, or make every rank "
                 "use every parameter every step.")
     return Outcome(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
                    Advice(text))
+
+
+def _earliest(f: Facts) -> int | None:
+    """The first root cause: by the times the probe recorded (all ranks'), else torchrun's
+    "first observed failure", else the order the log printed them in; None when nothing
+    orders several."""
+    roots = f.root_causes
+    if len(roots) == 1:
+        return next(iter(roots))
+    if all(e.time is not None for e in roots.values()):
+        return min(roots, key=lambda r: roots[r].time or 0.0)
+    if f.ev.root_cause_rank in roots:
+        return f.ev.root_cause_rank
+    if all(e.seen_at is not None for e in roots.values()):
+        return min(roots, key=lambda r: roots[r].seen_at or 0)
+    return None
 
 
 def killed(f: Facts) -> Outcome:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankCollective
+from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.explain import ranks_text
 from moe_hang.analysis.order import program_order
 from moe_hang.analysis.ranks import to_rc
@@ -16,8 +16,8 @@ from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame, callsite
 
 
-def stack_divergence(views: dict[int, RankView],
-                     waiting: list[int]) -> tuple[Divergence, list[int]] | None:
+def stack_divergence(views: dict[int, RankView], waiting: list[int]
+                     ) -> tuple[Divergence, list[int], CulpritBasis] | None:
     """Without recorder data: ranks blocked in *different* collectives can never complete."""
     ops: dict[int, str] = {r: op for r in waiting
                            if (op := views[r].stack.op) is not None and op != "unknown"}
@@ -33,16 +33,18 @@ def stack_divergence(views: dict[int, RankView],
     div = Divergence(pg="?", seq=None, kind=MismatchKind.OP, members=sorted(ops),
                      per_rank=per_rank,
                      phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
-    # the group furthest behind in program order waits; the others went past it (skipped it)
-    order = list(groups.items())
-    behind = order[0]
-    for cand in order[1:]:
-        fa = views[behind[1][0]].user_frames_outer_first()
-        fb = views[cand[1][0]].user_frames_outer_first()
-        if program_order(fa, fb).side == "a":  # the current "behind" is further along
-            behind = cand
-    culprits = [r for op, rs in groups.items() if op != behind[0] for r in rs]
-    return div, culprits
+    # the group behind every other in program order waits; the others went past it (skipped
+    # it). When the order does not decide that, every rank there is named.
+    def behind_all(op: str) -> bool:
+        mine = views[groups[op][0]].user_frames_outer_first()
+        return all(program_order(mine, views[rs[0]].user_frames_outer_first()).side == "b"
+                   for o, rs in groups.items() if o != op)
+
+    behind = [op for op in groups if behind_all(op)]
+    if len(behind) == 1:
+        return div, [r for op, rs in groups.items() if op != behind[0] for r in rs], \
+            CulpritBasis.PROGRAM_ORDER
+    return div, sorted(ops), CulpritBasis.AMBIGUOUS
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

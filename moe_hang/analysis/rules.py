@@ -149,14 +149,13 @@ def _desync(f: Facts) -> Outcome:
 
 def _stack_desync(f: Facts) -> Outcome:
     assert f.stack_div is not None
-    div, culprits = f.stack_div
+    div, culprits, basis = f.stack_div
     reports = f.reports(div)
     summary = desync_summary(div, reports, culprits, {}) + (
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
-    return Outcome(Verdict.DESYNC, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
-                   summary, ROW[div.kind].advice(_situation(f, div, culprits,
-                                                            CulpritBasis.PROGRAM_ORDER)), div)
+    return Outcome(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
+                   ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
 
 
 def _outside(f: Facts) -> list[int]:

@@ -64,16 +64,16 @@ _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warn
 
 def log_tracebacks(text: str) -> dict[int, RankError]:
     """The last traceback each rank printed (``[rankN]: Traceback ...`` blocks), with its
-    frames (innermost first) and its final ``Type: message`` line. Their order of appearance
-    in the log is kept in ``RankError.time`` as a sequence number (the log has no clock)."""
+    frames (innermost first) and its final ``Type: message`` line; ``seen_at`` is the log line
+    it starts on (the log has no clock, but the order ranks printed in)."""
     lines: dict[int, list[str]] = {}
-    first_seen: dict[int, int] = {}
+    at: dict[int, list[int]] = {}
     for i, raw in enumerate(text.splitlines()):
         m = _PREFIX.match(raw)
         if m:
             r = int(m.group(1))
             lines.setdefault(r, []).append(m.group(2))
-            first_seen.setdefault(r, i)
+            at.setdefault(r, []).append(i)
     out: dict[int, RankError] = {}
     for r, body in lines.items():
         start = max((i for i, ln in enumerate(body) if ln.strip().startswith("Traceback (")),
@@ -94,5 +94,5 @@ def log_tracebacks(text: str) -> dict[int, RankError]:
         if exc is None:
             continue
         out[r] = RankError(type=exc[0], message=exc[1][:500], frames=list(reversed(frames)),
-                           time=None, source="job log")
+                           time=None, source="job log", seen_at=at[r][start])
     return out

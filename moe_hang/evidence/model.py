@@ -199,6 +199,7 @@ class RankError:
     frames: list[Frame] = field(default_factory=list)  # innermost first
     time: float | None = None
     source: str = "probe"
+    seen_at: int | None = None  # from the job log: the line its traceback starts on
 
     @classmethod
     def parse(cls, data: Any) -> RankError | None:

@@ -265,3 +265,31 @@ def test_a_cross_group_order_inversion_is_a_cycle_blamed_by_history(tmp_path, cu
     assert d.rule == "wait-for cycle" and d.verdict == "desync", d.summary
     assert (d.culprit_ranks, d.culprit_basis) == ([culprit], "history")
     assert "same order" in d.fix
+
+
+def test_several_root_causes_with_nothing_to_order_them_are_all_named():
+    def raised(r: int, seen_at: int | None) -> RankEvidence:
+        return RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+            "KeyError", f"'batch{r}'", [Frame("/job/train.py", 10 + r, "step")],
+            source="job log", seen_at=seen_at))
+
+    both = diagnose(_ev(raised(0, None), raised(1, None), job="failed"))
+    assert (both.culprit_ranks, both.culprit_basis) == ([0, 1], "exception")
+    assert "which came first is not recorded" in both.summary
+    # the log printed rank 1's traceback first
+    ordered = diagnose(_ev(raised(0, 40), raised(1, 12), job="failed"))
+    assert ordered.culprit_ranks == [1]
+
+
+@pytest.mark.parametrize("same_line", [True, False])
+def test_stacks_in_two_collectives_blame_only_what_program_order_decides(same_line):
+    """From stacks alone (no recorder): ranks in different collectives. When their lines are
+    not ordered (exclusive branches, or no shared frame), both are named, never the one with
+    the higher rank number."""
+    def rank(r: int, op: str, line: int, fn: str) -> RankEvidence:
+        return RankEvidence(rank=r, alive=True, progressed=False, threads=_stack(
+            (TORCH, 3, op), ("/nowhere/a.py" if same_line else f"/nowhere/{fn}.py", line, fn)))
+
+    d = diagnose(_ev(rank(0, "all_gather", 5, "f"), rank(1, "barrier", 9, "g")))
+    assert d.verdict == "desync" and d.culprit_ranks == [0, 1], d.summary
+    assert d.culprit_basis == "ambiguous"
