@@ -40,6 +40,7 @@ from moe_hang.commands.session import (
     save,
 )
 from moe_hang.errors import EXIT_OK, MoeHangError
+from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import launcher, rundir
@@ -167,12 +168,18 @@ class _OnDemand:
             signal.signal(signal.SIGUSR1, self._old)
 
 
+def _here(f: Frame) -> str:
+    """``file:line function``, the file relative to the working directory when under it."""
+    rel = os.path.relpath(f.file) if os.path.isabs(f.file) else f.file
+    return f"{rel if not rel.startswith('..') else short_path(f.file)}:{f.line} {f.function}"
+
+
 def _waiting_line(diag: Diagnosis, stall_s: float) -> str:
     """"waiting 10 s on rank 1 at sleepy.py:8 next_batch; rank 0 in all_reduce default_pg#3"."""
     parts = []
     for r in diag.culprit_ranks:
         rep = diag.rank(r)
-        parts.append(f"rank {r}" + (f" at {rep.callsite.short()}" if rep and rep.callsite
+        parts.append(f"rank {r}" + (f" at {_here(rep.callsite)}" if rep and rep.callsite
                                     else ""))
     for rep in diag.ranks:
         if rep.rank not in diag.culprit_ranks and rep.collective is not None:
