@@ -101,27 +101,27 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
 
 
 def shift_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
-    """One side is k collectives ahead of the other from ``start`` on."""
+    """One side is k collectives ahead of the other from ``start`` on: it skipped k."""
     sh = g.shift
     assert sh is not None
     div = g.div
     a, b = sh.ahead[0], sh.behind[0]
     ca, cb = div.per_rank.get(a), div.per_rank.get(b)
-    what = ca.op if ca is not None else "collective"
+    op = cb.op if cb is not None else ca.op if ca is not None else "collective"
     site = cb.callsite if cb is not None and cb.callsite else None
     at = f" at {site.short()}" if site else ""
-    many = "s" if sh.k > 1 else ""
+    where = f"seq {sh.start}–{sh.first_diff} of {pg_label(div.pg, div.pg_desc)}"
+    na, nb = sh.counts.get(a), sh.counts.get(b)
     if cb is not None and cb.tag and sh.k == 1:  # the probe says which one it was
-        skipped = f"never posted the {what} of {cb.tag}"
+        text = (f"Rank {ranks_text(sh.ahead)} never posted the {op} of {cb.tag} that rank "
+                f"{ranks_text(sh.behind)} posted ({where})")
+    elif na is not None and nb is not None and site:
+        text = (f"Rank {ranks_text(sh.ahead)} posted {na} {op}s{at} where rank "
+                f"{ranks_text(sh.behind)} posted {nb} ({where}): it skipped {sh.k}")
     else:
-        skipped = f"skipped {sh.k} {what}{many}"
-    text = (f"Rank {ranks_text(sh.ahead)} {skipped} that rank "
-            f"{ranks_text(sh.behind)} posted{at}: from seq {sh.start} of "
-            f"{pg_label(div.pg, div.pg_desc)} it posts what rank {ranks_text(sh.behind)} posts "
-            f"{sh.k} later, and the pairs went through silently (same shape)")
-    if sh.counts.get(a) is not None and sh.counts.get(b) is not None and site:
-        text += (f"; up to seq {sh.first_diff}, rank {a} posted {sh.counts[a]} like it where "
-                 f"rank {b} posted {sh.counts[b]}")
+        text = (f"Rank {ranks_text(sh.ahead)} skipped {sh.k} {op}(s) that rank "
+                f"{ranks_text(sh.behind)} posted{at} ({where})")
+    text += "; every later pair was mismatched silently (same shapes)"
     now = reports.get(a)
     if now is not None and now.callsite is not None:
         text += f"; rank {a} is now at {now.callsite.short()}"
