@@ -140,7 +140,11 @@ def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = T
 _BUILD_PATH = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
 
 
-def error_text(err: RankError) -> str:
-    """``Type: message``, without the build machine's source paths gloo puts in front."""
+def error_text(err: RankError, limit: int = 160) -> str:
+    """``Type: message`` — the message's first sentence, without the build machine's source
+    paths gloo puts in front."""
     message = _BUILD_PATH.sub("", err.message).strip()
-    return f"{err.type}: {message}" if message else err.type
+    first = re.split(r"(?<=[.!?])\s", message, maxsplit=1)[0] if message else ""
+    if len(first) > limit:
+        first = first[: limit - 1].rstrip() + "…"
+    return f"{err.type}: {first}" if first else err.type

@@ -18,7 +18,7 @@ def root_cause(f: Facts) -> Outcome:
         ranks = sorted(f.root_causes)
         return Outcome(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
                        f"Rank {ranks_text(ranks)} raised errors of their own ("
-                       + "; ".join(f"rank {r}: {error_text(f.root_causes[r])[:80]}"
+                       + "; ".join(f"rank {r}: {error_text(f.root_causes[r], 80)}"
                                    for r in ranks) + "); which came first is not recorded.",
                        Advice("Fix each of these errors; the other ranks only fail because "
                               "these left."))
@@ -26,11 +26,11 @@ def root_cause(f: Facts) -> Outcome:
     site = callsite(err.frames)
     others = sorted(set(f.root_causes) - {rank})
     after = sorted(set(f.consequences) | set(f.bad_exit) - set(f.root_causes) - {rank})
-    summary = f"Rank {rank} raised {error_text(err)[:240]}" + (
+    summary = f"Rank {rank} raised {error_text(err)}" + (
         f" at {site.short()}" if site else "") + "."
     if after:
         summary += (f" Rank {ranks_text(after)} then failed as a consequence"
-                    + (f" ({error_text(f.consequences[after[0]])[:80]})"
+                    + (f" ({error_text(f.consequences[after[0]], 80)})"
                        if after[0] in f.consequences else "") + ".")
     if others:
         summary += f" Rank {ranks_text(others)} raised errors too, later."
@@ -137,7 +137,7 @@ def timed_out_waiting(f: Facts) -> Outcome:
     culprits = outside_when_failed(f)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     failed = sorted(f.consequences)
-    why = error_text(f.consequences[failed[0]])[:120]
+    why = error_text(f.consequences[failed[0]], 120)
     return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
                    f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
                    f"{ranks_text(culprits)}, which was outside any collective ({where}).",

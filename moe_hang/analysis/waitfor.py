@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.align import GroupDivergence
-from moe_hang.analysis.diagnosis import MismatchKind, RankState
+from moe_hang.analysis.diagnosis import MismatchKind, RankState, pg_label
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.stacks import P2PCall
@@ -48,7 +48,8 @@ def edges(views: dict[int, RankView], divs: list[GroupDivergence]) -> list[Edge]
     for g in divs:
         if g.div.kind != MismatchKind.MISSING or not g.absent:
             continue
-        label = f"{next(iter(g.have.values())).op} {g.div.pg}#{g.div.seq}"
+        label = (f"{next(iter(g.have.values())).op} "
+                 f"{pg_label(g.div.pg, g.div.pg_desc, word='group')}#{g.div.seq}")
         for w, c in g.have.items():
             if c.completed is True or views[w].state == RankState.EXITED:
                 continue
