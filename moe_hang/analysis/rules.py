@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, Situation
 from moe_hang.analysis.culprit import blame_abort, blame_cycle
@@ -21,6 +22,7 @@ from moe_hang.analysis.diagnosis import (
     Divergence,
     RankState,
     Verdict,
+    pg_label,
 )
 from moe_hang.analysis.explain import (
     culprit_clause,
@@ -44,6 +46,7 @@ from moe_hang.analysis.failures import (
 from moe_hang.analysis.kinds import ROW
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.timeline import build_timeline
+from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.model import Evidence
 
 
@@ -110,11 +113,29 @@ def _cycle(f: Facts) -> Outcome:
     elif b.basis == CulpritBasis.CYCLE:
         text = ("The ranks post these collectives in opposite orders: post collectives on every "
                 "group in the same order on every rank.")
+    elif wrong := _wrong_groups(culprits, f):
+        w = wrong[0]
+        who = ranks_text(sorted(x.rank for x in wrong))
+        used, meant = pg_label(w.used, w.used_desc), pg_label(w.meant, w.meant_desc)
+        at = f" at {Path(w.site[0]).name}:{w.site[1]}" if w.site else ""
+        held = f.views[w.rank]
+        now = next((e.what for c in f.wait_cycles for e in c if e.waiter == w.rank), None)
+        waiters = sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
+        # the redirect is the cause: it leads; the cycle is what it led to
+        summary = (f"Rank {who} posted the {w.op}{at} on {used} instead of {meant}"
+                   + (f" and went on to {now} at {site_str(held.site)}" if now else "")
+                   + f"; rank {ranks_text(waiters)} "
+                   + ("waits" if len(waiters) == 1 else "wait")
+                   + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
+        text = (f"Rank {who} passed {used} to the {w.op}{at} where the other ranks passed "
+                f"{meant}: pass the same group (the same mesh dim) on every rank.")
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
+        them = "it" if len(culprits) == 1 else "them"
         text = (f"Rank {ranks_text(sorted(culprits))} went past what rank {waiter} waits in "
                 f"({next(e.what for e in cyc if e.on in culprits)} at "
-                f"{site_str(f.views[waiter].site)}): make it post that too, in the same order.")
+                f"{site_str(f.views[waiter].site)}): make {them} post that too, in the same "
+                "order.")
     on_cycle = [g for g in f.divs if any(e.coll is not None and e.coll.pg == g.div.pg
                                           for e in cyc)]
     # show the group that a culprit skipped (not the one it is held up in)
@@ -122,6 +143,19 @@ def _cycle(f: Facts) -> Outcome:
                on_cycle[0].div if on_cycle else None)
     return Outcome(verdict, sorted(culprits), b.basis, Certainty.DEFINITE, summary,
                    Advice(text), div)
+
+
+def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
+    """Each culprit that posted what its waiter waits in on another group (all or none)."""
+    found = []
+    for r in sorted(culprits):
+        e = next((e for c in f.wait_cycles for e in c if e.on == r and e.coll is not None),
+                 None)
+        w = wrong_group(r, e.coll, e.waiter, f.views) if e is not None and e.coll else None
+        if w is None:
+            return []
+        found.append(w)
+    return found if len({(w.site, w.used_desc or w.used) for w in found}) == 1 else []
 
 
 def _desync(f: Facts) -> Outcome:

@@ -25,16 +25,23 @@ from moe_hang.report.wrap import display_path, shorten_paths
 MAX_SITE_GROUPS = 4  # more distinct lines: merged by size, then folded into "… and N more"
 
 
-# why the culprit is the culprit, in words (CulpritBasis, docs/DESIGN.md §8)
-BASIS_WORDS: dict[str, str] = {
-    CulpritBasis.EXCEPTION: "it raised the first exception",
-    CulpritBasis.EXITED: "it died or left while the others wait for it",
-    CulpritBasis.MAJORITY: "it differs from the majority at the divergence",
-    CulpritBasis.PROGRAM_ORDER: "it went past what the others wait in",
-    CulpritBasis.HISTORY: "it broke the order its earlier iterations kept",
-    CulpritBasis.CYCLE: "they wait for each other in a cycle",
-    CulpritBasis.WAITED_FOR: "the others wait for it outside any collective",
-    CulpritBasis.AMBIGUOUS: "the evidence does not decide between them",
+# why the culprit is the culprit, in words (CulpritBasis, docs/DESIGN.md §8): one culprit,
+# several
+BASIS_WORDS: dict[str, tuple[str, str]] = {
+    CulpritBasis.EXCEPTION: ("it raised the first exception", "they raised the exceptions"),
+    CulpritBasis.EXITED: ("it died or left while the others wait for it",
+                          "they died or left while the others wait for them"),
+    CulpritBasis.MAJORITY: ("it differs from the majority at the divergence",
+                            "they differ from the majority at the divergence"),
+    CulpritBasis.PROGRAM_ORDER: ("it went past what the others wait in",
+                                 "they went past what the others wait in"),
+    CulpritBasis.HISTORY: ("it broke the order its earlier iterations kept",
+                           "they broke the order their earlier iterations kept"),
+    CulpritBasis.CYCLE: ("it waits in a cycle", "they wait for each other in a cycle"),
+    CulpritBasis.WAITED_FOR: ("the others wait for it outside any collective",
+                              "the others wait for them outside any collective"),
+    CulpritBasis.AMBIGUOUS: ("the evidence does not decide",
+                             "the evidence does not decide between them"),
 }
 
 
@@ -150,7 +157,8 @@ def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
     label = "culprit" if len(ranks) == 1 else "culprits"
     names = ("rank " if len(ranks) == 1 else "ranks ") + (
         ", ".join(map(str, ranks)) if len(ranks) < 9 else rank_ranges(ranks))
-    return label, names, BASIS_WORDS.get(d.culprit_basis, "")
+    one, several = BASIS_WORDS.get(d.culprit_basis, ("", ""))
+    return label, names, one if len(ranks) == 1 else several
 
 
 def site_groups(d: Diagnosis, max_groups: int = MAX_SITE_GROUPS, *,

@@ -332,3 +332,25 @@ def test_progress_between_two_py_spy_samples():
     assert progressed(computing, waiting) is True
     busy = sample(("/job/t.py", 9, "forward"), active=True)
     assert progressed(busy, busy) is True
+
+
+@pytest.mark.parametrize("name, wrong, right", [("mesh_wrong_group_0", [2, 3], [0, 1]),
+                                               ("mesh_wrong_group_1", [0, 1], [2, 3])])
+def test_a_gather_on_the_wrong_mesh_dim_is_named_as_such(fixtures, name, wrong, right):
+    """A real 2×2 mesh job (tests/corpus/jobs/mesh_wrong_group.py) and its mirror: the ranks
+    that gathered over tp instead of ep are the culprits, and the advice is to pass the same
+    group — not to 'post that too', which they did, on the other group."""
+    d = _diag(fixtures / name)
+    assert d["verdict"] == "desync"
+    assert d["culprit_ranks"] == wrong
+    a, b = wrong
+    assert d["summary"].startswith(f"Rank {a} and {b} posted the all_gather at "
+                                   "mesh_wrong_group.py:20 on mesh_tp instead of mesh_ep")
+    assert f"rank {right[0]} and {right[1]} wait for them" in d["summary"]
+    assert "pass the same group" in d["fix"]
+    assert "post that too" not in d["fix"]
+
+
+def test_a_skipped_collective_is_not_called_a_wrong_group(fixtures):
+    d = _diag(fixtures / "op_mismatch")
+    assert "same group" not in (d["fix"] or "") and "instead of" not in d["summary"]
