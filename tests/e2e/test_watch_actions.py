@@ -18,6 +18,7 @@ from conftest import (
     job_env,
     line_of,
     moe_hang_argv,
+    processes_mentioning,
     run_cli,
     torchrun_argv,
     wait_files,
@@ -107,3 +108,43 @@ def test_usr1_diagnoses_now_and_the_job_runs_on(tmp_path):
     d = json.loads(out)
     assert proc.returncode == 0 and d["verdict"] == "healthy", d["summary"]
     assert_no_survivors(str(JOBS / "straggler.py"))
+
+
+def test_keep_running_leaves_a_desynced_job_running_until_told(tmp_path):
+    """--keep-running: a definite desync is diagnosed and said, and the job is left as it is
+    (its ranks still there seconds later, stuck); Ctrl-C then ends it and everything in it,
+    and the diagnosis written while the ranks were frozen stays on disk."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    err_path = tmp_path / "watch.err"
+    script = str(JOBS / "skip_collective.py")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(moe_hang_argv("watch", "--keep-running", "--stall", "3",
+                                              "--out", str(tmp_path / "w"), "--json", "--",
+                                              *torchrun_argv("skip_collective.py", 2)),
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=job_env(JOB_MARKS=str(marks)))
+        try:
+            deadline = time.monotonic() + 90
+            while ("keeps running" not in err_path.read_text()
+                   and time.monotonic() < deadline):
+                assert proc.poll() is None, err_path.read_text()[-2000:]
+                time.sleep(0.2)
+            notice = next(ln for ln in err_path.read_text().splitlines()
+                          if "keeps running" in ln)
+            assert notice.startswith("[moe-hang] desync:"), notice
+            time.sleep(3.0)
+            assert proc.poll() is None
+            ranks = [p for p in processes_mentioning(script)
+                     if "torchrun" not in " ".join(p.info["cmdline"] or [])]
+            assert len(ranks) >= 2, "the ranks were ended despite --keep-running"
+            d = json.loads((tmp_path / "w" / "diagnosis.json").read_text())
+            assert d["verdict"] == "desync" and d["culprit_ranks"] == [1], d["summary"]
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode == 130
+    assert_no_survivors(script)
