@@ -13,8 +13,8 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
     fmt_shape,
 )
-from moe_hang.analysis.source import in_loop
-from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.analysis.source import in_loop, left_loop
+from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 
 
 @dataclass
@@ -154,7 +154,35 @@ def advise_order(s: Situation) -> Advice:
                       f"{_ranks(s.waiting())} posted theirs at {_at(missed)}: every rank must "
                       "post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
+    loop = _loop_left(s, culprit)
+    if loop is not None:
+        return Advice(f"Rank {_ranks(s.culprits)} left the loop at {loop} while rank "
+                      f"{_ranks(s.waiting())} is still in it ({_at(missed)}): the ranks ran "
+                      "different numbers of iterations. Give each the same count: equal data "
+                      "shards (DistributedSampler), or all-reduce the count with MIN first.")
     return Advice(f"Make rank {_ranks(s.culprits)} post the collective at {_at(missed)} too: it "
                   f"went on to {_at(now)} without it, and every rank must post the same "
                   "collectives in the same order.")
 
+
+
+def _loop_left(s: Situation, culprit: int) -> str | None:
+    """``file:line`` of the loop the culprit left and every waiting rank is still in: at the
+    deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
+    comes after."""
+    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
+    found: set[str] = set()
+    for r in s.waiting():
+        theirs = [f for f in reversed(s.frames.get(r, [])) if not is_library_frame(f)]
+        at = None
+        for a, b in zip(mine, theirs, strict=False):
+            if (a.file, a.function) != (b.file, b.function):
+                return None
+            if a.line != b.line:
+                loop = left_loop(a.file, a.line, b.line)
+                at = f"{short_path(a.file)}:{loop}" if loop else None
+                break
+        if at is None:
+            return None
+        found.add(at)
+    return found.pop() if len(found) == 1 else None

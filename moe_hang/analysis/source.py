@@ -128,3 +128,26 @@ def _inner_statements(body: list[ast.stmt], line: int) -> list[tuple[int, int, s
     that holds the next level (so "a statement whose body holds the line")."""
     path = _path_to(body, line)
     return [(b, i, path[k + 1][2], st) for k, (b, i, _f, st) in enumerate(path[:-1])]
+
+
+def left_loop(path: str, ahead: int, behind: int) -> int | None:
+    """The line of a ``for``/``while`` loop that holds ``behind`` but that ``ahead`` is past
+    (a later statement of the same block): one rank left the loop while the other is still
+    in it — they ran different numbers of iterations. None when that is not what the source
+    says."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    pa, pb = _path_to(tree.body, ahead), _path_to(tree.body, behind)
+    for k, ((ba, ia, _fa, _sa), (bb, ib, _fb, _sb)) in enumerate(zip(pa, pb, strict=False)):
+        if ba != bb:
+            return None  # two blocks of one statement: not "after the loop"
+        if ia == ib:
+            continue
+        if ia < ib:
+            return None  # ahead is not past it
+        for _b, _i, _f, st in pb[k:]:
+            if isinstance(st, (ast.For, ast.While, ast.AsyncFor)) and behind != st.lineno:
+                return st.lineno
+        return None
+    return None

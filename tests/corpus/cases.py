@@ -401,6 +401,14 @@ CASES: tuple[Case, ...] = (
          basis=frozenset({"majority"}),
          note="only rank C evaluates, and evaluate() all-reduces 2 elements; the other two "
               "are in the next step's 32-element all-reduce"),
+    Case("ddp_uneven_batches", "ddp_uneven_batches.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "val_allreduce"), at(others(C, 2), "backward")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
+         fix_require=("left the loop",), basis=frozenset({"program_order"}),
+         note="written for the occasion (DDP's uneven inputs): rank C ran one batch fewer; "
+              "it is past the loop in the validation all-reduce while the other waits in "
+              "DDP's backward all-reduce"),
     # a backward collective skipped on one rank
     Case("backward_skip", "backward_skip.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,

@@ -354,3 +354,44 @@ def test_a_gather_on_the_wrong_mesh_dim_is_named_as_such(fixtures, name, wrong, 
 def test_a_skipped_collective_is_not_called_a_wrong_group(fixtures):
     d = _diag(fixtures / "op_mismatch")
     assert "same group" not in (d["fix"] or "") and "instead of" not in d["summary"]
+
+
+def _relocated(src, dst, old: str, new: str):
+    """A recorded capture whose source paths point into this checkout, wherever it lies
+    (the analysis reads the job's source to order its lines)."""
+    import pickle
+
+    def swap(x):
+        if isinstance(x, str):
+            return x.replace(old, new)
+        if isinstance(x, list):
+            return [swap(v) for v in x]
+        if isinstance(x, dict):
+            return {swap(k): swap(v) for k, v in x.items()}
+        return x
+
+    shutil.copytree(src, dst)
+    for p in dst.rglob("*"):
+        if p.suffix == ".pkl":
+            p.write_bytes(pickle.dumps(swap(pickle.loads(p.read_bytes()))))
+        elif p.is_file():
+            p.write_text(p.read_text().replace(old, new))
+    return dst
+
+
+@pytest.mark.parametrize("name, short, other", [("ddp_uneven_0", 1, 0), ("ddp_uneven_1", 0, 1)])
+def test_a_rank_that_ran_out_of_batches_left_the_loop(fixtures, tmp_path, name, short, other):
+    """tests/corpus/jobs/ddp_uneven_batches.py and its mirror, recorded: the rank with one
+    batch fewer is past the loop in the validation all-reduce while the other waits in DDP's
+    backward all-reduce; the advice says they ran different numbers of iterations."""
+    from tests.conftest import ROOT
+
+    run = _relocated(fixtures / name, tmp_path / "run", "/work/refactor", str(ROOT))
+    d = _diag(run)
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [short], d["summary"]
+    job = "tests/corpus/jobs/ddp_uneven_batches.py"
+    loop = next(i for i, ln in enumerate((ROOT / job).read_text().splitlines(), 1)
+                if ln.startswith("for step"))
+    assert d["fix"].startswith(f"Rank {short} left the loop at {ROOT / job}:{loop} while rank "
+                               f"{other} is still in it"), d["fix"]
+    assert "different numbers of iterations" in d["fix"]

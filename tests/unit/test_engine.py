@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moe_hang.analysis.rules import diagnose
-from moe_hang.analysis.source import Order, order
+from moe_hang.analysis.source import Order, left_loop, order
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
@@ -84,6 +84,28 @@ def test_program_order_comes_from_the_source(tmp_path):
     assert order(str(job), ln["D"], ln["BAR"]) is Order.A_FIRST
     assert order(str(job), ln["BAR"], ln["D"]) is Order.B_FIRST
     assert order(str(tmp_path / "gone.py"), 1, 2) is Order.UNKNOWN
+
+
+def test_a_rank_past_a_loop_another_is_still_in_left_it(tmp_path):
+    job = _job(tmp_path, """\
+        for step, batch in enumerate(mine):  # LOOP
+            with ctx():
+                loss = model(batch)
+                loss.backward()  # BWD
+        if rank == 0:
+            report()  # IF
+        dist.all_reduce(val)  # VAL
+        while busy():  # WHILE
+            poll()  # POLL
+        """)
+    ln = {k: _line(job, f"# {k}") for k in ("LOOP", "BWD", "IF", "VAL", "WHILE", "POLL")}
+    assert left_loop(str(job), ln["VAL"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(str(job), ln["IF"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(str(job), ln["BWD"], ln["VAL"]) is None  # behind, not past
+    assert left_loop(str(job), ln["WHILE"], ln["VAL"]) is None  # no loop holds VAL
+    assert left_loop(str(job), ln["VAL"], ln["LOOP"]) is None  # at the loop's own line
+    assert left_loop(str(job), ln["POLL"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(str(tmp_path / "gone.py"), 9, 3) is None
 
 
 # ---------------------------------------------------------------------------- the rules
