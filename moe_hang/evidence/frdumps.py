@@ -142,20 +142,30 @@ def find(paths: Iterable[Path]) -> Found:
         if p.is_dir():
             _find_in_dir(p, sets, found)
         elif p.exists():
-            m = _NAME.match(p.name)
+            named = _rank_of(p.name)
             if not p.is_file():
                 found.problems.append(Problem(p, "not a regular file"))
-            elif m is None:
+            elif named is None:
                 found.problems.append(Problem(p, "cannot tell the rank from the file name "
                                                  "(torch names a dump <prefix><rank>)"))
             else:
-                _add(sets, found, p.parent, m["prefix"], int(m["rank"]), p, _size(p))
+                _add(sets, found, p.parent, named[0], named[1], p, _size(p))
         elif p.parent.is_dir() and p.name:
             _find_prefix(p, sets, found)
         else:
             found.problems.append(Problem(p, "no such file or directory"))
     found.sets = [s for s in sets.values() if s.files]
     return found
+
+
+def _rank_of(name: str) -> tuple[str, int] | None:
+    """(prefix, rank) of a file named by torch (prefix + rank), or by a copy that kept the
+    rank in its name (``rank3.fr.pkl``)."""
+    m = _NAME.match(name)
+    if m is not None:
+        return m["prefix"], int(m["rank"])
+    m = re.search(r"rank[_-]?(\d+)", name)
+    return (name[:m.start(1)], int(m.group(1))) if m else None
 
 
 def _find_in_dir(d: Path, sets: dict[tuple[Path, str], DumpSet], found: Found) -> None:
@@ -434,6 +444,9 @@ def merge(captured: Evidence, dumped: Evidence) -> Evidence:
             have.fr = d.fr
             if d.fr.source is not None:
                 have.notes.append(f"Flight Recorder dump from {d.fr.source}")
+            # what the capture did not measure, the dump's timeout says: stuck, not moving
+            have.alive = d.alive if have.alive is None else have.alive
+            have.progressed = d.progressed if have.progressed is None else have.progressed
     worlds = [w for w in (captured.world_size, dumped.world_size) if w]
     return Evidence(
         ranks=dict(sorted(ranks.items())), world_size=max(worlds) if worlds else None,
