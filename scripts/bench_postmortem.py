@@ -23,7 +23,8 @@ set, one after the other:
 and moe-hang runs are repeated and the fastest kept (the machine is shared; torchfrtrace runs
 once). A run past --timeout is killed with its process group and reported as "did not
 finish". Prints a table (and a Markdown one with --markdown); --json writes every number;
---bench-json adds them under the ``postmortem`` key of bench.json, keeping its other keys.
+--bench-json adds them under the ``postmortem`` key of bench.json (a later run replaces the
+cases it measured again), keeping its other keys.
 """
 
 from __future__ import annotations
@@ -236,9 +237,14 @@ CORE = ("import sys; from pathlib import Path; "
         "print(to_json(analyze_paths([Path(sys.argv[1])], force=False)))")
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _env(work: Path) -> dict[str, str]:
+    """This checkout on the path, with compiled bytecode as an installed package has it
+    (PYTHONDONTWRITEBYTECODE would recompile every module at every start), kept under
+    ``work`` so the tree stays clean."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONPYCACHEPREFIX=str(work / "pycache"))
     env.pop("MOE_HANG_DEBUG", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
@@ -301,7 +307,7 @@ def bench_case(args: argparse.Namespace, synth: Any, size: str, backend: str, fa
 
 def tool_run(cmd: list[str], timeout: float, log: Path, truth: dict[str, Any],
              frtrace: bool) -> ToolRun:
-    b = run_bounded(cmd, timeout, log, env=None if frtrace else _env())
+    b = run_bounded(cmd, timeout, log, env=None if frtrace else _env(log.parent.parent))
     run = ToolRun(rc=b.rc, wall_s=round(b.wall_s, 3), cpu_s=round(b.cpu_s, 3),
                   peak_rss_mb=round(b.peak_rss_mb, 0))
     text = log.read_text(errors="replace")
@@ -431,15 +437,24 @@ def markdown(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def _case_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (c.get("backend"), c.get("ranks"), c.get("entries"), c.get("mesh"), c.get("fault"))
+
+
 def update_bench_json(path: Path, result: dict[str, Any]) -> None:
-    """bench.json gains (or replaces) its ``postmortem`` key; every other key stays."""
+    """bench.json's ``postmortem`` key gains this run (its meta under ``runs``, its cases
+    replacing those of the same backend, size, mesh and fault); every other key stays."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
     if not isinstance(data, dict):
         data = {}
-    data["postmortem"] = result
+    found = data.get("postmortem")
+    old: dict[str, Any] = found if isinstance(found, dict) else {}
+    new_keys = {_case_key(c) for c in result["cases"]}
+    cases = [c for c in old.get("cases", []) if _case_key(c) not in new_keys] + result["cases"]
+    data["postmortem"] = {"runs": [*old.get("runs", []), result["meta"]], "cases": cases}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
@@ -484,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         if b not in ("nccl", "gloo"):
             ap.error(f"unknown backend {b!r}")
     args.work.mkdir(parents=True, exist_ok=True)
+    # compile this checkout's bytecode once, outside any measurement
+    subprocess.run([sys.executable, "-c", "import moe_hang.cli, moe_hang.commands.diagnose, "
+                    "moe_hang.report.json"], env=_env(args.work), cwd=ROOT, timeout=120,
+                   check=False)
     cases: list[Case] = []
     t0 = time.monotonic()
     for size in args.sizes.split(","):

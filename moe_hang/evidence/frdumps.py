@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import math
-import multiprocessing as mp
 import os
 import re
 import time
@@ -238,6 +236,8 @@ _DIGESTS: dict[int, tuple[list[int], str]] = {}  # id(list) -> (the list, kept a
 
 
 def _digest(ranks: list[int]) -> str:
+    import hashlib  # workers only
+
     hit = _DIGESTS.get(id(ranks))
     if hit is None or hit[0] is not ranks:
         hit = (ranks, hashlib.blake2b(array("q", ranks).tobytes(), digest_size=16).hexdigest())
@@ -260,12 +260,16 @@ class _Chunk:
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """No cyclic GC while loading: parsing allocates millions of small acyclic objects, and
-    each collection would walk them all again (torchfrtrace and the floor do the same)."""
+    each collection would walk them all again (torchfrtrace and the floor do the same).
+    Afterwards they are frozen out of the collector's generations, so the verdict's own
+    collections do not walk them either (they hold no cycles; refcounting still frees
+    them)."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
         if was:
             gc.enable()
 
@@ -337,6 +341,8 @@ def _load_parallel(jobs: list[tuple[int, DumpFile]], n: int, n_bytes: int,
                    context: int | None, take: Callable[[_Chunk], None]) -> None:
     """``n`` forked workers parse chunks of files; the results are taken as they come, so
     the parent holds windows only, never a whole dump."""
+    import multiprocessing as mp  # not on the path of small sets
+
     # chunks of about equal bytes, several per worker so a slow file does not idle the rest
     per = max(4, math.ceil(len(jobs) / (n * 6)))
     chunks = [[(f.rank, str(f.path)) for _i, f in jobs[k:k + per]]
