@@ -437,6 +437,23 @@ def markdown(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+_RUN_KEYS = ("status", "wall_s", "cpu_s", "peak_rss_mb", "ratio", "verdict", "named_culprit",
+             "named_group", "named_seq", "exact_culprit", "any_named_culprit")
+
+
+def compact(case: dict[str, Any]) -> dict[str, Any]:
+    """A case as bench.json keeps it: the planted fault and each tool's numbers and answers
+    (--json has everything, findings and logs' tails included)."""
+    t = case["truth"]
+    out = {k: case[k] for k in ("backend", "ranks", "entries", "mesh", "fault", "set_mb",
+                                "floor_s", "floor_cpu_s")}
+    out["planted"] = {"culprits": t.get("culprits"), "group": (t.get("group") or {}).get("name"),
+                      "seq": t.get("seq")}
+    for tool in ("torchfrtrace", "moe_hang", "core"):
+        out[tool] = {k: case[tool].get(k) for k in _RUN_KEYS if case[tool].get(k) is not None}
+    return out
+
+
 def _case_key(c: dict[str, Any]) -> tuple[Any, ...]:
     return (c.get("backend"), c.get("ranks"), c.get("entries"), c.get("mesh"), c.get("fault"))
 
@@ -452,11 +469,12 @@ def update_bench_json(path: Path, result: dict[str, Any]) -> None:
         data = {}
     found = data.get("postmortem")
     old: dict[str, Any] = found if isinstance(found, dict) else {}
-    new_keys = {_case_key(c) for c in result["cases"]}
-    cases = [c for c in old.get("cases", []) if _case_key(c) not in new_keys] + result["cases"]
+    fresh = [compact(c) for c in result["cases"]]
+    new_keys = {_case_key(c) for c in fresh}
+    cases = [c for c in old.get("cases", []) if _case_key(c) not in new_keys] + fresh
     data["postmortem"] = {"runs": [*old.get("runs", []), result["meta"]], "cases": cases}
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")  # bench.py's layout
     tmp.replace(path)
 
 

@@ -398,9 +398,11 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
     op_seq: dict[str, int] = {}
     unfinished = ("scheduled", "started")
     done: bool | None
-    # Every group of the process is in pg_status: once each has its window of completed
-    # collectives, older entries can only be completed collectives (skipped) or old p2p ops
-    need = len(status_raw) if context is not None else 0
+    # Every group of the process is in pg_status, and a group's collectives complete in
+    # order: once each listed group has its window of completed collectives, older entries
+    # can only be completed collectives (skipped) or old p2p ops (below)
+    listed = set(nccl_done) | set(gloo_op)
+    need = len(listed) if context is not None else 0
     full = 0
     stop = 0
     for i in range(len(raw) - 1, -1, -1):
@@ -435,7 +437,7 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
             if n >= context:
                 continue
             counts[k2] = n + 1
-            if n + 1 == context and not p2p and need:
+            if n + 1 == context and not p2p and pid in listed:
                 full += 1
                 if full == need:
                     keep.append((e, done))
@@ -599,9 +601,8 @@ def loads(raw: bytes, *, context: int | None = None) -> FRDump:
 
 def load(path: Path, *, context: int | None = None) -> FRDump:
     """One dump file (:class:`DumpError` when it is not one; OSError when unreadable)."""
-    with path.open("rb") as f:
-        head = f.read(64)
-        f.seek(0)
+    with open(path, "rb") as f:
+        head = f.peek(64)[:64]  # buffered: no second read of the start
         dump = parse_dump(_checked(_decode(head, f)), context=context)
     dump.source = path
     return dump
