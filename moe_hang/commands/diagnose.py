@@ -229,6 +229,7 @@ def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
         ev = dumped
     elif dumped is not None:
         ev = frdumps.merge(ev, dumped)
+    ev.artifacts = ", ".join(str(p) for p in paths)
     return diagnose(ev)
 
 

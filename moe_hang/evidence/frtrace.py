@@ -185,27 +185,32 @@ def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
     return str(e.get("pg_id", DEFAULT_PG)), ""
 
 
-_RANKS_CACHE: dict[str, list[int]] = {}
+# (length, head, tail) -> [(the string, its ranks)]: keyed without hashing the whole string
+_RANKS_CACHE: dict[tuple[int, str, str], list[tuple[str, list[int]]]] = {}
 
 
 def parse_ranks(v: Any) -> list[int]:
     """``"[0, 1, 2]"`` (how every release writes ``pg_config`` ranks) or a list -> ints.
-    Cached by the string: at 8192 ranks every dump repeats the same 48 KB world list."""
+    Cached by the string: at 8192 ranks every dump repeats the same 48 KB world list, and
+    each load makes a new string object whose full hash would cost more than the compare."""
     if isinstance(v, list):
         return [int(x) for x in v]
     if not isinstance(v, str):
         return []
-    hit = _RANKS_CACHE.get(v)
-    if hit is None:
-        try:
-            got = json.loads(v)
-            hit = [int(x) for x in got] if isinstance(got, list) else []
-        except (ValueError, TypeError):
-            hit = [int(x) for x in re.findall(r"-?\d+", v)]
-        if len(_RANKS_CACHE) > 4096:
-            _RANKS_CACHE.clear()
-        _RANKS_CACHE[v] = hit
-    return hit
+    key = (len(v), v[:48], v[-48:])
+    bucket = _RANKS_CACHE.get(key)
+    for text, ranks in bucket or ():
+        if text == v:
+            return ranks
+    try:
+        got = json.loads(v)
+        ranks = [int(x) for x in got] if isinstance(got, list) else []
+    except (ValueError, TypeError):
+        ranks = [int(x) for x in re.findall(r"-?\d+", v)]
+    if len(_RANKS_CACHE) > 4096:
+        _RANKS_CACHE.clear()
+    _RANKS_CACHE.setdefault(key, []).append((v, ranks))
+    return ranks
 
 
 # NCCL names the coalesced form of an op after its enum; the shared vocabulary knows the rest

@@ -11,8 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, assert_no_survivors, run_cli
 
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.errors import MoeHangError
@@ -302,6 +303,7 @@ def test_dumped_ranks_are_stuck_and_absent_ones_are_named_missing(tmp_path):
     assert any(frdumps.NO_DUMP_NOTE in line for line in d.evidence)
 
 
+@pytest.mark.timeout(120)
 def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
     make_set(tmp_path / "s", "--ranks", "32", "--mesh", "4x8", "--entries", "60",
              "--fault", "p2p")
@@ -315,6 +317,7 @@ def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
                                                                b.pg_ranks)
     worlds = {id(d.pg_ranks["0"]) for d in two.fr.values()}
     assert len(worlds) == 1  # one world list for every rank, not 32 copies
+    assert psutil.Process().children(recursive=True) == []  # the workers are gone
 
 
 def test_windowed_and_full_reads_give_the_same_verdict(tmp_path):
@@ -458,17 +461,34 @@ def test_a_capture_and_the_dumps_of_its_job_merge(tmp_path):
 # ----------------------------------------------------------------------------- the CLI
 
 
+@pytest.mark.timeout(120)
 def test_cli_analyze_reads_a_dump_directory(tmp_path):
     proc = run_cli("analyze", str(REAL / "mesh4_skip" / "json"), "--json", timeout=60)
+    assert_no_survivors(str(REAL / "mesh4_skip" / "json"))
     assert proc.returncode == 3, proc.stderr
     d = json.loads(proc.stdout)
     assert d["verdict"] == "desync" and d["culprit_ranks"] == [3]
     assert d["first_divergence"]["pg"] == "4" and d["first_divergence"]["seq"] == 2
 
 
+@pytest.mark.timeout(180)
+def test_cli_analyze_of_a_set_big_enough_for_workers(tmp_path):
+    truth = make_set(tmp_path / "s", "--ranks", "64", "--mesh", "8x8", "--entries", "400",
+                     "--fault", "size")
+    size = frdumps.find([tmp_path / "s"]).sets[0].size
+    assert size >= frdumps.POOL_MIN_BYTES
+    assert frdumps._workers(64, size) == min(2, len(os.sched_getaffinity(0)))
+    proc = run_cli("analyze", str(tmp_path / "s"), "--json", timeout=120)
+    assert_no_survivors(str(tmp_path / "s"))
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["culprit_ranks"] == truth["culprits"]
+
+
+@pytest.mark.timeout(120)
 def test_cli_analyze_of_nothing_readable_is_one_error_line(tmp_path):
     (tmp_path / "x.txt").write_text("x")
     proc = run_cli("analyze", str(tmp_path), timeout=60)
+    assert_no_survivors(str(tmp_path))
     assert proc.returncode == 1
     err = proc.stderr.strip()
     assert err.startswith("[error] nothing to analyze") and "\n" not in err, err
