@@ -405,7 +405,15 @@ def _secs(r: ToolRun) -> str:
 
 HEAD = ("backend", "size", "fault", "set MB", "floor s", "frtrace s", "frtrace MB",
         "frtrace c/g/s", "moe-hang s", "ratio", "moe-hang MB", "moe-hang c/g/s", "core s",
-        "core ratio")
+        "core ratio", "core CPU ratio")
+
+
+def _cpu_ratio(r: ToolRun, floor_cpu: float | None) -> str:
+    """CPU seconds (the process and its workers) over the floor's: steadier than wall time
+    on a shared machine, and what a second core cannot hide."""
+    if r.cpu_s is None or not floor_cpu or r.status != "ok":
+        return "-"
+    return f"{r.cpu_s / floor_cpu:.2f}"
 
 
 def rows(cases: list[Case]) -> list[tuple[str, ...]]:
@@ -419,7 +427,8 @@ def rows(cases: list[Case]) -> list[tuple[str, ...]]:
             _secs(m), "-" if m.ratio is None else f"{m.ratio:.2f}",
             "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
             _right(m) if m.status != "not run" else _right(k),
-            _secs(k), "-" if k.ratio is None else f"{k.ratio:.2f}"))
+            _secs(k), "-" if k.ratio is None else f"{k.ratio:.2f}",
+            _cpu_ratio(k, c.floor_cpu_s)))
     return out
 
 
@@ -469,7 +478,13 @@ def update_bench_json(path: Path, result: dict[str, Any]) -> None:
         data = {}
     found = data.get("postmortem")
     old: dict[str, Any] = found if isinstance(found, dict) else {}
+    before = {_case_key(c): c for c in old.get("cases", [])}
     fresh = [compact(c) for c in result["cases"]]
+    for c in fresh:  # a tool this run skipped keeps its earlier result
+        prev = before.get(_case_key(c), {})
+        for tool in ("torchfrtrace", "moe_hang", "core"):
+            if c[tool].get("status") == "not run" and tool in prev:
+                c[tool] = prev[tool]
     new_keys = {_case_key(c) for c in fresh}
     cases = [c for c in old.get("cases", []) if _case_key(c) not in new_keys] + fresh
     data["postmortem"] = {"runs": [*old.get("runs", []), result["meta"]], "cases": cases}
@@ -504,7 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-moe-hang", action="store_true")
     ap.add_argument("--no-core", action="store_true",
                     help="skip (d), the analysis without the CLI's report")
+    ap.add_argument("--from-json", type=Path, action="append", default=[],
+                    help="measure nothing: print (and --markdown, --bench-json) the results of "
+                         "earlier --json files")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return _replay(args)
     synth = _load_synth()
     faults = [f for f in args.faults.split(",") if f]
     if faults == ["all"]:
@@ -543,6 +563,36 @@ def main(argv: list[str] | None = None) -> int:
         args.table.write_text(tab + "\n")
     if args.markdown:
         args.markdown.write_text(markdown(cases) + "\n")
+    return 0
+
+
+def _case_from(d: dict[str, Any]) -> Case:
+    fields: dict[str, Any] = dict(d)
+    for k in ("torchfrtrace", "moe_hang", "core"):
+        if k in fields:
+            fields[k] = ToolRun(**fields[k])
+    return Case(**fields)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    results = [json.loads(p.read_text()) for p in args.from_json]
+    by_key: dict[tuple[Any, ...], Case] = {}
+    for r in results:  # a later file's case replaces an earlier one, tool by tool
+        for d in r["cases"]:
+            c = _case_from(d)
+            prev = by_key.get(_case_key(d))
+            if prev is not None:
+                for tool in ("torchfrtrace", "moe_hang", "core"):
+                    if getattr(c, tool).status == "not run":
+                        setattr(c, tool, getattr(prev, tool))
+            by_key[_case_key(d)] = c
+    cases = list(by_key.values())
+    print(table(cases))
+    if args.markdown:
+        args.markdown.write_text(markdown(cases) + "\n")
+    if args.bench_json:
+        for r in results:
+            update_bench_json(args.bench_json, r)
     return 0
 
 
