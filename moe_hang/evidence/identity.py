@@ -3,7 +3,9 @@
 ``moe-hang analyze`` merges captures of several nodes and the dumps of several directories;
 merging two *different* jobs would pair collectives that never met and blame a rank for it.
 A moe-hang run directory knows its job from the allowlisted environment it recorded
-(``processes.json``: TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT) and its world size; a dump
+(``processes.json``: TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT), its world size and the
+launch command in ``meta.json`` (torchrun's ``--rdzv_id``, ``--rdzv_endpoint``,
+``--master_addr``/``--master_port``: ``watch`` records no environment); a dump
 set only from its layout: the file prefix (torch's default changed in 2.8 and 2.9), the format
 version, the world size and the members of each process group (``pg_config``).
 """
@@ -24,7 +26,8 @@ class JobIdentity:
     label: str  # the path(s) it was read from
     kind: str  # capture | dumps
     run_id: str | None = None
-    master: str | None = None
+    master: str | None = None  # MASTER_ADDR:MASTER_PORT the ranks saw
+    rendezvous: str | None = None  # what the launch command asked for (endpoint or master)
     world: int | None = None
     prefix: str | None = None
     versions: frozenset[str] = frozenset()
@@ -39,12 +42,43 @@ def _one(values: set[str], what: str, ident: JobIdentity) -> str | None:
     return sorted(values)[0] if values else None
 
 
+def _flag(argv: list[str], *names: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` (torchrun takes both, and - or _)."""
+    spellings = {n for name in names for n in (name, name.replace("_", "-"))}
+    for i, a in enumerate(argv):
+        key, eq, value = a.partition("=")
+        if key in spellings:
+            if eq:
+                return value
+            if i + 1 < len(argv):
+                return argv[i + 1]
+    return None
+
+
+def _from_command(ident: JobIdentity, root: Path) -> None:
+    """``meta.json``'s launch command: torchrun's rendezvous id (which becomes
+    TORCHELASTIC_RUN_ID) and its endpoint or master address."""
+    try:
+        meta = json.loads(RunLayout(root).meta.read_text())
+    except (OSError, ValueError):
+        return
+    cmd = meta.get("job_command") or meta.get("command") if isinstance(meta, dict) else None
+    if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+        return
+    ident.run_id = ident.run_id or _flag(cmd, "--rdzv_id")
+    addr, port = _flag(cmd, "--master_addr"), _flag(cmd, "--master_port")
+    ident.rendezvous = _flag(cmd, "--rdzv_endpoint") or (
+        f"{addr or '?'}:{port}" if port else None)
+
+
 def of_capture(root: Path) -> JobIdentity:
-    """From ``processes.json`` (tolerant: a field it lacks is unknown, not a difference)."""
+    """From ``processes.json`` and ``meta.json`` (tolerant: a field it lacks is unknown, not
+    a difference)."""
     ident = JobIdentity(str(root), "capture")
     try:
         table = ProcessTable.parse(json.loads(RunLayout(root).processes.read_text()))
     except (OSError, ValueError):
+        _from_command(ident, root)
         return ident
     envs = [rec.env for rec in table.ranks.values() if rec.env]
     ident.run_id = _one({e["TORCHELASTIC_RUN_ID"] for e in envs if e.get("TORCHELASTIC_RUN_ID")},
@@ -53,6 +87,7 @@ def of_capture(root: Path) -> JobIdentity:
                          if e.get("MASTER_ADDR") or e.get("MASTER_PORT")},
                         "MASTER_ADDR:MASTER_PORT", ident)
     ident.world = table.world_size
+    _from_command(ident, root)
     return ident
 
 
@@ -79,6 +114,8 @@ def differences(a: JobIdentity, b: JobIdentity) -> list[str]:
         out.append(f"TORCHELASTIC_RUN_ID {a.run_id} vs {b.run_id}")
     if a.master and b.master and a.master != b.master:
         out.append(f"MASTER_ADDR:MASTER_PORT {a.master} vs {b.master}")
+    if a.rendezvous and b.rendezvous and a.rendezvous != b.rendezvous:
+        out.append(f"rendezvous {a.rendezvous} vs {b.rendezvous}")
     if a.world and b.world and a.world != b.world:
         out.append(f"world size {a.world} vs {b.world}")
     if a.kind == b.kind == "dumps":

@@ -447,6 +447,31 @@ def test_captures_of_different_jobs_are_refused(tmp_path):
     analyze_paths([a, b], force=True)  # told to: analyzed (inconclusive, but no error)
 
 
+def _watch_capture(root: Path, rdzv_id: str, endpoint: str) -> Path:
+    """As `moe-hang watch` leaves it: no environment in processes.json, the launch command
+    in meta.json."""
+    (root / "ranks").mkdir(parents=True)
+    (root / "processes.json").write_text(json.dumps({"world_size": 4, "job": "stalled",
+                                                     "ranks": {}}))
+    (root / "meta.json").write_text(json.dumps({"tool": "moe-hang", "command": ["moe-hang"],
+                                                "job_command": [
+        "torchrun", "--nnodes", "2", "--rdzv_backend", "c10d", f"--rdzv-endpoint={endpoint}",
+        "--rdzv_id", rdzv_id, "train.py"]}))
+    return root
+
+
+def test_watch_captures_are_told_apart_by_their_launch_command(tmp_path):
+    a = _watch_capture(tmp_path / "a", "run-1", "10.0.0.1:29400")
+    b = _watch_capture(tmp_path / "b", "run-1", "10.0.0.1:29400")
+    c = _watch_capture(tmp_path / "c", "run-2", "10.0.0.9:29400")
+    analyze_paths([a, b], force=False)  # one job: no refusal
+    with pytest.raises(MoeHangError) as exc:
+        analyze_paths([a, c], force=False)
+    text = _one_line(exc)
+    assert "TORCHELASTIC_RUN_ID run-1 vs run-2" in text
+    assert "rendezvous 10.0.0.1:29400 vs 10.0.0.9:29400" in text
+
+
 def test_a_capture_and_the_dumps_of_its_job_merge(tmp_path):
     cap = _capture(tmp_path / "cap", "job-a", world=4)
     d = analyze_paths([cap, REAL / "mesh4_skip" / "pickle"], force=False)
