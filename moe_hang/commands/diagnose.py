@@ -25,7 +25,7 @@ from moe_hang.analysis.rules import diagnose
 from moe_hang.capture import dumps, pyspy
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence import frtrace
+from moe_hang.evidence import frdumps, frtrace, identity
 from moe_hang.evidence.load import load_capture, load_captures
 from moe_hang.evidence.model import Heartbeat, ProcessRecord, ProcessTable, RankEvidence
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
@@ -225,12 +225,53 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
 
 def analyze_dirs(dirs: list[Path]) -> Diagnosis:
     """Merge captures from several nodes (global ranks, hosts) into one verdict."""
-    for d in dirs:
-        if not d.is_dir():
-            raise MoeHangError(f"{d}: not a directory")
-        if not RunLayout(d).is_capture():
-            raise MoeHangError(f"{d}: not a moe-hang capture (no ranks/ or stacks/)")
+    return analyze_paths(dirs, force=False)
+
+
+def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
+    """One verdict from moe-hang captures (run directories, one per node) and torch's own
+    Flight Recorder dumps (directories, prefixes, files), alone or mixed. Sources that are
+    not one job are refused unless ``force``; a file that gives nothing is reported in the
+    evidence; nothing readable at all is a one-line error."""
+    captures = [p.expanduser() for p in paths
+                if p.expanduser().is_dir() and RunLayout(p.expanduser()).is_capture()]
+    others = [p for p in paths if p.expanduser() not in captures]
+    found = frdumps.find(others)
     try:
-        return diagnose(load_captures(list(dirs)))
+        loaded = frdumps.load_sets(found.sets)
+    except TimeoutError as exc:
+        raise MoeHangError(str(exc)) from None
+    readable = [ls for ls in loaded if ls.fr]
+    if not captures and not readable:
+        problems = [*found.problems, *(pb for ls in loaded for pb in ls.problems)]
+        raise MoeHangError("nothing to analyze: " + _problems_line(problems))
+    idents = [identity.of_capture(c) for c in captures] + [identity.of_dumps(ls)
+                                                           for ls in readable]
+    differ = identity.mismatch(idents)
+    if differ is not None and not force:
+        raise MoeHangError(differ, hint="pass --force to analyze them together")
+    unread = [ls for ls in loaded if not ls.fr]
+    extra = [*found.problems, *(pb for ls in unread for pb in ls.problems)]
+    if differ is not None:
+        extra.append(frdumps.Problem(Path(idents[0].label), f"analyzed together (--force) "
+                                                            f"although {differ}"))
+    dumped = frdumps.evidence(readable, extra=extra) if readable or extra else None
+    try:
+        ev = load_captures(captures) if captures else None
     except (OSError, ValueError) as exc:
         raise MoeHangError(f"cannot read the captures: {exc}") from None
+    if ev is None:
+        assert dumped is not None
+        ev = dumped
+    elif dumped is not None:
+        ev = frdumps.merge(ev, dumped)
+    ev.artifacts = ", ".join(str(p) for p in paths)
+    return diagnose(ev)
+
+
+def _problems_line(problems: list[frdumps.Problem], most: int = 4) -> str:
+    """Why nothing could be read, on one line: the first few files and their reasons."""
+    if not problems:
+        return "no path given"
+    shown = "; ".join(" ".join(pb.line().split()) for pb in problems[:most])
+    return shown + (f"; and {len(problems) - most} more" if len(problems) > most else "")

@@ -1,0 +1,609 @@
+"""Side-by-side post-mortem benchmark on synthetic Flight Recorder dump sets.
+
+    python scripts/bench_postmortem.py [--sizes 512x200,2048x200,512x2000,8192x200@64x128]
+        [--faults missing_rank,size,...] [--backends nccl[,gloo]] [--timeout 300]
+        [--repeat N] [--json OUT] [--bench-json bench.json] [--markdown FILE] [--work DIR]
+        [--no-torchfrtrace] [--no-moe-hang] [--no-core] [--version V]
+
+For each size RANKSxENTRIES (optionally ``@DPxTP``; default mesh RANKS/8 x 8), backend and
+fault kind it makes (or reuses) a dump set with scripts/fr_synth.py, then measures on that same
+set, one after the other:
+
+  (a) floor: a bare ``pickle.load`` of every dump file, in this process, page cache warm
+      (every file read once first), garbage collector off as torchfrtrace has it;
+  (b) torchfrtrace DIR -p PREFIX, as a subprocess: wall time, CPU time and peak RSS (from
+      wait4), exit status, and whether its report named the planted culprit, group and
+      sequence number;
+  (c) moe-hang analyze DIR --json of this checkout (``python -m moe_hang.cli``), the same way,
+      judged from its JSON (``culprit_ranks``, ``first_divergence.pg`` / ``.seq``);
+  (d) "core": the same analysis without the CLI's report rendering (``analyze_paths`` and the
+      JSON, in a subprocess): what reading the dumps and the verdict cost by themselves.
+
+``ratio`` is wall time over the floor measured in the same case. With ``--repeat N`` the floor
+and moe-hang runs are repeated and the fastest kept (the machine is shared; torchfrtrace runs
+once). A run past --timeout is killed with its process group and reported as "did not
+finish". Prints a table (and a Markdown one with --markdown); --json writes every number;
+--bench-json adds them under the ``postmortem`` key of bench.json (a later run replaces the
+cases it measured again), keeping its other keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def _load_synth() -> Any:
+    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fr_synth"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class ToolRun:
+    status: str = "not run"  # ok | error | crashed | did not finish | not run
+    rc: int | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None  # user + system, its own and its children's (wait4)
+    peak_rss_mb: float | None = None
+    ratio: float | None = None  # wall_s / the case's floor
+    verdict: str | None = None  # moe-hang's verdict
+    exact_culprit: bool | None = None  # moe-hang named the planted culprit(s) and no other
+    reports: int = 0  # findings blocks the tool printed
+    first: dict[str, Any] = field(default_factory=dict)  # its first finding
+    named_culprit: bool | None = None  # the planted culprit among the first finding's ranks
+    named_group: bool | None = None
+    named_seq: bool | None = None
+    any_named_culprit: bool | None = None  # ... among any finding's ranks
+    error_tail: str = ""
+
+
+@dataclass
+class Case:
+    ranks: int
+    entries: int
+    mesh: str
+    fault: str
+    set_dir: str
+    set_mb: float
+    gen_s: float | None
+    truth: dict[str, Any]
+    backend: str = "nccl"
+    floor_s: float | None = None
+    floor_cpu_s: float | None = None
+    torchfrtrace: ToolRun = field(default_factory=ToolRun)
+    moe_hang: ToolRun = field(default_factory=ToolRun)
+    core: ToolRun = field(default_factory=ToolRun)
+
+
+@dataclass
+class Bounded:
+    status: str  # exited | did not finish
+    rc: int | None
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+
+
+def run_bounded(cmd: list[str], timeout: float, log: Path,
+                env: dict[str, str] | None = None) -> Bounded:
+    """Run ``cmd`` with stdout+stderr to ``log``; kill its process group past ``timeout`` or on
+    Ctrl-C. CPU (with the children it reaped) comes from wait4; peak memory is the larger of
+    wait4's peak RSS (one process) and the highest sum of RSS over the process and its
+    children, sampled every 20 ms (moe-hang's worker processes count, shared pages twice)."""
+    with log.open("wb") as out:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env, cwd=ROOT)
+        tree_peak = 0
+        try:
+            while True:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    wall = time.monotonic() - t0
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    return Bounded("exited", proc.returncode, wall, ru.ru_utime + ru.ru_stime,
+                                   max(ru.ru_maxrss * 1024, tree_peak) / 2**20)
+                if time.monotonic() - t0 > timeout:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    _, status, ru = os.wait4(proc.pid, 0)
+                    return Bounded("did not finish", None, time.monotonic() - t0,
+                                   ru.ru_utime + ru.ru_stime,
+                                   max(ru.ru_maxrss * 1024, tree_peak) / 2**20)
+                tree_peak = max(tree_peak, _tree_rss(proc.pid))
+                time.sleep(0.02)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            raise
+
+
+def _tree_rss(pid: int) -> int:
+    """Bytes resident in ``pid`` and its descendants now (0 when it is gone)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except Exception:  # psutil missing, or the process just ended
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except Exception:
+            continue
+    return total
+
+
+_SEQ = re.compile(r"(?:sequence number:|Collective sequence number:)\s*(\d+)")
+_GROUP = re.compile(r"^group info:\s*(\S+)")
+_MISSING = re.compile(r"^missing ranks:\s*\{([^}]*)\}")
+_CULPRIT = re.compile(r"Culprit rank (\d+)")
+
+
+def parse_frtrace(text: str) -> list[dict[str, Any]]:
+    """torchfrtrace's findings: one block per reported collective (it logs through the
+    'Flight Recorder' logger, one fact a line)."""
+    blocks: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = _SEQ.search(line)
+        if m and ("has errors" in line or "Not all ranks joining" in line
+                  or "Input/output mismatch" in line):
+            cur = {"kind": line.split(",")[0].split(":")[0].strip()[:60], "seq": int(m.group(1)),
+                   "group": None, "collective": None, "ranks": []}
+            blocks.append(cur)
+            continue
+        if cur is None:
+            continue
+        if (g := _GROUP.match(line)) is not None:
+            cur["group"] = g.group(1).split(":")[0]
+        elif line.startswith("collective: "):
+            cur["collective"] = line.split(": ", 1)[1].strip()
+        elif (mm := _MISSING.match(line)) is not None:
+            cur["ranks"] += [int(x) for x in mm.group(1).split(",") if x.strip()]
+        elif "Culprit rank" in line:
+            cur["ranks"] += [int(x) for x in _CULPRIT.findall(line)]
+    for b in blocks:
+        b["ranks"] = sorted(set(b["ranks"]))
+        if len(b["ranks"]) > 20:
+            b["ranks"] = [*b["ranks"][:20], f"... {len(b['ranks'])} in all"]
+    return blocks
+
+
+def judge(run: ToolRun, blocks: list[dict[str, Any]], truth: dict[str, Any]) -> None:
+    run.reports = len(blocks)
+    culprits = set(truth.get("culprits", []))
+    if not blocks:
+        if truth.get("fault") != "none":
+            run.named_culprit = run.named_group = run.named_seq = run.any_named_culprit = False
+        return
+    first = blocks[0]
+    run.first = first
+    if truth.get("fault") == "none":
+        return
+    gname = (truth.get("group") or {}).get("name")
+    seqs = {truth.get("seq")} | ({truth["second_group"]["seq"]} if "second_group" in truth
+                                 else set())
+    groups = {gname} | ({truth["second_group"]["name"]} if "second_group" in truth else set())
+    run.named_culprit = bool(culprits & {r for r in first["ranks"] if isinstance(r, int)})
+    run.named_group = first["group"] in groups
+    run.named_seq = first["seq"] in seqs
+    run.any_named_culprit = any(culprits & {r for r in b["ranks"] if isinstance(r, int)}
+                                for b in blocks)
+
+
+def floor_load(files: list[Path]) -> tuple[float, float]:
+    """(wall, CPU) seconds of a bare pickle.load of every file, cache warm, GC off."""
+    for p in files:  # warm the page cache
+        p.read_bytes()
+    gc.disable()
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for p in files:
+            with p.open("rb") as f:
+                pickle.load(f)
+        return time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        gc.enable()
+
+
+# analyze_paths and the JSON, without the CLI's rich report (what (d) measures)
+CORE = ("import sys; from pathlib import Path; "
+        "from moe_hang.commands.diagnose import analyze_paths; "
+        "from moe_hang.report.json import to_json; "
+        "print(to_json(analyze_paths([Path(sys.argv[1])], force=False)))")
+
+
+def _env(work: Path) -> dict[str, str]:
+    """This checkout on the path, with compiled bytecode as an installed package has it
+    (PYTHONDONTWRITEBYTECODE would recompile every module at every start), kept under
+    ``work`` so the tree stays clean."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONPYCACHEPREFIX=str(work / "pycache"))
+    env.pop("MOE_HANG_DEBUG", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def bench_case(args: argparse.Namespace, synth: Any, size: str, backend: str, fault: str,
+               work: Path) -> Case:
+    spec, _, mesh = size.partition("@")
+    ranks, entries = (int(x) for x in spec.lower().split("x"))
+    dp, tp = synth.parse_mesh(mesh or None, ranks)
+    mesh = f"{dp}x{tp}"
+    d = work / f"{backend}_{args.version}_{ranks}x{entries}_{mesh}_{fault}_s{args.seed}"
+    truth_path = d / synth.TRUTH_NAME
+    gen_s = None
+    if not truth_path.exists():
+        t0 = time.monotonic()
+        synth.main([str(d), "--ranks", str(ranks), "--entries", str(entries), "--mesh", mesh,
+                    "--fault", fault, "--backend", backend, "--version", args.version,
+                    "--seed", str(args.seed)] + (["--frames"] if args.frames else []))
+        gen_s = time.monotonic() - t0
+    truth = json.loads(truth_path.read_text())
+    prefix = truth["prefix"]
+    files = sorted(p for p in d.iterdir() if p.name.startswith(prefix))
+    case = Case(ranks, entries, mesh, fault, str(d),
+                round(sum(p.stat().st_size for p in files) / 1e6, 1), gen_s, truth,
+                backend=backend)
+    print(f"[{backend} {ranks}x{entries} {fault}] set {case.set_mb} MB", flush=True)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    tag = d.name
+    if not args.no_torchfrtrace:
+        log = logs / f"{tag}.torchfrtrace.log"
+        cmd = [str(VENV_BIN / "torchfrtrace"), str(d), "-p", prefix]
+        case.torchfrtrace = tool_run(cmd, args.timeout, log, truth, frtrace=True)
+        print(f"  torchfrtrace: {summary(case.torchfrtrace)}", flush=True)
+    runs: list[tuple[str, list[str]]] = []
+    if not args.no_moe_hang:
+        runs.append(("moe_hang", [sys.executable, "-m", "moe_hang.cli", "analyze", str(d),
+                                  "--json"]))
+    if not args.no_core:
+        runs.append(("core", [sys.executable, "-c", CORE, str(d)]))
+    floors: list[tuple[float, float]] = []
+    for _ in range(max(1, args.repeat)):
+        # floor and moe-hang back to back, so both see the same load on a shared machine
+        floors.append(floor_load(files))
+        for name, cmd in runs:
+            got = tool_run(cmd, args.timeout, logs / f"{tag}.{name}.log", truth, frtrace=False)
+            best = getattr(case, name)
+            if best.wall_s is None or (got.wall_s is not None and got.wall_s < best.wall_s):
+                setattr(case, name, got)
+    case.floor_s = round(min(f[0] for f in floors), 3)
+    case.floor_cpu_s = round(min(f[1] for f in floors), 3)
+    print(f"  floor pickle.load: {case.floor_s} s (cpu {case.floor_cpu_s} s)", flush=True)
+    for name, _cmd in runs:
+        r = getattr(case, name)
+        if r.wall_s is not None and case.floor_s:
+            r.ratio = round(r.wall_s / case.floor_s, 2)
+        print(f"  moe-hang {'analyze' if name == 'moe_hang' else 'core   '}: {summary(r)}",
+              flush=True)
+    return case
+
+
+def tool_run(cmd: list[str], timeout: float, log: Path, truth: dict[str, Any],
+             frtrace: bool) -> ToolRun:
+    b = run_bounded(cmd, timeout, log, env=None if frtrace else _env(log.parent.parent))
+    run = ToolRun(rc=b.rc, wall_s=round(b.wall_s, 3), cpu_s=round(b.cpu_s, 3),
+                  peak_rss_mb=round(b.peak_rss_mb, 0))
+    text = log.read_text(errors="replace")
+    if b.status == "did not finish":
+        run.status = b.status
+        return run
+    if frtrace:
+        blocks = parse_frtrace(text)
+        crashed = "Traceback (most recent call last)" in text
+        run.status = "crashed" if crashed else ("ok" if b.rc == 0 else "error")
+        judge(run, blocks, truth)
+    else:
+        # exit 3 is a problem found (docs/DESIGN.md §4), 0 healthy: both are answers
+        run.status = "ok" if b.rc in (0, 3) else "error"
+        if run.status == "ok":
+            try:
+                verdict = json.loads(text[text.find("{"):]) if "{" in text else {}
+            except json.JSONDecodeError:
+                verdict = {}
+                run.status = "error"
+            judge_moe_hang(run, verdict, truth)
+    if run.status != "ok":
+        run.error_tail = "\n".join(text.strip().splitlines()[-3:])[-600:]
+    return run
+
+
+def _truth_targets(truth: dict[str, Any]) -> tuple[set[Any], set[Any]]:
+    """The groups and sequence numbers a right answer may name (an order fault is a cycle
+    through two groups: either end is right)."""
+    groups = {(truth.get("group") or {}).get("name")}
+    seqs = {truth.get("seq")}
+    if "second_group" in truth:
+        groups.add(truth["second_group"]["name"])
+        seqs.add(truth["second_group"]["seq"])
+    return groups, seqs
+
+
+def judge_moe_hang(run: ToolRun, verdict: dict[str, Any], truth: dict[str, Any]) -> None:
+    """From the diagnosis JSON (docs/DESIGN.md §5): its culprits and first divergence."""
+    run.verdict = verdict.get("verdict")
+    ranks = [r for r in verdict.get("culprit_ranks") or [] if isinstance(r, int)]
+    fd = verdict.get("first_divergence") or {}
+    run.first = {"verdict": run.verdict, "culprit_ranks": ranks[:20], "pg": fd.get("pg"),
+                 "seq": fd.get("seq"), "kind": fd.get("kind")}
+    run.reports = 1 if ranks or fd else 0
+    culprits = set(truth.get("culprits", []))
+    if truth.get("fault") == "none":
+        run.exact_culprit = not ranks
+        return
+    run.named_culprit = bool(culprits) and culprits <= set(ranks)
+    run.any_named_culprit = run.named_culprit
+    run.exact_culprit = set(ranks) == culprits
+    groups, seqs = _truth_targets(truth)
+    run.named_group = fd.get("pg") in groups
+    run.named_seq = fd.get("seq") in seqs
+
+
+def summary(r: ToolRun) -> str:
+    if r.status == "did not finish":
+        return f"did not finish in {r.wall_s} s (peak {r.peak_rss_mb} MB)"
+    s = f"{r.status} rc={r.rc} {r.wall_s} s (cpu {r.cpu_s} s), peak {r.peak_rss_mb} MB"
+    if r.ratio is not None:
+        s += f", {r.ratio}x the floor"
+    if r.verdict is not None:
+        s += f", {r.verdict} {r.first.get('culprit_ranks')} {r.first.get('pg')}#" \
+             f"{r.first.get('seq')}"
+    else:
+        s += f", {r.reports} findings"
+    if r.named_culprit is not None:
+        s += (f"; culprit {_yn(r.named_culprit)} group {_yn(r.named_group)} "
+              f"seq {_yn(r.named_seq)}")
+    if r.error_tail:
+        s += " | " + r.error_tail.splitlines()[-1][:160]
+    return s
+
+
+def _yn(b: bool | None) -> str:
+    return "-" if b is None else ("yes" if b else "NO")
+
+
+def _right(r: ToolRun) -> str:
+    """culprit/group/seq, each yes or NO ('-' where not judged); exact culprit set marked."""
+    if r.status in ("not run",):
+        return "-"
+    if r.status != "ok":
+        return r.status
+    return f"{_yn(r.named_culprit)}/{_yn(r.named_group)}/{_yn(r.named_seq)}"
+
+
+def _secs(r: ToolRun) -> str:
+    if r.wall_s is None:
+        return "-"
+    return f">{r.wall_s:.0f}" if r.status == "did not finish" else f"{r.wall_s:.2f}"
+
+
+HEAD = ("backend", "size", "fault", "set MB", "floor s", "frtrace s", "frtrace MB",
+        "frtrace c/g/s", "moe-hang s", "ratio", "moe-hang MB", "moe-hang c/g/s", "core s",
+        "core ratio", "core CPU ratio")
+
+
+def _cpu_ratio(r: ToolRun, floor_cpu: float | None) -> str:
+    """CPU seconds (the process and its workers) over the floor's: steadier than wall time
+    on a shared machine, and what a second core cannot hide."""
+    if r.cpu_s is None or not floor_cpu or r.status != "ok":
+        return "-"
+    return f"{r.cpu_s / floor_cpu:.2f}"
+
+
+def rows(cases: list[Case]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for c in cases:
+        t, m, k = c.torchfrtrace, c.moe_hang, c.core
+        out.append((
+            c.backend, f"{c.ranks}x{c.entries}", c.fault, f"{c.set_mb}", f"{c.floor_s}",
+            _secs(t), "-" if t.peak_rss_mb is None else f"{t.peak_rss_mb:.0f}",
+            _right(t) if t.status != "crashed" else "crashed",
+            _secs(m), "-" if m.ratio is None else f"{m.ratio:.2f}",
+            "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
+            _right(m) if m.status != "not run" else _right(k),
+            _secs(k), "-" if k.ratio is None else f"{k.ratio:.2f}",
+            _cpu_ratio(k, c.floor_cpu_s)))
+    return out
+
+
+def table(cases: list[Case]) -> str:
+    body: list[tuple[str, ...]] = [HEAD, *rows(cases)]
+    widths = [max(len(str(r[i])) for r in body) for i in range(len(HEAD))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) for r in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown(cases: list[Case]) -> str:
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(cases)]
+    return "\n".join(lines)
+
+
+_RUN_KEYS = ("status", "wall_s", "cpu_s", "peak_rss_mb", "ratio", "verdict", "named_culprit",
+             "named_group", "named_seq", "exact_culprit", "any_named_culprit")
+
+
+def compact(case: dict[str, Any]) -> dict[str, Any]:
+    """A case as bench.json keeps it: the planted fault and each tool's numbers and answers
+    (--json has everything, findings and logs' tails included)."""
+    t = case["truth"]
+    out = {k: case[k] for k in ("backend", "ranks", "entries", "mesh", "fault", "set_mb",
+                                "floor_s", "floor_cpu_s")}
+    out["planted"] = {"culprits": t.get("culprits"), "group": (t.get("group") or {}).get("name"),
+                      "seq": t.get("seq")}
+    for tool in ("torchfrtrace", "moe_hang", "core"):
+        out[tool] = {k: case[tool].get(k) for k in _RUN_KEYS if case[tool].get(k) is not None}
+    return out
+
+
+def _case_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (c.get("backend"), c.get("ranks"), c.get("entries"), c.get("mesh"), c.get("fault"))
+
+
+def update_bench_json(path: Path, result: dict[str, Any]) -> None:
+    """bench.json's ``postmortem`` key gains this run (its meta under ``runs``, its cases
+    replacing those of the same backend, size, mesh and fault); every other key stays."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    found = data.get("postmortem")
+    old: dict[str, Any] = found if isinstance(found, dict) else {}
+    before = {_case_key(c): c for c in old.get("cases", [])}
+    fresh = [compact(c) for c in result["cases"]]
+    for c in fresh:  # a tool this run skipped keeps its earlier result
+        prev = before.get(_case_key(c), {})
+        for tool in ("torchfrtrace", "moe_hang", "core"):
+            if c[tool].get("status") == "not run" and tool in prev:
+                c[tool] = prev[tool]
+    new_keys = {_case_key(c) for c in fresh}
+    cases = [c for c in old.get("cases", []) if _case_key(c) not in new_keys] + fresh
+    data["postmortem"] = {"runs": [*old.get("runs", []), result["meta"]], "cases": cases}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")  # bench.py's layout
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap.add_argument("--sizes", default="512x200",
+                    help="RANKSxENTRIES[@DPxTP],... e.g. 512x200,2048x200,512x2000,8192x200@64x128")
+    ap.add_argument("--faults", default="missing_rank",
+                    help="comma list of: missing_rank,size,dtype,op,order,p2p,none (or all)")
+    ap.add_argument("--backends", default="nccl", help="comma list of nccl, gloo")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per tool run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="floor and moe-hang runs per case; the fastest is kept")
+    ap.add_argument("--json", type=Path, default=None, help="write all results here")
+    ap.add_argument("--bench-json", type=Path, default=None,
+                    help="add the results under 'postmortem' in this bench.json")
+    ap.add_argument("--table", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--markdown", type=Path, default=None, help="the table as Markdown, here")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_postmortem",
+                    help="where dump sets are generated (and reused)")
+    ap.add_argument("--version", default="2.13")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--frames", action="store_true")
+    ap.add_argument("--no-torchfrtrace", action="store_true")
+    ap.add_argument("--no-moe-hang", action="store_true")
+    ap.add_argument("--no-core", action="store_true",
+                    help="skip (d), the analysis without the CLI's report")
+    ap.add_argument("--from-json", type=Path, action="append", default=[],
+                    help="measure nothing: print (and --markdown, --bench-json) the results of "
+                         "earlier --json files")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        return _replay(args)
+    synth = _load_synth()
+    faults = [f for f in args.faults.split(",") if f]
+    if faults == ["all"]:
+        faults = list(synth.FAULTS)
+    for f in faults:
+        if f not in synth.FAULTS:
+            ap.error(f"unknown fault {f!r}")
+    backends = [b for b in args.backends.split(",") if b]
+    for b in backends:
+        if b not in ("nccl", "gloo"):
+            ap.error(f"unknown backend {b!r}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    # compile this checkout's bytecode once, outside any measurement
+    subprocess.run([sys.executable, "-c", "import moe_hang.cli, moe_hang.commands.diagnose, "
+                    "moe_hang.report.json"], env=_env(args.work), cwd=ROOT, timeout=120,
+                   check=False)
+    cases: list[Case] = []
+    t0 = time.monotonic()
+    for size in args.sizes.split(","):
+        for backend in backends:
+            for fault in faults:
+                cases.append(bench_case(args, synth, size, backend, fault, args.work))
+    tab = table(cases)
+    print()
+    print(tab)
+    meta = {"argv": sys.argv[1:], "python": sys.version.split()[0], "cpus": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(), "total_s": round(time.monotonic() - t0, 1),
+            "torch": _torch_version(), "timeout_s": args.timeout, "repeat": args.repeat}
+    result = {"meta": meta, "cases": [asdict(c) for c in cases]}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.bench_json:
+        update_bench_json(args.bench_json, result)
+    if args.table:
+        args.table.write_text(tab + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(cases) + "\n")
+    return 0
+
+
+def _case_from(d: dict[str, Any]) -> Case:
+    fields: dict[str, Any] = dict(d)
+    for k in ("torchfrtrace", "moe_hang", "core"):
+        if k in fields:
+            fields[k] = ToolRun(**fields[k])
+    return Case(**fields)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    results = [json.loads(p.read_text()) for p in args.from_json]
+    by_key: dict[tuple[Any, ...], Case] = {}
+    for r in results:  # a later file's case replaces an earlier one, tool by tool
+        for d in r["cases"]:
+            c = _case_from(d)
+            prev = by_key.get(_case_key(d))
+            if prev is not None:
+                for tool in ("torchfrtrace", "moe_hang", "core"):
+                    if getattr(c, tool).status == "not run":
+                        setattr(c, tool, getattr(prev, tool))
+            by_key[_case_key(d)] = c
+    cases = list(by_key.values())
+    print(table(cases))
+    if args.markdown:
+        args.markdown.write_text(markdown(cases) + "\n")
+    if args.bench_json:
+        for r in results:
+            update_bench_json(args.bench_json, r)
+    return 0
+
+
+def _torch_version() -> str:
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=60)
+        return out.stdout.strip()
+    except (subprocess.TimeoutExpired, OSError):
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
