@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from moe_hang.analysis.align import GroupDivergence, divergences
 from moe_hang.analysis.culprit import Blame, blame
@@ -80,10 +80,28 @@ def _evidence_lines(ev: Evidence) -> list[str]:
     return lines
 
 
+def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
+                      views: dict[int, RankView]) -> list[Blame]:
+    """A rank missing from one group's collective because it is blocked in another group's
+    mismatched one (posted by every member, different op/size/dtype: it can never complete)
+    is held up there: that missing entry is a consequence, not a second culprit."""
+    never = {(g.div.pg, g.div.seq) for g in divs if g.div.kind != MismatchKind.MISSING}
+
+    def held(r: int) -> bool:
+        c = views[r].current
+        return (views[r].state == RankState.IN_COLLECTIVE and c is not None
+                and (c.pg, c.seq) in never)
+
+    return [replace(b, causal=False)
+            if g.div.kind == MismatchKind.MISSING and g.absent and b.causal
+            and all(held(a) for a in g.absent) else b
+            for g, b in zip(divs, blames, strict=True)]
+
+
 def facts(ev: Evidence) -> Facts:
     views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
     divs = divergences(views, ev.world_size)
-    blames = [blame(g, views) for g in divs]
+    blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)
     cyc = [c for c in cycles(es)
            if all(views[e.waiter].ev.progressed is False for e in c)]

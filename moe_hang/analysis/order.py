@@ -97,9 +97,55 @@ def who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
 def further_along(r: int, waiting: Collective, views: dict[int, RankView],
                   waiter: int) -> Ahead:
     """Is rank ``r`` (which never posted ``waiting``) further along than ``waiter`` (which
-    waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier."""
+    waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier.
+    From the stacks' program order, else from the order the ranks posted collectives in."""
     fw = user_frames(waiting.frames) or views[waiter].position
-    return program_order(views[r].position, fw)
+    by_code = program_order(views[r].position, fw)
+    return by_code if by_code.side is not None else posted_past(r, waiting, views)
+
+
+def _group_kind(c: Collective) -> str:
+    """Comparable across ranks: a mesh dim's groups share a description (``mesh_tp``), not a
+    name (each rank's tp group is another group)."""
+    return c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg
+
+
+def _item(c: Collective) -> tuple[str, int, str]:
+    # a group's seq counts its collectives: in a program every rank runs alike, the n-th
+    # collective of every tp group is the same step's, on every rank, ring buffer or not
+    return (_group_kind(c), c.seq, c.op)
+
+
+def _in_posting_order(v: RankView) -> list[Collective]:
+    colls = [c for by_seq in v.tl.by_pg.values() for c in by_seq.values()]
+    if colls and all(c.record_id is not None for c in colls):
+        return sorted(colls, key=lambda c: c.record_id or 0)
+    if colls and all(c.time_created_ns is not None for c in colls):
+        return sorted(colls, key=lambda c: (c.time_created_ns or 0, c.pg, c.seq))
+    return []
+
+
+def posted_past(r: int, waiting: Collective, views: dict[int, RankView]) -> Ahead:
+    """Without stacks: rank ``r`` went past ``waiting`` when it posted something that, in the
+    ranks that posted both, came after it (and never before it); it is behind when the last
+    thing it posted came before it."""
+    x = _item(waiting)
+    after: set[tuple[str, int, str]] = set()
+    before: set[tuple[str, int, str]] = set()
+    for v in views.values():
+        order = [_item(c) for c in _in_posting_order(v)]
+        if x in order:
+            i = order.index(x)
+            before.update(order[:i])
+            after.update(order[i + 1:])
+    mine = [_item(c) for c in _in_posting_order(views[r])]
+    if not mine or x in mine:
+        return UNDECIDED
+    if any(y in after and y not in before for y in mine):
+        return Ahead("a", CulpritBasis.HISTORY)
+    if mine[-1] in before and mine[-1] not in after:
+        return Ahead("b", CulpritBasis.HISTORY)
+    return UNDECIDED
 
 
 def _key(c: Collective) -> tuple[object, ...]:
