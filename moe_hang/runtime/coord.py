@@ -227,6 +227,12 @@ def _import_dist() -> Any:
     return dist
 
 
+def preload_torch() -> None:
+    """Import torch.distributed now, in this thread (see :func:`_import_dist`): a watcher does
+    it in its main thread before any background thread may need a store client."""
+    _import_dist()
+
+
 def _is_wait_timeout(exc: BaseException) -> bool:
     return type(exc).__name__ == "DistStoreError" and "timeout" in str(exc).lower()
 
@@ -674,6 +680,14 @@ class PendingCollective:
         return op, tuple(tuple(s) for s in self.input_sizes), tuple(self.dtypes)
 
 
+def _groups(v: Any) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, rs in (v.items() if isinstance(v, Mapping) else ()):
+        with contextlib.suppress(TypeError, ValueError):
+            out[str(k)] = sorted(int(r) for r in rs)
+    return out
+
+
 @dataclass
 class RankSummary:
     rank: int
@@ -748,6 +762,9 @@ class NodeSummary:
     kind: str = "periodic"  # periodic | capture
     request: str | None = None  # the capture request this answers
     note: str | None = None
+    # process group name -> global member ranks, as this node's ranks know them (a capture
+    # reads them from the probes' dumps): a rank only knows the groups it is a member of
+    groups: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"schema": SCHEMA, "node": self.node, "host": self.host,
@@ -757,6 +774,8 @@ class NodeSummary:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.groups:
+            d["groups"] = self.groups
         return d
 
     @classmethod
@@ -772,7 +791,8 @@ class NodeSummary:
                    watcher_pid=_int_or_none(d.get("watcher_pid")),
                    kind=str(d.get("kind", "periodic")),
                    request=None if d.get("request") is None else str(d["request"]),
-                   note=None if d.get("note") is None else str(d["note"]))
+                   note=None if d.get("note") is None else str(d["note"]),
+                   groups=_groups(d.get("groups")))
 
     def encode(self, stacks: bool = True) -> bytes:
         return encode(self.to_json(stacks))
@@ -1286,10 +1306,39 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # rounds: a capture that did not end the job (on request, an uncertain verdict) is
+        # followed by another one under fresh keys (r<k>/request, ...); round 0 has none
+        self.round = 0
 
     @property
     def gone(self) -> str | None:
         return self.channel.gone
+
+    def _rk(self, name: str, rnd: int | None = None) -> str:
+        """A key of the current round (``rnd``: of that one)."""
+        k = self.round if rnd is None else rnd
+        return name if k == 0 else f"r{k}/{name}"
+
+    def next_round(self) -> int:
+        """After a round that did not end the job: the next capture request is a new one.
+        Every node moves on once it has the verdict; the round number is also kept in the
+        channel, for a watcher that registers later."""
+        with self._lock:
+            self.round += 1
+            self._request = None
+            self.request_event.clear()
+            rnd = self.round
+        self._done(lambda: self.channel.put("round", str(rnd).encode()))
+        return rnd
+
+    def _current_round(self) -> None:
+        raw = self._try(lambda: self.channel.get("round"), None)
+        with contextlib.suppress(ValueError, TypeError):
+            rnd = int((raw or b"0").decode())
+            with self._lock:
+                if rnd > self.round:
+                    self.round, self._request = rnd, None
+                    self.request_event.clear()
 
     def _try(self, fn: Callable[[], T], default: T) -> T:
         try:
@@ -1353,6 +1402,8 @@ class Coordinator:
             self._offered, self._offered_fp = summary, fp
 
     def _read_ns(self, ns: str, nodes: Sequence[str] | None) -> dict[str, NodeSummary]:
+        if ns == "captured":
+            ns = self._rk(ns)
         names = list(nodes) if nodes is not None else self.channel.members(ns)
         out: dict[str, NodeSummary] = {}
         for n, raw in zip(names, self.channel.get_many([f"{ns}/{sanitize(n)}" for n in names]),
@@ -1370,7 +1421,9 @@ class Coordinator:
 
     # ------------------------------------------------------------------ capture
 
-    def _accept(self, raw: bytes | None) -> CaptureRequest | None:
+    def _accept(self, raw: bytes | None, rnd: int | None = None) -> CaptureRequest | None:
+        """``raw`` read for round ``rnd`` (None: the current one) becomes the request of this
+        round, unless the round moved on meanwhile."""
         d = decode(raw)
         if not isinstance(d, Mapping):
             return None
@@ -1381,6 +1434,8 @@ class Coordinator:
         if req.time < self.t0 - self.stale_request_s:
             return None
         with self._lock:
+            if rnd is not None and rnd != self.round:
+                return None
             if self._request is None:
                 self._request = req
                 self.request_event.set()
@@ -1393,10 +1448,12 @@ class Coordinator:
         now = time.time()
         req = CaptureRequest(f"{me}-{time.time_ns()}-{os.getpid()}", reason[:500], me,
                              self.host, now)
-        raw = self._try(lambda: self.channel.put_first("request", encode(req.to_json())), None)
+        rnd = self.round
+        raw = self._try(lambda: self.channel.put_first(self._rk("request", rnd),
+                                                       encode(req.to_json())), None)
         if raw is None:
             return None
-        got = self._accept(raw)
+        got = self._accept(raw, rnd)
         if got is None:  # a stale request of an earlier job holds the key: ours stands locally
             with self._lock:
                 self._request = self._request or req
@@ -1410,20 +1467,25 @@ class Coordinator:
             return self._request
         if self._thread is not None and self._thread.is_alive():
             return None
-        return self._accept(self._try(lambda: self.channel.get("request"), None))
+        rnd = self.round
+        return self._accept(self._try(lambda: self.channel.get(self._rk("request", rnd)), None),
+                            rnd)
 
     def wait_capture_request(self, timeout: float) -> CaptureRequest | None:
         if self._request is not None:
             return self._request
-        if self._try(lambda: self.channel.wait("request", timeout), False):
-            return self._accept(self._try(lambda: self.channel.get("request"), None))
+        rnd = self.round
+        if self._try(lambda: self.channel.wait(self._rk("request", rnd), timeout), False):
+            return self._accept(self._try(lambda: self.channel.get(self._rk("request", rnd)),
+                                          None), rnd)
         return None
 
     def publish_capture(self, summary: NodeSummary, request: CaptureRequest | None) -> bool:
         summary.node, summary.kind = self.node, "capture"
         summary.request = request.id if request else None
         data = summary.encode()
-        return self._done(lambda: self.channel.put_member("captured", self.node, data))
+        ns = self._rk("captured")
+        return self._done(lambda: self.channel.put_member(ns, self.node, data))
 
     def wait_all_captured(self, expected: Sequence[str], deadline: float, *,
                           request: CaptureRequest | None = None, dead_after_s: float = 5.0,
@@ -1444,11 +1506,11 @@ class Coordinator:
             if not pending:
                 break
             listed: list[str] = self._try(
-                functools.partial(self.channel.members, "captured", pending), [])
+                functools.partial(self.channel.members, self._rk("captured"), pending), [])
             fresh = [n for n in pending if n in listed]
             if fresh:
                 got: list[bytes | None] = self._try(functools.partial(
-                    self.channel.get_many, [f"captured/{n}" for n in fresh]), [])
+                    self.channel.get_many, [self._rk(f"captured/{n}") for n in fresh]), [])
                 for n, raw in zip(fresh, got, strict=False):
                     s = NodeSummary.decode(raw)
                     if s is not None and (request is None or s.request == request.id):
@@ -1505,10 +1567,11 @@ class Coordinator:
             verdict.global_raw = encode({n: s.to_json(stacks=False)
                                          for n, s in verdict.summaries.items()})
         data = verdict.global_raw
-        if not self._done(lambda: self.channel.put(f"global/{self.node}", data)):
+        gkey, vkey = self._rk(f"global/{self.node}"), self._rk("verdict")
+        if not self._done(lambda: self.channel.put(gkey, data)):
             return None
         head = encode(verdict.head_json())
-        raw = self._try(lambda: self.channel.put_first("verdict", head), None)
+        raw = self._try(lambda: self.channel.put_first(vkey, head), None)
         if raw == head:
             return verdict
         return self._decode_verdict(raw)
@@ -1519,22 +1582,25 @@ class Coordinator:
             return None
         try:
             by = sanitize(str(d.get("by_node", "")))
-            glob = self._try(lambda: self.channel.get(f"global/{by}"), None)
+            gkey = self._rk(f"global/{by}")
+            glob = self._try(lambda: self.channel.get(gkey), None)
             return GlobalVerdict.from_json(d, glob)
         except (KeyError, TypeError, ValueError):
             return None
 
     def read_verdict(self, timeout: float = 0.0) -> GlobalVerdict | None:
-        if timeout > 0 and not self._try(lambda: self.channel.wait("verdict", timeout), False):
+        vkey = self._rk("verdict")
+        if timeout > 0 and not self._try(lambda: self.channel.wait(vkey, timeout), False):
             return None
-        return self._decode_verdict(self._try(lambda: self.channel.get("verdict"), None))
+        return self._decode_verdict(self._try(lambda: self.channel.get(vkey), None))
 
     # ------------------------------------------------------------------ ending
 
     def ack_ended(self) -> bool:
         """This node has the verdict and is about to end its job."""
         now = str(time.time()).encode()
-        return self._done(lambda: self.channel.put_member("ended", self.node, now))
+        ns = self._rk("ended")
+        return self._done(lambda: self.channel.put_member(ns, self.node, now))
 
     def wait_ended(self, nodes: Sequence[str], timeout: float) -> list[str]:
         """On the node hosting the store: wait (bounded) until ``nodes`` acknowledged; returns
@@ -1543,7 +1609,7 @@ class Coordinator:
         end = time.monotonic() + timeout
         while want and not self.gone:
             acked: list[str] = self._try(
-                functools.partial(self.channel.members, "ended", sorted(want)), [])
+                functools.partial(self.channel.members, self._rk("ended"), sorted(want)), [])
             want -= set(acked)
             if not want or time.monotonic() >= end:
                 break
@@ -1558,11 +1624,16 @@ class Coordinator:
         if self._thread is not None:
             return
 
+        self._current_round()
+
         def loop() -> None:
             while not self._stop.is_set() and not self.gone:
                 if self._request is None:
-                    if self._try(lambda: self.channel.wait("request", interval), False):
-                        self._accept(self._try(lambda: self.channel.get("request"), None))
+                    rnd = self.round
+                    key = self._rk("request", rnd)
+                    if self._try(functools.partial(self.channel.wait, key, interval), False):
+                        self._accept(self._try(functools.partial(self.channel.get, key), None),
+                                     rnd)
                 else:
                     self._stop.wait(interval)
                 if self._stop.is_set():
@@ -1608,7 +1679,8 @@ class Coordinator:
             left = end - time.monotonic()
             if left <= 0:
                 return None, "no verdict in time"
-            if self._try(functools.partial(self.channel.wait, "verdict", min(1.0, left)), False):
+            if self._try(functools.partial(self.channel.wait, self._rk("verdict"), min(1.0, left)),
+                         False):
                 return self.read_verdict(), None
             b, now = self._alive_counter(analyst), time.monotonic()
             if b != beat:
