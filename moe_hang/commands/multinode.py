@@ -53,10 +53,12 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.rules import diagnose
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.frtrace import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
-from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.stacks import Frame, is_library_frame
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, rundir
 from moe_hang.runtime.coord import (
@@ -66,6 +68,8 @@ from moe_hang.runtime.coord import (
     DirChannel,
     GlobalVerdict,
     NodeSummary,
+    PendingCollective,
+    RankSummary,
     StoreChannel,
     StoreEndpoint,
 )
@@ -77,7 +81,9 @@ if TYPE_CHECKING:
     from moe_hang.runtime.launcher import LaunchedJob
 
 # run directory: what the coordination adds (docs/DESIGN.md §7)
-COORD_DIR = "coord"  # verdict.json (the global verdict and set), local-diagnosis.json
+# verdict.json (the global verdict and set), local-diagnosis.json (this node's own view),
+# analysis.json (on the node that analysed: the engine's verdict before unknown ranks)
+COORD_DIR = "coord"
 SNAPSHOT_DIR = ".capture"  # the ranks' files as captured, while the job is being ended
 TEARDOWN_DIR = "teardown"  # what the ranks and the job wrote after the capture
 
@@ -85,6 +91,8 @@ CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: 
 MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
 OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
 FRESH_S = 30.0  # diagnose: an older periodic summary says nothing about now
+HISTORY_PER_GROUP = 8  # a capture summary: each rank's last collectives per group
+MAX_USER_FRAMES = 12
 # what the request's kind makes of the job: the analysis' job kind
 _JOB_OF = {"stalled": "stalled", "final": "stalled", "desync": "desync", "failed": "failed"}
 # request kinds after which nothing is ended (a capture on demand)
@@ -152,6 +160,72 @@ def open_channel(p: Plan, *, connect_s: float, stop: threading.Event | None = No
 # ----------------------------------------------------------------------------- evidence
 
 
+def history_of(dump: FRDump, per_group: int = HISTORY_PER_GROUP
+               ) -> tuple[list[PendingCollective], dict[str, list[int]]]:
+    """A rank's recent collectives for its capture summary: the last ``per_group`` of each
+    group from its Flight Recorder dump (user frames only), and each group's status by name."""
+    out: list[PendingCollective] = []
+    for pg, entries in dump.by_pg().items():
+        for c in entries[-per_group:]:
+            out.append(PendingCollective(
+                op=c.raw_op or c.op, seq=c.seq, pg_id=pg, pg=pg, pg_desc=c.pg_desc or None,
+                input_sizes=c.input_sizes, output_sizes=c.output_sizes, dtypes=c.dtypes,
+                t_ns=c.time_created_ns, completed=c.completed,
+                frames=[f"{f.file}:{f.line}:{f.function}" for f in c.frames
+                        if not is_library_frame(f)][:MAX_USER_FRAMES]))
+    status = {pg: [st.enqueued, st.completed] for pg, st in dump.pg_status.items()}
+    return out, status
+
+
+def raw_heartbeats(layout: RunLayout) -> dict[int, dict[str, Any]]:
+    """The ranks' heartbeats as the probe wrote them (what summaries are made of)."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in layout.ranks_dir.glob("rank*.hb.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = d
+    return out
+
+
+def capture_summary(layout: RunLayout, node: str, host: str | None, *,
+                    moving: Mapping[int, bool] | None,
+                    alive: Mapping[int, bool] | None) -> NodeSummary:
+    """What a node publishes of its capture: its ranks' heartbeats, their recent collectives
+    from the Flight Recorder dumps just taken, the groups they are members of."""
+    s = coord.summarize_heartbeats(raw_heartbeats(layout), node=node, host=host,
+                                   moving=moving, alive=alive, kind="capture")
+    for r in s.ranks:
+        fr = layout.rank(r.rank).fr
+        with contextlib.suppress(Exception):  # a dump cut short: the heartbeat is left
+            if fr.exists():
+                r.history, r.fr_status = history_of(frtrace.load(fr))
+    groups: dict[str, set[int]] = {}
+    for p in layout.files_of("groups.json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            for pg, rs in json.loads(p.read_text()).items():
+                groups.setdefault(str(pg), set()).update(int(r) for r in rs)
+    s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
+    return s
+
+
+def _fr_of(r: RankSummary) -> FRDump | None:
+    """What a remote rank's recorder said, back as a dump (the richest evidence there is of
+    it): its recent collectives by group name, with the groups' status."""
+    if not r.history and not r.fr_status:
+        return None
+    entries = []
+    for h in r.history:
+        frames = [Frame(str(file), int(line), str(fn))
+                  for file, line, fn in (coord.parse_frame(f) for f in h.frames)]
+        entries.append(Collective(
+            pg=h.pg or h.pg_id, seq=h.seq, op=normalise_op(h.op), raw_op=h.op,
+            pg_desc=h.pg_desc or "", input_sizes=h.input_sizes, output_sizes=h.output_sizes,
+            dtypes=[normalise_dtype(d) for d in h.dtypes], time_created_ns=h.t_ns,
+            frames=frames, completed=h.completed))
+    status = {pg: PgStatus(v[0], v[1]) for pg, v in r.fr_status.items()}
+    return FRDump(entries=entries, pg_status=status, backend="remote summary")
+
+
 def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int]:
     """The ranks of other nodes, from their watchers' summaries, as evidence beside this
     node's own (a rank with evidence of its own is kept). Returns the ranks added."""
@@ -164,18 +238,29 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
             hb = Heartbeat.parse(hbs[r.rank])
             ev.ranks[r.rank] = RankEvidence(
                 rank=r.rank, pid=r.pid, host=s.host, alive=r.state != "exited",
-                exit_code=r.exit_code, heartbeat=hb, progressed=r.moving,
+                exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
                 groups={k: list(v) for k, v in s.groups.items()} or None)
             added.append(r.rank)
     return sorted(added)
 
 
 def _groups_of(ev: Evidence) -> dict[str, set[int]]:
+    """Group name -> members, as far as known: the probes' group lists, and every rank that
+    posted in a group (its recorder's entries or status)."""
     out: dict[str, set[int]] = {}
     for r in ev.ranks.values():
         for pg, ranks in (r.groups or {}).items():
             out.setdefault(pg, set()).update(ranks)
+        if r.fr is not None:
+            for pg in {*r.fr.pg_status, *(c.pg for c in r.fr.entries)}:
+                out.setdefault(pg, set()).add(r.rank)
     return out
+
+
+def _members(members: Mapping[str, set[int]], pg: str, world: int | None) -> set[int]:
+    """A group's members as far as known; the default group has every rank."""
+    return set(members.get(pg, set())) | (set(range(world)) if pg == DEFAULT_PG and world
+                                          else set())
 
 
 def rank_list(ranks: Iterable[int]) -> str:
@@ -231,6 +316,9 @@ def guard_unknown(diag: Diagnosis, ev: Evidence, unknown: Sequence[int], *,
         c = rep.collective
         if rep.rank not in known or c is None or rep.state != RankState.IN_COLLECTIVE:
             continue
+        group = _members(members, c.pg, world)
+        if group and group <= known:
+            return diag  # it waits for known ranks only: the verdict is about known ranks
         key = (c.op, c.pg, c.seq)
         waits.setdefault(key, []).append(rep.rank)
         seq = f"#{c.seq}" if c.seq is not None else ""
@@ -239,26 +327,36 @@ def guard_unknown(diag: Diagnosis, ev: Evidence, unknown: Sequence[int], *,
         return diag
     parts = []
     for key, rs in sorted(waits.items(), key=lambda kv: kv[1]):
-        pg = key[1]
-        group = members.get(pg) or (set(range(world)) if pg == DEFAULT_PG and world else
-                                    unknown_set)
-        them = sorted(group & unknown_set) or sorted(unknown_set)
+        them = sorted(_members(members, key[1], world) & unknown_set) or sorted(unknown_set)
         verb = "waits" if len(rs) == 1 else "wait"
         parts.append(f"{rank_list(rs)} {verb} in {labels[key]} for {rank_list(them)} "
                      f"{_where(them, local_world, hosts)}")
-    where = _where(sorted(unknown_set), local_world, hosts).replace("on node ", "", 1)
+    where = _where(sorted(unknown_set), local_world, hosts)
+    text = "; ".join(parts) + ": run moe-hang there, or `moe-hang analyze` both captures"
     diag.verdict = Verdict.HANG
-    diag.summary = "; ".join(parts) + (": run moe-hang there, or `moe-hang analyze` both "
-                                       "captures")
+    diag.summary = text[:1].upper() + text[1:]
     diag.culprit_ranks = []
     diag.culprit_basis = CulpritBasis.NONE
     diag.certainty = Certainty.UNCERTAIN
     diag.rule = "waits_on_unknown_ranks"
     diag.fix = (f"Nothing here is to blame: the ranks wait for others whose watcher did not "
-                f"answer. Run `moe-hang diagnose` on {where} (or `moe-hang watch` there), "
+                f"answer. Run `moe-hang diagnose` {where} (or `moe-hang watch` there), "
                 "then `moe-hang analyze` the captures together.")
     diag.fix_code = None
     return diag
+
+
+def guard_local(diag: Diagnosis, layout: RunLayout, outcome: Outcome) -> Diagnosis:
+    """A node's own diagnosis of a job that spans nodes (its ranks say WORLD_SIZE is more
+    than they are): :func:`guard_unknown` over the ranks of the others. Unchanged on one
+    node."""
+    world = world_of(outcome.heartbeats)
+    if not world or world <= len(outcome.heartbeats):
+        return diag
+    lw = next((hb.local_world for hb in outcome.heartbeats.values() if hb.local_world), None)
+    ev = load_capture(layout.root, world=world)
+    return guard_unknown(diag, ev, local_ranks_unknown(world, ev.ranks),
+                         local_world=lw or len(outcome.heartbeats), hosts={})
 
 
 def local_ranks_unknown(world: int | None, known: Iterable[int]) -> list[int]:
@@ -405,18 +503,28 @@ class Node:
         self._thread.start()
 
     def _run(self) -> None:
-        ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
-        if ch is None:
-            self.why_local = why
-            return
+        ch: Channel | None = None
+        if self.plan.shared_dir is None:  # the store may appear after us: connect early
+            ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
+            if ch is None:
+                self.why_local = why
+                return
         while not self._up.wait(0.25):
             if self._closed.is_set():
-                ch.close()
+                if ch is not None:
+                    ch.close()
                 return
-        hosts = False
-        if self.plan.endpoint is not None and self.job is not None:
-            pids = [self.job.pid, *self.job.tracker.seen]
-            hosts = coord.store_listener_pid(self.plan.endpoint.port, pids) is not None
+        pids = [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
+        ep = self.plan.endpoint or _agent_endpoint(pids)
+        if ch is None:
+            if self.plan.endpoint is None and ep is not None:
+                # the watched command wraps torchrun (ip netns exec, bash -c, a container):
+                # the run id is the agent's, as diagnose will read it
+                self.plan.run = coord.run_key(ep.run_id)
+            ch, self.why_local = open_channel(self.plan, connect_s=0.0)
+            if ch is None:
+                return
+        hosts = ep is not None and coord.store_listener_pid(ep.port, pids) is not None
         co = Coordinator(ch, self.node, self.host)
         co.register(self.local_ranks, hosts_store=hosts, world=self.world,
                     local_world=self.local_world)
@@ -432,12 +540,7 @@ class Node:
         return coord.expected_nodes(self.world, self.local_world)
 
     def _raw_heartbeats(self) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        for p in self.layout.ranks_dir.glob("rank*.hb.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                d = json.loads(p.read_text())
-                out[int(d["rank"])] = d
-        return out
+        return raw_heartbeats(self.layout)
 
     def tick(self, mon: Monitor) -> bool:
         """Every poll of the watch loop: in memory only (the coordinator's thread does the
@@ -452,6 +555,9 @@ class Node:
             lw = next((hb.local_world for hb in out.heartbeats.values() if hb.local_world),
                       None)
             self.local_world = lw or len(self.local_ranks)
+            # where the ranks run (a watcher outside their container sees another name)
+            self.host = next((str(hb["host"]) for hb in hbs.values() if hb.get("host")),
+                             self.host)
             self.node = coord.node_id_from_heartbeats(hbs) or coord.sanitize(self.host)
             self._up.set()
         co = self.co
@@ -527,14 +633,7 @@ class Node:
             moving = dict.fromkeys(alive, False)  # by construction nothing moved
         else:
             moving = {r: outcome.progressed[r] for r in outcome.progressed}
-        s = self.summary(mon, kind="capture", moving=moving)
-        groups: dict[str, set[int]] = {}
-        for p in self.layout.files_of("groups.json"):
-            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-                for pg, rs in json.loads(p.read_text()).items():
-                    groups.setdefault(str(pg), set()).update(int(r) for r in rs)
-        s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
-        return s
+        return capture_summary(self.layout, self.node, self.host, moving=moving, alive=alive)
 
     def _snapshot_capture(self) -> None:
         """The ranks' files as captured: ending the job (here, or on another node first)
@@ -571,6 +670,8 @@ class Node:
         if self.world:
             ev.world_size = self.world
         diag = diagnose(ev)
+        (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json(self.layout.root / COORD_DIR / "analysis.json", diag.to_dict())
         guard_unknown(diag, ev, local_ranks_unknown(self.world, ev.ranks),
                       local_world=self.local_world, hosts=hosts)
         if kind == "final":
@@ -668,6 +769,21 @@ class Node:
             shutil.rmtree(snap, ignore_errors=True)
 
 
+def _agent_endpoint(pids: Iterable[int]) -> StoreEndpoint | None:
+    """The store of the torchrun agent among the job's processes (the watched command may be
+    a wrapper: ``ip netns exec ...``, ``bash -c ...``, a container runtime)."""
+    import psutil
+
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            p = psutil.Process(pid)
+            ep = coord.endpoint_from_torchrun(p.cmdline(), {
+                k: v for k, v in p.environ().items() if k.startswith("PET_")})
+            if ep is not None:
+                return ep
+    return None
+
+
 def supervise(node: Node, mon: Monitor, layout: RunLayout, cmd: list[str],
               say: Callable[[str], None], notice: Callable[[str], None], opts: WatchOptions,
               asked: threading.Event) -> tuple[Outcome, Diagnosis | None]:
@@ -679,9 +795,17 @@ def supervise(node: Node, mon: Monitor, layout: RunLayout, cmd: list[str],
     from moe_hang.commands import watch as w
 
     kept: Diagnosis | None = None
+    recheck_at: float | None = None  # a straggler elsewhere: when to look at it again
+
+    def stop() -> bool:
+        if asked.is_set() or node.tick(mon):
+            return True
+        return recheck_at is not None and time.monotonic() >= recheck_at
+
     while True:
-        outcome = mon.run(stop=lambda: asked.is_set() or node.tick(mon))
+        outcome = mon.run(stop=stop)
         if outcome.kind == "resumed":
+            recheck_at = None
             notice(f"resumed after {outcome.stalled_for:.1f} s")
             continue
         if outcome.kind == "completed":
@@ -689,17 +813,26 @@ def supervise(node: Node, mon: Monitor, layout: RunLayout, cmd: list[str],
             return outcome, kept
         held = mon.held_since is not None
         kind = outcome.kind
-        if kind == "requested":
+        remote = node.co is not None and node.co.capture_requested() is not None
+        if kind == "requested" and not asked.is_set() and not remote and recheck_at is not None:
+            # the straggler watched on: still moving there? (a node whose watcher died stops
+            # publishing, and its last summary goes stale: not moving)
+            kind, outcome.kind = "stalled", "stalled"
+            outcome.reason = f"no progress on any rank for {mon.held_for():.1f} s"
+        elif kind == "requested":
             asked.clear()
         elif kind == "stalled" and held:
             kind = "final"
-        elif kind == "stalled" and node.co is not None and node.co.capture_requested() is None:
+        recheck_at = None
+        if kind == "stalled" and not remote and node.co is not None:
             elsewhere = node.moving_elsewhere()
             if elsewhere:
                 where = "; ".join(f"{rank_list(rs)} on node {h}" for h, rs in elsewhere.items())
-                notice(f"{rank_list(outcome.heartbeats)} wait while {where} still move: a "
-                       "straggler there, not a hang (still watching)")
+                if not held:
+                    notice(f"{rank_list(outcome.heartbeats)} wait while {where} still move: "
+                           "a straggler there, not a hang (still watching)")
                 mon.hold()
+                recheck_at = time.monotonic() + node.summary_lag_s()
                 continue
         alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
         if kind == "failed" and not any(alive.values()) and node.co is None:
@@ -714,7 +847,9 @@ def supervise(node: Node, mon: Monitor, layout: RunLayout, cmd: list[str],
             node.next_round()
             continue
         if rk == "stalled" and diag.certainty == Certainty.UNCERTAIN:
-            notice(w._waiting_line(diag, opts.stall_s))
+            unknown = diag.rule == "waits_on_unknown_ranks"
+            notice(f"{diag.summary} (not ended: still watching)" if unknown
+                   else w._waiting_line(diag, opts.stall_s))
             mon.hold()
             node.next_round()
             continue

@@ -242,7 +242,8 @@ def _capture_and_diagnose(outcome: Outcome, layout: RunLayout, cmd: list[str], s
     alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
     capture_frozen(outcome, layout, say, native=opts.native)
     say("analysing")
-    return _diagnose(layout, outcome, alive, cmd)
+    # a rank of this node is never blamed for waiting on another node's (no-op on one node)
+    return multinode.guard_local(_diagnose(layout, outcome, alive, cmd), layout, outcome)
 
 
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,

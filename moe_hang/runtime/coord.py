@@ -621,7 +621,8 @@ def _sizes(v: Any) -> list[list[int]]:
 
 @dataclass
 class PendingCollective:
-    """A collective a rank posted that has not completed (from its Flight Recorder)."""
+    """A collective a rank posted that has not completed (from its Flight Recorder); in a
+    capture's ``history``, any recent one (``completed`` says which)."""
 
     op: str  # the recorder's profiling name, e.g. "nccl:all_gather"
     seq: int
@@ -632,15 +633,19 @@ class PendingCollective:
     output_sizes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     t_ns: int | None = None  # time created
+    completed: bool | None = None  # history entries: did it complete on this rank?
+    frames: list[str] = field(default_factory=list)  # the user frames that posted it
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "seq": self.seq, "pg_id": self.pg_id}
-        for k in ("pg", "pg_desc", "t_ns"):
+        for k in ("pg", "pg_desc", "t_ns", "completed"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         for k in ("input_sizes", "output_sizes", "dtypes"):
             if getattr(self, k):
                 d[k] = getattr(self, k)
+        if stacks and self.frames:
+            d["frames"] = self.frames
         return d
 
     @classmethod
@@ -651,7 +656,9 @@ class PendingCollective:
                    pg_desc=None if d.get("pg_desc") is None else str(d["pg_desc"]),
                    input_sizes=_sizes(d.get("input_sizes")),
                    output_sizes=_sizes(d.get("output_sizes")),
-                   dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")))
+                   dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")),
+                   completed=None if d.get("completed") is None else bool(d["completed"]),
+                   frames=[str(f) for f in d.get("frames") or []])
 
     @classmethod
     def from_fr_entry(cls, e: Mapping[str, Any]) -> PendingCollective | None:
@@ -705,6 +712,10 @@ class RankSummary:
     moving: bool | None = None
     beat_time: float | None = None
     exit_code: int | None = None
+    # a capture only, from the rank's Flight Recorder dump: its recent collectives per group
+    # (names, seqs, sizes, whether each completed) and the groups' status by name
+    history: list[PendingCollective] = field(default_factory=list)
+    fr_status: dict[str, list[int]] = field(default_factory=dict)  # name -> [enq, completed]
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
@@ -722,6 +733,10 @@ class RankSummary:
             d["completed"] = self.completed
         if stacks and self.stack:
             d["stack"] = self.stack
+        if self.history:
+            d["history"] = [h.to_json(stacks) for h in self.history]
+        if self.fr_status:
+            d["fr_status"] = self.fr_status
         return d
 
     @classmethod
@@ -745,7 +760,12 @@ class RankSummary:
                    phase=None if d.get("phase") is None else str(d["phase"]),
                    moving=None if d.get("moving") is None else bool(d["moving"]),
                    beat_time=float(beat) if isinstance(beat, (int, float)) else None,
-                   exit_code=_int_or_none(d.get("exit_code")))
+                   exit_code=_int_or_none(d.get("exit_code")),
+                   history=[PendingCollective.from_json(h) for h in d.get("history") or []
+                            if isinstance(h, Mapping)],
+                   fr_status={str(k): [int(x) for x in v][:2]
+                              for k, v in (d.get("fr_status") or {}).items()
+                              if isinstance(v, (list, tuple)) and len(v) >= 2})
 
 
 @dataclass
@@ -958,6 +978,11 @@ def _site(frames: list[tuple[str, int, str]]) -> str | None:
         if not _is_library(file):
             return f"{file}:{line}:{fn}"
     return None
+
+
+def parse_frame(s: str) -> list[Any]:
+    """``file:line:function`` back into [file, line, function] (a path may hold ':')."""
+    return _parse_frame(s)
 
 
 def _parse_frame(s: str) -> list[Any]:

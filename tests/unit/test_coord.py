@@ -294,6 +294,41 @@ def test_capture_requested_from_outside_the_watchers(
 
 
 @pytest.mark.timeout(60)
+def test_a_round_that_ends_nothing_is_followed_by_a_fresh_one(
+        make_channel: Callable[[], coord.Channel]) -> None:
+    """A capture on request (or an uncertain verdict) leaves the job running: the next request
+    is a new round under fresh keys, with its own verdict; a watcher that starts later joins
+    the current round, not the old request."""
+    cs = coordinators(make_channel, 2, world=4)
+    expected = ["0", "1"]
+    first = cs[0].request_capture("requested: kill -USR1")
+    assert first is not None
+    r0 = in_threads([round_for(c, expected, culprit=3) for c in cs])
+    assert {r.verdict.request for r in r0} == {first.id}
+    for c in cs:
+        c.next_round()
+        assert c.capture_requested() is None and c.round == 1
+    time.sleep(0.5)  # the background threads wait on the new round's request, not the old one
+    assert all(c.capture_requested() is None for c in cs)
+    late = Coordinator(make_channel(), "2", "h2", poll_s=0.02)
+    late.start(interval=0.2)
+    second = cs[1].request_capture("stalled: no progress for 3 s")
+    assert second is not None and second.id != first.id and second.by_node == "1"
+    r1 = in_threads([round_for(c, expected) for c in cs])
+    assert {r.verdict.request for r in r1} == {second.id}
+    assert r1[0].verdict.to_json() == r1[1].verdict.to_json()
+    assert r1[0].verdict.verdict != r0[0].verdict.verdict  # no culprit planted this time
+    end = time.monotonic() + 5
+    while late.capture_requested() is None and time.monotonic() < end:
+        time.sleep(0.02)
+    got = late.capture_requested()
+    assert late.round == 1 and got is not None and got.id == second.id
+    assert cs[0].read_verdict() is not None and cs[0].read_verdict().request == second.id
+    for c in [*cs, late]:
+        c.close()
+
+
+@pytest.mark.timeout(60)
 def test_double_capture_requests_one_wins(make_channel: Callable[[], coord.Channel]) -> None:
     cs = coordinators(make_channel, 6, start=False)
     go = threading.Barrier(len(cs))
