@@ -86,15 +86,17 @@ class Nodes:
         return found
 
     def close(self) -> None:
+        # the ranks first: torchrun starts them in sessions of their own, and they hold its
+        # output pipe open
+        for p in processes_with_env("JOB_MARKS", str(self.marks)):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.communicate(timeout=10)
-        for p in processes_with_env("JOB_MARKS", str(self.marks)):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
         deadline = time.monotonic() + 10
         while processes_with_env("JOB_MARKS", str(self.marks)) and time.monotonic() < deadline:
             time.sleep(0.1)
