@@ -236,6 +236,12 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
             if r.rank in ev.ranks:
                 continue
             hb = Heartbeat.parse(hbs[r.rank])
+            if hb is not None and hb.pg_status is not None:
+                # a group is named by id in a heartbeat; only its pending entries (and the
+                # default group, id 0 = name 0) say which name: an id of unknown name could
+                # read as another group of the same number on this node
+                named = {str(e.get("pg_id")) for e in hb.pending} | {DEFAULT_PG}
+                hb.pg_status = {k: v for k, v in hb.pg_status.items() if k in named}
             ev.ranks[r.rank] = RankEvidence(
                 rank=r.rank, pid=r.pid, host=s.host, alive=r.state != "exited",
                 exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
@@ -263,18 +269,38 @@ def _members(members: Mapping[str, set[int]], pg: str, world: int | None) -> set
                                           else set())
 
 
+def spans(numbers: Iterable[int]) -> str:
+    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
+    ns = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(ns):
+        j = i
+        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
+            j += 1
+        parts.append(f"{ns[i]}-{ns[j]}" if j - i >= 2 else
+                     ", ".join(map(str, ns[i:j + 1])))
+        i = j + 1
+    return ", ".join(parts)
+
+
 def rank_list(ranks: Iterable[int]) -> str:
     rs = sorted(set(ranks))
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    return ("rank " if len(rs) == 1 else "ranks ") + spans(rs)
 
 
-def _where(ranks: Sequence[int], local_world: int | None, hosts: Mapping[str, str]) -> str:
-    """"on node vm-1" (the host when known, else the node's number)."""
+def _where(ranks: Sequence[int], local_world: int | None, hosts: Mapping[str, str],
+           most: int = 4) -> str:
+    """"on node vm-1" (the host when known, else the node's number); many: the first few."""
     if not local_world:
         return "on other nodes"
     nodes = sorted({r // local_world for r in ranks})
+    word = "on node " if len(nodes) == 1 else "on nodes "
+    if not any(str(n) in hosts for n in nodes):
+        return word + spans(nodes)
     names = [hosts.get(str(n)) or str(n) for n in nodes]
-    return ("on node " if len(names) == 1 else "on nodes ") + ", ".join(names)
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return word + ", ".join(names[:most]) + more
 
 
 def guard_unknown(diag: Diagnosis, ev: Evidence, unknown: Sequence[int], *,
@@ -707,7 +733,7 @@ class Node:
             mine = capture()
             others = [n for n in self.expected() if n != self.node]
             d = self._analyse({self.node: mine}, others, local_kind, None)
-            gv = GlobalVerdict(request="local", by_node=self.node, time=time.time(), verdict=d,
+            gv = GlobalVerdict(request="local", by_node=self.node, time=time.time(), verdict_data=d,
                                captured=[self.node], missing=others,
                                hosts={self.node: self.host},
                                unknown_ranks=local_ranks_unknown(self.world, self.local_ranks),

@@ -877,15 +877,17 @@ class CaptureRequest:
 class GlobalVerdict:
     """The one verdict every node prints, and the (compact) global set it came from.
 
-    In the channel the verdict is small (``verdict``: first writer wins) and the global set
-    travels beside it (``global/<analyst>``, written before the verdict, compressed); a reader
-    fetches both and decodes the set only when :attr:`summaries` is used: on 1000 nodes,
-    every node parsing every other node's ranks at the same moment is most of the cost."""
+    In the channel the record is small (``verdict``: first writer wins); the verdict itself (a
+    diagnosis: on 1000 ranks a megabyte of JSON) and the global set travel beside it
+    (``verdict-body/<analyst>``, ``global/<analyst>``, written before the record,
+    compressed). A reader fetches all three and decodes the diagnosis when :attr:`verdict` is
+    used and the set when :attr:`summaries` is: on 1000 nodes, every node parsing them at the
+    same moment would be most of the cost."""
 
     request: str
     by_node: str
     time: float
-    verdict: dict[str, Any]
+    verdict_data: dict[str, Any] | None
     captured: list[str]
     missing: list[str]
     hosts: dict[str, str]
@@ -894,6 +896,15 @@ class GlobalVerdict:
     note: str | None = None
     global_raw: bytes | None = field(default=None, repr=False)  # encoded summaries
     _summaries: dict[str, NodeSummary] | None = field(default=None, repr=False)
+    verdict_raw: bytes | None = field(default=None, repr=False)  # the encoded diagnosis
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        """The diagnosis (``Diagnosis.to_dict``), decoded on first use."""
+        if self.verdict_data is None:
+            got = decode(self.verdict_raw)
+            self.verdict_data = dict(got) if isinstance(got, Mapping) else {}
+        return self.verdict_data
 
     @property
     def summaries(self) -> dict[str, NodeSummary]:
@@ -901,15 +912,19 @@ class GlobalVerdict:
             self._summaries = _summaries_from_json(decode(self.global_raw))
         return self._summaries
 
-    def head_json(self) -> dict[str, Any]:
-        """Everything but the global set."""
+    def record_json(self) -> dict[str, Any]:
+        """What the ``verdict`` key holds: everything but the diagnosis and the global set."""
         d = {"schema": SCHEMA, "request": self.request, "by_node": self.by_node,
-             "time": round(self.time, 6), "verdict": self.verdict, "captured": self.captured,
+             "time": round(self.time, 6), "captured": self.captured,
              "missing": self.missing, "hosts": self.hosts, "unknown_ranks": self.unknown_ranks,
              "local_only": self.local_only}
         if self.note:
             d["note"] = self.note
         return d
+
+    def head_json(self) -> dict[str, Any]:
+        """Everything but the global set."""
+        return self.record_json() | {"verdict": self.verdict}
 
     def to_json(self) -> dict[str, Any]:
         """Everything, the global set included (for the run directory)."""
@@ -917,9 +932,13 @@ class GlobalVerdict:
             "summaries": {n: s.to_json(stacks=False) for n, s in self.summaries.items()}}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], global_raw: bytes | None = None) -> GlobalVerdict:
+    def from_json(cls, d: Mapping[str, Any], global_raw: bytes | None = None,
+                  verdict_raw: bytes | None = None) -> GlobalVerdict:
+        body = d.get("verdict")
         v = cls(request=str(d.get("request", "")), by_node=str(d.get("by_node", "?")),
-                time=float(d.get("time") or 0.0), verdict=dict(d.get("verdict") or {}),
+                time=float(d.get("time") or 0.0),
+                verdict_data=dict(body) if isinstance(body, Mapping) else None,
+                verdict_raw=verdict_raw,
                 captured=[str(n) for n in d.get("captured") or []],
                 missing=[str(n) for n in d.get("missing") or []],
                 hosts={str(k): str(v) for k, v in (d.get("hosts") or {}).items()},
@@ -1331,6 +1350,7 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._verdict_seen: float | None = None
         # rounds: a capture that did not end the job (on request, an uncertain verdict) is
         # followed by another one under fresh keys (r<k>/request, ...); round 0 has none
         self.round = 0
@@ -1580,7 +1600,7 @@ class Coordinator:
         covered = {r.rank for s in captured.values() for r in s.ranks}
         unknown = sorted(set(range(w)) - covered) if w else ranks_of_nodes(missing, lw)
         return GlobalVerdict(
-            request=request.id, by_node=self.node, time=time.time(), verdict=dict(verdict),
+            request=request.id, by_node=self.node, time=time.time(), verdict_data=dict(verdict),
             captured=sorted(captured, key=_node_sort_key), missing=list(missing),
             hosts={n: s.host for n, s in sorted(captured.items())}, unknown_ranks=unknown,
             local_only=local_only, note=note, _summaries=dict(captured))
@@ -1593,9 +1613,14 @@ class Coordinator:
                                          for n, s in verdict.summaries.items()})
         data = verdict.global_raw
         gkey, vkey = self._rk(f"global/{self.node}"), self._rk("verdict")
-        if not self._done(lambda: self.channel.put(gkey, data)):
+        bkey = self._rk(f"verdict-body/{self.node}")
+        if verdict.verdict_raw is None:
+            verdict.verdict_raw = encode(verdict.verdict)
+        body = verdict.verdict_raw
+        if not self._done(lambda: self.channel.put(gkey, data)) or \
+                not self._done(lambda: self.channel.put(bkey, body)):
             return None
-        head = encode(verdict.head_json())
+        head = encode(verdict.record_json())
         raw = self._try(lambda: self.channel.put_first(vkey, head), None)
         if raw == head:
             return verdict
@@ -1607,9 +1632,10 @@ class Coordinator:
             return None
         try:
             by = sanitize(str(d.get("by_node", "")))
-            gkey = self._rk(f"global/{by}")
-            glob = self._try(lambda: self.channel.get(gkey), None)
-            return GlobalVerdict.from_json(d, glob)
+            gkey, bkey = self._rk(f"global/{by}"), self._rk(f"verdict-body/{by}")
+            nothing: list[bytes | None] = [None, None]
+            glob, body = self._try(lambda: self.channel.get_many([gkey, bkey]), nothing)
+            return GlobalVerdict.from_json(d, glob, body)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -1706,6 +1732,7 @@ class Coordinator:
                 return None, "no verdict in time"
             if self._try(functools.partial(self.channel.wait, self._rk("verdict"), min(1.0, left)),
                          False):
+                self._verdict_seen = time.monotonic()  # before reading it
                 return self.read_verdict(), None
             b, now = self._alive_counter(analyst), time.monotonic()
             if b != beat:
@@ -1759,6 +1786,7 @@ class Coordinator:
                 analyse(captured, missing), request, captured, missing, world=world))
 
         verdict: GlobalVerdict | None = None
+        self._verdict_seen = None
         analyst = (request.by_node if request.by_node in want or not want
                    else sorted(want, key=_node_sort_key)[0])
         if self.gone:
@@ -1784,6 +1812,7 @@ class Coordinator:
                                         local_only=True, note=note)
             analysed_here, captured, missing = True, {self.node: mine}, others
         timings["verdict"] = time.monotonic() - t0
+        timings["verdict_seen"] = (self._verdict_seen or time.monotonic()) - t0
         not_ended: list[str] = []
         if not verdict.local_only:
             missing = verdict.missing  # the global set itself: verdict.summaries (decoded lazily)
