@@ -13,52 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from moe_hang import __version__
+from moe_hang.cli_typer import _Command, _Group
 from moe_hang.config import DEFAULT_STALL_S, build_config, require_gpu_per_rank
 from moe_hang.errors import EXIT_TOOL_ERROR, Interrupted, MoeHangError
 
 if TYPE_CHECKING:
     from moe_hang.analysis.diagnosis import Diagnosis
     from moe_hang.report.screen import ReportContext
-
-
-class _PlainFlags:
-    """typer's rich help, two habits undone.
-
-    typer prints every parameter's ``display_type_rich()`` in its rich option panels — with
-    ``rich_markup_mode="markdown"`` as with ``"rich"`` — flags included, so ``--json`` reads
-    ``--json <bool>`` as if it took a value (its plain formatter skips flags; the rich one
-    does not). An empty metavar makes the type column of a flag empty. And typer writes a
-    required argument ``{pid}`` in the usage line; ``PID`` is what a person types."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
-        for p in params:
-            if getattr(p, "is_flag", False) and p.metavar is None:
-                p.metavar = ""
-        return params
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        metavar = getattr(self, "options_metavar", None)
-        pieces = [metavar] if metavar else []
-        for p in self.get_params(ctx):
-            if isinstance(p, TyperArgument):
-                name = p.metavar or (p.name or "").upper()
-                pieces.append(name + ("..." if p.nargs != 1 else ""))
-            else:
-                pieces.extend(p.get_usage_pieces(ctx))
-        return pieces
-
-
-class _Command(_PlainFlags, TyperCommand):
-    pass
-
-
-class _Group(_PlainFlags, TyperGroup):
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), self.subcommand_metavar]
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -72,6 +35,9 @@ Out = Annotated[Path | None, typer.Option(
 Json = Annotated[bool, typer.Option("--json", help="print only the diagnosis JSON")]
 Html = Annotated[Path | None, typer.Option(
     "--html", help="also save the report as a self-contained HTML page")]
+SharedDir = Annotated[Path | None, typer.Option(
+    "--shared-dir", help="multi-node: a directory every node sees, where the job's store "
+                         "cannot be reached from outside the ranks")]
 Verbose = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also print ranks, timeline, stacks and evidence (always in "
                             "console.log and the HTML)")]
@@ -271,8 +237,9 @@ def verify(fixed: Annotated[bool, typer.Option("--fixed", help="run the fix and 
 
 
 @app.command(cls=_Command, epilog=_DIAGNOSE_EXAMPLE)
-def diagnose(pid: Annotated[int, typer.Argument(
-                 metavar="PID", help="the torchrun agent's PID or any rank's")],
+def diagnose(pid: Annotated[int | None, typer.Argument(
+                 metavar="PID", help="the torchrun agent's PID or any rank's (default: the "
+                                     "one distributed job on this host)")] = None,
              as_json: Json = False,
              out: Annotated[Path | None, typer.Option(
                  "--out", help="keep the captures here (default: not kept)")] = None,
@@ -281,20 +248,22 @@ def diagnose(pid: Annotated[int, typer.Argument(
              = False,
              fr_dir: Annotated[Path | None, typer.Option(
                  "--fr-dir", help="Flight Recorder dumps of this job (pickle or JSON)")] = None,
-             html: Html = None, verbose: Verbose = False) -> None:
+             html: Html = None, verbose: Verbose = False, shared_dir: SharedDir = None) -> None:
     """Diagnose a running job you did not start: find its ranks, capture their stacks (and
-    Flight Recorder dumps where present) and name the hang. Exit 3 on a problem, 0 if healthy."""
+    Flight Recorder dumps where present) and name the hang; the ranks of other nodes come from
+    their watchers where `moe-hang watch` runs. Exit 3 on a problem, 0 if healthy."""
     from moe_hang.analysis.diagnosis import exit_code_for
-    from moe_hang.commands.diagnose import diagnose_pid
+    from moe_hang.commands.diagnose import diagnose_pid, pick_job
     from moe_hang.commands.session import interruptible
     from moe_hang.report.screen import ReportContext
     from moe_hang.report.status import live_status
 
     with _errors(""):
         _check_paths(out, html)
+        pid = pid if pid is not None else pick_job()
         with interruptible(), live_status(enabled=not as_json) as term:
             diag = diagnose_pid(pid, term.say, out=out, native=native, fr_dir=fr_dir,
-                                command=_command())
+                                command=_command(), shared_dir=shared_dir)
     _show(diag, ReportContext("diagnose", f"moe-hang diagnose {pid}"), as_json=as_json,
           verbose=verbose, html=html,
           console_log=Path(diag.artifacts) / "console.log" if diag.artifacts else None)
@@ -316,13 +285,14 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
                                    "collective) is waited out before it is a hang; 0: never")]
           = 300.0,
           keep_running: Annotated[bool, typer.Option(
-              "--keep-running", help="after a verdict, leave the job running")] = False
-          ) -> None:
+              "--keep-running", help="after a verdict, leave the job running")] = False,
+          shared_dir: SharedDir = None) -> None:
     """Run any training command with the probe injected into every rank; diagnose it the
     moment it stalls, desyncs, crashes or loses a rank, then end it — unless the evidence is
     uncertain (a rank outside any collective may only be slow): then it says so and watches
-    on. `kill -USR1 <watch pid>` diagnoses now and lets the job run. Exit 3 on a problem,
-    the job's own exit code otherwise."""
+    on. `kill -USR1 <watch pid>` diagnoses now and lets the job run. A multi-node job (one
+    watch per node) gets one verdict on every node. Exit 3 on a problem, the job's own exit
+    code otherwise."""
     from moe_hang.commands.watch import WatchOptions, watch_command
     from moe_hang.report.screen import ReportContext
     from moe_hang.report.status import JobOutput, live_status
@@ -341,7 +311,9 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
                                 out=str(out) if out else None, command=_command(),
                                 options=WatchOptions(stall_s=stall, hang_after_s=hang_after,
                                                      keep_running=keep_running,
-                                                     native=native))
+                                                     native=native,
+                                                     shared_dir=str(shared_dir) if shared_dir
+                                                     else None))
     if res.diagnosis is not None:
         _show(res.diagnosis, ReportContext("watch", "moe-hang watch"), as_json=as_json,
               verbose=verbose, html=html, console_log=res.run_dir.console_log)

@@ -27,11 +27,17 @@ from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import frdumps, frtrace, identity
 from moe_hang.evidence.load import load_capture, load_captures
-from moe_hang.evidence.model import Heartbeat, ProcessRecord, ProcessTable, RankEvidence
+from moe_hang.evidence.model import (
+    Evidence,
+    Heartbeat,
+    ProcessRecord,
+    ProcessTable,
+    RankEvidence,
+)
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
-from moe_hang.runtime.discover import FoundJob, find_job
+from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
 from moe_hang.runtime.procs import CpuClock, main_thread_cpu
 
 SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
@@ -188,8 +194,52 @@ def _capture_dir(out: Path | None) -> Iterator[RunLayout]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def pick_job() -> int:
+    """``diagnose`` without a PID: the one distributed job on this host, else an error that
+    lists them."""
+    jobs = find_jobs()
+    if not jobs:
+        raise MoeHangError("no distributed PyTorch job on this host (no process of yours with "
+                           "RANK in its environment): give its PID")
+    if len(jobs) > 1:
+        listing = "\n".join(f"  {j.describe()}" for j in jobs)
+        raise MoeHangError(f"{len(jobs)} distributed jobs on this host; give the PID of one:\n"
+                           f"{listing}")
+    return jobs[0].pid
+
+
+def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
+                      say: Phase) -> Diagnosis | None:
+    """A multi-node job: the ranks of the other nodes from their watchers' latest summaries
+    (where ``moe-hang watch`` runs there); ranks nobody speaks for are unknown, and this
+    node's ranks are not blamed for waiting on them."""
+    world = job.world_size
+    local = {r.rank for r in job.ranks}
+    if not world or world <= len(local):
+        return None  # one node: nothing to add
+    from moe_hang.commands import multinode
+
+    lw = next((int(r.env["LOCAL_WORLD_SIZE"]) for r in job.ranks
+               if r.env.get("LOCAL_WORLD_SIZE", "").isdigit()), None) or len(local)
+    cmd, env = launcher_of(job)
+    say("reading the other nodes' summaries")
+    others, why = multinode.peers_for_diagnose(cmd, env, shared_dir, local)
+    added = multinode.merge_remote(ev, others)
+    if added:
+        ev.log_lines.append(f"{multinode.rank_list(added)} from their nodes' watchers: "
+                            + ", ".join(f"node {n} ({s.host})" for n, s in sorted(others.items())))
+    elif why:
+        ev.log_lines.append(f"other nodes: {why}")
+    hosts = {n: s.host for n, s in others.items()}
+    ev.world_size = world
+    diag = diagnose(ev)
+    return multinode.guard_unknown(diag, ev, multinode.local_ranks_unknown(world, ev.ranks),
+                                   local_world=lw, hosts=hosts)
+
+
 def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
-                 fr_dir: Path | None = None, command: list[str] | None = None) -> Diagnosis:
+                 fr_dir: Path | None = None, command: list[str] | None = None,
+                 shared_dir: Path | None = None) -> Diagnosis:
     t0 = time.monotonic()
     say(f"finding the ranks of PID {pid}")
     job = find_job(pid)
@@ -213,7 +263,7 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
                     ev.ranks[r].notes.append(
                         f"its child process {o.pid} (a forked worker) still holds its "
                         "connections, so the other ranks got no error and wait forever")
-        diag = diagnose(ev)
+        diag = _with_other_nodes(ev, job, shared_dir, say) or diagnose(ev)
         diag.artifacts = str(d.root) if out is not None else ""
         diag.run = AttachRun(target_pid=pid, agent_pid=job.agent,
                              timings=Timings(capture_s=round(capture_s, 3),

@@ -31,6 +31,7 @@ from moe_hang.analysis.diagnosis import (
     exit_code_for,
     pg_label,
 )
+from moe_hang.commands import multinode
 from moe_hang.commands.session import (
     Interrupted,
     Phase,
@@ -149,6 +150,7 @@ class WatchOptions:
     hang_after_s: float = 300.0  # an uncertain stall becomes a hang after this long; 0: never
     keep_running: bool = False  # after a definite verdict, leave the job running
     native: bool = False
+    shared_dir: str | None = None  # multi-node: coordinate through this directory
 
 
 class _OnDemand:
@@ -198,14 +200,16 @@ def _final_hang(diag: Diagnosis, held_s: float) -> Diagnosis:
 
 
 def _supervise(mon: Monitor, layout: RunLayout, cmd: list[str], say: Phase,
-               notice: Callable[[str], None], opts: WatchOptions, demand: _OnDemand
-               ) -> tuple[Outcome, Diagnosis | None]:
+               notice: Callable[[str], None], opts: WatchOptions, demand: _OnDemand,
+               node: multinode.Node | None = None) -> tuple[Outcome, Diagnosis | None]:
     """Watch until the job ends or a verdict ends it; returns the last outcome and the
     diagnosis made while the ranks were still frozen (None: diagnose after the end).
 
     Certainty decides (docs/DESIGN.md §9): a definite verdict ends the job; an uncertain one
     (a rank outside any collective, which may just be slow) is written down, said in one line,
     and watched on until a rank moves ("resumed") or --hang-after passes."""
+    if node is not None:  # the job spans nodes: one verdict with the other watchers
+        return multinode.supervise(node, mon, layout, cmd, say, notice, opts, demand.asked)
     kept: Diagnosis | None = None
     while True:
         outcome = mon.run(stop=demand.asked.is_set)
@@ -246,7 +250,8 @@ def _capture_and_diagnose(outcome: Outcome, layout: RunLayout, cmd: list[str], s
     alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
     capture_frozen(outcome, layout, say, native=opts.native)
     say("analysing")
-    return _diagnose(layout, outcome, alive, cmd)
+    # a rank of this node is never blamed for waiting on another node's (no-op on one node)
+    return multinode.guard_local(_diagnose(layout, outcome, alive, cmd), layout, outcome)
 
 
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
@@ -255,6 +260,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   options: WatchOptions | None = None) -> WatchResult:
     cmd = _resolve(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
+    plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
     layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
@@ -266,6 +272,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     outcome = Outcome(kind="running")
     diag: Diagnosis | None = None
     pump: threading.Thread | None = None
+    node: multinode.Node | None = None
     interrupted: str | None = None
     ended = False
     # SIGUSR1 is ours from the start: its default action would end the tool, not the job
@@ -279,6 +286,10 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
                                         daemon=True)
                 pump.start()
+                if plan is not None:
+                    node = multinode.Node(plan, layout, lambda text: echo(f"[moe-hang] {text}"),
+                                          stall_s=opts.stall_s)
+                    node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
                 # a slower poll than repro's: watch sits beside long jobs, and on a small
                 # machine its own CPU would show up in theirs
@@ -291,7 +302,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))
                 outcome, diag = _supervise(mon, layout, cmd, say,
                                            lambda text: echo(f"[moe-hang] {text}"), opts,
-                                           demand)
+                                           demand, node)
                 gate.on = diag is None  # torchrun's teardown noise after a verdict: job.log
             except Interrupted as exc:
                 gate.on = False  # torchrun's interrupt traceback goes to job.log only
@@ -304,6 +315,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     ended = True
             finally:
                 gate.on = False
+                if node is not None:
+                    node.close()
                 # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
                 # ignored by interruptible, so it cannot cut that teardown short)
                 if job is not None and not ended:
@@ -314,6 +327,9 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         if pump is not None:
             pump.join(2.0)
         log.close()
+        if node is not None:
+            node.finish(ended_after_verdict=interrupted is None and diag is not None
+                        and outcome.kind != "completed")
     if interrupted is not None:
         raise Interrupted(interrupted)
     if not outcome.heartbeats:

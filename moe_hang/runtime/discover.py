@@ -2,7 +2,8 @@
 
 Only the allowlisted environment variables of another process are ever read into memory
 beyond this module (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCH_*, NCCL_*,
-plus moe-hang's own probe directory).
+plus moe-hang's own probe directory; of the launcher, where the job's store is: PET_*,
+SLURM_JOB_ID, SLURM_STEP_ID, never written anywhere).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -264,3 +266,90 @@ def _split_orphans(cands: list[RankProc]) -> tuple[list[RankProc], list[RankProc
         else:
             ranks[c.rank] = c
     return sorted(ranks.values(), key=lambda r: r.rank), orphans
+
+
+@dataclass
+class JobOnHost:
+    """One distributed job found on this host (``moe-hang diagnose`` without a PID)."""
+
+    pid: int  # what to diagnose: its torchrun agent, else its lowest rank
+    agent: int | None
+    ranks: list[int]
+    world_size: int | None
+    command: str
+
+    def describe(self) -> str:
+        what = "torchrun agent" if self.agent is not None else f"rank {min(self.ranks)}"
+        rs = self.ranks
+        span = (f"rank {rs[0]}" if len(rs) == 1 else
+                f"ranks {rs[0]}-{rs[-1]}" if rs == list(range(rs[0], rs[-1] + 1)) else
+                "ranks " + ",".join(map(str, rs)))
+        of = f" of {self.world_size}" if self.world_size else ""
+        return f"PID {self.pid}  {what}, {span}{of}: {self.command[:90]}"
+
+
+def find_jobs() -> list[JobOnHost]:
+    """Every distributed job on this host that this user may read: processes with RANK in
+    their environment, grouped by their torchrun agent (their parent), else by rendezvous
+    settings (ranks started by srun or mpirun). A rank's own children (DataLoader workers)
+    are not ranks."""
+    host = socket.gethostname()
+    me = os.getpid()
+    procs: dict[int, tuple[psutil.Process, RankProc]] = {}
+    for p in psutil.process_iter():
+        if p.pid == me or not _live(p):
+            continue
+        rp = _rank_of(p, host)
+        if rp is not None:
+            procs[p.pid] = (p, rp)
+    groups: dict[tuple[Any, ...], list[RankProc]] = {}
+    agents: dict[tuple[Any, ...], psutil.Process] = {}
+    for p, rp in procs.values():
+        try:
+            ppid = p.ppid()
+        except psutil.Error:
+            continue
+        parent_rank = procs.get(ppid)
+        if parent_rank is not None and parent_rank[1].rank == rp.rank:
+            continue
+        parent: psutil.Process | None
+        try:
+            parent = psutil.Process(ppid) if ppid > 1 else None
+        except psutil.Error:
+            parent = None
+        if parent is not None and _is_launcher(parent):
+            key: tuple[Any, ...] = ("agent", ppid)
+            agents[key] = parent
+        else:
+            key = ("env", *(rp.env.get(k) for k in ("MASTER_ADDR", "MASTER_PORT",
+                                                   "TORCHELASTIC_RUN_ID", "WORLD_SIZE")))
+        groups.setdefault(key, []).append(rp)
+    jobs = []
+    for key, ranks in groups.items():
+        ranks.sort(key=lambda r: r.rank)
+        agent = agents.get(key)
+        lead = agent if agent is not None else procs[ranks[0].pid][0]
+        cmd = " ".join(_cmdline(lead)) or "?"
+        jobs.append(JobOnHost(pid=lead.pid, agent=agent.pid if agent else None,
+                              ranks=sorted({r.rank for r in ranks}),
+                              world_size=next((r.world_size for r in ranks if r.world_size),
+                                              None), command=cmd))
+    return sorted(jobs, key=lambda j: j.pid)
+
+
+def launcher_of(job: FoundJob) -> tuple[list[str], dict[str, str]]:
+    """The command line of the job's launcher (its torchrun agent, else a rank) and the few
+    variables of its environment that say where the job's store and its watchers are
+    (``PET_*``, ``SLURM_JOB_ID``, ``SLURM_STEP_ID``), read only for that."""
+    pid = job.agent if job.agent is not None else (job.ranks[0].pid if job.ranks else None)
+    if pid is None:
+        return [], {}
+    try:
+        p = psutil.Process(pid)
+        cmd = p.cmdline()
+        raw = p.environ()
+    except (psutil.Error, OSError):
+        return [], {}
+    keep = {k: v for k, v in raw.items()
+            if k.startswith("PET_") or k in ("SLURM_JOB_ID", "SLURM_STEP_ID")}
+    return cmd, keep

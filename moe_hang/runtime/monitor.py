@@ -172,6 +172,12 @@ class Monitor:
     def held_for(self) -> float:
         return time.monotonic() - self.held_since if self.held_since is not None else 0.0
 
+    def moving(self, within_s: float) -> dict[int, bool]:
+        """Which ranks moved in the last ``within_s`` seconds (what a multi-node watcher tells
+        the other nodes); empty until every local rank is up."""
+        now = time.monotonic()
+        return {r: now - st.moved_at < within_s for r, st in self.ranks.items()}
+
     # ------------------------------------------------------------------ one poll
 
     def _poll(self) -> str | None:

@@ -1,0 +1,292 @@
+"""Multi-node ``watch``: one ``moe-hang watch`` per torchrun agent, as srun starts them, and
+one verdict for the whole job from one coordinated capture.
+
+The job (tests/e2e/jobs/expert_skip.py): an expert group per node; global rank 3 routed no
+token and skips its group's all-gather, so rank 2 waits in that all-gather while every other
+rank waits in the loss all-reduce. Agents meet under c10d rendezvous on 127.0.0.1 (which agent
+gets which ranks is torch's race), or in network namespaces with host names of their own
+(root only: skipped elsewhere, the namespaces are removed by the test that made them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import (
+    JOBS,
+    ROOT,
+    assert_no_survivors,
+    free_port,
+    job_env,
+    moe_hang_argv,
+    processes_with_env,
+    run_cli,
+    wait_files,
+)
+
+pytestmark = [pytest.mark.e2e]
+
+SCRIPT = str(JOBS / "expert_skip.py")
+PY = sys.executable
+
+
+def _torchrun(nnodes: int, endpoint: str, rdzv_id: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc_per_node",
+            "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", rdzv_id,
+            "--max_restarts", "0", SCRIPT]
+
+
+def _watch(out: Path, *opts: str) -> list[str]:
+    return moe_hang_argv("watch", "--stall", "3", "--out", str(out), "--json", *opts, "--")
+
+
+class Nodes:
+    """The processes of one test (watchers, plain agents), each in its own session; on exit
+    every one of them and every rank of the job (by its JOB_MARKS) is gone."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, argv: list[str], **env: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT, env=job_env(JOB_MARKS=str(self.marks), **env),
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def results(self, procs: list[subprocess.Popen[str]], timeout: float = 150
+                ) -> list[tuple[int, dict, str]]:
+        """(exit code, --json diagnosis, stderr) of each watcher."""
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            assert stdout.strip(), stderr[-3000:]
+            out.append((p.returncode, json.loads(stdout), stderr))
+        return out
+
+    def rank_dirs(self) -> dict[int, Path]:
+        """Which run directory watches which global rank (its ranks' heartbeats)."""
+        found = {}
+        for hb in self.tmp.glob("node*/ranks/rank*.hb.json"):
+            found[int(hb.name[4:].split(".")[0])] = hb.parent.parent
+        return found
+
+    def close(self) -> None:
+        # the ranks first: torchrun starts them in sessions of their own, and they hold its
+        # output pipe open
+        for p in processes_with_env("JOB_MARKS", str(self.marks)):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.communicate(timeout=10)
+        deadline = time.monotonic() + 10
+        while processes_with_env("JOB_MARKS", str(self.marks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    n = Nodes(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+    assert_no_survivors(str(tmp_path))
+    assert_no_survivors(SCRIPT)
+
+
+def _by_rank(d: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in d["ranks"]}
+
+
+def _assert_rank3_verdict(d: dict) -> None:
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [3], d["summary"]
+    r = _by_rank(d)
+    assert r[2]["collective"]["op"] == "all_gather" and r[2]["collective"]["pg"] != "0"
+    assert all(r[k]["collective"]["op"] == "all_reduce" for k in (0, 1, 3))
+
+
+@pytest.mark.timeout(240)
+def test_two_agents_one_capture_one_verdict(nodes: Nodes, tmp_path: Path) -> None:
+    """The issue's case: both watchers print culprit rank 3 with every rank's line, from one
+    coordinated capture; analyze over both directories agrees; nothing survives."""
+    port = free_port()
+    procs = [nodes.start(_watch(tmp_path / f"node{i}") + _torchrun(2, f"127.0.0.1:{port}",
+                                                                    "mn2"))
+             for i in (0, 1)]
+    res = nodes.results(procs)
+    assert [code for code, _, _ in res] == [3, 3], [err[-2000:] for _, _, err in res]
+    for _, d, err in res:
+        _assert_rank3_verdict(d)
+        assert "one verdict for the job from nodes 0 (" in err, err[-2000:]
+    own = ("artifacts", "command", "job_exit_code", "detected", "timings")  # each node's
+    a, b = ({k: v for k, v in d.items() if k not in own} for _, d, _ in res)
+    assert a == b
+    verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+                for i in (0, 1)]
+    assert verdicts[0]["request"] == verdicts[1]["request"]  # one capture round
+    assert sorted(verdicts[0]["captured"]) == ["0", "1"] and verdicts[0]["missing"] == []
+    # what the ranks wrote while they were being ended is kept apart from the capture
+    assert all((tmp_path / f"node{i}" / "teardown" / "job.log").exists() for i in (0, 1))
+    merged = run_cli("analyze", str(tmp_path / "node0"), str(tmp_path / "node1"), "--json",
+                     timeout=60)
+    assert merged.returncode == 3, merged.stderr
+    _assert_rank3_verdict(json.loads(merged.stdout))
+
+
+@pytest.mark.timeout(240)
+def test_three_agents_one_watcher_killed_mid_run(nodes: Nodes, tmp_path: Path) -> None:
+    """Three agents; the watcher of the node without rank 3 is SIGKILLed once the job runs
+    (its agent and ranks run on, unwatched): the two others still agree on rank 3 and name
+    that node's ranks unknown, never guilty."""
+    port = free_port()
+    procs = [nodes.start(_watch(tmp_path / f"node{i}") + _torchrun(3, f"127.0.0.1:{port}",
+                                                                    "mn3"))
+             for i in (0, 1, 2)]
+    wait_files(nodes.marks, "hang.rank*", 6, timeout=120, what="6 ranks reaching 'hang'")
+    deadline = time.monotonic() + 20
+    while len(nodes.rank_dirs()) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dirs = nodes.rank_dirs()
+    victim_dir = dirs[4]  # ranks 4 and 5: not in the skipped expert group
+    victim = procs[int(victim_dir.name[4:])]
+    os.kill(victim.pid, signal.SIGKILL)  # the watcher only: its job is in another session
+    lost = sorted(r for r, d in dirs.items() if d == victim_dir)
+    others = [p for p in procs if p is not victim]
+    res = nodes.results(others)
+    assert [code for code, _, _ in res] == [3, 3], [err[-2000:] for _, _, err in res]
+    for _, d, err in res:
+        assert d["verdict"] == "desync" and d["culprit_ranks"] == [3], d["summary"]
+        r = _by_rank(d)
+        assert [r[k]["state"] for k in lost] == ["unknown", "unknown"], err[-2000:]
+        assert any(f"ranks {lost[0]}, {lost[1]} unknown" in e for e in d["evidence"]), \
+            (d["evidence"], err[-3000:])
+    assert res[0][1]["summary"] == res[1][1]["summary"]
+
+
+@pytest.mark.timeout(240)
+def test_a_node_without_watcher_is_unknown_not_guilty(nodes: Nodes, tmp_path: Path) -> None:
+    """Static rendezvous (node ranks fixed): node 0 under watch, node 1 a plain torchrun. Node
+    0's ranks only wait; the verdict says for whom and where to look, blames nobody, and is
+    not acted on until --hang-after."""
+    port = free_port()
+    static = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+              "--master_addr", "127.0.0.1", "--master_port", str(port), "--max_restarts", "0"]
+    watched = nodes.start([*_watch(tmp_path / "node0", "--hang-after", "4"), *static,
+                           "--node_rank", "0", SCRIPT])
+    nodes.start([*static, "--node_rank", "1", SCRIPT])
+    [(code, d, err)] = nodes.results([watched])
+    assert code == 3, err[-2000:]
+    assert d["culprit_ranks"] == [] and d["verdict"] == "hang", d["summary"]
+    assert re.search(r"Ranks 0, 1 wait in all_reduce default_pg#\d+ for ranks 2, 3 on node 1: "
+                     r"run moe-hang there, or `moe-hang analyze` both captures", d["summary"])
+    assert [_by_rank(d)[r]["state"] for r in (2, 3)] == ["unknown", "unknown"]
+    assert "not ended: still watching" in err  # held until --hang-after, then ended
+    verdict = json.loads((tmp_path / "node0" / "coord" / "verdict.json").read_text())
+    assert verdict["missing"] == ["1"] and verdict["unknown_ranks"] == [2, 3]
+
+
+@contextlib.contextmanager
+def _namespaces(tmp: Path) -> Iterator[list[str]]:
+    """Two "hosts", node0 and node1: a network namespace each, joined by a veth pair; the
+    names resolve through a hosts file bind-mounted into each host's mount namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    tag = uuid.uuid4().hex[:6]
+    ns = [f"mh{tag}{i}" for i in (0, 1)]
+    made: list[str] = []
+    try:
+        for n in ns:
+            got = subprocess.run(["ip", "netns", "add", n], capture_output=True, text=True)
+            if got.returncode != 0:
+                pytest.skip(f"ip netns add is not allowed here: {got.stderr.strip()}")
+            made.append(n)
+        subprocess.run(["ip", "link", "add", f"{ns[0]}v", "type", "veth", "peer", "name",
+                        f"{ns[1]}v"], check=True)
+        for i, n in enumerate(ns):
+            subprocess.run(["ip", "link", "set", f"{n}v", "netns", n], check=True)
+            subprocess.run(["ip", "-n", n, "addr", "add", f"10.213.9.{i + 1}/24", "dev",
+                            f"{n}v"], check=True)
+            subprocess.run(["ip", "-n", n, "link", "set", f"{n}v", "up"], check=True)
+            subprocess.run(["ip", "-n", n, "link", "set", "lo", "up"], check=True)
+        (tmp / "hosts").write_text("127.0.0.1 localhost\n10.213.9.1 node0\n10.213.9.2 node1\n")
+        yield ns
+    finally:
+        for n in made:  # the veth pair goes with them
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def _on_host(ns: list[str], i: int, tmp: Path, argv: list[str]) -> list[str]:
+    """``argv`` run on "host" i: its network namespace, host name and /etc/hosts."""
+    inner = (f"hostname node{i} && mount --bind {tmp / 'hosts'} /etc/hosts && exec "
+             + " ".join(argv))
+    return ["ip", "netns", "exec", ns[i], "unshare", "--uts", "--mount", "sh", "-c", inner]
+
+
+@pytest.mark.timeout(240)
+def test_separate_hosts_through_a_shared_dir(nodes: Nodes, tmp_path: Path) -> None:
+    """Each agent on a host of its own; the watchers outside them (as with a container whose
+    network the watcher is not in): the store cannot be reached, the shared directory can."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with _namespaces(tmp_path) as ns:
+        tr = _torchrun(2, "node0:29702", "nsjob")
+        procs = [nodes.start(_watch(tmp_path / f"node{i}", "--shared-dir", str(shared))
+                             + _on_host(ns, i, tmp_path, tr), GLOO_SOCKET_IFNAME=f"{ns[i]}v")
+                 for i in (0, 1)]
+        res = nodes.results(procs)
+    assert [code for code, _, _ in res] == [3, 3], [err[-2000:] for _, _, err in res]
+    for _, d, err in res:
+        _assert_rank3_verdict(d)
+        assert {r["host"] for r in d["ranks"]} == {"node0", "node1"}
+        assert "one verdict for the job from nodes 0 (node" in err
+    # the run key is the agents' rendezvous id, found in their command line
+    assert (shared / "moe-hang" / "nsjob" / "verdict").is_file()
+
+
+@pytest.mark.timeout(240)
+def test_separate_hosts_the_store_gone_for_one(nodes: Nodes, tmp_path: Path) -> None:
+    """Watchers on their hosts, through the rendezvous store on node0; once the job hangs,
+    node1's link goes down. Node0 names node1's ranks unknown; node1, cut off from the store
+    (its calls bounded however long the partition blocks them), gives a verdict of its own
+    ranks only. Neither blames a rank for waiting on the other's."""
+    with _namespaces(tmp_path) as ns:
+        tr = _torchrun(2, "node0:29702", "nscut")
+        procs = [nodes.start(_on_host(ns, i, tmp_path, _watch(tmp_path / f"node{i}",
+                                                              "--hang-after", "4") + tr),
+                             GLOO_SOCKET_IFNAME=f"{ns[i]}v")
+                 for i in (0, 1)]
+        wait_files(nodes.marks, "hang.rank*", 4, timeout=120, what="4 ranks reaching 'hang'")
+        subprocess.run(["ip", "-n", ns[1], "link", "set", f"{ns[1]}v", "down"], check=True)
+        res = nodes.results(procs, timeout=180)
+    assert [code for code, _, _ in res] == [3, 3], [err[-2000:] for _, _, err in res]
+    dirs = nodes.rank_dirs()
+    for i, (_, d, err) in enumerate(res):
+        v = json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+        mine = sorted(r for r, p in dirs.items() if p.name == f"node{i}")
+        assert v["captured"] == [str(mine[0] // 2)], (i, v["captured"], err[-2000:])
+        if i == 1:
+            assert v["local_only"] and "store" in (v["note"] or ""), v
+        if mine == [2, 3]:
+            assert d["culprit_ranks"] == [3], d["summary"]  # its expert group is all there
+        else:
+            assert d["culprit_ranks"] == [] and "Ranks 0, 1 wait in all_reduce" in \
+                d["summary"], d["summary"]

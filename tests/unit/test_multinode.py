@@ -1,0 +1,235 @@
+"""moe_hang.commands.multinode, without processes: the global analysis from the nodes'
+summaries, what is not known is not blamed, a verdict as data, and finding jobs on a host.
+
+The heartbeats are the real ones of the issue's case (tests/e2e/jobs/expert_skip.py on two
+torchrun agents: rank 2 waits in its expert group's all-gather, ranks 0, 1 and 3 in the loss
+all-reduce), hosts renamed vm-0 and vm-1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, assert_no_survivors
+
+from moe_hang.analysis.diagnosis import Certainty, Verdict
+from moe_hang.analysis.rules import diagnose
+from moe_hang.commands import multinode
+from moe_hang.commands.diagnose import pick_job
+from moe_hang.errors import MoeHangError
+from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.model import Evidence
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import coord
+from moe_hang.runtime.coord import CaptureRequest, NodeSummary
+from moe_hang.runtime.discover import find_jobs
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _heartbeats(fixtures: Path) -> dict[int, dict[str, Any]]:
+    raw = (fixtures / "multinode" / "expert_skip_heartbeats.json").read_text()
+    return {int(r): hb for r, hb in json.loads(raw.replace("@ROOT@", str(ROOT))).items()}
+
+
+def _summaries(fixtures: Path) -> dict[str, NodeSummary]:
+    hbs = _heartbeats(fixtures)
+    out = {}
+    for n in (0, 1):
+        mine = {r: hb for r, hb in hbs.items() if r // 2 == n}
+        s = coord.summarize_heartbeats(mine, node=str(n), moving=dict.fromkeys(mine, False),
+                                       kind="capture")
+        s.groups = {"0": [0, 1, 2, 3], str(n + 1): [2 * n, 2 * n + 1]}
+        out[str(n)] = s
+    return out
+
+
+def _global(summaries: dict[str, NodeSummary], unknown: list[int]) -> tuple[Any, Evidence]:
+    ev = Evidence(ranks={}, world_size=4, job="stalled")
+    multinode.merge_remote(ev, summaries)
+    diag = diagnose(ev)
+    multinode.guard_unknown(diag, ev, unknown, local_world=2,
+                            hosts={n: s.host for n, s in summaries.items()} | {"1": "vm-1"})
+    return diag, ev
+
+
+def test_summaries_of_both_nodes_name_the_rank_that_skipped(fixtures: Path) -> None:
+    sums = _summaries(fixtures)
+    # what travels between nodes is the compact summary: round-trip it through the encoding
+    sums = {n: NodeSummary.decode(s.encode()) or s for n, s in sums.items()}
+    assert sums["1"].groups == {"0": [0, 1, 2, 3], "2": [2, 3]}  # the probe's group lists
+    diag, ev = _global(sums, [])
+    assert sorted(ev.ranks) == [0, 1, 2, 3]
+    assert diag.verdict == Verdict.DESYNC and diag.culprit_ranks == [3]
+    assert {r.rank: r.host for r in diag.ranks} == {0: "vm-0", 1: "vm-0", 2: "vm-1", 3: "vm-1"}
+
+
+def test_waiting_on_an_unknown_node_blames_nobody(fixtures: Path) -> None:
+    """Node 1's watcher never answered: ranks 0 and 1 only wait, and the verdict says for
+    whom and where to look."""
+    diag, _ = _global({"0": _summaries(fixtures)["0"]}, [2, 3])
+    assert diag.culprit_ranks == []
+    assert diag.certainty == Certainty.UNCERTAIN
+    assert diag.summary.startswith("Ranks 0, 1 wait in all_reduce default_pg#9 for ranks 2, 3 "
+                                   "on node vm-1: run moe-hang there, or `moe-hang analyze` "
+                                   "both captures"), diag.summary
+    unknown = [r for r in diag.ranks if r.rank in (2, 3)]
+    assert [r.state for r in unknown] == ["unknown", "unknown"]
+    assert any("ranks 2, 3 unknown" in e for e in diag.evidence)
+
+
+def test_a_fully_known_group_that_disagrees_stands(fixtures: Path) -> None:
+    """Node 0 unknown, but ranks 2 and 3 make up their expert group: rank 2 waits in its
+    all-gather, rank 3 never posted it. That is rank 3's doing whatever node 0 does."""
+    diag, _ = _global({"1": _summaries(fixtures)["1"]}, [0, 1])
+    assert diag.culprit_ranks == [3], diag.summary
+    assert {r.rank: r.state for r in diag.ranks}[0] == "unknown"
+
+
+def _capture(fixtures: Path, tmp: Path, node: int) -> Path:
+    """One node's real capture (processes, heartbeats, recorder dumps, py-spy stacks), with
+    this checkout's paths."""
+    src = fixtures / "multinode" / f"node{node}"
+    dst = tmp / f"node{node}"
+    shutil.copytree(src, dst)
+    for p in dst.rglob("*.json"):
+        p.write_text(p.read_text().replace("@ROOT@", str(ROOT)))
+    for p in dst.rglob("*.txt"):
+        p.write_text(p.read_text().replace("@ROOT@", str(ROOT)))
+    return dst
+
+
+@pytest.mark.parametrize(("analyst", "world"), [(0, 4), (1, 4), (0, 6), (1, 6)])
+def test_one_nodes_capture_and_the_others_summary(fixtures: Path, tmp_path: Path,
+                                                  analyst: int, world: int) -> None:
+    """What the analysing node does: its own capture (py-spy, recorder dumps) plus the
+    other node's capture summary, recent collectives included. World 6: a third node never
+    answered; the expert group of ranks 2 and 3 is all known, so rank 3 is still the one."""
+    other = 1 - analyst
+    ev = load_capture(_capture(fixtures, tmp_path, analyst), world=world, job="stalled")
+    summary = multinode.capture_summary(RunLayout(_capture(fixtures, tmp_path, other)),
+                                        str(other), f"vm-{other}",
+                                        moving=dict.fromkeys(range(4), False), alive=None)
+    assert summary.ranks[0].history and summary.ranks[0].fr_status
+    summary = NodeSummary.decode(summary.encode())  # as it travels
+    assert summary is not None
+    assert multinode.merge_remote(ev, {str(other): summary}) == [2 * other, 2 * other + 1]
+    diag = diagnose(ev)
+    multinode.guard_unknown(diag, ev, multinode.local_ranks_unknown(world, ev.ranks),
+                            local_world=2, hosts={})
+    assert diag.verdict == Verdict.DESYNC and diag.culprit_ranks == [3], diag.summary
+    if world == 6:
+        assert [r.state for r in diag.ranks if r.rank >= 4] == ["unknown", "unknown"]
+
+
+def test_diagnosis_round_trips_through_json(fixtures: Path) -> None:
+    """Every node prints the verdict another node analysed: from its JSON, unchanged."""
+    cases = [diagnose(load_capture(fixtures / name, **kw)) for name, kw in (
+        ("ragged_gloo", {}), ("op_mismatch", {}), ("healthy", {"job": "completed"}))]
+    cases.append(_global(_summaries(fixtures), [])[0])
+    cases.append(_global({"0": _summaries(fixtures)["0"]}, [2, 3])[0])
+    for diag in cases:
+        d = diag.to_dict()
+        back = multinode.diagnosis_from_dict(json.loads(json.dumps(d)))
+        assert back.to_dict() == d
+
+
+def test_request_kinds() -> None:
+    def req(reason: str) -> CaptureRequest:
+        return CaptureRequest("x", reason, "0", "h", 0.0)
+
+    assert multinode.request_kind(req("stalled: no progress for 3 s")) == "stalled"
+    assert multinode.request_kind(req("desync: ranks wait in mismatched ...")) == "desync"
+    assert multinode.request_kind(req("final: no progress for 300 s")) == "final"
+    assert multinode.request_kind(req("anything else")) == "requested"
+    assert multinode.request_kind(None) == "requested"
+
+
+def test_plan_only_for_multi_node_jobs_or_a_shared_dir(tmp_path: Path) -> None:
+    one = ["torchrun", "--nproc-per-node", "2", "train.py"]
+    two = ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "head:29400", "--rdzv-id", "job7", "train.py"]
+    assert multinode.plan(one, None, env={}) is None
+    p = multinode.plan(two, None, env={"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
+    assert p is not None and p.endpoint is not None
+    assert (p.endpoint.host, p.endpoint.port, p.run) == ("head", 29400, "job7-slurm42.0")
+    d = multinode.plan(one, tmp_path, env={})
+    assert d is not None and d.shared_dir == tmp_path.resolve() and d.run == "none"
+    with pytest.raises(MoeHangError, match="not a directory"):
+        multinode.plan(two, tmp_path / "nope", env={})
+
+
+LAUNCHER = """
+import os, subprocess, sys, time
+procs = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[2]],
+                          env=dict(os.environ, RANK=str(r), WORLD_SIZE='2', LOCAL_RANK=str(r),
+                                   LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                                   MASTER_PORT=sys.argv[1], TORCHELASTIC_RUN_ID=sys.argv[2]))
+         for r in range(2)]
+open(sys.argv[3], 'w').write('up')
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_diagnose_without_a_pid_finds_the_jobs_on_this_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One job: it is the one; two: both listed, and a PID is asked for. A "launcher" here is
+    a process whose command line names torch.distributed.run, as torchrun's does. (Other
+    engineers' jobs on this host are left out of what pick_job sees.)"""
+    from moe_hang.commands import diagnose as diagnose_cmd
+
+    tag = f"findjobs-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def ours() -> list[Any]:
+        return [j for j in find_jobs() if j.agent in {p.pid for p in procs}]
+
+    monkeypatch.setattr(diagnose_cmd, "find_jobs", ours)
+    try:
+        with pytest.raises(MoeHangError, match="no distributed PyTorch job on this host"):
+            pick_job()
+        for i, port in enumerate((29991, 29992)):
+            up = tmp_path / f"up{i}"
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), str(port), tag, str(up), "torch.distributed.run"],
+                start_new_session=True))
+            deadline = time.monotonic() + 30
+            while not up.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            mine = ours()
+            assert [j.agent for j in mine] == [p.pid for p in procs]
+            assert all(j.ranks == [0, 1] and j.world_size == 2 for j in mine)
+        with pytest.raises(MoeHangError) as err:
+            pick_job()
+        text = str(err.value)
+        assert text.startswith("2 distributed jobs on this host; give the PID of one:")
+        assert all(f"PID {p.pid}  torchrun agent, ranks 0-1 of 2" in text for p in procs)
+        _end(procs.pop())
+        assert pick_job() == procs[0].pid
+    finally:
+        for p in procs:
+            _end(p)
+        assert_no_survivors(tag)
+
+
+def _end(p: subprocess.Popen[bytes]) -> None:
+    """The fake launcher and its fake ranks, by pid."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for c in psutil.Process(p.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                c.kill()  # a zombie until its parent goes: not waited for
+    p.kill()
+    p.wait(5)
