@@ -12,9 +12,13 @@ from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, 
 from moe_hang.analysis.kinds import ROW
 from moe_hang.analysis.order import (
     Ahead,
+    Inversion,
     breaks_history,
     further_along,
+    group_kind,
+    inversion,
     program_order,
+    site_key,
     user_frames,
     who_skipped,
 )
@@ -102,7 +106,41 @@ def blame(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
         two = _two_sides(sides, g.have, views)
         if two is not None:
             return two
+    if (odd := _breaks_constant(sides, g.have, views)) is not None:
+        return Blame(odd, CulpritBasis.HISTORY)
     return Blame(sorted(g.have), CulpritBasis.AMBIGUOUS)
+
+
+def _signature(c: Collective) -> tuple[object, ...]:
+    return (c.op, tuple(tuple(s) for s in c.input_sizes), tuple(c.dtypes))
+
+
+def _keeps_constant(c: Collective, views: dict[int, RankView]) -> bool | None:
+    """Every earlier (completed) collective of this op on a group like this one, from this
+    call site where the recorder has one, had one signature (op, sizes, dtypes): does ``c``
+    have it? None: no history, or it varies (ragged sizes: history cannot tell)."""
+    kind, site = group_kind(c), site_key(c)
+    seen = {_signature(h) for v in views.values() for by_seq in v.tl.by_pg.values()
+            for h in by_seq.values()
+            if h.completed is True and h.op == c.op and group_kind(h) == kind
+            and site_key(h) == site}
+    if len(seen) != 1:
+        return None
+    return _signature(c) in seen
+
+
+def _breaks_constant(sides: list[list[int]], have: dict[int, Collective],
+                     views: dict[int, RankView]) -> list[int] | None:
+    """Two camps, no majority: the one whose collective differs from what this collective
+    always was in earlier steps, while the other's is just that."""
+    if len(sides) != 2:
+        return None
+    keeps = [_keeps_constant(have[rs[0]], views) for rs in sides]
+    if keeps == [True, False]:
+        return sides[1]
+    if keeps == [False, True]:
+        return sides[0]
+    return None
 
 
 def _blame_absent(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
@@ -140,6 +178,9 @@ def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
     ranks = sorted({e.waiter for e in cycle})
     if ahead and len(set(ahead)) < len(ranks):
         return Blame(sorted(set(ahead)), basis, confirmed)
+    inv = cycle_inversion(cycle, views)
+    if inv is not None:
+        return Blame(inv.culprits, inv.basis)
     # exclusive branches (no order between them): did one rank break what earlier
     # iterations did (the others doing what they always did)?
     broke = {r: breaks_history(r, views) for r in ranks}
@@ -147,6 +188,16 @@ def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
     if deviating and any(b is False for b in broke.values()):
         return Blame(deviating, CulpritBasis.HISTORY)
     return Blame(ranks, CulpritBasis.CYCLE)
+
+
+def cycle_inversion(cycle: list[Edge], views: dict[int, RankView]) -> Inversion | None:
+    """A cycle through two collectives of different groups that its ranks posted in opposite
+    orders (every one posted both: NCCL enqueues without waiting)."""
+    colls = {(e.coll.pg, e.coll.seq): e.coll for e in cycle if e.coll is not None}
+    if len(colls) != 2:
+        return None
+    x, y = colls.values()
+    return inversion(x, y, views) if x.pg != y.pg else None
 
 
 def _stand_in(rank: int, views: dict[int, RankView]) -> Collective:

@@ -46,6 +46,25 @@ def ranks_text(rs: list[int]) -> str:
     return ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
 
+def spans(numbers: list[int]) -> str:
+    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
+    ns = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(ns):
+        j = i
+        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
+            j += 1
+        parts.append(f"{ns[i]}-{ns[j]}" if j - i >= 2 else ", ".join(map(str, ns[i:j + 1])))
+        i = j + 1
+    return ", ".join(parts)
+
+
+def who(numbers: list[int]) -> str:
+    """``rank 3``, ``ranks 0, 4, 12``, ``ranks 0-7``."""
+    return ("rank " if len(set(numbers)) == 1 else "ranks ") + spans(numbers)
+
+
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"

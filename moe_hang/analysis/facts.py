@@ -61,12 +61,17 @@ class Facts:
 
     def waits(self, reports: dict[int, RankReport]) -> str:
         """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
-        from moe_hang.analysis.explain import fmt_sizes
+        from moe_hang.analysis.explain import fmt_sizes, spans
 
         victims = [r for r in self.views if r not in self.killed and r not in self.left
                    and reports[r].collective is not None
                    and (r in self.waiting or reports[r].state == RankState.EXITED)]
-        return ", ".join(f"rank {r} in {fmt_sizes(reports[r].collective)}" for r in victims)
+        # ranks in the same collective together: on 1000 ranks, one clause per kind of wait
+        by_what: dict[str, list[int]] = {}
+        for r in victims:
+            by_what.setdefault(fmt_sizes(reports[r].collective), []).append(r)
+        return ", ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {spans(rs)} in {what}"
+                         for what, rs in by_what.items())
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:

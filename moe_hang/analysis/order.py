@@ -104,7 +104,7 @@ def further_along(r: int, waiting: Collective, views: dict[int, RankView],
     return by_code if by_code.side is not None else posted_past(r, waiting, views)
 
 
-def _group_kind(c: Collective) -> str:
+def group_kind(c: Collective) -> str:
     """Comparable across ranks: a mesh dim's groups share a description (``mesh_tp``), not a
     name (each rank's tp group is another group)."""
     return c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg
@@ -113,7 +113,7 @@ def _group_kind(c: Collective) -> str:
 def _item(c: Collective) -> tuple[str, int, str]:
     # a group's seq counts its collectives: in a program every rank runs alike, the n-th
     # collective of every tp group is the same step's, on every rank, ring buffer or not
-    return (_group_kind(c), c.seq, c.op)
+    return (group_kind(c), c.seq, c.op)
 
 
 def _in_posting_order(v: RankView) -> list[Collective]:
@@ -176,3 +176,76 @@ def breaks_history(r: int, views: dict[int, RankView]) -> bool | None:
     if not followers:
         return None
     return now not in followers
+
+
+@dataclass(frozen=True)
+class Inversion:
+    """Two collectives that the ranks posting both posted in opposite orders."""
+
+    first: Collective  # as the culprits posted them: ``first`` before ``second``
+    second: Collective
+    culprits: list[int]
+    others: list[int]  # posted ``second`` before ``first``
+    basis: CulpritBasis  # HISTORY: the culprits broke the order of earlier steps; MAJORITY
+
+
+def _order_of(v: RankView, x: tuple[str, int], y: tuple[str, int]) -> bool | None:
+    """Did the rank post x before y (record ids)? None: it did not post both."""
+    ids: dict[tuple[str, int], int] = {}
+    for c in v.ev.fr.entries if v.ev.fr is not None else []:
+        if (c.pg, c.seq) in (x, y) and c.record_id is not None:
+            ids[(c.pg, c.seq)] = c.record_id
+    return ids[x] < ids[y] if len(ids) == 2 else None
+
+
+def _shape(c: Collective) -> tuple[object, ...]:
+    return (group_kind(c), c.op, tuple(tuple(s) for s in c.input_sizes))
+
+
+def _followers(views: dict[int, RankView]) -> dict[tuple[object, ...], set[tuple[object, ...]]]:
+    """In the completed history of every rank: which shape of collective came next after
+    each shape (a loop's steps repeat: what came after X before, comes after X again)."""
+    out: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
+    for v in views.values():
+        done = [c for c in _in_posting_order(v) if c.completed is True]
+        for a, b in pairwise(done):
+            out.setdefault(_shape(a), set()).add(_shape(b))
+    return out
+
+
+def _keeps_history(v: RankView, first: Collective,
+                   follow: dict[tuple[object, ...], set[tuple[object, ...]]]) -> bool | None:
+    """Does the collective the rank posted first of the two follow the one it posted before
+    it the way earlier steps did? None: no history for that one."""
+    seq = _in_posting_order(v)
+    i = next((j for j, c in enumerate(seq) if (c.pg, c.seq) == (first.pg, first.seq)), None)
+    if not i:
+        return None
+    nxt = follow.get(_shape(seq[i - 1]))
+    return None if not nxt else _shape(first) in nxt
+
+
+def inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inversion | None:
+    """The ranks that posted both x and y, split by the order they posted them in; the side
+    that broke the order every rank's earlier steps kept is the culprit, else a strict
+    minority; else undecided (None)."""
+    kx, ky = (x.pg, x.seq), (y.pg, y.seq)
+    xy = sorted(r for r, v in views.items() if _order_of(v, kx, ky) is True)
+    yx = sorted(r for r, v in views.items() if _order_of(v, kx, ky) is False)
+    if not xy or not yx:
+        return None
+    follow = _followers(views)
+    kept = {r: _keeps_history(views[r], x if r in xy else y, follow) for r in xy + yx}
+    for bad, good in ((xy, yx), (yx, xy)):
+        if all(kept[r] is False for r in bad) and all(kept[r] is True for r in good):
+            return _inv(bad, good, x, y, views, CulpritBasis.HISTORY)
+    if len(xy) != len(yx):
+        bad, good = (xy, yx) if len(xy) < len(yx) else (yx, xy)
+        return _inv(bad, good, x, y, views, CulpritBasis.MAJORITY)
+    return None
+
+
+def _inv(bad: list[int], good: list[int], x: Collective, y: Collective,
+         views: dict[int, RankView], basis: CulpritBasis) -> Inversion:
+    first, second = (x, y) if _order_of(views[bad[0]], (x.pg, x.seq), (y.pg, y.seq)) else (y, x)
+    return Inversion(first, second, bad, good, basis)

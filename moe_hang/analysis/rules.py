@@ -14,22 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, Situation
-from moe_hang.analysis.culprit import blame_abort, blame_cycle
+from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
     Diagnosis,
     Divergence,
+    MismatchKind,
     RankState,
     Verdict,
     pg_label,
 )
+from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
     culprit_clause,
     desync_summary,
     ranks_text,
     shift_summary,
     site_str,
+    spans,
+    who,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts
 from moe_hang.analysis.failures import (
@@ -44,10 +48,15 @@ from moe_hang.analysis.failures import (
     timed_out_waiting,
 )
 from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.outcome import Outcome
-from moe_hang.analysis.timeline import build_timeline
+from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.timeline import build_timeline, recorder_only
+from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
+from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.stacks import callsite
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,13 @@ def _cycle(f: Facts) -> Outcome:
         culprits |= set(blame_cycle(other, f.views).culprits)
     p2p_only = all(e.coll is None for e in cyc)
     verdict = Verdict.HANG if p2p_only else Verdict.DESYNC
+    # posting order alone (NCCL: both enqueued, kernels on two streams): it hung, and this
+    # order explains it, but another cause could too
+    certainty = Certainty.LIKELY if any(e.stream for e in cyc) else Certainty.DEFINITE
+    inv = cycle_inversion(cyc, f.views) if b.basis in (CulpritBasis.HISTORY,
+                                                       CulpritBasis.MAJORITY) else None
+    if inv is not None:
+        return _inverted(f, cyc, inv, verdict, certainty)
     parts = [f"rank {e.waiter} waits in {e.what}"
              + (f" at {site_str(f.views[e.waiter].site)}" if f.views[e.waiter].site else "")
              + f" for rank {e.on}" for e in cyc]
@@ -141,8 +157,31 @@ def _cycle(f: Facts) -> Outcome:
     # show the group that a culprit skipped (not the one it is held up in)
     div = next((g.div for g in on_cycle if set(g.absent) & culprits),
                on_cycle[0].div if on_cycle else None)
-    return Outcome(verdict, sorted(culprits), b.basis, Certainty.DEFINITE, summary,
-                   Advice(text), div)
+    return Outcome(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+
+
+def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
+              certainty: Certainty) -> Outcome:
+    def name(c: Collective) -> str:
+        at = callsite(c.frames)
+        return (f"{c.op} {pg_label(c.pg, c.pg_desc)}#{c.seq}"
+                + (f" (at {site_str(at)})" if at else ""))
+
+    why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
+           else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
+    summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
+               f"{name(inv.second)}; {who(inv.others)} posted them the other way "
+               f"round ({why}). Each waits for the other: "
+               + "; ".join(f"rank {e.waiter} in {e.what} for rank {e.on}" for e in cyc) + ".")
+    text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
+            f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
+            f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
+            "every group in the same order on every rank.")
+    div = next((g.div for g in f.divs if g.div.pg in (inv.first.pg, inv.second.pg)), None)
+    if div is None:
+        div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.OP, inv.second.pg_desc,
+                         sorted(inv.culprits + inv.others), phase="order")
+    return Outcome(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
 
 
 def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
@@ -200,12 +239,14 @@ def _outside(f: Facts) -> list[int]:
 def _stalled_outside(f: Facts) -> Outcome:
     culprits = _outside(f)
     reports = f.reports(None)
-    where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     w = f.waits(reports)
-    summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
-               f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
     div = next((g.div for g in f.divs if set(g.absent) & set(culprits)), None)
     site = f.views[culprits[0]].site
+    if all(recorder_only(f.views[r].ev) for r in culprits):
+        return outside_recorded(f, culprits, w, div)
+    where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
+               f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
     return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                    summary,
                    Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
@@ -249,7 +290,7 @@ def _inconclusive(f: Facts) -> Outcome:
     known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
     return Outcome(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
                    "Not enough evidence to name a cause: "
-                   + (f"states known for rank {ranks_text(known)} only." if known
+                   + (f"states known for rank {spans(known)} only." if known
                       else "no stack or recorder data could be read."))
 
 
@@ -282,6 +323,8 @@ RULES: tuple[Rule, ...] = (
     Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
     Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
          _stack_desync),
+    Rule("unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
+         unmatched_outcome),
     Rule("launcher died", lambda f: f.agent_died, agent_died),
     Rule("monitored barrier names the laggards", lambda f: bool(barrier_laggards(f)),
          monitored_barrier),
@@ -290,6 +333,7 @@ RULES: tuple[Rule, ...] = (
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
+    Rule("recorded collectives all completed", nothing_pending, all_completed),
     Rule("stalled outside collectives",
          lambda f: bool(_outside(f)) and len(_outside(f)) < len(f.waiting), _stalled_outside),
     Rule("straggler", lambda f: bool(f.waiting) and bool(f.moving), _straggler),

@@ -156,6 +156,13 @@ def _pending(tl: RankTimeline) -> list[Collective]:
     return sorted(out, key=lambda c: (c.time_created_ns or 0, c.seq))
 
 
+def recorder_only(ev: RankEvidence) -> bool:
+    """All the tool has of this live, stuck rank is its Flight Recorder dump (post-mortem:
+    ``analyze`` on torch's dump files)."""
+    return (ev.fr is not None and ev.alive is True and ev.progressed is False
+            and not ev.threads and ev.heartbeat is None and not ev.fatal)
+
+
 def rank_view(ev: RankEvidence) -> RankView:
     tl = timeline(ev)
     sv, source = _threads(ev)
@@ -179,6 +186,11 @@ def rank_view(ev: RankEvidence) -> RankView:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
     elif current is not None:
         state = RankState.IN_COLLECTIVE
+    elif recorder_only(ev):
+        # a dump written while the rank was stuck, with nothing pending in it: the rank was
+        # outside every collective the recorder saw (in a send/recv gloo does not record, in
+        # a sleep, a lock, a read); where exactly, only its stack would say
+        state = RankState.IDLE
     else:
         state = RankState.UNKNOWN
     if state == RankState.EXITED and ev.error is not None and ev.error.frames:

@@ -24,6 +24,7 @@ class Edge:
     what: str  # for a person: "all_reduce default_pg#7", "recv from rank 0"
     coll: Collective | None = None  # the collective waited in (None for point-to-point)
     p2p: P2PCall | None = None
+    stream: bool = False  # from posting order alone (NCCL: X pending behind another group's)
 
 
 def _p2p_of(v: RankView) -> P2PCall | None:
@@ -55,12 +56,45 @@ def edges(views: dict[int, RankView], divs: list[GroupDivergence]) -> list[Edge]
                 continue
             out.extend(Edge(w, a, label, coll=c) for a in g.absent
                        if views[a].state != RankState.EXITED)
+    out.extend(_stream_edges(views))
     for r, v in views.items():
         call = _p2p_of(v)
         if call is None or call.peer is None or call.peer not in views:
             continue
         if not _matches(call, r, _p2p_of(views[call.peer]), call.peer):
             out.append(Edge(r, call.peer, call.describe(), p2p=call))
+    return out
+
+
+def _head(v: RankView) -> tuple[Collective | None, set[tuple[str, int]]]:
+    """The rank's oldest pending collective in posting order (record ids), and every pending
+    one's (group, seq)."""
+    if v.ev.fr is None or v.ev.progressed is not False or v.state != RankState.IN_COLLECTIVE:
+        return None, set()
+    pend = [c for c in v.ev.fr.entries if c.completed is False and c.record_id is not None]
+    if not pend:
+        return None, set()
+    return min(pend, key=lambda c: c.record_id or 0), {(c.pg, c.seq) for c in pend}
+
+
+def _stream_edges(views: dict[int, RankView]) -> list[Edge]:
+    """On NCCL a rank enqueues collectives without waiting: several are pending at once, and
+    its oldest holds the rest. A rank whose oldest is X waits for a member of X's group that
+    has X pending behind something else of its own (the two posted in different orders)."""
+    heads = {r: _head(v) for r, v in views.items()}
+    out: list[Edge] = []
+    for r, (head, _) in heads.items():
+        if head is None:
+            continue
+        fr = views[r].ev.fr
+        members = fr.pg_ranks.get(head.pg, []) if fr is not None else []
+        key = (head.pg, head.seq)
+        for m in members:
+            mh, mpend = heads.get(m, (None, set()))
+            if m == r or mh is None or key not in mpend or (mh.pg, mh.seq) == key:
+                continue
+            label = f"{head.op} {pg_label(head.pg, head.pg_desc, word='group')}#{head.seq}"
+            out.append(Edge(r, m, label, coll=head, stream=True))
     return out
 
 

@@ -51,6 +51,7 @@ from moe_hang.analysis.diagnosis import (
     WatchRun,
     pg_label,
 )
+from moe_hang.analysis.explain import spans
 from moe_hang.analysis.rules import diagnose
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import frtrace
@@ -267,21 +268,6 @@ def _members(members: Mapping[str, set[int]], pg: str, world: int | None) -> set
     """A group's members as far as known; the default group has every rank."""
     return set(members.get(pg, set())) | (set(range(world)) if pg == DEFAULT_PG and world
                                           else set())
-
-
-def spans(numbers: Iterable[int]) -> str:
-    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
-    ns = sorted(set(numbers))
-    parts: list[str] = []
-    i = 0
-    while i < len(ns):
-        j = i
-        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
-            j += 1
-        parts.append(f"{ns[i]}-{ns[j]}" if j - i >= 2 else
-                     ", ".join(map(str, ns[i:j + 1])))
-        i = j + 1
-    return ", ".join(parts)
 
 
 def rank_list(ranks: Iterable[int]) -> str:

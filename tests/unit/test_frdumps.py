@@ -224,9 +224,6 @@ def test_real_world_job_names_the_collectives_that_differ(form):
         assert set(want["culprits"]) <= set(d.culprit_ranks)
 
 
-@pytest.mark.xfail(strict=False, reason="verdict engine: a post-mortem rank with no pending "
-                   "entry (blocked in a p2p op gloo does not record) is not yet read as stuck, "
-                   "so 'never enqueued seq 3' is not blamed (inconclusive today)")
 @pytest.mark.parametrize("form", ["pickle", "json"])
 def test_real_p2p_job_blames_the_rank_that_never_enqueued_the_barrier(form):
     want = planted("p2p2")
@@ -234,6 +231,9 @@ def test_real_p2p_job_blames_the_rank_that_never_enqueued_the_barrier(form):
     fd = d.first_divergence
     assert d.culprit_ranks == want["culprits"]
     assert fd is not None and (fd.pg, fd.seq) == (want["pg"], want["seq"])
+    # what the dumps cannot show is said, and how to see it
+    assert "no collective pending" in d.summary and "gloo records no send/recv" in d.summary
+    assert d.certainty == "uncertain" and "stack" in d.fix
 
 
 # ----------------------------------------------------------------------------- naming a set
