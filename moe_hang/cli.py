@@ -205,10 +205,12 @@ moe-hang watch --stall 30 -- torchrun --nproc-per-node 8 train.py
 ```
 """
 
-_ANALYZE_EXAMPLE = """**Example** (captures of watch or diagnose --out, one per node)
+_ANALYZE_EXAMPLE = """**Examples**
 
 ```
-moe-hang analyze node0/ node1/
+moe-hang analyze node0/ node1/        # captures of watch/diagnose
+moe-hang analyze /tmp/fr/             # torch's dumps in a directory
+moe-hang analyze /tmp/nccl_trace_rank_   # by TORCH_FR_DUMP_TEMP_FILE
 ```
 """
 
@@ -325,23 +327,22 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
 
 @app.command(cls=_Command, epilog=_ANALYZE_EXAMPLE)
 def analyze(paths: Annotated[list[Path], typer.Argument(
-                metavar="PATH", help="capture directories (one per node) of the same job")],
+                metavar="PATH", help="capture directories of one job (one per node), or "
+                "Flight Recorder dumps: a directory, a file prefix, files")],
             as_json: Json = False, html: Html = None, verbose: Verbose = False,
             force: Annotated[bool, typer.Option(
                 "--force", help="merge even captures that look like different jobs")]
             = False) -> None:
-    """Merge captures from several nodes (global ranks, hosts) into one verdict."""
+    """One verdict from what a job left behind: moe-hang's captures (one per node) and
+    torch's own Flight Recorder dumps (a directory, a TORCH_FR_DUMP_TEMP_FILE prefix, or the
+    files)."""
     from moe_hang.analysis.diagnosis import exit_code_for
-    from moe_hang.commands import diagnose as commands
+    from moe_hang.commands.diagnose import analyze_paths
     from moe_hang.report.screen import ReportContext
 
     with _errors(""):
         _check_paths(None, html)
-        # analyze_paths (refuses captures of different jobs unless --force, reads torch's own
-        # Flight Recorder dumps) is being written; until it lands, analyze_dirs
-        merge: Callable[..., Diagnosis] | None = getattr(commands, "analyze_paths", None)
-        diag = (merge(list(paths), force=force) if merge is not None
-                else commands.analyze_dirs(list(paths)))
+        diag = analyze_paths(list(paths), force=force)
     _show(diag, ReportContext("analyze", "moe-hang analyze"), as_json=as_json,
           verbose=verbose, html=html, console_log=None)
     raise typer.Exit(exit_code_for(diag.verdict))

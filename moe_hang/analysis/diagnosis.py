@@ -51,6 +51,7 @@ class MismatchKind(_StrEnum):
     SIZE = "size_mismatch"
     DTYPE = "dtype_mismatch"
     MISSING = "missing_rank"
+    ORDER = "order_mismatch"  # the same collectives, posted in different orders (a cycle)
 
 
 class CulpritBasis(_StrEnum):

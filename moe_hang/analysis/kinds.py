@@ -63,6 +63,8 @@ KINDS: tuple[KindRow, ...] = (
             advise_dtype),
     KindRow(MismatchKind.MISSING, None, ops_match, "a collective some ranks never reached",
             advise_order),
+    KindRow(MismatchKind.ORDER, None, ops_match, "the same collectives in different orders",
+            advise_order),
 )
 ROW = {row.kind: row for row in KINDS}
 

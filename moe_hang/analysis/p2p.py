@@ -122,7 +122,7 @@ def unmatched_outcome(f: Facts) -> Outcome:
     group = pg_label(e.pg, e.pg_desc)
     at = callsite(e.frames)
     mine = f"rank {u.waiter}'s {e.op} {'from' if e.op == 'recv' else 'to'} it"
-    where = f"{group} p2p #{e.p2p_seq}" + (f", at {site_str(at)}" if at else "")
+    where = f"p2p #{e.p2p_seq} on {group}" + (f", at {site_str(at)}" if at else "")
     their = "send" if e.op == "recv" else "recv"
     if skipped:
         past = u.past
@@ -136,7 +136,7 @@ def unmatched_outcome(f: Facts) -> Outcome:
             last = ": it"
         pat = callsite(past.frames)
         summary = (f"Rank {spans(culprits)} never posted the {their} that {mine} waits for "
-                   f"({where}, after {group}#{e.seq}){last} went on to {past.op} "
+                   f"({where}, posted after collective #{e.seq}){last} went on to {past.op} "
                    f"{group}#{past.seq}" + (f" at {site_str(pat)}" if pat else "") + ".")
         text = (f"Rank {culprits[0]} skips the {their} to rank {u.waiter} on a path where rank "
                 f"{u.waiter} still posts its {e.op}: post both sides under the same "

@@ -7,7 +7,7 @@ from typing import Any
 
 from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport, RankState
 from moe_hang.analysis.explain import exit_desc
-from moe_hang.analysis.timeline import RankView, posting_site
+from moe_hang.analysis.timeline import RankView, posting_site, recorder_only
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.stacks import autograd_function, in_backward
@@ -44,6 +44,9 @@ def tokens(ev: RankEvidence) -> dict[str, Any] | None:
     return out
 
 
+NOTHING_PENDING = "no collective pending in its dump"
+
+
 def report(v: RankView, div: Divergence | None) -> RankReport:
     ev = v.ev
     coll = v.current
@@ -75,6 +78,8 @@ def report(v: RankView, div: Divergence | None) -> RankReport:
         note = ev.stack_error
     elif ev.exit_code is not None and ev.exit_code != 0:
         note = exit_desc(ev.exit_code)
+    elif v.state == RankState.IDLE and recorder_only(ev):
+        note = NOTHING_PENDING
     return RankReport(
         rank=ev.rank, pid=ev.pid, host=ev.host, state=v.state, collective=rc,
         callsite=site, tokens=tokens(ev), exit_code=ev.exit_code,

@@ -51,12 +51,12 @@ from moe_hang.analysis.kinds import ROW
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import build_timeline, recorder_only
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.stacks import callsite
 
 
 @dataclass(frozen=True)
@@ -163,24 +163,21 @@ def _cycle(f: Facts) -> Outcome:
 def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
               certainty: Certainty) -> Outcome:
     def name(c: Collective) -> str:
-        at = callsite(c.frames)
-        return (f"{c.op} {pg_label(c.pg, c.pg_desc)}#{c.seq}"
-                + (f" (at {site_str(at)})" if at else ""))
+        return f"{c.op} {pg_label(c.pg, c.pg_desc)}#{c.seq}"  # the lines: below the summary
 
     why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
            else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
     summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
                f"{name(inv.second)}; {who(inv.others)} posted them the other way "
-               f"round ({why}). Each waits for the other: "
-               + "; ".join(f"rank {e.waiter} in {e.what} for rank {e.on}" for e in cyc) + ".")
+               f"round ({why}): each waits for the other.")
     text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
             f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
             f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
             "every group in the same order on every rank.")
-    div = next((g.div for g in f.divs if g.div.pg in (inv.first.pg, inv.second.pg)), None)
-    if div is None:
-        div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.OP, inv.second.pg_desc,
-                         sorted(inv.culprits + inv.others), phase="order")
+    # what each side is held in: the culprits the one they posted first, the others theirs
+    per_rank = {r: to_rc(f.views[r].current, f.views[r]) for r in inv.culprits + inv.others}
+    div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.ORDER, inv.second.pg_desc,
+                     sorted(inv.culprits + inv.others), per_rank, phase="order")
     return Outcome(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
 
 

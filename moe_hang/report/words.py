@@ -92,6 +92,8 @@ def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
     if c.from_stack_only:
         return c.op
     seq = f"#{c.seq}" if c.seq is not None else ""
+    if c.op in ("send", "recv"):
+        seq = f" p2p{seq}"  # a group's send/recv count, not its collective sequence number
     shape = fmt_shape(c.input_sizes) if sizes else ""
     return f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq}" + (f" [{shape}]" if shape
                                                                     else "")
@@ -104,6 +106,8 @@ def where_now(r: RankReport, *, sizes: bool = True) -> str:
         return f"in {collective_text(r.collective, sizes=sizes)}{at}"
     if r.state == RankState.EXITED:
         return exit_words(r.exit_code) + at
+    if r.state == RankState.IDLE and r.note and not r.callsite:
+        return r.note  # from dumps alone: where it was instead, only a stack says
     if r.state in (RankState.COMPUTING, RankState.IDLE):
         return f"{r.state}{at}"
     return "state unknown" + (f" ({r.note})" if r.note else "") + at
@@ -127,10 +131,13 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
         if c is not None:
             site = c.callsite or (rep.callsite if rep else None)
             # how it ended (killed by SIGABRT) is the summary's and the detail's to say
-            return f"in {collective_text(c, sizes=sizes)} at {site_text(site)}"
+            at = f" at {site_text(site)}" if site is not None else ""
+            return f"in {collective_text(c, sizes=sizes)}{at}"
         posted = next((x for x in fd.per_rank.values() if x is not None), None)
         # the others' sizes may differ from each other: the op and the seq say which one
         what = collective_text(posted, sizes=False) if posted is not None else "the collective"
+        if fd.phase == "p2p" and posted is not None:  # its side of a send/recv: the other op
+            what = f"the {'send' if posted.op == 'recv' else 'recv'} for {what}"
         return f"never posted {what}; " + (where_now(rep, sizes=sizes) if rep
                                            else "nothing known")
     return where_now(rep, sizes=sizes) if rep is not None else "nothing known"
