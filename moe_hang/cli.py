@@ -210,7 +210,7 @@ _ANALYZE_EXAMPLE = """**Examples**
 ```
 moe-hang analyze node0/ node1/        # captures of watch/diagnose
 moe-hang analyze /tmp/fr/             # torch's dumps in a directory
-moe-hang analyze /tmp/nccl_trace_rank_   # by TORCH_FR_DUMP_TEMP_FILE
+moe-hang analyze ~/.cache/torch/comm_lib_trace_rank_   # a prefix
 ```
 """
 

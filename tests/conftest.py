@@ -129,6 +129,24 @@ def line_of(path: Path, needle: str) -> int:
     raise AssertionError(f"{needle!r} not in {path}")
 
 
+def fr_synth():
+    """scripts/fr_synth.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fr_synth", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def make_fr_set(out: Path, *args: str) -> dict:
+    """A synthetic dump set (scripts/fr_synth.py) in ``out``, and its truth.json."""
+    assert fr_synth().main([str(out), "--workers", "1", *args]) == 0
+    return json.loads((out / "truth.json").read_text())
+
+
 def free_port() -> int:
     import socket
 

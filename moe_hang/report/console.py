@@ -31,7 +31,13 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.evidence.ops import short_op
 from moe_hang.report.screen import first_screen
-from moe_hang.report.words import ReportContext, collective_text, exit_words, site_text
+from moe_hang.report.words import (
+    ReportContext,
+    collective_text,
+    exit_words,
+    site_text,
+    timing_parts,
+)
 from moe_hang.report.wrap import display_path, shorten_paths, wrap
 
 LOG_WIDTH = 120  # console.log: one fixed width, whatever terminal the run had
@@ -253,14 +259,7 @@ def evidence_lines(d: Diagnosis, width: int) -> list[Text]:
 
 
 def footer(d: Diagnosis, width: int) -> list[Text]:
-    tm = d.timings
-    parts = []
-    if tm is not None and tm.wall_s is not None:
-        parts.append(f"wall {tm.wall_s:.1f} s")
-    if tm is not None and tm.onset_to_verdict_s is not None:
-        parts.append(f"hang onset → verdict {tm.onset_to_verdict_s:.2f} s")
-    if d.rule:
-        parts.append(f"rule {d.rule}")
+    parts = timing_parts(d)
     if d.artifacts:
         parts.append(f"run directory {d.artifacts}")
     return wrap(Text(" · ".join(parts), style="dim"), width, hang=2) if parts else []

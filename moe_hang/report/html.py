@@ -41,6 +41,7 @@ from moe_hang.report.words import (
     run_words,
     site_groups,
     site_text,
+    timing_parts,
 )
 from moe_hang.report.wrap import display_path, shorten_paths
 
@@ -231,14 +232,7 @@ def _files_section(d: Diagnosis, ctx: ReportContext, page: Path) -> Iterator[str
 
 
 def _footer(d: Diagnosis, ctx: ReportContext) -> Iterator[str]:
-    tm = d.timings
-    parts = []
-    if tm is not None and tm.wall_s is not None:
-        parts.append(f"wall {tm.wall_s:.1f} s")
-    if tm is not None and tm.onset_to_verdict_s is not None:
-        parts.append(f"hang onset → verdict {tm.onset_to_verdict_s:.2f} s")
-    if d.rule:
-        parts.append(f"rule {d.rule}")
+    parts = timing_parts(d)
     where = run_words(d, ctx)
     if where:
         parts.append(where)

@@ -4,7 +4,6 @@ culprits and why, the fix, the next command (pure: no layout, no rich)."""
 from __future__ import annotations
 
 import shlex
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
+from moe_hang.analysis.explain import exit_desc
 from moe_hang.evidence.stacks import Frame
 from moe_hang.report.wrap import display_path, shorten_paths
 
@@ -55,14 +55,20 @@ class ReportContext:
 
 
 def exit_words(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
+    return "exited" if code is None else exit_desc(code)
+
+
+def timing_parts(d: Diagnosis) -> list[str]:
+    """``wall 8.0 s``, ``hang onset → verdict 1.24 s``, ``rule ...``: the footer's start."""
+    tm = d.timings
+    parts = []
+    if tm is not None and tm.wall_s is not None:
+        parts.append(f"wall {tm.wall_s:.1f} s")
+    if tm is not None and tm.onset_to_verdict_s is not None:
+        parts.append(f"hang onset → verdict {tm.onset_to_verdict_s:.2f} s")
+    if d.rule:
+        parts.append(f"rule {d.rule}")
+    return parts
 
 
 def rank_ranges(ranks: list[int]) -> str:

@@ -3,32 +3,19 @@ fault kind on them (small sets here; scripts/bench_postmortem.py runs the big on
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, fr_synth, make_fr_set
 
 from moe_hang.commands.diagnose import analyze_paths
 
 REAL = FIXTURES / "fr_real"
 
 
-def _synth():
-    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fr_synth", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def make_set(out: Path, *args: str) -> dict:
-    assert _synth().main([str(out), "--workers", "1", *args]) == 0
-    return json.loads((out / "truth.json").read_text())
+    return make_fr_set(out, *args)
 
 
 def test_one_dump_per_rank_named_by_torch_and_a_truth_file(tmp_path):
@@ -46,7 +33,7 @@ def test_one_dump_per_rank_named_by_torch_and_a_truth_file(tmp_path):
 def test_synthetic_gloo_dumps_have_the_real_ones_shape(tmp_path, form, args):
     make_set(tmp_path, "--ranks", "4", "--mesh", "2x2", "--entries", "16", "--backend", "gloo",
              *args)
-    assert _synth().check_against(REAL / "world2_skip" / form, tmp_path) == 0
+    assert fr_synth().check_against(REAL / "world2_skip" / form, tmp_path) == 0
 
 
 CASES = [(b, f) for b in ("nccl", "gloo") for f in ("missing_rank", "size", "dtype", "op",
@@ -139,7 +126,7 @@ def test_nccl_skipped_send_names_the_sender_and_what_it_did_instead(tmp_path):
 
 def test_nccl_order_inversion_is_likely_not_definite(tmp_path):
     """Both collectives enqueued on every rank: the posting order explains the hang, but on
-    two streams another cause could too, so watch does not end a job on it alone."""
+    two streams another cause could too: likely, not definite."""
     truth = make_set(tmp_path, "--ranks", "16", "--mesh", "4x4", "--entries", "60",
                      "--fault", "order", "--backend", "nccl")
     d = analyze_paths([tmp_path], force=False)

@@ -3,17 +3,15 @@ post-mortem evidence, what the verdict says about real hung gloo jobs, and the r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FIXTURES, ROOT, assert_no_survivors, run_cli
+from conftest import FIXTURES, assert_no_survivors, make_fr_set, run_cli
 
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.errors import MoeHangError
@@ -27,19 +25,8 @@ FORMS = {"world2_skip": ["pickle", "pickle_frames", "json"], "mesh4_skip": ["pic
 REAL_SETS = [(v, f) for v, forms in FORMS.items() for f in forms]
 
 
-def _synth():
-    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fr_synth", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def make_set(out: Path, *args: str) -> dict:
-    """A synthetic dump set (scripts/fr_synth.py) and its truth.json."""
-    assert _synth().main([str(out), "--workers", "1", *args]) == 0
-    return json.loads((out / "truth.json").read_text())
+    return make_fr_set(out, *args)
 
 
 def planted(variant: str) -> dict:
