@@ -25,12 +25,16 @@ def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int
     """Each group's member ranks, from the probe's group list, the recorder's pg_config and
     who posted in it; the default group has every rank."""
     out: dict[str, set[int]] = {}
+    # torch's dumps list every group's members in every rank's dump: the loader shares one
+    # list per distinct group, so each (group, list) is added once (8192 ranks: 8192 copies)
+    seen: set[tuple[str, int]] = set()
     for r, v in views.items():
         for pg, ranks in (v.ev.groups or {}).items():
             out.setdefault(pg, set()).update(ranks)
         if v.ev.fr is not None:
             for pg, ranks in v.ev.fr.pg_ranks.items():
-                if pg in v.tl.by_pg:
+                if pg in v.tl.by_pg and (pg, id(ranks)) not in seen:
+                    seen.add((pg, id(ranks)))
                     out.setdefault(pg, set()).update(ranks)
         for pg in v.tl.by_pg:
             out.setdefault(pg, set()).add(r)

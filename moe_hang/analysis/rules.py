@@ -82,8 +82,9 @@ def _size_abort(f: Facts) -> Outcome:
     aborted = [r for r in f.views if f.views[r].ev.fatal or f.views[r].ev.exit_code == -6]
     if desync_divs(f):
         out = _desync(f)
-        if out.basis == CulpritBasis.AMBIGUOUS and out.div is not None:
+        if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
             # the aborted rank left no recorder entry: the abort's byte counts may decide
+            # (its side of this very collective: stronger than what earlier steps did)
             b = blame_abort(out.div, f.views, f.ev.size_abort, aborted)
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis = b.culprits, b.basis
