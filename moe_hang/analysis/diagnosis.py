@@ -99,7 +99,7 @@ def fmt_shape(sizes: list[list[int]]) -> str:
 def pg_label(pg: str | None, desc: str | None = "", *, word: str = "group") -> str:
     """A process group for a person: its description, else ``default_pg``, else ``group N``
     (``word`` replaces "group")."""
-    if desc:
+    if desc and desc != "undefined":  # gloo's new_group without a description says so
         return desc
     return "default_pg" if pg == DEFAULT_PG else f"{word} {pg}"
 

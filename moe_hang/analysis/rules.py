@@ -256,8 +256,10 @@ def _stalled_outside(f: Facts) -> Outcome:
 def _straggler(f: Facts) -> Outcome:
     culprits = sorted(f.moving)
     return Outcome(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
-                   f"Rank {ranks_text(culprits)} is still computing while rank "
-                   f"{ranks_text(f.waiting)} wait in a collective: slow, not deadlocked.",
+                   f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
+                   f"still computing while {who(f.waiting)} "
+                   f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
+                   "deadlocked.",
                    Advice("Not a deadlock: a rank is still computing while the others wait. "
                           "Look at what it computes (its stack); balance the work, or raise "
                           "the timeout."))

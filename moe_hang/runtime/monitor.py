@@ -291,9 +291,13 @@ class Monitor:
         busy = [r for r in hbs if r not in waiting and r not in self.out.dead_ranks]
         if self.s.straggler_notice and waiting and busy and idle_for < self.s.stall_s:
             if not self.straggling:
-                self.notice(f"rank {','.join(map(str, sorted(busy)))} still computing while "
-                            f"rank {','.join(map(str, sorted(waiting)))} wait: a straggler, "
-                            "not a hang (still watching)")
+                def who(rs: list[int]) -> str:
+                    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+                w = who(sorted(waiting))
+                self.notice(f"{who(sorted(busy))} still computing while {w} "
+                            f"wait{'s' if len(waiting) == 1 else ''}: a straggler, not a hang "
+                            "(still watching)")
                 self.straggling = True
         else:
             self.straggling = False
