@@ -180,6 +180,12 @@ def rank_view(ev: RankEvidence) -> RankView:
         elif current is None:
             last = [c for coll in tl.by_pg.values() for c in coll.values()]
             current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
+        elif ("fatal" in (source or "") and sv.op and sv.op != current.op
+              and sv.callsite is not None):
+            # it died inside another collective than its last heartbeat's pending one: that
+            # beat was older than the rank's last steps (a fast loop, a starved probe thread);
+            # the stack it died with is fresher (docs/DESIGN.md §8.1)
+            current = None
     elif sv.state != "unknown":
         state = RankState(sv.state)
         if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:

@@ -395,3 +395,21 @@ def test_a_rank_that_ran_out_of_batches_left_the_loop(fixtures, tmp_path, name, 
     assert d["fix"].startswith(f"Rank {short} left the loop at {ROOT / job}:{loop} while rank "
                                f"{other} is still in it"), d["fix"]
     assert "different numbers of iterations" in d["fix"]
+
+
+def test_a_rank_that_died_faster_than_its_heartbeat_is_placed_by_its_fatal_stack(fixtures,
+                                                                                  tmp_path):
+    """Recorded (the mirror of ddp_uneven_batches under CPU load): rank 0 ran its whole loop
+    between two heartbeats, so its last beat still shows DDP's start-up all-gather pending
+    (line 14); gloo then aborted it inside the validation all-reduce, and the stack it died
+    with (line 34) is the fresher evidence, in the summary and in its line."""
+    from tests.conftest import ROOT
+
+    run = _relocated(fixtures / "ddp_uneven_stale_hb", tmp_path / "run", "/work/refactor",
+                     str(ROOT))
+    d = _diag(run)
+    assert d["culprit_ranks"] == [0], d["summary"]
+    job = str(ROOT / "tests/corpus/jobs/ddp_uneven_batches.py")
+    assert f"rank 0 all_reduce at {job}:34" in d["summary"], d["summary"]
+    r0 = next(r for r in d["ranks"] if r["rank"] == 0)
+    assert r0["callsite"]["line"] == 34 and ":14" not in d["summary"]
