@@ -12,6 +12,8 @@ from moe_hang.analysis.diagnosis import (
     RankCollective,
     RankReport,
     fmt_shape,
+    pg_label,
+    spans,
 )
 from moe_hang.analysis.source import in_loop, left_loop
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
@@ -83,7 +85,20 @@ def _ranks(rs: list[int]) -> str:
     rs = sorted(rs)
     if not rs:
         return "-"
+    if len(rs) > 8:  # thousands of ranks: a sentence, not a list (the JSON has them all)
+        text = spans(rs)
+        return text if len(text) <= 40 else f"{rs[0]}, {rs[1]}, … ({len(rs)} ranks)"
     return str(rs[0]) if len(rs) == 1 else ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def _what(s: Situation, ranks: list[int]) -> str:
+    """The collective these ranks posted at the divergence, else are in (no line known)."""
+    for r in ranks:
+        c = s.div.per_rank.get(r) or (s.reports[r].collective if r in s.reports else None)
+        if c is not None:
+            seq = f"#{c.seq}" if c.seq is not None else ""
+            return f"{c.op} {pg_label(c.pg, c.pg_desc)}{seq}"
+    return "its collective"
 
 
 def advise_size(s: Situation) -> Advice:
@@ -147,21 +162,26 @@ def advise_order(s: Situation) -> Advice:
                       "ranks do not, and which one deviates is not decided by this capture: "
                       "compare the lines each rank is at (above).")
     culprit = s.culprits[0]
-    missed = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
-    now = s.site(culprit)
+    missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
+    now_at = s.site(culprit)
+    # where no line is known (dumps without stacks), the collectives say which
+    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
+    now = _at(now_at) if now_at else _what(s, [culprit])
+    the_missed = f"the collective at {missed}" if missed_at else missed
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
-        return Advice(f"Rank {_ranks(s.culprits)} posted its collective at {_at(now)} where rank "
-                      f"{_ranks(s.waiting())} posted theirs at {_at(missed)}: every rank must "
+        return Advice(f"Rank {_ranks(s.culprits)} posted {'its collective at ' * bool(now_at)}"
+                      f"{now} where rank {_ranks(s.waiting())} posted "
+                      f"{'theirs at ' * bool(missed_at)}{missed}: every rank must "
                       "post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     loop = _loop_left(s, culprit)
     if loop is not None:
         return Advice(f"Rank {_ranks(s.culprits)} left the loop at {loop} while rank "
-                      f"{_ranks(s.waiting())} is still in it ({_at(missed)}): the ranks ran "
+                      f"{_ranks(s.waiting())} is still in it ({missed}): the ranks ran "
                       "different numbers of iterations. Give each the same count: equal data "
                       "shards (DistributedSampler), or all-reduce the count with MIN first.")
-    return Advice(f"Make rank {_ranks(s.culprits)} post the collective at {_at(missed)} too: it "
-                  f"went on to {_at(now)} without it, and every rank must post the same "
+    return Advice(f"Make rank {_ranks(s.culprits)} post {the_missed} too: it "
+                  f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
 

@@ -15,6 +15,7 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
     fmt_shape,
     pg_label,
+    who,
 )
 from moe_hang.analysis.kinds import ROW
 from moe_hang.evidence.frtrace import Collective
@@ -46,25 +47,6 @@ def ranks_text(rs: list[int]) -> str:
     return ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
 
-def spans(numbers: list[int]) -> str:
-    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
-    ns = sorted(set(numbers))
-    parts: list[str] = []
-    i = 0
-    while i < len(ns):
-        j = i
-        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
-            j += 1
-        parts.append(f"{ns[i]}-{ns[j]}" if j - i >= 2 else ", ".join(map(str, ns[i:j + 1])))
-        i = j + 1
-    return ", ".join(parts)
-
-
-def who(numbers: list[int]) -> str:
-    """``rank 3``, ``ranks 0, 4, 12``, ``ranks 0-7``."""
-    return ("rank " if len(set(numbers)) == 1 else "ranks ") + spans(numbers)
-
-
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"
@@ -77,6 +59,12 @@ def site_str(site: Frame | None) -> str:
     return site.short() if site else "unknown line"
 
 
+def _some(rs: list[int]) -> str:
+    """``rank 3``, ``ranks 0, 1``, ``ranks 0-7``; many scattered ones by their number."""
+    text = who(rs)
+    return text if len(text) <= 40 else f"{len(rs)} ranks"
+
+
 def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: list[int],
                    exits: dict[int, int | None]) -> str:
     """``exits``: the ranks that exited badly, with their exit codes."""
@@ -84,15 +72,17 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
     callsites = {r: cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)}
     same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
 
-    parts = []
+    # ranks that did the same thing together: one clause each, however many ranks
+    said: dict[str, list[int]] = {}
     for r, c in sorted(div.per_rank.items()):
         if c is None:
-            parts.append(f"rank {r} never posted it")
+            said.setdefault("never posted it", []).append(r)
             continue
-        text = f"rank {r} {fmt_sizes(c)}"
+        text = fmt_sizes(c)
         if not same_site and r in callsites:
             text += f" at {callsites[r].short()}"
-        parts.append(text)
+        said.setdefault(text, []).append(r)
+    parts = [f"{_some(rs)} {text}" for text, rs in said.items()]
     site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
     del exits  # how each rank ended is in its own line of the report
     tail = ""
@@ -114,7 +104,9 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
                     "every later collective paired with the wrong partner" + tail + ".")
     pg = pg_name
     if div.pg != DEFAULT_PG and div.members:
-        pg += f" (ranks {', '.join(map(str, div.members))})"
+        # a few members by number; a big group by its size (the JSON lists them all)
+        pg += (f" (ranks {', '.join(map(str, div.members))})" if len(div.members) <= 8
+               else f" ({len(div.members)} ranks)")
     return (f"Ranks posted {ROW[div.kind].phrase} at seq {div.seq} of {pg}{where}{site}: "
             + "; ".join(parts) + tail + ".")
 

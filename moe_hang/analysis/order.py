@@ -117,6 +117,19 @@ def _item(c: Collective) -> tuple[str, int, str]:
 
 
 def _in_posting_order(v: RankView) -> list[Collective]:
+    if v.posting_order is not None:
+        return v.posting_order
+    v.posting_order = _posting_order(v)  # asked once per edge on thousands of ranks
+    return v.posting_order
+
+
+def _items_of(v: RankView) -> list[tuple[str, int, str]]:
+    if v.posting_items is None:
+        v.posting_items = [_item(c) for c in _in_posting_order(v)]
+    return v.posting_items
+
+
+def _posting_order(v: RankView) -> list[Collective]:
     colls = [c for by_seq in v.tl.by_pg.values() for c in by_seq.values()]
     if colls and all(c.record_id is not None for c in colls):
         return sorted(colls, key=lambda c: c.record_id or 0)
@@ -133,12 +146,12 @@ def posted_past(r: int, waiting: Collective, views: dict[int, RankView]) -> Ahea
     after: set[tuple[str, int, str]] = set()
     before: set[tuple[str, int, str]] = set()
     for v in views.values():
-        order = [_item(c) for c in _in_posting_order(v)]
+        order = _items_of(v)
         if x in order:
             i = order.index(x)
             before.update(order[:i])
             after.update(order[i + 1:])
-    mine = [_item(c) for c in _in_posting_order(views[r])]
+    mine = _items_of(views[r])
     if not mine or x in mine:
         return UNDECIDED
     if any(y in after and y not in before for y in mine):

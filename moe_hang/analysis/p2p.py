@@ -23,8 +23,9 @@ from moe_hang.analysis.diagnosis import (
     RankState,
     Verdict,
     pg_label,
+    spans,
 )
-from moe_hang.analysis.explain import site_str, spans
+from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.timeline import RankView

@@ -24,6 +24,7 @@ from moe_hang.analysis.diagnosis import (
     RankState,
     Verdict,
     pg_label,
+    spans,
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
@@ -32,7 +33,6 @@ from moe_hang.analysis.explain import (
     ranks_text,
     shift_summary,
     site_str,
-    spans,
     who,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts

@@ -8,7 +8,7 @@ say where the main thread is (docs/DESIGN.md §8).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
@@ -122,6 +122,10 @@ class RankView:
     state: RankState
     current: Collective | None  # the collective it is blocked in / last posted
     site: Frame | None
+    # every collective it posted, in posting order (analysis.order fills it on first use)
+    posting_order: list[Collective] | None = field(default=None, repr=False, compare=False)
+    posting_items: list[tuple[str, int, str]] | None = field(default=None, repr=False,
+                                                             compare=False)
 
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]

@@ -89,9 +89,13 @@ def _stream_edges(views: dict[int, RankView]) -> list[Edge]:
         fr = views[r].ev.fr
         members = fr.pg_ranks.get(head.pg, []) if fr is not None else []
         key = (head.pg, head.seq)
+        mine = heads[r][1]
         for m in members:
             mh, mpend = heads.get(m, (None, set()))
-            if m == r or mh is None or key not in mpend or (mh.pg, mh.seq) == key:
+            # m holds X behind its own oldest Y, of another group, which r has pending behind
+            # X: the two posted X and Y in opposite orders (anything else resolves in turn)
+            if (m == r or mh is None or key not in mpend or mh.pg == head.pg
+                    or (mh.pg, mh.seq) not in mine):
                 continue
             label = f"{head.op} {pg_label(head.pg, head.pg_desc, word='group')}#{head.seq}"
             out.append(Edge(r, m, label, coll=head, stream=True))
@@ -106,7 +110,12 @@ def cycles(es: list[Edge]) -> list[list[Edge]]:
         by_waiter.setdefault(e.waiter, []).append(e)
     found: dict[frozenset[tuple[int, int]], list[Edge]] = {}
 
+    budget = [200_000]  # steps: on thousands of ranks the search stops, never the tool
+
     def walk(start: int, node: int, path: list[Edge], seen: set[int]) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return
         for e in by_waiter.get(node, []):
             if e.on == start:
                 cyc = [*path, e]

@@ -50,8 +50,8 @@ from moe_hang.analysis.diagnosis import (
     Verdict,
     WatchRun,
     pg_label,
+    spans,
 )
-from moe_hang.analysis.explain import spans
 from moe_hang.analysis.rules import diagnose
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import frtrace
