@@ -59,7 +59,7 @@ def site_str(site: Frame | None) -> str:
     return site.short() if site else "unknown line"
 
 
-def _some(rs: list[int]) -> str:
+def some_ranks(rs: list[int]) -> str:
     """``rank 3``, ``ranks 0, 1``, ``ranks 0-7``; many scattered ones by their number."""
     text = who(rs)
     return text if len(text) <= 40 else f"{len(rs)} ranks"
@@ -82,7 +82,7 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
         if not same_site and r in callsites:
             text += f" at {callsites[r].short()}"
         said.setdefault(text, []).append(r)
-    parts = [f"{_some(rs)} {text}" for text, rs in said.items()]
+    parts = [f"{some_ranks(rs)} {text}" for text, rs in said.items()]
     site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
     del exits  # how each rank ended is in its own line of the report
     tail = ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.source import Order, order
@@ -243,11 +243,48 @@ def inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inver
     that broke the order every rank's earlier steps kept is the culprit, else a strict
     minority; else undecided (None)."""
     kx, ky = (x.pg, x.seq), (y.pg, y.seq)
-    xy = sorted(r for r, v in views.items() if _order_of(v, kx, ky) is True)
-    yx = sorted(r for r, v in views.items() if _order_of(v, kx, ky) is False)
+    memo = _MEMO.get("inversion")
+    if memo is not None and memo[0] is views and memo[1] == (kx, ky):
+        return memo[2]  # every cycle through the same two collectives: one answer
+    got = _inversion(x, y, views)
+    _MEMO["inversion"] = (views, (kx, ky), got)
+    return got
+
+
+# single-entry memos, keyed by the identity of the ranks' views (one diagnosis at a time):
+# on thousands of ranks, hundreds of cycles through the same two collectives ask the same
+_MEMO: dict[str, tuple[Any, ...]] = {}
+
+
+def forget() -> None:
+    """Drop the memos (the end of a diagnosis: nothing of it stays referenced)."""
+    _MEMO.clear()
+
+
+def _posted_both(x: Collective, y: Collective, views: dict[int, RankView]) -> list[int]:
+    """The ranks that can have posted both: members of both groups (every rank where no dump
+    lists the groups)."""
+    for v in views.values():
+        fr = v.ev.fr
+        if fr is not None and x.pg in fr.pg_ranks and y.pg in fr.pg_ranks:
+            both = set(fr.pg_ranks[x.pg]) & set(fr.pg_ranks[y.pg])
+            return sorted(r for r in both if r in views)
+    return sorted(views)
+
+
+def _inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inversion | None:
+    kx, ky = (x.pg, x.seq), (y.pg, y.seq)
+    cands = _posted_both(x, y, views)
+    xy = [r for r in cands if _order_of(views[r], kx, ky) is True]
+    yx = [r for r in cands if _order_of(views[r], kx, ky) is False]
     if not xy or not yx:
         return None
-    follow = _followers(views)
+    memo = _MEMO.get("followers")
+    if memo is not None and memo[0] is views:
+        follow = memo[1]
+    else:
+        follow = _followers(views)
+        _MEMO["followers"] = (views, follow)
     kept = {r: _keeps_history(views[r], x if r in xy else y, follow) for r in xy + yx}
     for bad, good in ((xy, yx), (yx, xy)):
         if all(kept[r] is False for r in bad) and all(kept[r] is True for r in good):

@@ -33,6 +33,7 @@ from moe_hang.analysis.explain import (
     ranks_text,
     shift_summary,
     site_str,
+    some_ranks,
     who,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts
@@ -48,7 +49,7 @@ from moe_hang.analysis.failures import (
     timed_out_waiting,
 )
 from moe_hang.analysis.kinds import ROW
-from moe_hang.analysis.order import Inversion
+from moe_hang.analysis.order import Inversion, forget
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ranks import to_rc
@@ -168,10 +169,10 @@ def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
 
     why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
            else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
-    summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
-               f"{name(inv.second)}; {who(inv.others)} posted them the other way "
+    summary = (f"{some_ranks(inv.culprits).capitalize()} posted {name(inv.first)} before "
+               f"{name(inv.second)}; {some_ranks(inv.others)} posted them the other way "
                f"round ({why}): each waits for the other.")
-    text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
+    text = (f"Make {some_ranks(inv.culprits)} post {inv.second.op} on "
             f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
             f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
             "every group in the same order on every rank.")
@@ -344,6 +345,13 @@ RULES: tuple[Rule, ...] = (
 
 
 def diagnose(ev: Evidence) -> Diagnosis:
+    try:
+        return _diagnose(ev)
+    finally:
+        forget()
+
+
+def _diagnose(ev: Evidence) -> Diagnosis:
     f = facts(ev)
     rule = next(r for r in RULES if r.when(f))
     out = rule.then(f)
