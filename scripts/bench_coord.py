@@ -44,6 +44,7 @@ from moe_hang.analysis.rules import diagnose  # noqa: E402
 from moe_hang.commands import multinode  # noqa: E402
 from moe_hang.evidence.model import Evidence  # noqa: E402
 from moe_hang.runtime import coord  # noqa: E402
+from moe_hang.runtime.coord import store as coord_store  # noqa: E402
 
 SEQ = 42
 
@@ -359,7 +360,7 @@ def main() -> int:
     args = build_parser().parse_args()
     if args.quick:
         args.nodes, args.runs = 32, 2
-    dist = coord._import_dist()
+    dist = coord_store._import_dist()
     from datetime import timedelta
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,

@@ -13,8 +13,8 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
     fmt_shape,
     pg_label,
-    spans,
 )
+from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.source import in_loop, left_loop
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 

@@ -12,10 +12,10 @@ from moe_hang.analysis.diagnosis import (
     RankState,
     Verdict,
     pg_label,
-    spans,
 )
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.outcome import Outcome
+from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import recorder_only
 
 

@@ -15,9 +15,9 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
     fmt_shape,
     pg_label,
-    who,
 )
 from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.ranktext import who
 from moe_hang.evidence.frtrace import Collective
 from moe_hang.evidence.model import RankError
 from moe_hang.evidence.stacks import Frame

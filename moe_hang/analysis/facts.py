@@ -61,8 +61,8 @@ class Facts:
 
     def waits(self, reports: dict[int, RankReport]) -> str:
         """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
-        from moe_hang.analysis.diagnosis import spans
         from moe_hang.analysis.explain import fmt_sizes
+        from moe_hang.analysis.ranktext import spans
 
         victims = [r for r in self.views if r not in self.killed and r not in self.left
                    and reports[r].collective is not None

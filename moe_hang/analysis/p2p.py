@@ -23,11 +23,11 @@ from moe_hang.analysis.diagnosis import (
     RankState,
     Verdict,
     pg_label,
-    spans,
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.outcome import Outcome
+from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.frtrace import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite

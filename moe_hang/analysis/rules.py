@@ -24,7 +24,6 @@ from moe_hang.analysis.diagnosis import (
     RankState,
     Verdict,
     pg_label,
-    spans,
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
@@ -53,6 +52,7 @@ from moe_hang.analysis.order import Inversion, forget
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ranks import to_rc
+from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import build_timeline, recorder_only
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group

@@ -30,6 +30,7 @@ from moe_hang.runtime.coord import (
     DirChannel,
     NodeSummary,
     StoreChannel,
+    shareddir,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -533,7 +534,7 @@ def test_dir_channel_without_hard_links(tmp_path: Path, monkeypatch: pytest.Monk
     def no_link(*_a: Any, **_k: Any) -> None:
         raise OSError(errno.EPERM, "no hard links here")
 
-    monkeypatch.setattr(coord.os, "link", no_link)
+    monkeypatch.setattr(shareddir.os, "link", no_link)
     a, b = DirChannel(tmp_path, "j"), DirChannel(tmp_path, "j")
     assert a.put_first("verdict", b"one") == b"one"
     assert b.put_first("verdict", b"two") == b"one"

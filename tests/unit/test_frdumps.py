@@ -15,7 +15,7 @@ from conftest import FIXTURES, assert_no_survivors, make_fr_set, run_cli
 
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence import frdumps, frtrace
+from moe_hang.evidence import frdumps, frload, frtrace
 from moe_hang.evidence.frtrace import PgStatus
 
 REAL = FIXTURES / "fr_real"
@@ -489,7 +489,7 @@ def test_cli_analyze_of_a_set_big_enough_for_workers(tmp_path):
                      "--fault", "size")
     size = frdumps.find([tmp_path / "s"]).sets[0].size
     assert size >= frdumps.POOL_MIN_BYTES
-    assert frdumps._workers(64, size) == min(2, len(os.sched_getaffinity(0)))
+    assert frload._workers(64, size) == min(2, len(os.sched_getaffinity(0)))
     proc = run_cli("analyze", str(tmp_path / "s"), "--json", timeout=120)
     assert_no_survivors(str(tmp_path / "s"))
     assert proc.returncode == 3, proc.stderr

@@ -1,0 +1,93 @@
+"""Multi-node ``watch`` and ``diagnose``: one watcher per node, one verdict for the job.
+
+Each node's ``moe-hang watch`` is the parent of that node's torchrun agent and sees only its
+own ranks. The watchers coordinate through the store the job already has (torchrun's
+rendezvous endpoint) or a directory every node sees (``--shared-dir``), under
+``moe-hang/<run key>/`` (:mod:`moe_hang.runtime.coord`): each publishes a compact summary of
+its ranks; the first watcher to see a stall, a desync or a failure posts a capture request;
+every node captures its own ranks and publishes the result; one node (the requester) analyses
+its own capture plus the others' summaries and publishes the verdict; every node prints that
+same verdict and saves it; nobody ends anything before that (or before a bounded deadline),
+and the node hosting the store ends its job last.
+
+What is not known is not blamed: the ranks of a node whose watcher never answered are
+*unknown*, and a verdict that would blame known ranks for waiting on unknown ones becomes a
+sentence saying whom they wait for and where to look (:func:`guard_unknown`).
+
+Nothing here runs unless the job is multi-node (its torchrun command line says so) or
+``--shared-dir`` is given: a single-node ``watch`` never imports torch and behaves as before.
+
+One job a module: :mod:`.connect` (reaching the other watchers), :mod:`.summaries` (what a
+node publishes, and the others' summaries as evidence), :mod:`.unknown` (the guard),
+:mod:`.diagnosis_json` (a verdict back from its JSON), :mod:`.kinds` (what a request was for),
+:mod:`.node` (this watcher's part), :mod:`.loop` (``watch``'s loop).
+"""
+
+from __future__ import annotations
+
+from moe_hang.commands.multinode.connect import (
+    FRESH_S,
+    Plan,
+    check_shared_dir,
+    open_channel,
+    peers_for_diagnose,
+    plan,
+)
+from moe_hang.commands.multinode.diagnosis_json import diagnosis_from_dict
+from moe_hang.commands.multinode.kinds import ON_DEMAND, request_kind
+from moe_hang.commands.multinode.loop import supervise
+from moe_hang.commands.multinode.node import (
+    CONNECT_S,
+    COORD_DIR,
+    MOVING_S,
+    OFFER_S,
+    SNAPSHOT_DIR,
+    TEARDOWN_DIR,
+    Node,
+    RoundOutcome,
+)
+from moe_hang.commands.multinode.summaries import (
+    HISTORY_PER_GROUP,
+    MAX_USER_FRAMES,
+    capture_summary,
+    history_of,
+    merge_remote,
+    raw_heartbeats,
+)
+from moe_hang.commands.multinode.unknown import (
+    guard_local,
+    guard_unknown,
+    local_ranks_unknown,
+    rank_list,
+)
+
+__all__ = [
+    "CONNECT_S",
+    "COORD_DIR",
+    "FRESH_S",
+    "HISTORY_PER_GROUP",
+    "MAX_USER_FRAMES",
+    "MOVING_S",
+    "OFFER_S",
+    "ON_DEMAND",
+    "SNAPSHOT_DIR",
+    "TEARDOWN_DIR",
+    "Node",
+    "Plan",
+    "RoundOutcome",
+    "capture_summary",
+    "check_shared_dir",
+    "diagnosis_from_dict",
+    "guard_local",
+    "guard_unknown",
+    "history_of",
+    "local_ranks_unknown",
+    "merge_remote",
+    "open_channel",
+    "peers_for_diagnose",
+    "plan",
+    "rank_list",
+    "raw_heartbeats",
+    "request_kind",
+    "supervise",
+]

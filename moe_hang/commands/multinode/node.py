@@ -1,0 +1,364 @@
+"""This watcher's part of a multi-node job (:class:`Node`): the channel, registration,
+summaries, and one round from a capture to the verdict every node prints."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moe_hang.analysis.diagnosis import Diagnosis, RunInfo, Verdict, WatchRun
+from moe_hang.analysis.rules import diagnose
+from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_channel
+from moe_hang.commands.multinode.diagnosis_json import diagnosis_from_dict
+from moe_hang.commands.multinode.kinds import _JOB_OF, _reason_text, request_kind
+from moe_hang.commands.multinode.summaries import capture_summary, merge_remote, raw_heartbeats
+from moe_hang.commands.multinode.unknown import guard_unknown, local_ranks_unknown
+from moe_hang.evidence.load import load_capture
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import coord, rundir
+from moe_hang.runtime.coord import (
+    CaptureRequest,
+    Channel,
+    Coordinator,
+    GlobalVerdict,
+    NodeSummary,
+)
+from moe_hang.runtime.monitor import Monitor, Outcome, world_of
+from moe_hang.runtime.procs import is_alive
+
+if TYPE_CHECKING:
+    from moe_hang.runtime.launcher import LaunchedJob
+
+
+# run directory: what the coordination adds (docs/DESIGN.md §7)
+# verdict.json (the global verdict and set), local-diagnosis.json (this node's own view),
+# analysis.json (on the node that analysed: the engine's verdict before unknown ranks)
+COORD_DIR = "coord"
+SNAPSHOT_DIR = ".capture"  # the ranks' files as captured, while the job is being ended
+TEARDOWN_DIR = "teardown"  # what the ranks and the job wrote after the capture
+
+CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
+MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
+OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
+
+
+@dataclass
+class RoundOutcome:
+    diagnosis: Diagnosis  # the one every node prints
+    kind: str  # what the round was for (request_kind): decides whether the job is ended
+    verdict: GlobalVerdict
+
+
+class Node:
+    """This watcher's part: a channel connected in the background, registration once the
+    local ranks are up, summaries offered from the watch loop (no I/O there), and rounds."""
+
+    def __init__(self, p: Plan, layout: RunLayout, notice: Callable[[str], None], *,
+                 stall_s: float = 10.0) -> None:
+        self.plan, self.layout, self.notice = p, layout, notice
+        # "moving" in a summary: moved this recently (well inside --stall, so that ranks that
+        # just entered the collective the others wait in are not read as computing)
+        self.moving_s = min(MOVING_S, stall_s / 2)
+        self.publish_s = 2.0
+        self.host = socket.gethostname()
+        self.co: Coordinator | None = None
+        self.node = ""
+        self.world: int | None = None
+        self.local_world: int | None = None
+        self.local_ranks: list[int] = []
+        self.why_local: str | None = None  # why there is no channel
+        self.verdict: GlobalVerdict | None = None  # of the last round
+        self.job: LaunchedJob | None = None
+        self._up = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last_offer = 0.0
+        self._snapshot: int | None = None  # job.log's size when the ranks were captured
+        self._run_info: RunInfo | None = None  # this node's own record (command, timings)
+
+    # ------------------------------------------------------------------ background
+
+    def attach(self, job: LaunchedJob) -> None:
+        """After the job started. torch (for the store client) is imported here, in the main
+        thread, while the job starts up: never half-way in a daemon thread at exit."""
+        self.job = job
+        if self.plan.shared_dir is None:
+            coord.preload_torch()
+        self._thread = threading.Thread(target=self._run, name="moe-hang-multinode",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ch: Channel | None = None
+        if self.plan.shared_dir is None:  # the store may appear after us: connect early
+            ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
+            if ch is None:
+                self.why_local = why
+                return
+        while not self._up.wait(0.25):
+            if self._closed.is_set():
+                if ch is not None:
+                    ch.close()
+                return
+        pids = [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
+        ep = self.plan.endpoint or _agent_endpoint(pids)
+        if ch is None:
+            if self.plan.endpoint is None and ep is not None:
+                # the watched command wraps torchrun (ip netns exec, bash -c, a container):
+                # the run id is the agent's, as diagnose will read it
+                self.plan.run = coord.run_key(ep.run_id)
+            ch, self.why_local = open_channel(self.plan, connect_s=0.0)
+            if ch is None:
+                return
+        hosts = ep is not None and coord.store_listener_pid(ep.port, pids) is not None
+        co = Coordinator(ch, self.node, self.host)
+        co.register(self.local_ranks, hosts_store=hosts, world=self.world,
+                    local_world=self.local_world)
+        with self._lock:
+            if self._closed.is_set():
+                co.close()
+                return
+            self.publish_s = max(2.0, len(self.expected()) / 100)
+            co.start(interval=1.0, publish_every_s=self.publish_s)
+            self.co = co
+
+    def expected(self) -> list[str]:
+        return coord.expected_nodes(self.world, self.local_world)
+
+    def _raw_heartbeats(self) -> dict[int, dict[str, Any]]:
+        return raw_heartbeats(self.layout)
+
+    def tick(self, mon: Monitor) -> bool:
+        """Every poll of the watch loop: in memory only (the coordinator's thread does the
+        I/O). True when a capture request is waiting (another node's, or a diagnose)."""
+        out = mon.out
+        if not self._up.is_set():
+            if out.t_up is None:
+                return False
+            hbs = self._raw_heartbeats()
+            self.local_ranks = sorted(out.heartbeats)
+            self.world = world_of(out.heartbeats)
+            lw = next((hb.local_world for hb in out.heartbeats.values() if hb.local_world),
+                      None)
+            self.local_world = lw or len(self.local_ranks)
+            # where the ranks run (a watcher outside their container sees another name)
+            self.host = next((str(hb["host"]) for hb in hbs.values() if hb.get("host")),
+                             self.host)
+            self.node = coord.node_id_from_heartbeats(hbs) or coord.sanitize(self.host)
+            self._up.set()
+        co = self.co
+        if co is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_offer >= OFFER_S:
+            self._last_offer = now
+            co.offer_summary(self.summary(mon))
+        return co.capture_requested() is not None
+
+    def summary(self, mon: Monitor, *, kind: str = "periodic",
+                moving: Mapping[int, bool] | None = None) -> NodeSummary:
+        alive = {r: is_alive(pid) for r, pid in mon.out.rank_pids.items()}
+        return coord.summarize_heartbeats(
+            self._raw_heartbeats(), node=self.node, host=self.host,
+            moving=mon.moving(self.moving_s) if moving is None else moving, alive=alive,
+            kind=kind)
+
+    def summary_lag_s(self) -> float:
+        """How late a summary can say that a rank stopped moving: the watch loop offers one
+        every OFFER_S, the coordinator publishes a changed one at most every publish_s, on
+        its next beat (1 s)."""
+        return OFFER_S + self.publish_s + 1.0 + self.moving_s + 0.5
+
+    def moving_elsewhere(self) -> dict[str, list[int]]:
+        """Host -> its ranks that moved lately, from the other nodes' summaries (bounded).
+        Summaries lag: ranks that moved are looked at again once a fresh summary would say
+        they stopped (unless a capture request comes first)."""
+        found = self._moving_elsewhere()
+        co = self.co
+        if found and co is not None and not co.request_event.wait(self.summary_lag_s()):
+            found = self._moving_elsewhere()
+        return found if co is None or co.capture_requested() is None else {}
+
+    def _moving_elsewhere(self) -> dict[str, list[int]]:
+        co = self.co
+        if co is None:
+            return {}
+        sums = co.read_summaries()
+        moving = set(coord.remote_moving(sums, self.node))
+        out: dict[str, list[int]] = {}
+        for n, s in sums.items():
+            rs = sorted(r.rank for r in s.ranks if r.rank in moving)
+            if rs and n != self.node:
+                out[s.host or n] = rs
+        return out
+
+    def close(self, final: Mapping[int, bool] | None = None) -> None:
+        """Stop; ``final``: the local ranks ended (rank -> cleanly): said once more first, so
+        that a later round knows they finished instead of naming them unknown."""
+        with self._lock:
+            self._closed.set()
+            co = self.co
+        if co is None:
+            return
+        if final is not None:
+            hbs = self._raw_heartbeats()
+            s = coord.summarize_heartbeats(hbs, node=self.node, host=self.host,
+                                           alive=dict.fromkeys(hbs, False), kind="periodic")
+            co.publish_summary(s)
+        co.close()
+
+    def next_round(self) -> None:
+        if self.co is not None:
+            self.co.next_round()
+
+    # ------------------------------------------------------------------ a round
+
+    def _capture_summary(self, mon: Monitor, outcome: Outcome) -> NodeSummary:
+        alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
+        if outcome.kind in ("stalled", "desync"):
+            moving = dict.fromkeys(alive, False)  # by construction nothing moved
+        else:
+            moving = {r: outcome.progressed[r] for r in outcome.progressed}
+        return capture_summary(self.layout, self.node, self.host, moving=moving, alive=alive)
+
+    def _snapshot_capture(self) -> None:
+        """The ranks' files as captured: ending the job (here, or on another node first)
+        makes the ranks raise, dump and log connection errors into the same directory, and
+        ``analyze`` must read the capture the verdict came from (:meth:`finish`)."""
+        snap = self.layout.root / SNAPSHOT_DIR
+        shutil.rmtree(snap, ignore_errors=True)
+
+        def not_plain(d: str, names: list[str]) -> list[str]:
+            return [n for n in names if not (Path(d) / n).is_file()
+                    and not (Path(d) / n).is_dir()]
+
+        with contextlib.suppress(OSError, shutil.Error):
+            shutil.copytree(self.layout.ranks_dir, snap / "ranks", ignore=not_plain)
+            try:
+                self._snapshot = self.layout.job_log.stat().st_size
+            except OSError:
+                self._snapshot = 0
+
+    def _analyse(self, summaries: dict[str, NodeSummary], missing: list[str], kind: str,
+                 req: CaptureRequest | None) -> dict[str, Any]:
+        """On the node that analyses: its own capture plus every other node's summary."""
+        ev = load_capture(self.layout.root, world=self.world, job=_JOB_OF.get(kind, "running"))
+        merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node})
+        co = self.co
+        hosts = {n: s.host for n, s in summaries.items()}
+        if co is not None and (missing or (self.world and len(ev.ranks) < self.world)):
+            for n, info in co.nodes().items():
+                hosts.setdefault(n, info.host)
+            # a node whose job finished said so before its watcher left: not unknown
+            done = {n: s for n, s in co.read_summaries(missing).items()
+                    if s.ranks and all(r.state == "exited" for r in s.ranks)}
+            merge_remote(ev, done)
+        if self.world:
+            ev.world_size = self.world
+        diag = diagnose(ev)
+        (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json(self.layout.root / COORD_DIR / "analysis.json", diag.to_dict())
+        guard_unknown(diag, ev, local_ranks_unknown(self.world, ev.ranks),
+                      local_world=self.local_world, hosts=hosts)
+        if kind == "final":
+            text = _reason_text(req)
+            diag.verdict = Verdict.HANG
+            diag.summary = (text[:1].upper() + text[1:] + ". " if text else "") + diag.summary
+        d = diag.to_dict()
+        d["artifacts"] = ""  # every node's own run directory
+        return d
+
+    def run_round(self, mon: Monitor, outcome: Outcome, kind: str,
+                  capture_local: Callable[[], Diagnosis]) -> RoundOutcome:
+        """Capture here, the same on every node, one verdict; returns once this node may end
+        its job (the store's host after every other node has the verdict)."""
+        co = self.co
+        req: CaptureRequest | None = None
+        if co is not None:
+            req = co.capture_requested() or co.request_capture(f"{kind}: {outcome.reason}")
+        local_kind = kind
+
+        def capture() -> NodeSummary:
+            local = capture_local()
+            self._run_info = local.run
+            (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
+            rundir.write_json(self.layout.root / COORD_DIR / "local-diagnosis.json",
+                              local.to_dict())
+            self._snapshot_capture()
+            return self._capture_summary(mon, outcome)
+
+        if co is None or req is None:
+            why = (co.gone if co is not None else None) or self.why_local or (
+                f"not connected to {self.plan.describe()} yet")
+            mine = capture()
+            others = [n for n in self.expected() if n != self.node]
+            d = self._analyse({self.node: mine}, others, local_kind, None)
+            gv = GlobalVerdict(request="local", by_node=self.node, time=time.time(), verdict_data=d,
+                               captured=[self.node], missing=others,
+                               hosts={self.node: self.host},
+                               unknown_ranks=local_ranks_unknown(self.world, self.local_ranks),
+                               local_only=True, note=f"{why}: local ranks only",
+                               _summaries={self.node: mine})
+            self.notice(f"no other node reachable ({why}): a verdict from this node's ranks "
+                        "only")
+        else:
+            rk = request_kind(req)
+            if req.by_node != self.node:
+                self.notice(f"capture requested by node {req.by_node} ({req.host}): "
+                            f"{_reason_text(req)[:120]}")
+            res = co.run_round(req, capture,
+                               lambda s, m: self._analyse(s, m, rk, req),
+                               self.expected(), world=self.world)
+            gv, local_kind = res.verdict, rk
+            if gv.local_only:
+                self.notice(f"{gv.note}: a verdict from this node's ranks only")
+            else:
+                nodes = ", ".join(f"{n} ({h})" for n, h in sorted(gv.hosts.items(),
+                                                                 key=lambda kv: kv[0]))
+                unk = f"; unknown: node {', '.join(gv.missing)}" if gv.missing else ""
+                self.notice(f"one verdict for the job from nodes {nodes}{unk} "
+                            f"(analysed by node {gv.by_node}, "
+                            f"{res.timings.get('verdict', 0.0):.1f} s after the request)")
+                if res.not_ended:
+                    self.notice(f"nodes {', '.join(res.not_ended)} did not confirm in time; "
+                                "ending this node's job (it hosts the store) anyway")
+        self.verdict = gv
+        diag = diagnosis_from_dict(gv.verdict)
+        diag.artifacts = str(self.layout.root)
+        diag.run = self._run_info
+        if isinstance(diag.run, WatchRun) and outcome.onset_ns:
+            diag.run.timings.onset_to_verdict_s = round(time.time() - outcome.onset_ns / 1e9, 3)
+        (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json(self.layout.root / COORD_DIR / "verdict.json", gv.to_json())
+        return RoundOutcome(diag, local_kind, gv)
+
+    def finish(self, ended_after_verdict: bool) -> None:
+        """After the job ended: where a verdict ended it, the run directory keeps the capture
+        it came from (ranks/, job.log up to then); what came after is in teardown/."""
+        snap = self.layout.root / SNAPSHOT_DIR
+        try:
+            if not ended_after_verdict or self._snapshot is None or not (snap / "ranks").is_dir():
+                return
+            tear = self.layout.root / TEARDOWN_DIR
+            tear.mkdir(mode=0o700, exist_ok=True)
+            os.replace(self.layout.ranks_dir, tear / "ranks")
+            os.replace(snap / "ranks", self.layout.ranks_dir)
+            log = self.layout.job_log
+            with open(log, "rb+") as f:
+                f.seek(self._snapshot)
+                rest = f.read()
+                f.truncate(self._snapshot)
+            (tear / "job.log").write_bytes(rest)
+        except OSError as exc:
+            self.notice(f"could not keep the capture apart from the teardown ({exc})")
+        finally:
+            shutil.rmtree(snap, ignore_errors=True)

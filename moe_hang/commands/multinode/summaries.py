@@ -1,0 +1,111 @@
+"""What a node publishes of its capture (:func:`capture_summary`), and the other nodes'
+summaries back as evidence beside this node's own (:func:`merge_remote`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.frtrace import DEFAULT_PG, Collective, FRDump, PgStatus
+from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
+from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import coord
+from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
+
+HISTORY_PER_GROUP = 8  # a capture summary: each rank's last collectives per group
+MAX_USER_FRAMES = 12
+
+
+def history_of(dump: FRDump, per_group: int = HISTORY_PER_GROUP
+               ) -> tuple[list[PendingCollective], dict[str, list[int]]]:
+    """A rank's recent collectives for its capture summary: the last ``per_group`` of each
+    group from its Flight Recorder dump (user frames only), and each group's status by name."""
+    out: list[PendingCollective] = []
+    for pg, entries in dump.by_pg().items():
+        for c in entries[-per_group:]:
+            out.append(PendingCollective(
+                op=c.raw_op or c.op, seq=c.seq, pg_id=pg, pg=pg, pg_desc=c.pg_desc or None,
+                input_sizes=c.input_sizes, output_sizes=c.output_sizes, dtypes=c.dtypes,
+                t_ns=c.time_created_ns, completed=c.completed,
+                frames=[f"{f.file}:{f.line}:{f.function}" for f in c.frames
+                        if not is_library_frame(f)][:MAX_USER_FRAMES]))
+    status = {pg: [st.enqueued, st.completed] for pg, st in dump.pg_status.items()}
+    return out, status
+
+
+def raw_heartbeats(layout: RunLayout) -> dict[int, dict[str, Any]]:
+    """The ranks' heartbeats as the probe wrote them (what summaries are made of)."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in layout.ranks_dir.glob("rank*.hb.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = d
+    return out
+
+
+def capture_summary(layout: RunLayout, node: str, host: str | None, *,
+                    moving: Mapping[int, bool] | None,
+                    alive: Mapping[int, bool] | None) -> NodeSummary:
+    """What a node publishes of its capture: its ranks' heartbeats, their recent collectives
+    from the Flight Recorder dumps just taken, the groups they are members of."""
+    s = coord.summarize_heartbeats(raw_heartbeats(layout), node=node, host=host,
+                                   moving=moving, alive=alive, kind="capture")
+    for r in s.ranks:
+        fr = layout.rank(r.rank).fr
+        with contextlib.suppress(Exception):  # a dump cut short: the heartbeat is left
+            if fr.exists():
+                r.history, r.fr_status = history_of(frtrace.load(fr))
+    groups: dict[str, set[int]] = {}
+    for p in layout.files_of("groups.json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            for pg, rs in json.loads(p.read_text()).items():
+                groups.setdefault(str(pg), set()).update(int(r) for r in rs)
+    s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
+    return s
+
+
+def _fr_of(r: RankSummary) -> FRDump | None:
+    """What a remote rank's recorder said, back as a dump (the richest evidence there is of
+    it): its recent collectives by group name, with the groups' status."""
+    if not r.history and not r.fr_status:
+        return None
+    entries = []
+    for h in r.history:
+        frames = [Frame(str(file), int(line), str(fn))
+                  for file, line, fn in (coord.parse_frame(f) for f in h.frames)]
+        entries.append(Collective(
+            pg=h.pg or h.pg_id, seq=h.seq, op=normalise_op(h.op), raw_op=h.op,
+            pg_desc=h.pg_desc or "", input_sizes=h.input_sizes, output_sizes=h.output_sizes,
+            dtypes=[normalise_dtype(d) for d in h.dtypes], time_created_ns=h.t_ns,
+            frames=frames, completed=h.completed))
+    status = {pg: PgStatus(v[0], v[1]) for pg, v in r.fr_status.items()}
+    return FRDump(entries=entries, pg_status=status, backend="remote summary")
+
+
+def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int]:
+    """The ranks of other nodes, from their watchers' summaries, as evidence beside this
+    node's own (a rank with evidence of its own is kept). Returns the ranks added."""
+    added: list[int] = []
+    for _node, s in sorted(summaries.items()):
+        hbs = coord.to_heartbeats([s])
+        for r in s.ranks:
+            if r.rank in ev.ranks:
+                continue
+            hb = Heartbeat.parse(hbs[r.rank])
+            if hb is not None and hb.pg_status is not None:
+                # a group is named by id in a heartbeat; only its pending entries (and the
+                # default group, id 0 = name 0) say which name: an id of unknown name could
+                # read as another group of the same number on this node
+                named = {str(e.get("pg_id")) for e in hb.pending} | {DEFAULT_PG}
+                hb.pg_status = {k: v for k, v in hb.pg_status.items() if k in named}
+            ev.ranks[r.rank] = RankEvidence(
+                rank=r.rank, pid=r.pid, host=s.host, alive=r.state != "exited",
+                exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
+                groups={k: list(v) for k, v in s.groups.items()} or None)
+            added.append(r.rank)
+    return sorted(added)

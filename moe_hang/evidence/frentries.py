@@ -1,0 +1,198 @@
+"""One Flight Recorder entry at a time (:mod:`moe_hang.evidence.frtrace` reads whole dumps):
+the small field parsers, operation names, frames, and an entry as a :class:`Collective` or a
+:class:`P2PEntry` — pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from moe_hang.evidence.frrecords import DEFAULT_PG, Collective, P2PEntry
+from moe_hang.evidence.ops import normalise_op
+from moe_hang.evidence.stacks import Frame, parse_probe_frames
+
+
+def _sizes(v: Any) -> list[list[int]]:
+    try:  # the common case: lists of ints, as every release writes them
+        return [[int(x) for x in s] for s in v] if v else []
+    except (TypeError, ValueError):
+        pass
+    out = []
+    for s in v:
+        try:
+            out.append([int(x) for x in s])
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _int(v: Any, default: int = -1) -> int:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
+    pg = e.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg:
+        return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    return str(e.get("pg_id", DEFAULT_PG)), ""
+
+
+# (length, head, tail) -> [(the string, its ranks)]: keyed without hashing the whole string
+_RANKS_CACHE: dict[tuple[int, str, str], list[tuple[str, list[int]]]] = {}
+
+
+def parse_ranks(v: Any) -> list[int]:
+    """``"[0, 1, 2]"`` (how every release writes ``pg_config`` ranks) or a list -> ints.
+    Cached by the string: at 8192 ranks every dump repeats the same 48 KB world list, and
+    each load makes a new string object whose full hash would cost more than the compare."""
+    if isinstance(v, list):
+        return [int(x) for x in v]
+    if not isinstance(v, str):
+        return []
+    key = (len(v), v[:48], v[-48:])
+    bucket = _RANKS_CACHE.get(key)
+    for text, ranks in bucket or ():
+        if text == v:
+            return ranks
+    try:
+        got = json.loads(v)
+        ranks = [int(x) for x in got] if isinstance(got, list) else []
+    except (ValueError, TypeError):
+        ranks = [int(x) for x in re.findall(r"-?\d+", v)]
+    if len(_RANKS_CACHE) > 4096:
+        _RANKS_CACHE.clear()
+    _RANKS_CACHE.setdefault(key, []).append((v, ranks))
+    return ranks
+
+
+# NCCL names the coalesced form of an op after its enum; the shared vocabulary knows the rest
+_COALESCED = {"allgather_coalesced": "all_gather", "reduce_scatter_coalesced": "reduce_scatter",
+              "allreduce_coalesced": "all_reduce"}
+_P2P_NAME = re.compile(r"^(send|recv)\s*(-?\d+)?\s*(->|<-)?\s*(-?\d+)?$")
+
+
+_OP_CACHE: dict[str, str] = {}
+
+
+def op_name(profiling_name: str) -> str:
+    """``nccl:ALLGATHER_coalesced`` -> ``all_gather``; ``nccl:send 0->1`` -> ``send``."""
+    hit = _OP_CACHE.get(profiling_name)
+    if hit is None:
+        if len(_OP_CACHE) > 65536:
+            _OP_CACHE.clear()
+        hit = _OP_CACHE[profiling_name] = _op_name(profiling_name)
+    return hit
+
+
+def _op_name(profiling_name: str) -> str:
+    tail = profiling_name.rsplit(":", 1)[-1].strip()
+    low = tail.lower()
+    if low in _COALESCED:
+        return _COALESCED[low]
+    if low.startswith(("send ", "recv ")):
+        return low[:4]
+    return normalise_op(profiling_name)
+
+
+def _p2p_locals(profiling_name: str) -> tuple[int | None, int | None]:
+    """(this rank, the peer) as group-local ranks from ``send 3->5`` / ``recv 5<-3``."""
+    m = _P2P_NAME.match(profiling_name.rsplit(":", 1)[-1].strip())
+    if not m or m.group(2) is None or m.group(4) is None:
+        return None, None
+    return int(m.group(2)), int(m.group(4))
+
+
+class _Frames:
+    """Frames converted once per distinct recorded stack (the pickle shares frame dicts, and
+    often the list, between entries)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[tuple[int, ...], list[Frame]] = {}
+
+    def __call__(self, raw: Any) -> list[Frame]:
+        if not raw or not isinstance(raw, list):
+            return []
+        key = tuple(map(id, raw))
+        hit = self._by_id.get(key)
+        if hit is None:
+            hit = self._by_id[key] = parse_probe_frames(raw)
+        return hit
+
+
+# ----------------------------------------------------------------------------- entries
+
+
+def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
+                        frames: _Frames | None = None) -> Collective | None:
+    """A collective entry as a record (None for point-to-point and malformed entries)."""
+    if e.get("is_p2p"):
+        return None
+    pg_name, pg_desc = _pg_of(e)
+    seq = _int(e.get("collective_seq_id"), -2)
+    if seq == -2:
+        return None
+    raw = str(e.get("profiling_name", ""))
+    t_created = e.get("time_created_ns")
+    rid = e.get("record_id")
+    return Collective(
+        pg=pg_name, seq=seq, op=op_name(raw), raw_op=raw, pg_desc=pg_desc,
+        input_sizes=_sizes(e.get("input_sizes")), output_sizes=_sizes(e.get("output_sizes")),
+        dtypes=[str(d) for d in e.get("input_dtypes") or []],
+        time_created_ns=int(t_created) if isinstance(t_created, (int, float)) else None,
+        frames=(frames or _Frames())(e.get("frames")),
+        completed=True if e.get("state") == "completed" else None, source=source,
+        record_id=rid if isinstance(rid, int) else None)
+
+
+def _p2p_entry(e: dict[str, Any], completed: bool | None, pg_ranks: dict[str, list[int]],
+               frames: _Frames) -> P2PEntry | None:
+    raw = str(e.get("profiling_name", ""))
+    op = op_name(raw)
+    if op not in ("send", "recv"):
+        return None  # the "nccl:coalesced" that closes a batch
+    pg_name, pg_desc = _pg_of(e)
+    _me, local_peer = _p2p_locals(raw)
+    members = pg_ranks.get(pg_name)
+    if local_peer is None:
+        peer = None
+    elif members and 0 <= local_peer < len(members):
+        peer = members[local_peer]
+    elif pg_name == DEFAULT_PG:
+        peer = local_peer  # the default group's local ranks are the global ones
+    else:
+        peer = None
+    t_created = e.get("time_created_ns")
+    rid = e.get("record_id")
+    return P2PEntry(op=op, peer=peer, pg=pg_name, p2p_seq=_int(e.get("p2p_seq_id")),
+                    completed=completed, seq=_int(e.get("collective_seq_id")),
+                    local_peer=local_peer, pg_desc=pg_desc,
+                    input_sizes=_sizes(e.get("input_sizes")),
+                    dtypes=[str(d) for d in e.get("input_dtypes") or []],
+                    time_created_ns=int(t_created) if isinstance(t_created, (int, float))
+                    else None, record_id=rid if isinstance(rid, int) else None,
+                    frames=frames(e.get("frames")))
+
+
+def _merge_coalesced(group: list[Collective]) -> Collective:
+    """Ops sharing one collective_seq_id (a coalescing manager): one collective whose sizes
+    and dtypes are the member ops' in order; the closing ``*_coalesced`` entry names it."""
+    closing = [c for c in group if c.raw_op.lower().endswith("coalesced")]
+    members = [c for c in group if c not in closing] or group
+    head = closing[-1] if closing else members[0]
+    ops = {c.op for c in members}
+    op = head.op if closing and head.op != "coalesced" else (ops.pop() if len(ops) == 1
+                                                              else "coalesced")
+    done = [c.completed for c in group]
+    return Collective(
+        pg=head.pg, seq=head.seq, op=op, raw_op=head.raw_op, pg_desc=head.pg_desc,
+        input_sizes=[s for c in members for s in c.input_sizes],
+        output_sizes=[s for c in members for s in c.output_sizes],
+        dtypes=[d for c in members for d in c.dtypes],
+        time_created_ns=members[0].time_created_ns, frames=members[0].frames,
+        completed=True if all(d is True for d in done) else
+        (False if any(d is False for d in done) else None),
+        record_id=members[0].record_id, coalesced=len(members))

@@ -1,0 +1,177 @@
+"""Loading sets of Flight Recorder dumps on every core: each worker process holds one parsed
+file at a time and sends back only its window, the groups' rank lists once per chunk
+(:mod:`moe_hang.evidence.frdumps`) — pure."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moe_hang.evidence import frtrace
+from moe_hang.evidence.frfind import DumpFile, DumpSet, Problem
+from moe_hang.evidence.frtrace import DEFAULT_CONTEXT, FRDump
+
+POOL_MIN_FILES = 24  # below this (or POOL_MIN_BYTES) forking workers costs more than it saves
+POOL_MIN_BYTES = 4_000_000
+LOAD_TIMEOUT_S = 120.0  # per chunk of files, plus LOAD_S_PER_MB of its size
+LOAD_S_PER_MB = 0.5
+
+
+@dataclass
+class LoadedSet:
+    dumps: DumpSet
+    fr: dict[int, FRDump] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def versions(self) -> set[str]:
+        return {d.version for d in self.fr.values()}
+
+    def backends(self) -> set[str]:
+        return {d.backend for d in self.fr.values() if d.backend}
+
+
+def _load_one(path: Path, context: int | None) -> FRDump | str:
+    """A dump, or why the file is not one (one line)."""
+    try:
+        return frtrace.load(path, context=context)
+    except frtrace.DumpError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except Exception as exc:  # a dump no release writes: report the file, keep the others
+        return f"not a readable Flight Recorder dump ({type(exc).__name__}: {exc})"[:200]
+
+
+_DIGESTS: dict[int, tuple[list[int], str]] = {}  # id(list) -> (the list, kept alive; digest)
+
+
+def _digest(ranks: list[int]) -> str:
+    import hashlib  # workers only
+
+    hit = _DIGESTS.get(id(ranks))
+    if hit is None or hit[0] is not ranks:
+        hit = (ranks, hashlib.blake2b(array("q", ranks).tobytes(), digest_size=16).hexdigest())
+        if len(_DIGESTS) > 8192:
+            _DIGESTS.clear()
+        _DIGESTS[id(ranks)] = hit
+    return hit[1]
+
+
+@dataclass
+class _Chunk:
+    """What a worker sends back: dumps whose ``pg_ranks`` were replaced by digests into one
+    table (each distinct rank list once), or the reason per file."""
+
+    items: list[tuple[int, str, FRDump | str]]  # (rank, path, dump or reason)
+    refs: dict[int, dict[str, str]]  # rank -> group -> digest
+    table: dict[str, list[int]]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while loading: parsing allocates millions of small acyclic objects, and
+    each collection would walk them all again (torchfrtrace and the floor do the same).
+    Afterwards they are frozen out of the collector's generations, so the verdict's own
+    collections do not walk them either (they hold no cycles; refcounting still frees
+    them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
+
+
+def _load_chunk(args: tuple[list[tuple[int, str]], int | None]) -> _Chunk:
+    files, context = args
+    gc.disable()  # a worker process of ours: see _gc_paused
+    out = _Chunk([], {}, {})
+    for rank, path in files:
+        got = _load_one(Path(path), context)
+        if isinstance(got, FRDump) and got.pg_ranks:
+            refs = {}
+            for pg, members in got.pg_ranks.items():
+                key = _digest(members)
+                out.table.setdefault(key, members)
+                refs[pg] = key
+            out.refs[rank] = refs
+            got.pg_ranks = {}
+        out.items.append((rank, path, got))
+    return out
+
+
+def _workers(n_files: int, n_bytes: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if cores < 2 or n_files < POOL_MIN_FILES or n_bytes < POOL_MIN_BYTES:
+        return 1
+    return max(1, min(cores, n_files // 8, math.ceil(n_bytes / POOL_MIN_BYTES)))
+
+
+def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
+              workers: int | None = None) -> list[LoadedSet]:
+    """Parse every file of every set (in parallel when it pays); unreadable files become
+    :class:`Problem` s of their set. Raises TimeoutError when the workers stall."""
+    loaded = [LoadedSet(s) for s in sets]
+    jobs = [(i, f) for i, s in enumerate(sets) for _r, f in sorted(s.files.items())]
+    n_bytes = sum(f.size for _i, f in jobs)
+    n = workers if workers is not None else _workers(len(jobs), n_bytes)
+    by_path = {str(f.path): i for i, f in jobs}
+
+    interned: dict[str, list[int]] = {}  # one list per distinct group, shared by every rank
+
+    def take(chunk: _Chunk) -> None:
+        for rank, path, got in chunk.items:
+            ls = loaded[by_path[path]]
+            if isinstance(got, str):
+                ls.problems.append(Problem(Path(path), got, rank))
+                continue
+            for pg, key in chunk.refs.get(rank, {}).items():
+                got.pg_ranks[pg] = interned.setdefault(key, chunk.table[key])
+            ls.fr[rank] = got
+
+    with _gc_paused():
+        if n <= 1:
+            for i, f in jobs:
+                got = _load_one(f.path, context)
+                if isinstance(got, str):
+                    loaded[i].problems.append(Problem(f.path, got, f.rank))
+                else:
+                    loaded[i].fr[f.rank] = got
+        else:
+            _load_parallel(jobs, n, n_bytes, context, take)
+    return loaded
+
+
+def _load_parallel(jobs: list[tuple[int, DumpFile]], n: int, n_bytes: int,
+                   context: int | None, take: Callable[[_Chunk], None]) -> None:
+    """``n`` forked workers parse chunks of files; the results are taken as they come, so
+    the parent holds windows only, never a whole dump."""
+    import multiprocessing as mp  # not on the path of small sets
+
+    # chunks of about equal bytes, several per worker so a slow file does not idle the rest
+    per = max(4, math.ceil(len(jobs) / (n * 6)))
+    chunks = [[(f.rank, str(f.path)) for _i, f in jobs[k:k + per]]
+              for k in range(0, len(jobs), per)]
+    limit = LOAD_TIMEOUT_S + LOAD_S_PER_MB * (n_bytes / len(chunks)) / 1e6
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(n) as pool:  # __exit__ terminates the workers, also on Ctrl-C
+        it = pool.imap_unordered(_load_chunk, [(c, context) for c in chunks])
+        for _ in chunks:
+            t0 = time.monotonic()
+            try:
+                take(it.next(timeout=limit))
+            except mp.TimeoutError:
+                raise TimeoutError(f"reading the dumps stalled ({time.monotonic() - t0:.0f} s "
+                                   "without a result)") from None
