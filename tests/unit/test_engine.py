@@ -315,3 +315,33 @@ def test_stacks_in_two_collectives_blame_only_what_program_order_decides(same_li
     d = diagnose(_ev(rank(0, "all_gather", 5, "f"), rank(1, "barrier", 9, "g")))
     assert d.verdict == "desync" and d.culprit_ranks == [0, 1], d.summary
     assert d.culprit_basis == "ambiguous"
+
+
+@pytest.mark.parametrize("sleeper", [0, 1])
+def test_a_timeout_waiting_for_a_rank_outside_collectives_names_that_rank(sleeper):
+    """gloo's timeout ended the waiting rank (a consequence, in a collective) while the other
+    was still reading data: the one it waited for is named, from where each was."""
+    waiter = 1 - sleeper
+    asleep = RankEvidence(rank=sleeper, alive=True, progressed=False, threads=_stack(
+        ("/job/loader.py", 8, "next_batch"), ("/job/train.py", 30, "<module>")))
+    timed_out = RankEvidence(
+        rank=waiter, alive=False, exit_code=1,
+        error=RankError("RuntimeError", "Timed out waiting 30000ms for recv operation to "
+                        "complete", frames=[Frame(TORCH, 9, "all_reduce"),
+                                            Frame("/job/train.py", 33, "<module>")]))
+    d = diagnose(_ev(asleep, timed_out, job="failed"))
+    assert d.rule == "timed out waiting for a rank outside collectives", d.summary
+    assert (d.verdict, d.culprit_ranks, d.certainty) == ("hang", [sleeper], "likely")
+    assert f"Rank {waiter} failed waiting" in d.summary and "loader.py:8" in d.summary
+
+
+def test_only_consequences_on_record_name_no_culprit():
+    """Both ranks died of a closed connection and nothing else is known: no culprit, and
+    the advice is how to record what diverged, not a guess."""
+    closed = [RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "[pair.cc:534] Connection closed by peer [127.0.0.1]:5000"))
+        for r in (0, 1)]
+    d = diagnose(_ev(*closed, job="failed"))
+    assert d.rule == "failed with consequences only", d.summary
+    assert (d.verdict, d.culprit_ranks, d.certainty) == ("crash", [], "uncertain")
+    assert "no rank raised an error of its own" in d.summary and "watch" in d.fix
