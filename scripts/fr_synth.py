@@ -6,7 +6,7 @@
     python scripts/fr_synth.py --check-against REAL_DIR SYNTH_DIR   # compare schemas
 
 Writes one dump per rank, named prefix + global rank (``.json`` appended for JSON), exactly as
-torch's recorder of that release and backend lays it out (see /work/notes/fr_formats.md), and
+torch's recorder of that release and backend lays it out (see docs/flight_recorder_formats.md), and
 ``OUT_DIR/truth.json`` with the planted fault (a name no reader that globs prefix + rank picks up:
 it holds neither the prefix nor a trailing rank number).
 

@@ -1,5 +1,5 @@
 """Read one Flight Recorder dump: torch's pickle and JSON, NCCL and gloo, every format torch
-2.4 … 2.13 writes ("2.1", "2.4", "2.9", "2.10"; /work/notes/fr_formats.md) — pure.
+2.4 … 2.13 writes ("2.1", "2.4", "2.9", "2.10"; docs/flight_recorder_formats.md) — pure.
 
 ``torchfrtrace`` (torch 2.13) crashes on gloo dumps (``KeyError: ('0', 0)``: gloo's
 ``pg_config`` is keyed ``''``); this reader relies only on the per-entry fields every backend
