@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 
 import psutil
@@ -295,6 +296,7 @@ def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
     make_set(tmp_path / "s", "--ranks", "32", "--mesh", "4x8", "--entries", "60",
              "--fault", "p2p")
     (s,) = frdumps.find([tmp_path / "s"]).sets
+    started = time.time()
     (one,) = frdumps.load_sets([s], workers=1)
     (two,) = frdumps.load_sets([s], workers=2)
     assert sorted(one.fr) == sorted(two.fr) == list(range(32))
@@ -304,7 +306,9 @@ def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
                                                                b.pg_ranks)
     worlds = {id(d.pg_ranks["0"]) for d in two.fr.values()}
     assert len(worlds) == 1  # one world list for every rank, not 32 copies
-    assert psutil.Process().children(recursive=True) == []  # the workers are gone
+    # the workers are gone (what other tests of this session left is theirs to answer for)
+    assert [p for p in psutil.Process().children(recursive=True)
+            if p.create_time() >= started - 0.5] == []
 
 
 def test_windowed_and_full_reads_give_the_same_verdict(tmp_path):
