@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 
+def runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs, first and last: ``0, 1, 2, 5`` -> ``(0, 2), (5, 5)``."""
+    ns = sorted(set(numbers))
+    out: list[tuple[int, int]] = []
+    for n in ns:
+        if out and n == out[-1][1] + 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return out
+
+
 def spans(numbers: list[int]) -> str:
     """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
-    ns = sorted(set(numbers))
-    parts: list[str] = []
-    i = 0
-    while i < len(ns):
-        j = i
-        while j + 1 < len(ns) and ns[j + 1] == ns[j] + 1:
-            j += 1
-        parts.append(f"{ns[i]}-{ns[j]}" if j - i >= 2 else ", ".join(map(str, ns[i:j + 1])))
-        i = j + 1
+    parts = [f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1)))
+             for a, b in runs(numbers)]
     return ", ".join(parts)
 
 

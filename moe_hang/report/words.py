@@ -19,6 +19,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.explain import exit_desc
+from moe_hang.analysis.ranktext import runs
 from moe_hang.evidence.stacks import Frame
 from moe_hang.report.wrap import display_path, shorten_paths
 
@@ -72,17 +73,8 @@ def timing_parts(d: Diagnosis) -> list[str]:
 
 
 def rank_ranges(ranks: list[int]) -> str:
-    """``0-6``, ``0-2,4-7``, ``3``."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(parts)
+    """``0-6``, ``0-2,4-7``, ``3`` (compact: the first screen's rank lists)."""
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs(ranks))
 
 
 def ranks_label(ranks: list[int]) -> str:
