@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib.util
 import json
 import os
 import pickle
@@ -51,12 +50,9 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def _load_synth() -> Any:
-    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fr_synth"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from moe_hang.testing import fr_synth
+
+    return fr_synth
 
 
 @dataclass

@@ -130,19 +130,14 @@ def line_of(path: Path, needle: str) -> int:
 
 
 def fr_synth():
-    """scripts/fr_synth.py as a module (it is a script, not part of the package)."""
-    import importlib.util
+    """The synthetic dump generator (:mod:`moe_hang.testing.fr_synth`)."""
+    from moe_hang.testing import fr_synth as mod
 
-    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fr_synth", mod)
-    spec.loader.exec_module(mod)
     return mod
 
 
 def make_fr_set(out: Path, *args: str) -> dict:
-    """A synthetic dump set (scripts/fr_synth.py) in ``out``, and its truth.json."""
+    """A synthetic dump set (moe_hang.testing.fr_synth) in ``out``, and its truth.json."""
     assert fr_synth().main([str(out), "--workers", "1", *args]) == 0
     return json.loads((out / "truth.json").read_text())
 

@@ -16,7 +16,7 @@ from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind, Ra
 from moe_hang.analysis.kinds import mismatch_kind
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import RankView, rank_view
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
 from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
 

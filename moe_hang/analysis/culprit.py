@@ -24,7 +24,7 @@ from moe_hang.analysis.order import (
 )
 from moe_hang.analysis.timeline import RankView
 from moe_hang.analysis.waitfor import Edge
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort
 from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame

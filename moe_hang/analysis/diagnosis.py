@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
-from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.stacks import Frame
 
 SCHEMA = "moe-hang/diagnosis/v1"

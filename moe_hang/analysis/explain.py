@@ -18,7 +18,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.kinds import ROW
 from moe_hang.analysis.ranktext import who
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankError
 from moe_hang.evidence.stacks import Frame
 

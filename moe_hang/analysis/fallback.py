@@ -10,7 +10,7 @@ from moe_hang.analysis.explain import ranks_text
 from moe_hang.analysis.order import program_order
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import RankView
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame, callsite

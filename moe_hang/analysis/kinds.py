@@ -15,7 +15,7 @@ from moe_hang.analysis.advice import (
     advise_size,
 )
 from moe_hang.analysis.diagnosis import MismatchKind
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ops import SAME_SIZE_OPS
 
 

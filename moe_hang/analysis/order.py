@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.source import Order, order
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
 
 if TYPE_CHECKING:

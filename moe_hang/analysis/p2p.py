@@ -29,7 +29,7 @@ from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import RankView
-from moe_hang.evidence.frtrace import Collective, P2PEntry
+from moe_hang.evidence.flight_recorder import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite
 
 

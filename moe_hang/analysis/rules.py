@@ -56,7 +56,7 @@ from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import build_timeline, recorder_only
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 
 

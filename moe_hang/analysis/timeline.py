@@ -17,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
     Timeline,
     TimelineCell,
 )
-from moe_hang.evidence.frtrace import Collective, entry_to_collective
+from moe_hang.evidence.flight_recorder import Collective, entry_to_collective
 from moe_hang.evidence.model import PostedRecord, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import (

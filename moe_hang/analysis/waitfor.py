@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.diagnosis import MismatchKind, RankState, pg_label
 from moe_hang.analysis.timeline import RankView
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import P2PCall
 
 

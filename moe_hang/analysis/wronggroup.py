@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.align import site_of
 from moe_hang.analysis.timeline import RankView
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ from moe_hang.analysis.rules import diagnose
 from moe_hang.capture import dumps, pyspy
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence import frdumps, frtrace, identity
+from moe_hang.evidence import flight_recorder as fr
+from moe_hang.evidence import identity
+from moe_hang.evidence.flight_recorder import postmortem
 from moe_hang.evidence.load import load_capture, load_captures
 from moe_hang.evidence.model import (
     Evidence,
@@ -101,7 +103,7 @@ def _copy_probe_files(job: FoundJob, out: RunLayout) -> None:
 def _copy_fr_dir(fr_dir: Path, out: RunLayout) -> list[str]:
     if not fr_dir.is_dir():
         raise MoeHangError(f"--fr-dir {fr_dir}: not a directory")
-    dumps, errors = frtrace.load_dir(fr_dir)
+    dumps, errors = fr.load_dir(fr_dir)
     notes = [f"{name}: {err}" for name, err in errors.items()]
     for r, dump in dumps.items():
         dest = out.rank(r).fr  # pickle or JSON: the loader reads either
@@ -286,9 +288,9 @@ def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
     captures = [p.expanduser() for p in paths
                 if p.expanduser().is_dir() and RunLayout(p.expanduser()).is_capture()]
     others = [p for p in paths if p.expanduser() not in captures]
-    found = frdumps.find(others)
+    found = postmortem.find(others)
     try:
-        loaded = frdumps.load_sets(found.sets)
+        loaded = postmortem.load_sets(found.sets)
     except TimeoutError as exc:
         raise MoeHangError(str(exc)) from None
     readable = [ls for ls in loaded if ls.fr]
@@ -303,9 +305,9 @@ def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
     unread = [ls for ls in loaded if not ls.fr]
     extra = [*found.problems, *(pb for ls in unread for pb in ls.problems)]
     if differ is not None:
-        extra.append(frdumps.Problem(Path(idents[0].label), f"analyzed together (--force) "
+        extra.append(postmortem.Problem(Path(idents[0].label), f"analyzed together (--force) "
                                                             f"although {differ}"))
-    dumped = frdumps.evidence(readable, extra=extra) if readable or extra else None
+    dumped = postmortem.evidence(readable, extra=extra) if readable or extra else None
     try:
         ev = load_captures(captures) if captures else None
     except (OSError, ValueError) as exc:
@@ -314,12 +316,12 @@ def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
         assert dumped is not None
         ev = dumped
     elif dumped is not None:
-        ev = frdumps.merge(ev, dumped)
+        ev = postmortem.merge(ev, dumped)
     ev.artifacts = ", ".join(str(p) for p in paths)
     return diagnose(ev)
 
 
-def _problems_line(problems: list[frdumps.Problem], most: int = 4) -> str:
+def _problems_line(problems: list[postmortem.Problem], most: int = 4) -> str:
     """Why nothing could be read, on one line: the first few files and their reasons."""
     if not problems:
         return "no path given"

@@ -16,7 +16,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_hang.evidence.frdumps import LoadedSet, conflicting_groups, group_ranks, world_size
+from moe_hang.evidence.flight_recorder.postmortem import (
+    LoadedSet,
+    conflicting_groups,
+    group_ranks,
+    world_size,
+)
 from moe_hang.evidence.model import ProcessTable
 from moe_hang.probe.layout import RunLayout
 

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from moe_hang.evidence import frtrace
+from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.errors import log_tracebacks
-from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.model import (
     Evidence,
     Heartbeat,
@@ -67,7 +67,7 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
         ev.host = hb.host
     if files.fr.exists():
         try:
-            ev.fr = frtrace.load(files.fr)
+            ev.fr = fr.load(files.fr)
         except Exception as exc:
             ev.fr_error = f"{type(exc).__name__}: {exc}"[:160]
     if files.tokens.exists():

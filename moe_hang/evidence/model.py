@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_hang.evidence.frtrace import FRDump, PgStatus
+from moe_hang.evidence.flight_recorder import FRDump, PgStatus
 from moe_hang.evidence.stacks import (
     Frame,
     P2PCall,

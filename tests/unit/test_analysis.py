@@ -9,8 +9,8 @@ import pytest
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
-from moe_hang.evidence import frtrace
-from moe_hang.evidence.frtrace import PgStatus
+from moe_hang.evidence import flight_recorder as fr
+from moe_hang.evidence.flight_recorder import PgStatus
 from moe_hang.evidence.load import load_capture
 
 
@@ -99,7 +99,7 @@ def test_restricted_unpickler_refuses_code():
 
     raw = pickle.dumps({"entries": [Evil()]})
     try:
-        frtrace.loads(raw)
+        fr.loads(raw)
     except pickle.UnpicklingError as exc:
         assert "refusing global" in str(exc)
     else:
@@ -107,7 +107,7 @@ def test_restricted_unpickler_refuses_code():
 
 
 def test_reads_torch_pickle_dump_of_gloo(fixtures):
-    d = frtrace.load(fixtures / "op_mismatch" / "ranks" / "rank0.fr.pkl")
+    d = fr.load(fixtures / "op_mismatch" / "ranks" / "rank0.fr.pkl")
     assert d.backend == "gloo"
     assert [(c.pg, c.seq, c.op) for c in d.entries] == [("1", 1, "all_reduce"),
                                                         ("0", 1, "all_gather")]
@@ -116,7 +116,7 @@ def test_reads_torch_pickle_dump_of_gloo(fixtures):
 
 
 def test_reads_torch_json_dump_format_by_rank_in_filename(fixtures):
-    dumps, errors = frtrace.load_dir(fixtures / "fr_json")
+    dumps, errors = fr.load_dir(fixtures / "fr_json")
     assert not errors and sorted(dumps) == [0, 1]
     assert [(c.seq, c.op) for c in dumps[1].entries if c.pg == "0"] == [(1, "barrier")]
     assert dumps[0].entries[0].input_sizes == [[4, 8]]

@@ -11,7 +11,7 @@ import pytest
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.source import Order, left_loop, order
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
-from moe_hang.evidence.frtrace import Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
 from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
 

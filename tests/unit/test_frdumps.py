@@ -16,8 +16,8 @@ from conftest import FIXTURES, assert_no_survivors, make_fr_set, run_cli
 
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence import frdumps, frload, frtrace
-from moe_hang.evidence.frtrace import PgStatus
+from moe_hang.evidence import flight_recorder as fr
+from moe_hang.evidence.flight_recorder import PgStatus, load_sets, postmortem
 
 REAL = FIXTURES / "fr_real"
 PREFIX = "comm_lib_trace_rank_"
@@ -45,9 +45,9 @@ def _one_line(exc: pytest.ExceptionInfo[MoeHangError]) -> str:
 
 @pytest.mark.parametrize("variant,form", REAL_SETS)
 def test_every_real_dump_reads_as_gloo_2_10(variant, form):
-    found = frdumps.find([REAL / variant / form])
+    found = postmortem.find([REAL / variant / form])
     assert not found.problems and len(found.sets) == 1
-    (ls,) = frdumps.load_sets(found.sets)
+    (ls,) = postmortem.load_sets(found.sets)
     assert not ls.problems
     assert sorted(ls.fr) == list(range(json.loads((REAL / variant / "meta.json").read_text())
                                        ["nproc"]))
@@ -58,8 +58,8 @@ def test_every_real_dump_reads_as_gloo_2_10(variant, form):
 
 
 def test_pickle_and_json_of_one_dump_give_the_same_records():
-    a = frtrace.load(REAL / "mesh4_skip" / "pickle" / f"{PREFIX}2")
-    b = frtrace.load(REAL / "mesh4_skip" / "json" / f"{PREFIX}2.json")
+    a = fr.load(REAL / "mesh4_skip" / "pickle" / f"{PREFIX}2")
+    b = fr.load(REAL / "mesh4_skip" / "json" / f"{PREFIX}2.json")
     key = [(c.pg, c.seq, c.op, c.input_sizes, c.output_sizes, c.dtypes, c.completed, c.pg_desc,
             c.record_id) for c in a.entries]
     assert key == [(c.pg, c.seq, c.op, c.input_sizes, c.output_sizes, c.dtypes, c.completed,
@@ -72,8 +72,8 @@ def test_gloo_pg_status_is_read_in_sequence_numbers_not_op_counts():
     # those ops (enqueued 6) though the barrier it waits in is collective 3
     raw = pickle.loads((REAL / "p2p2" / "pickle" / f"{PREFIX}0").read_bytes())
     assert raw["pg_status"]["0"]["last_enqueued_collective"] == 6
-    r0 = frtrace.load(REAL / "p2p2" / "pickle" / f"{PREFIX}0")
-    r1 = frtrace.load(REAL / "p2p2" / "pickle" / f"{PREFIX}1")
+    r0 = fr.load(REAL / "p2p2" / "pickle" / f"{PREFIX}0")
+    r1 = fr.load(REAL / "p2p2" / "pickle" / f"{PREFIX}1")
     assert r0.pg_status == {"0": PgStatus(enqueued=3, completed=2)}
     assert r1.pg_status == {"0": PgStatus(enqueued=2, completed=2)}  # it never posted seq 3
     assert [(c.seq, c.op, c.completed) for c in r0.entries] == [
@@ -82,7 +82,7 @@ def test_gloo_pg_status_is_read_in_sequence_numbers_not_op_counts():
 
 def test_gloo_pg_status_keyed_by_local_id_is_named_through_the_entries():
     # mesh4: pg_id 1 is a dp group (named "1" or "2"), pg_id 2 a tp group ("3" or "4")
-    d = frtrace.load(REAL / "mesh4_skip" / "pickle" / f"{PREFIX}3")
+    d = fr.load(REAL / "mesh4_skip" / "pickle" / f"{PREFIX}3")
     assert set(d.pg_status) == {"0", "2", "4"}
     assert d.pg_status["4"] == PgStatus(enqueued=1, completed=1)  # skipped tp seq 2
     assert d.pg_desc["4"] == "mesh_tp" and d.pg_desc["2"] == "mesh_dp"
@@ -91,10 +91,10 @@ def test_gloo_pg_status_keyed_by_local_id_is_named_through_the_entries():
 
 def test_ring_buffer_wrap_and_windowing():
     path = REAL / "world2_skip" / "pickle_frames" / f"{PREFIX}0"
-    full = frtrace.load(path)
+    full = fr.load(path)
     assert full.window is not None and full.window.first_record_id == 14  # 16 of 30 kept
     assert [c.seq for c in full.entries] == list(range(15, 31))
-    win = frtrace.load(path, context=2)
+    win = fr.load(path, context=2)
     assert [(c.seq, c.completed) for c in win.entries] == [(28, True), (29, True), (30, False)]
     assert win.window is not None and (win.window.total, win.window.kept) == (16, 3)
     pending = win.entries[-1]
@@ -131,7 +131,7 @@ def test_nccl_point_to_point_peers_are_mapped_to_global_ranks():
         _entry(2, ("0", "default_pg"), 0, 7, "nccl:send 4->9", p2p_seq=1, p2p=True,
                state="scheduled"),
     ]
-    d = frtrace.parse_dump(_nccl_dump(entries, cfg, {"0": {"last_enqueued_collective": 6,
+    d = fr.parse_dump(_nccl_dump(entries, cfg, {"0": {"last_enqueued_collective": 6,
                                                            "last_started_collective": -1,
                                                            "last_completed_collective": 6}}))
     assert d.entries == []  # FRDump.entries holds collectives only
@@ -156,7 +156,7 @@ def test_coalesced_collectives_are_one_and_a_p2p_batch_is_marked():
                     "last_completed_collective": 4},
               "1": {"last_enqueued_collective": 9, "last_started_collective": -1,
                     "last_completed_collective": 8}}
-    d = frtrace.parse_dump(_nccl_dump(entries, cfg, status))
+    d = fr.parse_dump(_nccl_dump(entries, cfg, status))
     (c,) = d.entries
     assert (c.pg, c.seq, c.op, c.coalesced, c.completed) == ("1", 9, "all_gather", 2, False)
     assert c.input_sizes == [[8], [16]]
@@ -232,7 +232,7 @@ def test_a_prefix_a_file_and_a_shell_glob_name_the_same_set(tmp_path):
     prefix = analyze_paths([src / PREFIX], force=False)
     files = analyze_paths(sorted(src.glob(f"{PREFIX}*")), force=False)
     assert prefix.culprit_ranks == files.culprit_ranks == [3]
-    one = frdumps.find([src / f"{PREFIX}2"])
+    one = postmortem.find([src / f"{PREFIX}2"])
     assert [sorted(s.files) for s in one.sets] == [[2]]
 
 
@@ -240,13 +240,13 @@ def test_home_in_a_prefix_is_expanded(tmp_path, monkeypatch):
     cache = tmp_path / ".cache" / "torch"
     shutil.copytree(REAL / "mesh4_skip" / "pickle", cache)
     monkeypatch.setenv("HOME", str(tmp_path))
-    found = frdumps.find([Path(f"~/.cache/torch/{PREFIX}")])
+    found = postmortem.find([Path(f"~/.cache/torch/{PREFIX}")])
     assert [len(s.files) for s in found.sets] == [4] and not found.problems
 
 
 def test_a_copy_that_keeps_the_rank_in_its_name_is_read(tmp_path):
     shutil.copy(REAL / "mesh4_skip" / "pickle" / f"{PREFIX}1", tmp_path / "rank1.fr.pkl")
-    found = frdumps.find([tmp_path / "rank1.fr.pkl"])
+    found = postmortem.find([tmp_path / "rank1.fr.pkl"])
     assert [sorted(s.files) for s in found.sets] == [[1]]
 
 
@@ -254,7 +254,7 @@ def test_pickle_and_json_of_the_same_rank_count_once(tmp_path):
     for p in (REAL / "p2p2" / "pickle").iterdir():
         shutil.copy(p, tmp_path / p.name)
     shutil.copy(REAL / "p2p2" / "json" / f"{PREFIX}1.json", tmp_path)
-    found = frdumps.find([tmp_path])
+    found = postmortem.find([tmp_path])
     (s,) = found.sets
     assert sorted(s.files) == [0, 1] and s.files[1].path.suffix == ""
     assert [p.path.name for p in found.problems] == [f"{PREFIX}1.json"]
@@ -265,7 +265,7 @@ def test_fifo_beside_the_dumps_is_never_opened(tmp_path):
         shutil.copy(p, tmp_path / p.name)
     os.mkfifo(tmp_path / f"{PREFIX}0.pipe")  # torch's TORCH_NCCL_DEBUG_INFO_PIPE_FILE
     os.mkfifo(tmp_path / f"{PREFIX}7")
-    (s,) = frdumps.find([tmp_path]).sets
+    (s,) = postmortem.find([tmp_path]).sets
     assert sorted(s.files) == [0, 1]
 
 
@@ -277,28 +277,28 @@ def test_dumped_ranks_are_stuck_and_absent_ones_are_named_missing(tmp_path):
                      "--fault", "missing_rank")
     for r in (5, 15):  # the highest rank too: the world comes from pg_config, not file names
         (tmp_path / "s" / f"{PREFIX}{r}").unlink()
-    found = frdumps.find([tmp_path / "s"])
-    ev = frdumps.evidence(frdumps.load_sets(found.sets))
+    found = postmortem.find([tmp_path / "s"])
+    ev = postmortem.evidence(postmortem.load_sets(found.sets))
     assert ev.job == "timed_out" and ev.world_size == 16 and sorted(ev.ranks) == list(range(16))
     for r, e in ev.ranks.items():
         if r in (5, 15):
-            assert e.fr is None and e.alive is None and e.notes == [frdumps.NO_DUMP_NOTE]
+            assert e.fr is None and e.alive is None and e.notes == [postmortem.NO_DUMP_NOTE]
         else:
             assert e.fr is not None and e.alive is True and e.progressed is False
             assert e.threads is None and e.host is None
     d = analyze_paths([tmp_path / "s"], force=False)
     assert d.culprit_ranks == truth["culprits"]
-    assert any(frdumps.NO_DUMP_NOTE in line for line in d.evidence)
+    assert any(postmortem.NO_DUMP_NOTE in line for line in d.evidence)
 
 
 @pytest.mark.timeout(120)
 def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
     make_set(tmp_path / "s", "--ranks", "32", "--mesh", "4x8", "--entries", "60",
              "--fault", "p2p")
-    (s,) = frdumps.find([tmp_path / "s"]).sets
+    (s,) = postmortem.find([tmp_path / "s"]).sets
     started = time.time()
-    (one,) = frdumps.load_sets([s], workers=1)
-    (two,) = frdumps.load_sets([s], workers=2)
+    (one,) = postmortem.load_sets([s], workers=1)
+    (two,) = postmortem.load_sets([s], workers=2)
     assert sorted(one.fr) == sorted(two.fr) == list(range(32))
     for r in one.fr:
         a, b = one.fr[r], two.fr[r]
@@ -314,14 +314,14 @@ def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
 def test_windowed_and_full_reads_give_the_same_verdict(tmp_path):
     truth = make_set(tmp_path / "s", "--ranks", "16", "--mesh", "4x4", "--entries", "120",
                      "--fault", "dtype")
-    (s,) = frdumps.find([tmp_path / "s"]).sets
-    full = frdumps.load_sets([s], context=None)
-    win = frdumps.load_sets([s])
+    (s,) = postmortem.find([tmp_path / "s"]).sets
+    full = postmortem.load_sets([s], context=None)
+    win = postmortem.load_sets([s])
     kept = sum(len(d.entries) for d in win[0].fr.values())
     assert kept < sum(len(d.entries) for d in full[0].fr.values()) / 3
     from moe_hang.analysis.rules import diagnose
 
-    a, b = diagnose(frdumps.evidence(full)), diagnose(frdumps.evidence(win))
+    a, b = diagnose(postmortem.evidence(full)), diagnose(postmortem.evidence(win))
     assert a.culprit_ranks == b.culprit_ranks == truth["culprits"]
     assert a.first_divergence is not None and b.first_divergence is not None
     assert (a.first_divergence.pg, a.first_divergence.seq) == (
@@ -491,9 +491,9 @@ def test_cli_analyze_reads_a_dump_directory(tmp_path):
 def test_cli_analyze_of_a_set_big_enough_for_workers(tmp_path):
     truth = make_set(tmp_path / "s", "--ranks", "64", "--mesh", "8x8", "--entries", "400",
                      "--fault", "size")
-    size = frdumps.find([tmp_path / "s"]).sets[0].size
-    assert size >= frdumps.POOL_MIN_BYTES
-    assert frload._workers(64, size) == min(2, len(os.sched_getaffinity(0)))
+    size = postmortem.find([tmp_path / "s"]).sets[0].size
+    assert size >= postmortem.POOL_MIN_BYTES
+    assert load_sets._workers(64, size) == min(2, len(os.sched_getaffinity(0)))
     proc = run_cli("analyze", str(tmp_path / "s"), "--json", timeout=120)
     assert_no_survivors(str(tmp_path / "s"))
     assert proc.returncode == 3, proc.stderr

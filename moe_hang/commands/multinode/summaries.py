@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from moe_hang.evidence import frtrace
-from moe_hang.evidence.frtrace import DEFAULT_PG, Collective, FRDump, PgStatus
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
+from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, is_library_frame
@@ -59,7 +59,7 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
         fr = layout.rank(r.rank).fr
         with contextlib.suppress(Exception):  # a dump cut short: the heartbeat is left
             if fr.exists():
-                r.history, r.fr_status = history_of(frtrace.load(fr))
+                r.history, r.fr_status = history_of(load_dump(fr))
     groups: dict[str, set[int]] = {}
     for p in layout.files_of("groups.json"):
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):

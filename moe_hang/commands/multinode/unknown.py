@@ -17,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.ranktext import spans
-from moe_hang.evidence.frtrace import DEFAULT_PG
+from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import Evidence
 from moe_hang.probe.layout import RunLayout

@@ -1,6 +1,6 @@
 """What a Flight Recorder dump becomes (:class:`FRDump` of :class:`Collective` s and
 :class:`P2PEntry` s, each group's :class:`PgStatus`), and the error for a file that is not one
-(:mod:`moe_hang.evidence.frtrace` reads them) — pure."""
+(:mod:`.load` reads them) — pure."""
 
 from __future__ import annotations
 

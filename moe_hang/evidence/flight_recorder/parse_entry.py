@@ -1,4 +1,4 @@
-"""One Flight Recorder entry at a time (:mod:`moe_hang.evidence.frtrace` reads whole dumps):
+"""One Flight Recorder entry at a time (:mod:`.parse` reads whole dumps):
 the small field parsers, operation names, frames, and an entry as a :class:`Collective` or a
 :class:`P2PEntry` — pure."""
 
@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from moe_hang.evidence.frrecords import DEFAULT_PG, Collective, P2PEntry
+from moe_hang.evidence.flight_recorder.records import DEFAULT_PG, Collective, P2PEntry
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.stacks import Frame, parse_probe_frames
 

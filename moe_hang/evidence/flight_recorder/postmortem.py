@@ -7,15 +7,15 @@ rank (the dump itself stores no rank and no host); JSON dumps are our ``.json`` 
 (torch writes JSON to no file). Within a directory every prefix is its own set.
 
 Loading streams rank by rank: each worker process holds one parsed file at a time and sends
-back only its window (:func:`moe_hang.evidence.frtrace.parse_dump` with ``context``); the
+back only its window (:func:`.parse.parse_dump` with ``context``); the
 48 KB world rank list every dump repeats at 8192 ranks crosses the pipe once per chunk and is
 shared by every rank's record in the parent.
 """
 
 from __future__ import annotations
 
-from moe_hang.evidence.frfind import DumpFile, DumpSet, Found, Problem, find
-from moe_hang.evidence.frload import (
+from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Found, Problem, find
+from moe_hang.evidence.flight_recorder.load_sets import (
     LOAD_S_PER_MB,
     LOAD_TIMEOUT_S,
     POOL_MIN_BYTES,
@@ -25,7 +25,7 @@ from moe_hang.evidence.frload import (
 )
 from moe_hang.evidence.model import Evidence, RankEvidence
 
-# finding is frfind's job and loading frload's; this module turns what was loaded into
+# finding is find's job and loading load_sets's; this module turns what was loaded into
 # evidence, and is where the rest of the package imports all three from
 __all__ = [
     "LOAD_S_PER_MB",

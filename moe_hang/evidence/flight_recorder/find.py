@@ -1,5 +1,5 @@
 """Finding torch's Flight Recorder dumps: the sets of files a PATH names (a directory, a prefix
-or one file; :mod:`moe_hang.evidence.frdumps` says how torch names them), and every PATH or
+or one file; :mod:`.postmortem` says how torch names them), and every PATH or
 file that named nothing usable — pure."""
 
 from __future__ import annotations

@@ -35,41 +35,8 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from moe_hang.evidence.frentries import entry_to_collective, op_name, parse_ranks
-from moe_hang.evidence.frparse import detect_backend, parse_dump
-from moe_hang.evidence.frrecords import (
-    DEFAULT_CONTEXT,
-    DEFAULT_PG,
-    Collective,
-    DumpError,
-    FRDump,
-    P2PEntry,
-    PgStatus,
-    Window,
-)
-
-# the records, entries and the parser live in frrecords, frentries and frparse; this module
-# reads bytes and files, and is where the rest of the package imports them from
-__all__ = [
-    "DEFAULT_CONTEXT",
-    "DEFAULT_PG",
-    "Collective",
-    "DumpError",
-    "FRDump",
-    "P2PEntry",
-    "PgStatus",
-    "RefusedGlobal",
-    "Window",
-    "detect_backend",
-    "entry_to_collective",
-    "load",
-    "load_dir",
-    "loads",
-    "op_name",
-    "parse_dump",
-    "parse_ranks",
-    "rank_from_filename",
-]
+from moe_hang.evidence.flight_recorder.parse import parse_dump
+from moe_hang.evidence.flight_recorder.records import DumpError, FRDump
 
 
 class RefusedGlobal(DumpError, pickle.UnpicklingError):

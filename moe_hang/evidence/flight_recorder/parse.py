@@ -1,13 +1,13 @@
 """A whole dump's mapping -> :class:`FRDump` (:func:`parse_dump`): the backend, the groups,
 which entries completed, the ``context`` window, coalesced ops and each group's status
-(:mod:`moe_hang.evidence.frtrace` describes what differs by backend) — pure."""
+(:mod:`.load` describes what differs by backend) — pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from moe_hang.evidence.frentries import (
+from moe_hang.evidence.flight_recorder.parse_entry import (
     _Frames,
     _int,
     _merge_coalesced,
@@ -16,7 +16,14 @@ from moe_hang.evidence.frentries import (
     entry_to_collective,
     parse_ranks,
 )
-from moe_hang.evidence.frrecords import Collective, DumpError, FRDump, P2PEntry, PgStatus, Window
+from moe_hang.evidence.flight_recorder.records import (
+    Collective,
+    DumpError,
+    FRDump,
+    P2PEntry,
+    PgStatus,
+    Window,
+)
 
 
 def detect_backend(data: dict[str, Any], raw_entries: list[Any]) -> str:

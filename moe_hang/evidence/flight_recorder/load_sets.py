@@ -1,6 +1,7 @@
 """Loading sets of Flight Recorder dumps on every core: each worker process holds one parsed
 file at a time and sends back only its window, the groups' rank lists once per chunk
-(:mod:`moe_hang.evidence.frdumps`) — pure."""
+(:mod:`.postmortem`). Not pure in one respect: large sets are loaded in worker processes
+(bounded; the only module of the package that starts any)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_hang.evidence import frtrace
-from moe_hang.evidence.frfind import DumpFile, DumpSet, Problem
-from moe_hang.evidence.frtrace import DEFAULT_CONTEXT, FRDump
+from moe_hang.evidence import flight_recorder as fr
+from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, FRDump
+from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Problem
 
 POOL_MIN_FILES = 24  # below this (or POOL_MIN_BYTES) forking workers costs more than it saves
 POOL_MIN_BYTES = 4_000_000
@@ -40,8 +41,8 @@ class LoadedSet:
 def _load_one(path: Path, context: int | None) -> FRDump | str:
     """A dump, or why the file is not one (one line)."""
     try:
-        return frtrace.load(path, context=context)
-    except frtrace.DumpError as exc:
+        return fr.load(path, context=context)
+    except fr.DumpError as exc:
         return str(exc)
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
