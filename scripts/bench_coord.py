@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from moe_hang.analysis.diagnosis import Diagnosis  # noqa: E402
 from moe_hang.analysis.rules import diagnose  # noqa: E402
 from moe_hang.commands import multinode  # noqa: E402
 from moe_hang.evidence.model import Evidence  # noqa: E402
@@ -210,7 +211,7 @@ def read_alone(ch: coord.Channel) -> float:
     v = co.read_verdict()
     if v is None:
         return float("nan")
-    multinode.diagnosis_from_dict(v.verdict)
+    Diagnosis.from_dict(v.verdict)
     return time.monotonic() - t0
 
 

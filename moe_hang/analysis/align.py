@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind, RankState
-from moe_hang.analysis.kinds import mismatch_kind
+from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
+from moe_hang.analysis.mismatch import mismatch_kind
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.timeline import RankView, rank_view
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
 from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
+from moe_hang.evidence.vocab import RankState
 
 
 def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int]]:

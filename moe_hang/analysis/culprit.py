@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
-from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.mismatch import ROW
 from moe_hang.analysis.order import (
     Ahead,
     Inversion,

@@ -8,27 +8,20 @@ spelling and serialise as it, so the JSON is what it always was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.vocab import RankState, StrEnum
+
+if TYPE_CHECKING:
+    from moe_hang.analysis.runs import RunInfo, Timings
 
 SCHEMA = "moe-hang/diagnosis/v1"
 
 
-class _StrEnum(str, Enum):
-    """A str whose f-string and str() are its value on every Python (3.11 changed format())."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class Verdict(_StrEnum):
+class Verdict(StrEnum):
     DESYNC = "desync"
     HANG = "hang"
     CRASH = "crash"
@@ -38,15 +31,7 @@ class Verdict(_StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
-class RankState(_StrEnum):
-    IN_COLLECTIVE = "in_collective"
-    COMPUTING = "computing"
-    IDLE = "idle"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-
-
-class MismatchKind(_StrEnum):
+class MismatchKind(StrEnum):
     OP = "op_mismatch"
     SIZE = "size_mismatch"
     DTYPE = "dtype_mismatch"
@@ -54,7 +39,7 @@ class MismatchKind(_StrEnum):
     ORDER = "order_mismatch"  # the same collectives, posted in different orders (a cycle)
 
 
-class CulpritBasis(_StrEnum):
+class CulpritBasis(StrEnum):
     """What the culprit follows from (docs/DESIGN.md §8)."""
 
     EXCEPTION = "exception"  # it raised the earliest exception that is not a consequence
@@ -68,7 +53,7 @@ class CulpritBasis(_StrEnum):
     NONE = "none"  # no culprit (healthy, or nothing to blame)
 
 
-class Certainty(_StrEnum):
+class Certainty(StrEnum):
     """How sure the verdict is; ``watch`` ends a job only on ``definite``."""
 
     DEFINITE = "definite"
@@ -135,6 +120,17 @@ class RankCollective:
         d["source"] = self.source
         return d
 
+    @classmethod
+    def from_dict(cls, d: Any) -> RankCollective | None:
+        if not isinstance(d, dict):
+            return None
+        return cls(op=str(d.get("op", "?")), pg=str(d.get("pg", "?")),
+                   seq=None if d.get("seq") is None else int(d["seq"]),
+                   input_sizes=[list(x) for x in d.get("input_sizes") or []],
+                   dtypes=[str(x) for x in d.get("dtypes") or []],
+                   source=str(d.get("source", "")), pg_desc=str(d.get("pg_desc", "")),
+                   tag=d.get("tag"), callsite=Frame.from_dict(d.get("callsite")))
+
 
 @dataclass
 class RankReport:
@@ -171,6 +167,17 @@ class RankReport:
             d["note"] = self.note
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankReport:
+        return cls(rank=int(d["rank"]), pid=d.get("pid"), host=d.get("host"),
+                   state=RankState.parse(d.get("state", RankState.UNKNOWN)),
+                   collective=RankCollective.from_dict(d.get("collective")),
+                   callsite=Frame.from_dict(d.get("callsite")), tokens=d.get("tokens"),
+                   exit_code=d.get("exit_code"), phase=d.get("phase"),
+                   autograd_function=d.get("autograd_function"),
+                   stack=[str(x) for x in d.get("stack") or []],
+                   stack_source=d.get("stack_source"), note=d.get("note"))
+
 
 @dataclass
 class Divergence:
@@ -194,6 +201,19 @@ class Divergence:
                          for r, c in sorted(self.per_rank.items())}
         return d
 
+    @classmethod
+    def from_dict(cls, d: Any) -> Divergence | None:
+        if not isinstance(d, dict):
+            return None
+        return cls(pg=str(d.get("pg", "?")),
+                   seq=None if d.get("seq") is None else int(d["seq"]),
+                   kind=MismatchKind(d.get("kind", MismatchKind.MISSING)),
+                   pg_desc=str(d.get("pg_desc", "")),
+                   members=[int(r) for r in d.get("ranks") or []],
+                   per_rank={int(r): RankCollective.from_dict(c)
+                             for r, c in (d.get("per_rank") or {}).items()},
+                   phase=d.get("phase"))
+
 
 @dataclass
 class TimelineCell:
@@ -204,6 +224,13 @@ class TimelineCell:
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "sizes": self.sizes, "state": self.state, "name": self.name}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TimelineCell | None:
+        if not isinstance(d, dict):
+            return None
+        return cls(str(d.get("op", "?")), [list(x) for x in d.get("sizes") or []],
+                   str(d.get("state", "")), d.get("name"))
 
 
 @dataclass
@@ -222,120 +249,16 @@ class Timeline:
                 "ranks": {str(r): [c.to_dict() if c else None for c in cells]
                           for r, cells in self.ranks.items()}}
 
-
-@dataclass
-class Timings:
-    """Seconds, measured by the command (docs/DESIGN.md §5)."""
-
-    wall_s: float | None = None
-    startup_s: float | None = None
-    capture_s: float | None = None
-    onset_to_verdict_s: float | None = None
-    onset_to_detect_s: float | None = None
-
-    def to_dict(self) -> dict[str, float]:
-        return {k: v for k, v in (("capture_s", self.capture_s), ("wall_s", self.wall_s),
-                                  ("startup_s", self.startup_s),
-                                  ("onset_to_verdict_s", self.onset_to_verdict_s),
-                                  ("onset_to_detect_s", self.onset_to_detect_s))
-                if v is not None}
-
-
-@dataclass
-class ReferenceReport:
-    """verify --fixed: the comparison with the single-process reference (reference.json)."""
-
-    ok: bool
-    max_abs_err: float = 0.0
-    max_rel_err: float = 0.0
-    tolerance: float = 0.0
-    rtol: float = 0.0
-    worst: str | None = None
-    compared: int = 0
-    failures: list[str] = field(default_factory=list)
-    steps: int = 0
-    what: str = ""
-
     @classmethod
-    def parse(cls, d: dict[str, Any]) -> ReferenceReport:
-        return cls(ok=bool(d.get("ok")), max_abs_err=float(d.get("max_abs_err", 0.0)),
-                   max_rel_err=float(d.get("max_rel_err", 0.0)),
-                   tolerance=float(d.get("tolerance", 0.0)), rtol=float(d.get("rtol", 0.0)),
-                   worst=d.get("worst"), compared=int(d.get("compared", 0)),
-                   failures=[str(f) for f in d.get("failures") or []],
-                   steps=int(d.get("steps", 0)), what=str(d.get("what", "")))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
-                "tolerance": self.tolerance, "rtol": self.rtol, "worst": self.worst,
-                "compared": self.compared, "failures": self.failures, "steps": self.steps,
-                "what": self.what}
+    def from_dict(cls, d: Any) -> Timeline | None:
+        if not isinstance(d, dict):
+            return None
+        return cls(pg=str(d.get("pg", "")), pg_desc=str(d.get("pg_desc", "")),
+                   seqs=[int(x) for x in d.get("seqs") or []], highlight=d.get("highlight"),
+                   ranks={int(r): [TimelineCell.from_dict(c) for c in cells]
+                          for r, cells in (d.get("ranks") or {}).items()})
 
 
-@dataclass
-class ScenarioRun:
-    """What repro and verify add to a diagnosis (docs/DESIGN.md §5). ``fix`` is the fix's
-    name here; its sentence is ``fix_hint``."""
-
-    scenario: str
-    variant: str  # broken | fixed
-    fix: str
-    recommended_fix: str
-    fix_hint: str
-    backend: str
-    nproc: int
-    tokens: list[int]
-    timings: Timings = field(default_factory=Timings)
-    reference: ReferenceReport | None = None
-    uncovered_trainable: list[str] | None = None
-    reproduced: bool | None = None
-    verified: bool | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "scenario": self.scenario, "variant": self.variant, "fix": self.fix,
-            "recommended_fix": self.recommended_fix, "fix_hint": self.fix_hint,
-            "backend": self.backend, "nproc": self.nproc, "tokens": self.tokens,
-            "timings": self.timings.to_dict()}
-        if self.reference is not None:
-            d["reference"] = self.reference.to_dict()
-        if self.uncovered_trainable is not None:
-            d["uncovered_trainable"] = self.uncovered_trainable
-        if self.reproduced is not None:
-            d["reproduced"] = self.reproduced
-        if self.verified is not None:
-            d["verified"] = self.verified
-        return d
-
-
-@dataclass
-class WatchRun:
-    """What watch adds: the job's command line, its own exit code, what was detected."""
-
-    command: list[str]
-    job_exit_code: int | None
-    detected: str
-    timings: Timings = field(default_factory=Timings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"command": self.command, "job_exit_code": self.job_exit_code,
-                "detected": self.detected, "timings": self.timings.to_dict()}
-
-
-@dataclass
-class AttachRun:
-    """What diagnose adds: the PID it was given and the launcher it found."""
-
-    target_pid: int
-    agent_pid: int | None
-    timings: Timings = field(default_factory=Timings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target_pid": self.target_pid, "agent_pid": self.agent_pid,
-                "timings": self.timings.to_dict()}
-
-
-RunInfo = ScenarioRun | WatchRun | AttachRun
 
 
 @dataclass
@@ -387,3 +310,24 @@ class Diagnosis:
         if self.run is not None:
             d.update(self.run.to_dict())
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
+        """:meth:`to_dict` read back, for the nodes that print the verdict another node
+        analysed: every node renders the very same object. The command's own record
+        (``run``) is not read back; every node adds its own."""
+        return cls(
+            verdict=Verdict(d.get("verdict", Verdict.INCONCLUSIVE)),
+            summary=str(d.get("summary", "")),
+            culprit_ranks=[int(r) for r in d.get("culprit_ranks") or []],
+            first_divergence=Divergence.from_dict(d.get("first_divergence")),
+            ranks=[RankReport.from_dict(r) for r in d.get("ranks") or []
+                   if isinstance(r, dict)],
+            fix=str(d.get("fix", "")), artifacts=str(d.get("artifacts", "")),
+            evidence=[str(e) for e in d.get("evidence") or []],
+            timeline=Timeline.from_dict(d.get("timeline")),
+            culprit_basis=CulpritBasis(d.get("culprit_basis", CulpritBasis.NONE)),
+            certainty=Certainty(d.get("certainty", Certainty.UNCERTAIN)),
+            fix_code=d.get("fix_code"), rule=str(d.get("rule", "")),
+            divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])
+                         if x is not None])

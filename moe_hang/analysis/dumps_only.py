@@ -5,22 +5,22 @@ outside every collective the recorder saw; where exactly, only a stack would say
 from __future__ import annotations
 
 from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
     Divergence,
-    RankState,
     Verdict,
     pg_label,
 )
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import recorder_only
+from moe_hang.evidence.vocab import RankState
 
 
 def outside_recorded(f: Facts, culprits: list[int], w: str, div: Divergence | None
-                      ) -> Outcome:
+                      ) -> Conclusion:
     """Post-mortem: the dumps say the others wait for these ranks and that these had nothing
     pending; where they were instead, only a stack would say (a send/recv gloo does not
     record, a data loader, a sleep)."""
@@ -32,7 +32,7 @@ def outside_recorded(f: Facts, culprits: list[int], w: str, div: Divergence | No
                "(outside every collective the recorder saw"
                + ("; gloo records no send/recv" if gloo else "") + f"); {they} "
                f"wait{'s' if they.count('rank') == 1 else ''} for it{never}.")
-    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                    summary,
                    Advice(f"Rank {culprits[0]}'s stack while the job hangs says where it is "
                           "instead: `moe-hang diagnose` on the running job (or `py-spy dump "
@@ -46,9 +46,9 @@ def nothing_pending(f: Facts) -> bool:
                                  and f.views[r].state == RankState.IDLE for r in f.alive)
 
 
-def all_completed(f: Facts) -> Outcome:
+def all_completed(f: Facts) -> Conclusion:
     n = len(f.alive)
-    return Outcome(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
                    f"Every collective in the {n} dumps completed: no rank was waiting in one "
                    "when they were written, so they show no desync. If the job hung, it hung "
                    "outside collectives (or after the dumps); each rank's stack would say "

@@ -16,7 +16,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.mismatch import ROW
 from moe_hang.analysis.ranktext import who
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankError

@@ -12,7 +12,6 @@ from moe_hang.analysis.diagnosis import (
     Divergence,
     MismatchKind,
     RankReport,
-    RankState,
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
@@ -20,6 +19,7 @@ from moe_hang.analysis.timeline import RankView, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, said_exiting
+from moe_hang.evidence.vocab import RankState
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
 # teardown, SIGABRT gloo's or a C++ abort: read elsewhere)

@@ -4,19 +4,20 @@ exit, a dead launcher, a timeout waiting for a rank outside collectives (pure)."
 from __future__ import annotations
 
 from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
 from moe_hang.analysis.explain import error_text, exit_desc, ranks_text, site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.outcome import Outcome
 from moe_hang.evidence.errors import monitored_barrier_laggards
 from moe_hang.evidence.stacks import callsite, collective_of
+from moe_hang.evidence.vocab import RankState
 
 
-def root_cause(f: Facts) -> Outcome:
+def root_cause(f: Facts) -> Conclusion:
     rank = _earliest(f)
     if rank is None:  # several, and nothing says which came first: every one is named
         ranks = sorted(f.root_causes)
-        return Outcome(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
+        return Conclusion(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
                        f"Rank {ranks_text(ranks)} raised errors of their own ("
                        + "; ".join(f"rank {r}: {error_text(f.root_causes[r], 80)}"
                                    for r in ranks) + "); which came first is not recorded.",
@@ -42,7 +43,7 @@ def root_cause(f: Facts) -> Outcome:
                 f"{rank} took no part in its loss: pass "
                 "find_unused_parameters=True to DistributedDataParallel, or make every rank "
                 "use every parameter every step.")
-    return Outcome(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
+    return Conclusion(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
                    Advice(text))
 
 
@@ -62,7 +63,7 @@ def _earliest(f: Facts) -> int | None:
     return None
 
 
-def killed(f: Facts) -> Outcome:
+def killed(f: Facts) -> Conclusion:
     reports = f.reports(None)
     w = f.waits(reports)
     dead = f.ev.ranks[f.killed[0]]
@@ -76,30 +77,30 @@ def killed(f: Facts) -> Outcome:
             "`dmesg` / the node's memory); the others only wait for it." if kill9 else
             "Find out why it died (its stack is in the run directory); the others only wait "
             "for it.")
-    return Outcome(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
+    return Conclusion(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
                    summary, Advice(text))
 
 
-def left_early(f: Facts) -> Outcome:
+def left_early(f: Facts) -> Conclusion:
     reports = f.reports(None)
     w = f.waits(reports)
     summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
                "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
-    return Outcome(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
+    return Conclusion(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
                    Advice("A rank that leaves early leaves the others waiting in the next "
                           "collective: make every rank run the same steps (e.g. the same "
                           "number of batches: DistributedSampler(drop_last=True), or agree "
                           "to stop with an all_reduce of a 'done' flag)."))
 
 
-def agent_died(f: Facts) -> Outcome:
+def agent_died(f: Facts) -> Conclusion:
     w = f.waits(f.reports(None))
     summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; rank "
                f"{ranks_text(f.alive)} were left orphaned"
                + (" and still running" if f.orphans_moving else "")
                + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
                + ". moe-hang ended them.")
-    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
+    return Conclusion(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
                    Advice("Find out what ended the launcher (its process, not a rank, was "
                           "killed); the ranks had no error of their own."))
 
@@ -110,14 +111,14 @@ def barrier_laggards(f: Facts) -> dict[int, list[int]]:
             if (lag := monitored_barrier_laggards(e))}
 
 
-def monitored_barrier(f: Facts) -> Outcome:
+def monitored_barrier(f: Facts) -> Conclusion:
     reporter, laggards = next(iter(sorted(barrier_laggards(f).items())))
     at = "; ".join(f"rank {r} was at {site_str(f.views[r].site)}" for r in laggards
                    if r in f.views)
     summary = (f"Rank {reporter}'s monitored_barrier reports that rank {ranks_text(laggards)} "
                "did not reach it in time" + (f" ({at})" if at else "") + ".")
     site = f.views[laggards[0]].site if laggards[0] in f.views else None
-    return Outcome(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
+    return Conclusion(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
                    Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
                           "barrier waited for it there."))
 
@@ -125,20 +126,20 @@ def monitored_barrier(f: Facts) -> Outcome:
 def outside_when_failed(f: Facts) -> list[int]:
     """Ranks last seen outside any collective while the ones that failed (a timeout, a
     closed connection) were inside one: the others timed out waiting for them."""
-    failed_in = [r for r in f.consequences if f.views[r].stack.state == "in_collective"
+    failed_in = [r for r in f.consequences if f.views[r].stack.state == RankState.IN_COLLECTIVE
                  or collective_of(f.consequences[r].frames)[0] is not None]
     if not failed_in:
         return []
     return sorted(r for r, v in f.views.items() if r not in f.consequences
-                  and v.stack.state in ("idle", "computing"))
+                  and v.stack.state in (RankState.IDLE, RankState.COMPUTING))
 
 
-def timed_out_waiting(f: Facts) -> Outcome:
+def timed_out_waiting(f: Facts) -> Conclusion:
     culprits = outside_when_failed(f)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     failed = sorted(f.consequences)
     why = error_text(f.consequences[failed[0]], 120)
-    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
                    f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
                    f"{ranks_text(culprits)}, which was outside any collective ({where}).",
                    Advice(f"Look at what rank {culprits[0]} does at "
@@ -146,13 +147,13 @@ def timed_out_waiting(f: Facts) -> Outcome:
                           "there until their timeout."))
 
 
-def consequences_only(f: Facts) -> Outcome:
+def consequences_only(f: Facts) -> Conclusion:
     failed = sorted(f.bad_exit)
     why = next((error_text(f.consequences[r]) for r in failed if r in f.consequences), None)
     summary = (f"Rank {ranks_text(failed)} failed"
                + (f" with communication errors ({why[:120]})" if why else "")
                + ", and no rank raised an error of its own; the captures do not show which "
                  "collective diverged.")
-    return Outcome(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+    return Conclusion(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
                    Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
                           "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))

@@ -14,23 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
     Divergence,
     MismatchKind,
     RankCollective,
-    RankState,
     Verdict,
     pg_label,
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.flight_recorder import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite
+from moe_hang.evidence.vocab import RankState
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,13 @@ def roots(found: list[Unmatched]) -> list[Unmatched]:
     return [u for u in found if u.peer not in held]
 
 
-def unmatched_outcome(f: Facts) -> Outcome:
+def unmatched_outcome(f: Facts) -> Conclusion:
     found = unmatched(f.views)
     ends = roots(found)
     if not ends:  # every waiter's peer waits too: receive-before-send on every side
         ranks = sorted({u.waiter for u in found})
         parts = "; ".join(f"rank {u.waiter} waits in {u.describe()}" for u in found)
-        return Outcome(Verdict.HANG, ranks, CulpritBasis.CYCLE, Certainty.LIKELY,
+        return Conclusion(Verdict.HANG, ranks, CulpritBasis.CYCLE, Certainty.LIKELY,
                        f"Deadlock: {parts}, and none of them posted the other side.",
                        Advice("Each rank waits to receive before it sends: order the calls so "
                               "one side sends first, or post both with isend/irecv "
@@ -142,7 +142,7 @@ def unmatched_outcome(f: Facts) -> Outcome:
         text = (f"Rank {culprits[0]} skips the {their} to rank {u.waiter} on a path where rank "
                 f"{u.waiter} still posts its {e.op}: post both sides under the same "
                 "condition, the same number of times.")
-        return Outcome(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
+        return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
                        summary, Advice(text), p2p_divergence(u, f))
     pv = f.views[u.peer]
     now = (f"it is in {pv.current.op} {pg_label(pv.current.pg, pv.current.pg_desc)}"
@@ -151,7 +151,7 @@ def unmatched_outcome(f: Facts) -> Outcome:
     summary = (f"Rank {u.waiter} waits in {e.op} {'from' if e.op == 'recv' else 'to'} rank "
                f"{u.peer} ({where}); rank {u.peer} has not posted the {their} and has posted "
                f"nothing in {group} since ({now}).")
-    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                    summary,
                    Advice(f"Rank {u.peer}'s stack while the job hangs says where it is instead "
                           "of the {their}: `moe-hang diagnose` (or `py-spy dump --pid PID`)."

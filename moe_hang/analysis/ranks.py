@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport, RankState
+from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport
 from moe_hang.analysis.explain import exit_desc
 from moe_hang.analysis.timeline import RankView, posting_site, recorder_only
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.stacks import autograd_function, in_backward
+from moe_hang.evidence.vocab import RankState
 
 
 def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:

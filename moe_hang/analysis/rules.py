@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, Situation
+from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
     Certainty,
@@ -21,7 +22,6 @@ from moe_hang.analysis.diagnosis import (
     Diagnosis,
     Divergence,
     MismatchKind,
-    RankState,
     Verdict,
     pg_label,
 )
@@ -47,9 +47,8 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.kinds import ROW
+from moe_hang.analysis.mismatch import ROW
 from moe_hang.analysis.order import Inversion, forget
-from moe_hang.analysis.outcome import Outcome
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.ranktext import spans
@@ -58,24 +57,25 @@ from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.vocab import RankState
 
 
 @dataclass(frozen=True)
 class Rule:
     name: str
     when: Callable[[Facts], bool]
-    then: Callable[[Facts], Outcome]
+    then: Callable[[Facts], Conclusion]
 
 
 # ---------------------------------------------------------------------------- the rules
 
 
-def _finished(f: Facts) -> Outcome:
-    return Outcome(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
+def _finished(f: Facts) -> Conclusion:
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
                    f"All {len(f.views)} ranks finished; every collective matched.")
 
 
-def _size_abort(f: Facts) -> Outcome:
+def _size_abort(f: Facts) -> Conclusion:
     """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
     survivors' records reach it; else the abort itself does."""
     assert f.size_abort is not None
@@ -98,11 +98,11 @@ def _size_abort(f: Facts) -> Outcome:
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-    return Outcome(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
+    return Conclusion(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
                    ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
 
 
-def _cycle(f: Facts) -> Outcome:
+def _cycle(f: Facts) -> Conclusion:
     cyc = f.wait_cycles[0]
     b = blame_cycle(cyc, f.views)
     culprits = set(b.culprits)
@@ -159,11 +159,11 @@ def _cycle(f: Facts) -> Outcome:
     # show the group that a culprit skipped (not the one it is held up in)
     div = next((g.div for g in on_cycle if set(g.absent) & culprits),
                on_cycle[0].div if on_cycle else None)
-    return Outcome(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+    return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
 
 
 def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
-              certainty: Certainty) -> Outcome:
+              certainty: Certainty) -> Conclusion:
     def name(c: Collective) -> str:
         return f"{c.op} {pg_label(c.pg, c.pg_desc)}#{c.seq}"  # the lines: below the summary
 
@@ -180,7 +180,7 @@ def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
     per_rank = {r: to_rc(f.views[r].current, f.views[r]) for r in inv.culprits + inv.others}
     div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.ORDER, inv.second.pg_desc,
                      sorted(inv.culprits + inv.others), per_rank, phase="order")
-    return Outcome(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
+    return Conclusion(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
 
 
 def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
@@ -196,7 +196,7 @@ def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
     return found if len({(w.site, w.used_desc or w.used) for w in found}) == 1 else []
 
 
-def _desync(f: Facts) -> Outcome:
+def _desync(f: Facts) -> Conclusion:
     found = desync_divs(f)
     g, b = found[0]
     culprits = sorted({r for _, bb in found for r in bb.culprits})
@@ -214,19 +214,19 @@ def _desync(f: Facts) -> Outcome:
     # all members posted the seq and disagree: it can never complete
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
     certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
-    return Outcome(Verdict.DESYNC, culprits, b.basis, certain, summary,
+    return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
                    ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
                    g.div, [x.div for x, _ in found[1:]])
 
 
-def _stack_desync(f: Facts) -> Outcome:
+def _stack_desync(f: Facts) -> Conclusion:
     assert f.stack_div is not None
     div, culprits, basis = f.stack_div
     reports = f.reports(div)
     summary = desync_summary(div, reports, culprits, {}) + (
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
-    return Outcome(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
+    return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
                    ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
 
 
@@ -235,7 +235,7 @@ def _outside(f: Facts) -> list[int]:
     return sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
 
 
-def _stalled_outside(f: Facts) -> Outcome:
+def _stalled_outside(f: Facts) -> Conclusion:
     culprits = _outside(f)
     reports = f.reports(None)
     w = f.waits(reports)
@@ -246,7 +246,7 @@ def _stalled_outside(f: Facts) -> Outcome:
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
                f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
-    return Outcome(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                    summary,
                    Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
                           "reaches the collective the others wait in, they wait (slow I/O or "
@@ -254,9 +254,9 @@ def _stalled_outside(f: Facts) -> Outcome:
                    div)
 
 
-def _straggler(f: Facts) -> Outcome:
+def _straggler(f: Facts) -> Conclusion:
     culprits = sorted(f.moving)
-    return Outcome(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                    f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
                    f"still computing while {who(f.waiting)} "
                    f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
@@ -266,13 +266,13 @@ def _straggler(f: Facts) -> Outcome:
                           "the timeout."))
 
 
-def _all_moving(f: Facts) -> Outcome:
-    return Outcome(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
+def _all_moving(f: Facts) -> Conclusion:
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
                    f"All {len(f.alive)} ranks are making progress (their stacks moved between "
                    "samples): no hang right now.")
 
 
-def _all_in_one(f: Facts) -> Outcome:
+def _all_in_one(f: Facts) -> Conclusion:
     reports = f.reports(None)
     ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
            for r in f.waiting}
@@ -283,13 +283,13 @@ def _all_in_one(f: Facts) -> Outcome:
     nccl = any(v.ev.fr is not None and v.ev.fr.backend == "nccl" for v in f.views.values())
     text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
             "outside this job, a hung GPU)." if nccl else "")
-    return Outcome(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+    return Conclusion(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
                    Advice(text))
 
 
-def _inconclusive(f: Facts) -> Outcome:
+def _inconclusive(f: Facts) -> Conclusion:
     known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
-    return Outcome(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
+    return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
                    "Not enough evidence to name a cause: "
                    + (f"states known for rank {spans(known)} only." if known
                       else "no stack or recorder data could be read."))

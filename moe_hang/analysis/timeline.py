@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
     Divergence,
-    RankState,
     Timeline,
     TimelineCell,
 )
@@ -31,6 +30,7 @@ from moe_hang.evidence.stacks import (
     parse_faulthandler,
     view,
 )
+from moe_hang.evidence.vocab import RankState
 
 
 @dataclass
@@ -150,7 +150,7 @@ def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
     frames = ev.heartbeat.frames() if ev.heartbeat is not None else []
     if frames:
         return view(ThreadStack("MainThread", frames, is_main=True)), "probe"
-    return StackView("unknown"), None
+    return StackView(RankState.UNKNOWN), None
 
 
 def _pending(tl: RankTimeline) -> list[Collective]:
@@ -180,7 +180,7 @@ def rank_view(ev: RankEvidence) -> RankView:
         state = RankState.EXITED
         if ev.exit_code == 0:
             # finished cleanly: whatever its last heartbeat saw has long completed
-            current, sv = None, StackView("unknown")
+            current, sv = None, StackView(RankState.UNKNOWN)
         elif current is None:
             last = [c for coll in tl.by_pg.values() for c in coll.values()]
             current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
@@ -190,8 +190,8 @@ def rank_view(ev: RankEvidence) -> RankView:
             # beat was older than the rank's last steps (a fast loop, a starved probe thread);
             # the stack it died with is fresher (docs/DESIGN.md §8.1)
             current = None
-    elif sv.state != "unknown":
-        state = RankState(sv.state)
+    elif sv.state != RankState.UNKNOWN:
+        state = sv.state
         if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
     elif current is not None:

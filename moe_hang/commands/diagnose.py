@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from moe_hang.analysis.diagnosis import AttachRun, Diagnosis, Timings
+from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.runs import AttachRun, Timings
 from moe_hang.capture import dumps, pyspy
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
@@ -37,6 +38,7 @@ from moe_hang.evidence.model import (
     RankEvidence,
 )
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
+from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
@@ -57,7 +59,7 @@ def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
     if t is None:
         return None, False, False
     frames = tuple((f.file, f.line, f.function) for f in t.frames)
-    return frames, bool(t.active), view(t).state == "in_collective"
+    return frames, bool(t.active), view(t).state == RankState.IN_COLLECTIVE
 
 
 def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:

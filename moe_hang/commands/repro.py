@@ -17,12 +17,10 @@ from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import (
     PROBLEM_VERDICTS,
     Diagnosis,
-    ReferenceReport,
-    ScenarioRun,
-    Timings,
     Verdict,
     exit_code_for,
 )
+from moe_hang.analysis.runs import ReferenceReport, ScenarioRun, Timings
 from moe_hang.commands.session import (
     Phase,
     capture_frozen,

@@ -10,8 +10,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from moe_hang.analysis.diagnosis import Diagnosis, RunInfo
+from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.runs import RunInfo
 from moe_hang.capture import dumps, pyspy
 from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture

@@ -25,12 +25,11 @@ from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import (
     Certainty,
     Diagnosis,
-    Timings,
     Verdict,
-    WatchRun,
     exit_code_for,
     pg_label,
 )
+from moe_hang.analysis.runs import Timings, WatchRun
 from moe_hang.commands import multinode
 from moe_hang.commands.session import (
     Interrupted,

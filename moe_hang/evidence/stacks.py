@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hang.evidence.ops import C10D_OPS, HELPER_OPS, WAIT_FUNCS
+from moe_hang.evidence.vocab import RankState
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,16 @@ class Frame:
 
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "function": self.function}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Frame | None:
+        """:meth:`as_dict` read back; None for anything that is not one."""
+        if not isinstance(d, dict):
+            return None
+        try:
+            return cls(str(d["file"]), int(d.get("line") or 0), str(d.get("function", "?")))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,7 @@ class ThreadStack:
 class StackView:
     """What one rank's main thread is doing, as far as its stack tells."""
 
-    state: str  # in_collective | computing | idle | unknown
+    state: RankState  # in_collective | computing | idle | unknown (never exited)
     op: str | None = None  # collective op when in_collective
     api: str | None = None  # the torch function the rank waits in (all_gather_single, ...)
     in_backward: bool = False
@@ -275,7 +286,7 @@ def _is_idle_wait(frames: list[Frame]) -> bool:
 def view(thread: ThreadStack | None) -> StackView:
     """Classify a rank from its main thread's stack."""
     if thread is None or not thread.frames:
-        return StackView(state="unknown")
+        return StackView(RankState.UNKNOWN)
     frames = thread.frames
     op, api = collective_of(frames)
     back = in_backward(frames)
@@ -285,11 +296,11 @@ def view(thread: ThreadStack | None) -> StackView:
         p2p = thread.p2p if op in ("send", "recv") else None
         if p2p is None and op in ("send", "recv"):
             p2p = P2PCall(op, None)  # inside it, peer not visible (no --locals)
-        return StackView("in_collective", op, api, back, fn, site, frames, p2p)
+        return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p)
     if thread.active is True:
-        state = "computing"
+        state = RankState.COMPUTING
     elif thread.active is False or _is_idle_wait(frames):
-        state = "idle"
+        state = RankState.IDLE
     else:
-        state = "unknown"
+        state = RankState.UNKNOWN
     return StackView(state, None, None, back, fn, site, frames)

@@ -22,14 +22,14 @@ from rich.text import Text
 from moe_hang.analysis.diagnosis import (
     Diagnosis,
     RankReport,
-    ReferenceReport,
-    ScenarioRun,
     Timeline,
     Verdict,
     fmt_shape,
     pg_label,
 )
+from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.ops import short_op
+from moe_hang.evidence.vocab import RankState
 from moe_hang.report.screen import first_screen
 from moe_hang.report.words import (
     ReportContext,
@@ -92,7 +92,7 @@ def _tokens(t: dict[str, object] | None) -> str:
 def _rank_block(r: RankReport, culprit: bool, width: int) -> list[Text]:
     head = Text(f"rank {r.rank}", style="bold red" if culprit else "bold")
     phase = f" ({r.phase})" if r.phase else ""
-    if r.state == "exited":
+    if r.state == RankState.EXITED:
         state = exit_words(r.exit_code) + phase
     else:
         state = f"{r.state}{phase}" + (f", {exit_words(r.exit_code)}"

@@ -16,12 +16,11 @@ from pathlib import Path
 from moe_hang.analysis.diagnosis import (
     Diagnosis,
     RankReport,
-    ReferenceReport,
-    ScenarioRun,
     Timeline,
     Verdict,
     pg_label,
 )
+from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.probe.probe import write_atomic
 from moe_hang.report.console import (
     LOG_WIDTH,

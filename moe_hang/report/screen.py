@@ -21,9 +21,9 @@ from rich.text import Text
 from moe_hang.analysis.diagnosis import (
     Certainty,
     Diagnosis,
-    ScenarioRun,
     Verdict,
 )
+from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.report.words import (
     MAX_SITE_GROUPS,
     ReportContext,

@@ -12,15 +12,15 @@ from moe_hang.analysis.diagnosis import (
     Diagnosis,
     RankCollective,
     RankReport,
-    RankState,
-    ScenarioRun,
     Verdict,
     fmt_shape,
     pg_label,
 )
 from moe_hang.analysis.explain import exit_desc
 from moe_hang.analysis.ranktext import runs
+from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.vocab import RankState
 from moe_hang.report.wrap import display_path, shorten_paths
 
 MAX_SITE_GROUPS = 4  # more distinct lines: merged by size, then folded into "… and N more"

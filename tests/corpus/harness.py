@@ -209,7 +209,7 @@ def wait_marks(marks: Path, name: str, count: int, proc: subprocess.Popen[bytes]
 # --- one run ---------------------------------------------------------------------------------
 
 @dataclass
-class Outcome:
+class CaseResult:
     """What one run of a case produced (before scoring)."""
 
     argv: list[str] = field(default_factory=list)
@@ -254,7 +254,7 @@ def _read_json(stdout: Path, out_dir: Path) -> tuple[dict[str, Any] | None, str 
     return None, err
 
 
-def run_case(case: Case, env: Env, work: Path) -> Outcome:
+def run_case(case: Case, env: Env, work: Path) -> CaseResult:
     """Run ``case`` once with role environment ``env`` in the fresh directory ``work``."""
     work.mkdir(parents=True)
     marks = work / "marks"
@@ -263,7 +263,7 @@ def run_case(case: Case, env: Env, work: Path) -> Outcome:
     full_env = case_env(case, env, marks, run_id)
     job = JOBS / case.job
     out_dir = work / "out"
-    res = Outcome(out_dir=str(out_dir), stdout_path=str(work / "stdout.json"),
+    res = CaseResult(out_dir=str(out_dir), stdout_path=str(work / "stdout.json"),
                   stderr_path=str(work / "stderr.log"))
     pgids: list[int] = []
     t0 = time.monotonic()
@@ -284,7 +284,7 @@ def run_case(case: Case, env: Env, work: Path) -> Outcome:
 
 
 def _run_watch(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: Path,
-               res: Outcome, pgids: list[int], run_id: str) -> None:
+               res: CaseResult, pgids: list[int], run_id: str) -> None:
     stall = ["--stall", f"{case.stall:g}"] if case.stall is not None else []
     res.argv = [*moe_hang_argv(), "watch", "--json", "--out", str(out_dir), *stall,
                 *case.watch_opts, "--",
@@ -310,7 +310,7 @@ def _run_watch(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: 
 
 
 def _run_diagnose(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: Path,
-                  res: Outcome, pgids: list[int], run_id: str) -> None:
+                  res: CaseResult, pgids: list[int], run_id: str) -> None:
     job_argv = torchrun_argv(job, case.nproc)
     res.job_log = str(work / "job.log")
     marks = Path(env["JOB_MARKS"])
@@ -382,7 +382,7 @@ class Score:
     expected: dict[str, Any]
     got: dict[str, Any]
     checks: dict[str, str]
-    outcome: Outcome
+    outcome: CaseResult
     skipped: str | None = None
 
     @property
@@ -458,7 +458,7 @@ def check_lines(expects: list[LineExpect], env: Env, job: Path,
     return (OK if not problems else "; ".join(problems)) if expects else NOT_CHECKED, got
 
 
-def score(case: Case, env: Env, mirrored: bool, outcome: Outcome,
+def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
           require_basis: bool = False) -> Score:
     exp = expected_for(case, env)
     job = JOBS / case.job
@@ -548,7 +548,7 @@ def describe_expected(case: Case, exp: Expected, env: Env, job: Path) -> dict[st
 
 def skipped(case: Case, env: Env, mirrored: bool, why: str) -> Score:
     return Score(case.name, mirrored, dict(env), {}, {}, dict.fromkeys(FIELDS, NOT_CHECKED),
-                 Outcome(), skipped=why)
+                 CaseResult(), skipped=why)
 
 
 def runs_of(case: Case, mirror: bool) -> list[tuple[Env, bool]]:
@@ -587,9 +587,9 @@ def new_workdir(base: str | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix="moe-hang-corpus-"))
 
 
-def outcome_from_json(run: Mapping[str, Any]) -> Outcome:
-    """The :class:`Outcome` saved in a report's run (``score_to_json``), to score it again."""
-    return Outcome(argv=list(run.get("argv") or []), exit_code=run.get("exit_code"),
+def outcome_from_json(run: Mapping[str, Any]) -> CaseResult:
+    """The :class:`CaseResult` saved in a report's run (``score_to_json``), to score it again."""
+    return CaseResult(argv=list(run.get("argv") or []), exit_code=run.get("exit_code"),
                    diagnosis=run.get("diagnosis"), error=run.get("error"),
                    timed_out=bool(run.get("timed_out")), wall_s=float(run.get("wall_s") or 0),
                    tool_leaked=list(run.get("tool_leaked") or []),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, assert_no_survivors
 
-from moe_hang.analysis.diagnosis import Certainty, Verdict
+from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
 from moe_hang.analysis.rules import diagnose
 from moe_hang.commands import multinode
 from moe_hang.commands.diagnose import pick_job
@@ -138,7 +138,7 @@ def test_diagnosis_round_trips_through_json(fixtures: Path) -> None:
     cases.append(_global({"0": _summaries(fixtures)["0"]}, [2, 3])[0])
     for diag in cases:
         d = diag.to_dict()
-        back = multinode.diagnosis_from_dict(json.loads(json.dumps(d)))
+        back = Diagnosis.from_dict(json.loads(json.dumps(d)))
         assert back.to_dict() == d
 
 

@@ -20,16 +20,13 @@ from moe_hang.analysis.diagnosis import (
     MismatchKind,
     RankCollective,
     RankReport,
-    RankState,
-    ReferenceReport,
-    ScenarioRun,
     Timeline,
     TimelineCell,
-    Timings,
     Verdict,
-    WatchRun,
 )
+from moe_hang.analysis.runs import ReferenceReport, ScenarioRun, Timings, WatchRun
 from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.vocab import RankState
 from moe_hang.report.console import render, render_text
 from moe_hang.report.html import to_html
 from moe_hang.report.screen import MAX_LINES, first_screen, next_verify_command

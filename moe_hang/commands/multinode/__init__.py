@@ -19,7 +19,7 @@ Nothing here runs unless the job is multi-node (its torchrun command line says s
 
 One job a module: :mod:`.connect` (reaching the other watchers), :mod:`.summaries` (what a
 node publishes, and the others' summaries as evidence), :mod:`.unknown` (the guard),
-:mod:`.diagnosis_json` (a verdict back from its JSON), :mod:`.kinds` (what a request was for),
+:mod:`.requests` (what a capture request was for),
 :mod:`.node` (this watcher's part), :mod:`.loop` (``watch``'s loop).
 """
 
@@ -33,8 +33,6 @@ from moe_hang.commands.multinode.connect import (
     peers_for_diagnose,
     plan,
 )
-from moe_hang.commands.multinode.diagnosis_json import diagnosis_from_dict
-from moe_hang.commands.multinode.kinds import ON_DEMAND, request_kind
 from moe_hang.commands.multinode.loop import supervise
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
@@ -46,6 +44,7 @@ from moe_hang.commands.multinode.node import (
     Node,
     RoundOutcome,
 )
+from moe_hang.commands.multinode.requests import ON_DEMAND, request_kind
 from moe_hang.commands.multinode.summaries import (
     HISTORY_PER_GROUP,
     MAX_USER_FRAMES,
@@ -77,7 +76,6 @@ __all__ = [
     "RoundOutcome",
     "capture_summary",
     "check_shared_dir",
-    "diagnosis_from_dict",
     "guard_local",
     "guard_unknown",
     "history_of",

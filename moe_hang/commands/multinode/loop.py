@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis
-from moe_hang.commands.multinode.kinds import ON_DEMAND
 from moe_hang.commands.multinode.node import Node
+from moe_hang.commands.multinode.requests import ON_DEMAND
 from moe_hang.commands.multinode.unknown import rank_list
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import rundir

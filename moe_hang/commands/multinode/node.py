@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moe_hang.analysis.diagnosis import Diagnosis, RunInfo, Verdict, WatchRun
+from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.runs import RunInfo, WatchRun
 from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_channel
-from moe_hang.commands.multinode.diagnosis_json import diagnosis_from_dict
-from moe_hang.commands.multinode.kinds import _JOB_OF, _reason_text, request_kind
+from moe_hang.commands.multinode.requests import _JOB_OF, _reason_text, request_kind
 from moe_hang.commands.multinode.summaries import capture_summary, merge_remote, raw_heartbeats
 from moe_hang.commands.multinode.unknown import guard_unknown, local_ranks_unknown
 from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, rundir
 from moe_hang.runtime.coord import (
@@ -260,7 +261,7 @@ class Node:
                 hosts.setdefault(n, info.host)
             # a node whose job finished said so before its watcher left: not unknown
             done = {n: s for n, s in co.read_summaries(missing).items()
-                    if s.ranks and all(r.state == "exited" for r in s.ranks)}
+                    if s.ranks and all(r.state == RankState.EXITED for r in s.ranks)}
             merge_remote(ev, done)
         if self.world:
             ev.world_size = self.world
@@ -332,7 +333,7 @@ class Node:
                     self.notice(f"nodes {', '.join(res.not_ended)} did not confirm in time; "
                                 "ending this node's job (it hosts the store) anyway")
         self.verdict = gv
-        diag = diagnosis_from_dict(gv.verdict)
+        diag = Diagnosis.from_dict(gv.verdict)
         diag.artifacts = str(self.layout.root)
         diag.run = self._run_info
         if isinstance(diag.run, WatchRun) and outcome.onset_ns:

@@ -13,6 +13,7 @@ from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
@@ -104,7 +105,7 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
                 named = {str(e.get("pg_id")) for e in hb.pending} | {DEFAULT_PG}
                 hb.pg_status = {k: v for k, v in hb.pg_status.items() if k in named}
             ev.ranks[r.rank] = RankEvidence(
-                rank=r.rank, pid=r.pid, host=s.host, alive=r.state != "exited",
+                rank=r.rank, pid=r.pid, host=s.host, alive=r.state != RankState.EXITED,
                 exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
                 groups={k: list(v) for k, v in s.groups.items()} or None)
             added.append(r.rank)

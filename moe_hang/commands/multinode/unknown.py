@@ -12,7 +12,6 @@ from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Diagnosis,
     RankReport,
-    RankState,
     Verdict,
     pg_label,
 )
@@ -20,6 +19,7 @@ from moe_hang.analysis.ranktext import spans
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime.monitor import Outcome, world_of
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.coord.codec import _int_or_none
 from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective, RankSummary
 
@@ -97,13 +98,13 @@ def summarize_heartbeats(hbs: Mapping[int, Mapping[str, Any]], *, node: str,
         mv = None if moving is None else moving.get(r)
         waiting = bool(pending) or any(enq.get(pg, -1) > c for pg, c in done.items())
         if is_alive is False or code is not None or progress.get("phase") == "exiting":
-            state = "exited"
+            state = RankState.EXITED
         elif waiting and not mv:
-            state = "in_collective"
+            state = RankState.IN_COLLECTIVE
         elif mv is None:
-            state = "running"
+            state = RankState.UNKNOWN  # alive, outside collectives, movement not measured
         else:
-            state = "computing" if mv else "idle"
+            state = RankState.COMPUTING if mv else RankState.IDLE
         ranks.append(RankSummary(
             rank=int(r), pid=_int_or_none(hb.get("pid")),
             local_rank=_int_or_none(hb.get("local_rank")),

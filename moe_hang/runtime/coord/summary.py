@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.coord.codec import SCHEMA, _int_or_none, decode, encode
 
 
@@ -103,7 +104,7 @@ class RankSummary:
     pid: int | None = None
     local_rank: int | None = None
     # in_collective | computing | idle | running (moving unknown) | exited | unknown
-    state: str = "unknown"
+    state: RankState = RankState.UNKNOWN
     pending: list[PendingCollective] = field(default_factory=list)
     enqueued: dict[str, int] = field(default_factory=dict)  # pg id -> last posted seq
     completed: dict[str, int] = field(default_factory=dict)  # pg id -> last completed seq
@@ -153,7 +154,8 @@ class RankSummary:
 
         beat = d.get("beat_time")
         return cls(rank=int(d["rank"]), pid=_int_or_none(d.get("pid")),
-                   local_rank=_int_or_none(d.get("local_rank")), state=str(d.get("state", "?")),
+                   local_rank=_int_or_none(d.get("local_rank")),
+                   state=RankState.parse(d.get("state")),
                    pending=[PendingCollective.from_json(p) for p in d.get("pending") or []
                             if isinstance(p, Mapping)],
                    enqueued=seqs(d.get("enqueued")), completed=seqs(d.get("completed")),

@@ -1,4 +1,5 @@
-"""What a rule concludes (pure)."""
+"""What a rule concludes: the verdict, its culprits and their basis, the certainty, the sentence and
+the advice (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Divergence, Ver
 
 
 @dataclass
-class Outcome:
+class Conclusion:
     verdict: Verdict
     culprits: list[int]
     basis: CulpritBasis
