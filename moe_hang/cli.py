@@ -295,7 +295,8 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
     on. `kill -USR1 <watch pid>` diagnoses now and lets the job run. A multi-node job (one
     watch per node) gets one verdict on every node. Exit 3 on a problem, the job's own exit
     code otherwise."""
-    from moe_hang.commands.watch import WatchOptions, watch_command
+    from moe_hang.commands.supervise import WatchOptions
+    from moe_hang.commands.watch import watch_command
     from moe_hang.report.screen import ReportContext
     from moe_hang.report.status import JobOutput, live_status
 

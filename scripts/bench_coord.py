@@ -43,7 +43,8 @@ if str(ROOT) not in sys.path:
 from moe_hang.analysis.diagnosis import Diagnosis  # noqa: E402
 from moe_hang.analysis.rules import diagnose  # noqa: E402
 from moe_hang.commands import multinode  # noqa: E402
-from moe_hang.evidence.model import Evidence  # noqa: E402
+from moe_hang.evidence.model import Evidence, Unreached  # noqa: E402
+from moe_hang.evidence.vocab import JobState  # noqa: E402
 from moe_hang.runtime import coord  # noqa: E402
 from moe_hang.runtime.coord import store as coord_store  # noqa: E402
 
@@ -160,11 +161,11 @@ def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace
             if args.basic:
                 return coord.basic_verdict(sums, missing, world)
             t0 = time.monotonic()
-            ev = Evidence(ranks={}, world_size=world, job="desync")
+            ev = Evidence(ranks={}, world_size=world, job=JobState.DESYNC)
             multinode.merge_remote(ev, sums)
+            if unknown := multinode.unreached_ranks(world, ev.ranks):
+                ev.unreached = Unreached(unknown, local_world=args.ranks_per_node)
             diag = diagnose(ev)
-            multinode.guard_unknown(diag, ev, multinode.local_ranks_unknown(world, ev.ranks),
-                                    local_world=args.ranks_per_node, hosts={})
             rec["engine_s"] = time.monotonic() - t0
             return diag.to_dict()
 

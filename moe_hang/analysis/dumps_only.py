@@ -33,11 +33,11 @@ def outside_recorded(f: Facts, culprits: list[int], w: str, div: Divergence | No
                + ("; gloo records no send/recv" if gloo else "") + f"); {they} "
                f"wait{'s' if they.count('rank') == 1 else ''} for it{never}.")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
-                   summary,
-                   Advice(f"Rank {culprits[0]}'s stack while the job hangs says where it is "
-                          "instead: `moe-hang diagnose` on the running job (or `py-spy dump "
-                          "--pid PID`)."),
-                   div)
+                      summary,
+                      Advice(f"Rank {culprits[0]}'s stack while the job hangs says where it is "
+                             "instead: `moe-hang diagnose` on the running job (or `py-spy dump "
+                             "--pid PID`)."),
+                      div)
 
 
 def nothing_pending(f: Facts) -> bool:
@@ -49,9 +49,9 @@ def nothing_pending(f: Facts) -> bool:
 def all_completed(f: Facts) -> Conclusion:
     n = len(f.alive)
     return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
-                   f"Every collective in the {n} dumps completed: no rank was waiting in one "
-                   "when they were written, so they show no desync. If the job hung, it hung "
-                   "outside collectives (or after the dumps); each rank's stack would say "
-                   "where.",
-                   Advice("Take stacks while it hangs (`moe-hang diagnose`, or `py-spy dump "
-                          "--pid PID` per rank)."))
+                      f"Every collective in the {n} dumps completed: no rank was waiting in one "
+                      "when they were written, so they show no desync. If the job hung, it hung "
+                      "outside collectives (or after the dumps); each rank's stack would say "
+                      "where.",
+                      Advice("Take stacks while it hangs (`moe-hang diagnose`, or `py-spy dump "
+                             "--pid PID` per rank)."))

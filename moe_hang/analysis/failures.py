@@ -18,11 +18,11 @@ def root_cause(f: Facts) -> Conclusion:
     if rank is None:  # several, and nothing says which came first: every one is named
         ranks = sorted(f.root_causes)
         return Conclusion(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
-                       f"Rank {ranks_text(ranks)} raised errors of their own ("
-                       + "; ".join(f"rank {r}: {error_text(f.root_causes[r], 80)}"
-                                   for r in ranks) + "); which came first is not recorded.",
-                       Advice("Fix each of these errors; the other ranks only fail because "
-                              "these left."))
+                          f"Rank {ranks_text(ranks)} raised errors of their own ("
+                          + "; ".join(f"rank {r}: {error_text(f.root_causes[r], 80)}"
+                                      for r in ranks) + "); which came first is not recorded.",
+                          Advice("Fix each of these errors; the other ranks only fail because "
+                                 "these left."))
     err = f.root_causes[rank]
     site = callsite(err.frames)
     others = sorted(set(f.root_causes) - {rank})
@@ -44,7 +44,7 @@ def root_cause(f: Facts) -> Conclusion:
                 "find_unused_parameters=True to DistributedDataParallel, or make every rank "
                 "use every parameter every step.")
     return Conclusion(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
-                   Advice(text))
+                      Advice(text))
 
 
 def _earliest(f: Facts) -> int | None:
@@ -78,7 +78,7 @@ def killed(f: Facts) -> Conclusion:
             "Find out why it died (its stack is in the run directory); the others only wait "
             "for it.")
     return Conclusion(Verdict.RANK_DIED, f.killed, CulpritBasis.EXITED, Certainty.DEFINITE,
-                   summary, Advice(text))
+                      summary, Advice(text))
 
 
 def left_early(f: Facts) -> Conclusion:
@@ -87,10 +87,10 @@ def left_early(f: Facts) -> Conclusion:
     summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
                "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
     return Conclusion(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
-                   Advice("A rank that leaves early leaves the others waiting in the next "
-                          "collective: make every rank run the same steps (e.g. the same "
-                          "number of batches: DistributedSampler(drop_last=True), or agree "
-                          "to stop with an all_reduce of a 'done' flag)."))
+                      Advice("A rank that leaves early leaves the others waiting in the next "
+                             "collective: make every rank run the same steps (e.g. the same "
+                             "number of batches: DistributedSampler(drop_last=True), or agree "
+                             "to stop with an all_reduce of a 'done' flag)."))
 
 
 def agent_died(f: Facts) -> Conclusion:
@@ -101,8 +101,8 @@ def agent_died(f: Facts) -> Conclusion:
                + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
                + ". moe-hang ended them.")
     return Conclusion(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.DEFINITE, summary,
-                   Advice("Find out what ended the launcher (its process, not a rank, was "
-                          "killed); the ranks had no error of their own."))
+                      Advice("Find out what ended the launcher (its process, not a rank, was "
+                             "killed); the ranks had no error of their own."))
 
 
 def barrier_laggards(f: Facts) -> dict[int, list[int]]:
@@ -119,8 +119,8 @@ def monitored_barrier(f: Facts) -> Conclusion:
                "did not reach it in time" + (f" ({at})" if at else "") + ".")
     site = f.views[laggards[0]].site if laggards[0] in f.views else None
     return Conclusion(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
-                   Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
-                          "barrier waited for it there."))
+                      Advice(f"Look at what rank {laggards[0]} does at {site_str(site)}: the "
+                             "barrier waited for it there."))
 
 
 def outside_when_failed(f: Facts) -> list[int]:
@@ -140,11 +140,11 @@ def timed_out_waiting(f: Facts) -> Conclusion:
     failed = sorted(f.consequences)
     why = error_text(f.consequences[failed[0]], 120)
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
-                   f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
-                   f"{ranks_text(culprits)}, which was outside any collective ({where}).",
-                   Advice(f"Look at what rank {culprits[0]} does at "
-                          f"{site_str(f.views[culprits[0]].site)}: the others waited for it "
-                          "there until their timeout."))
+                      f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
+                      f"{ranks_text(culprits)}, which was outside any collective ({where}).",
+                      Advice(f"Look at what rank {culprits[0]} does at "
+                             f"{site_str(f.views[culprits[0]].site)}: the others waited for it "
+                             "there until their timeout."))
 
 
 def consequences_only(f: Facts) -> Conclusion:
@@ -155,5 +155,5 @@ def consequences_only(f: Facts) -> Conclusion:
                + ", and no rank raised an error of its own; the captures do not show which "
                  "collective diverged.")
     return Conclusion(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
-                   Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
-                          "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))
+                      Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
+                             "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))

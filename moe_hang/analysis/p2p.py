@@ -110,11 +110,11 @@ def unmatched_outcome(f: Facts) -> Conclusion:
         ranks = sorted({u.waiter for u in found})
         parts = "; ".join(f"rank {u.waiter} waits in {u.describe()}" for u in found)
         return Conclusion(Verdict.HANG, ranks, CulpritBasis.CYCLE, Certainty.LIKELY,
-                       f"Deadlock: {parts}, and none of them posted the other side.",
-                       Advice("Each rank waits to receive before it sends: order the calls so "
-                              "one side sends first, or post both with isend/irecv "
-                              "(dist.batch_isend_irecv) and wait on them."),
-                       p2p_divergence(found[0], f))
+                          f"Deadlock: {parts}, and none of them posted the other side.",
+                          Advice("Each rank waits to receive before it sends: order the calls so "
+                                 "one side sends first, or post both with isend/irecv "
+                                 "(dist.batch_isend_irecv) and wait on them."),
+                          p2p_divergence(found[0], f))
     skipped = [u for u in ends if u.skipped]
     chosen = skipped or ends
     culprits = sorted({u.peer for u in chosen})
@@ -143,7 +143,7 @@ def unmatched_outcome(f: Facts) -> Conclusion:
                 f"{u.waiter} still posts its {e.op}: post both sides under the same "
                 "condition, the same number of times.")
         return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
-                       summary, Advice(text), p2p_divergence(u, f))
+                          summary, Advice(text), p2p_divergence(u, f))
     pv = f.views[u.peer]
     now = (f"it is in {pv.current.op} {pg_label(pv.current.pg, pv.current.pg_desc)}"
            f"#{pv.current.seq}" if pv.state == RankState.IN_COLLECTIVE and pv.current
@@ -152,11 +152,11 @@ def unmatched_outcome(f: Facts) -> Conclusion:
                f"{u.peer} ({where}); rank {u.peer} has not posted the {their} and has posted "
                f"nothing in {group} since ({now}).")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
-                   summary,
-                   Advice(f"Rank {u.peer}'s stack while the job hangs says where it is instead "
-                          "of the {their}: `moe-hang diagnose` (or `py-spy dump --pid PID`)."
-                          .replace("{their}", their)),
-                   p2p_divergence(u, f))
+                      summary,
+                      Advice(f"Rank {u.peer}'s stack while the job hangs says where it is instead "
+                             "of the {their}: `moe-hang diagnose` (or `py-spy dump --pid PID`)."
+                             .replace("{their}", their)),
+                      p2p_divergence(u, f))
 
 
 def p2p_divergence(u: Unmatched, f: Facts) -> Divergence:

@@ -53,11 +53,17 @@ from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import build_timeline, recorder_only
+from moe_hang.analysis.unreached import (
+    unreached_line,
+    unreached_reports,
+    waiting_on_unreached,
+    waits_on_unreached,
+)
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import JobState, RankState
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Rule:
 
 def _finished(f: Facts) -> Conclusion:
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
-                   f"All {len(f.views)} ranks finished; every collective matched.")
+                      f"All {len(f.views)} ranks finished; every collective matched.")
 
 
 def _size_abort(f: Facts) -> Conclusion:
@@ -99,7 +105,7 @@ def _size_abort(f: Facts) -> Conclusion:
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     return Conclusion(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
-                   ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
+                      ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
 
 
 def _cycle(f: Facts) -> Conclusion:
@@ -215,8 +221,8 @@ def _desync(f: Facts) -> Conclusion:
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
     certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
-                   ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
-                   g.div, [x.div for x, _ in found[1:]])
+                      ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
+                      g.div, [x.div for x, _ in found[1:]])
 
 
 def _stack_desync(f: Facts) -> Conclusion:
@@ -227,7 +233,7 @@ def _stack_desync(f: Facts) -> Conclusion:
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
-                   ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
+                      ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
 
 
 def _outside(f: Facts) -> list[int]:
@@ -247,29 +253,29 @@ def _stalled_outside(f: Facts) -> Conclusion:
     summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
                f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
-                   summary,
-                   Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
-                          "reaches the collective the others wait in, they wait (slow I/O or "
-                          "a checkpoint resolves by itself; a stuck data loader does not)."),
-                   div)
+                      summary,
+                      Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
+                             "reaches the collective the others wait in, they wait (slow I/O or "
+                             "a checkpoint resolves by itself; a stuck data loader does not)."),
+                      div)
 
 
 def _straggler(f: Facts) -> Conclusion:
     culprits = sorted(f.moving)
     return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
-                   f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
-                   f"still computing while {who(f.waiting)} "
-                   f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
-                   "deadlocked.",
-                   Advice("Not a deadlock: a rank is still computing while the others wait. "
-                          "Look at what it computes (its stack); balance the work, or raise "
-                          "the timeout."))
+                      f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
+                      f"still computing while {who(f.waiting)} "
+                      f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
+                      "deadlocked.",
+                      Advice("Not a deadlock: a rank is still computing while the others wait. "
+                             "Look at what it computes (its stack); balance the work, or raise "
+                             "the timeout."))
 
 
 def _all_moving(f: Facts) -> Conclusion:
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
-                   f"All {len(f.alive)} ranks are making progress (their stacks moved between "
-                   "samples): no hang right now.")
+                      f"All {len(f.alive)} ranks are making progress (their stacks moved between "
+                      "samples): no hang right now.")
 
 
 def _all_in_one(f: Facts) -> Conclusion:
@@ -284,15 +290,15 @@ def _all_in_one(f: Facts) -> Conclusion:
     text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
             "outside this job, a hung GPU)." if nccl else "")
     return Conclusion(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
-                   Advice(text))
+                      Advice(text))
 
 
 def _inconclusive(f: Facts) -> Conclusion:
     known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
     return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
-                   "Not enough evidence to name a cause: "
-                   + (f"states known for rank {spans(known)} only." if known
-                      else "no stack or recorder data could be read."))
+                      "Not enough evidence to name a cause: "
+                      + (f"states known for rank {spans(known)} only." if known
+                         else "no stack or recorder data could be read."))
 
 
 def _situation(f: Facts, div: Divergence, culprits: list[int],
@@ -304,6 +310,20 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
     return Situation(div, culprits, basis, f.reports(div), frames)
 
 
+def _held(f: Facts) -> Conclusion:
+    """What the rest of the table concludes, as a hang: the watcher lived with this stall
+    (uncertain) until --hang-after passed, and nothing moved."""
+    out = _below_held(f).then(f)
+    reason = f.ev.held or ""
+    out.verdict = Verdict.HANG
+    out.summary = (reason[:1].upper() + reason[1:] + ". " if reason else "") + out.summary
+    return out
+
+
+def _below_held(f: Facts) -> Rule:
+    return next(r for r in RULES[1:] if r.when(f))
+
+
 def _in_flight(f: Facts) -> bool:
     """Orphans of a dead launcher still stepping: a snapshot of ranks in flight (one already
     in the next collective) is not a desync."""
@@ -313,13 +333,17 @@ def _in_flight(f: Facts) -> bool:
 
 # First match wins.
 RULES: tuple[Rule, ...] = (
+    Rule("stall held past --hang-after",
+         lambda f: f.ev.held is not None
+         and _below_held(f).then(f).certainty == Certainty.UNCERTAIN, _held),
     Rule("every rank finished",
-         lambda f: f.ev.job == "completed" or (bool(f.exited) and not f.alive
+         lambda f: f.ev.job == JobState.COMPLETED or (bool(f.exited) and not f.alive
                                                 and not f.bad_exit), _finished),
     Rule("root-cause exception", lambda f: bool(f.root_causes), root_cause),
     Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
     Rule("rank killed or gone", lambda f: bool(f.killed), killed),
     Rule("rank left early", lambda f: bool(f.left), left_early),
+    Rule("waits on unknown ranks", lambda f: bool(waits_on_unreached(f)), waiting_on_unreached),
     Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), _cycle),
     Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
     Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
@@ -356,10 +380,13 @@ def _diagnose(ev: Evidence) -> Diagnosis:
     rule = next(r for r in RULES if r.when(f))
     out = rule.then(f)
     reports = f.reports(out.div)
+    ranks = sorted([*reports.values(), *unreached_reports(ev.unreached, set(reports))],
+                   key=lambda x: x.rank)
     return Diagnosis(
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
-        first_divergence=out.div, ranks=list(reports.values()), fix=out.advice.text,
-        fix_code=out.advice.code, artifacts=ev.artifacts, evidence=f.evidence,
+        first_divergence=out.div, ranks=ranks, fix=out.advice.text,
+        fix_code=out.advice.code, artifacts=ev.artifacts,
+        evidence=f.evidence + unreached_line(ev.unreached),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
         certainty=out.certainty, rule=rule.name,
         divergences=[out.div, *out.more] if out.div is not None else [])

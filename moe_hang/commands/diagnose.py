@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.analysis.diagnosis import Diagnosis
+from moe_hang.analysis.ranktext import who
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
 from moe_hang.capture import dumps, pyspy
@@ -36,9 +37,10 @@ from moe_hang.evidence.model import (
     ProcessRecord,
     ProcessTable,
     RankEvidence,
+    Unreached,
 )
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import JobState, RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
@@ -167,7 +169,7 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     notes: list[str] = []
     if fr_dir is not None:
         notes = _copy_fr_dir(fr_dir, out)
-    table = ProcessTable(world_size=job.world_size, job="running", agent_pid=job.agent,
+    table = ProcessTable(world_size=job.world_size, job=JobState.RUNNING, agent_pid=job.agent,
                          target_pid=job.target, notes=notes,
                          orphans=[(o.rank, o.pid) for o in job.orphans],
                          probe_errors={k: v for k, v in dump_errors.items() if v})
@@ -230,15 +232,16 @@ def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
     others, why = multinode.peers_for_diagnose(cmd, env, shared_dir, local)
     added = multinode.merge_remote(ev, others)
     if added:
-        ev.log_lines.append(f"{multinode.rank_list(added)} from their nodes' watchers: "
+        ev.log_lines.append(f"{who(added)} from their nodes' watchers: "
                             + ", ".join(f"node {n} ({s.host})" for n, s in sorted(others.items())))
     elif why:
         ev.log_lines.append(f"other nodes: {why}")
-    hosts = {n: s.host for n, s in others.items()}
     ev.world_size = world
-    diag = diagnose(ev)
-    return multinode.guard_unknown(diag, ev, multinode.local_ranks_unknown(world, ev.ranks),
-                                   local_world=lw, hosts=hosts)
+    unknown = multinode.unreached_ranks(world, ev.ranks)
+    if unknown:
+        ev.unreached = Unreached(unknown, local_world=lw,
+                                 hosts={n: s.host for n, s in others.items()})
+    return diagnose(ev)
 
 
 def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
@@ -257,7 +260,7 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
         if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
             raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
         say("analysing")
-        ev = load_capture(d.root, world=job.world_size, job="running")
+        ev = load_capture(d.root, world=job.world_size, job=JobState.RUNNING)
         for r in job.missing_ranks():
             ev.ranks.setdefault(r, RankEvidence(rank=r, alive=False))
             ev.ranks[r].alive = False

@@ -35,7 +35,7 @@ from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import Outcome, WatchSettings, watch
+from moe_hang.runtime.monitor import FROZEN, EventKind, WatchEvent, WatchSettings, watch
 from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
 from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
 
@@ -45,7 +45,7 @@ class RunResult:
     diagnosis: Diagnosis
     run_dir: RunLayout
     exit_code: int
-    outcome: Outcome | None = None
+    outcome: WatchEvent | None = None
 
     @property
     def scenario(self) -> ScenarioRun:
@@ -101,7 +101,7 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
                                                          "port": port}))
     ref: subprocess.Popen[bytes] | None = None
     job: LaunchedJob | None = None
-    outcome: Outcome | None = None
+    outcome: WatchEvent | None = None
     diag: Diagnosis | None = None
     alive: dict[int, bool] = {}
     t_verdict = 0.0
@@ -122,31 +122,31 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
             outcome = watch(job, settings, say, quick_check=lambda hbs: quick_divergence(
                 hbs, cfg.nproc) is not None)
             alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-            if outcome.kind == "failed" and any(alive.values()):
+            if outcome.kind == EventKind.FAILED and any(alive.values()):
                 # the agent died and left its ranks running: see where they are, then end them
                 capture_frozen(outcome, layout, say, native=native)
-            if outcome.kind in ("stalled", "desync"):
+            if outcome.kind in FROZEN:
                 capture_frozen(outcome, layout, say, native=native)
                 say("analysing")
                 # before teardown: the ranks are frozen where they hung
                 diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc,
                                         ranks=range(cfg.nproc))
                 t_verdict = time.time()
-            if outcome.kind == "startup_timeout":
+            if outcome.kind == EventKind.STARTUP_TIMEOUT:
                 raise MoeHangError(f"{outcome.reason} (see {layout.job_log})")
         finally:
             say("tearing down")
             if job is not None:
                 job.terminate()
-            if ref is not None and (outcome is None or outcome.kind != "completed"):
+            if ref is not None and (outcome is None or outcome.kind != EventKind.COMPLETED):
                 _finish_reference(ref, layout, compare=False)
-        if outcome.kind == "failed" and not outcome.heartbeats:
+        if outcome.kind == EventKind.FAILED and not outcome.heartbeats:
             text = read_job_log(layout.job_log)
             why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
             raise MoeHangError("torchrun failed before any rank started: "
                                + (why[0][:300] if why else "no output")
                                + f" (see {layout.job_log})")
-        if ref is not None and outcome.kind == "completed":
+        if ref is not None and outcome.kind == EventKind.COMPLETED:
             say("comparing with the single-process reference")
             ref_report = _finish_reference(ref, layout, compare=True)
     if diag is None:

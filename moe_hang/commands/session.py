@@ -16,11 +16,11 @@ from moe_hang.analysis.runs import RunInfo
 from moe_hang.capture import dumps, pyspy
 from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture
-from moe_hang.evidence.model import ProcessRecord, ProcessTable
+from moe_hang.evidence.model import ProcessRecord, ProcessTable, Unreached
 from moe_hang.evidence.torchrun_log import parse_torchrun_failures, read_job_log
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import rundir
-from moe_hang.runtime.monitor import Outcome, Phase, ProgressSample
+from moe_hang.runtime.monitor import FROZEN, EventKind, Phase, ProgressSample, WatchEvent
 from moe_hang.runtime.procs import defer_interrupt, is_alive
 
 __all__ = ["Interrupted", "Phase", "capture_frozen", "crash_onset", "diagnose_capture",
@@ -58,12 +58,12 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, signal.SIG_IGN if fired else h)
 
 
-def capture_frozen(out: Outcome, layout: RunLayout, say: Phase, *,
+def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
                    native: bool = False) -> None:
     """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time: of every
     rank of a stalled or desynced job, or of the survivors of one that failed."""
     live = {r: pid for r, pid in out.rank_pids.items() if is_alive(pid)}
-    stalled = out.kind in ("stalled", "desync")
+    stalled = out.kind in FROZEN
     what = "stalled → capturing stacks" if stalled else "capturing the surviving ranks"
     say(f"{what} ({len(live)} ranks)")
     errors: dict[int, str | None] = {}
@@ -98,30 +98,33 @@ def crash_onset(layout: RunLayout) -> float | None:
     return min(times) if times else None
 
 
-def diagnose_capture(layout: RunLayout, outcome: Outcome, alive: dict[int, bool], *,
-                     world: int | None, ranks: Iterable[int],
-                     run: RunInfo | None = None) -> Diagnosis:
+def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bool], *,
+                     world: int | None, ranks: Iterable[int], run: RunInfo | None = None,
+                     held: str | None = None, unreached: Unreached | None = None) -> Diagnosis:
     """processes.json from what the watcher saw, then the diagnosis, written at once: when the
     job hung, the ranks are still frozen where they hung, and "onset -> verdict" is the time
-    to a diagnosis on disk."""
+    to a diagnosis on disk. ``held``: why a stall lived with is now final (--hang-after);
+    ``unreached``: ranks of other nodes, never blamed here."""
     log_text = read_job_log(layout.job_log)
     failures = parse_torchrun_failures(log_text)
-    table = ProcessTable(world_size=world, job=outcome.kind, job_exit_code=outcome.returncode,
+    table = ProcessTable(world_size=world, job=outcome.kind.job, job_exit_code=outcome.returncode,
                          agent_exit_code=outcome.returncode
                          if outcome.returncode is not None and outcome.returncode < 0 else None)
     for r in ranks:
         hb = outcome.heartbeats.get(r)
-        code = 0 if outcome.kind == "completed" else failures.get(r, (None, None))[0]
+        code = 0 if outcome.kind == EventKind.COMPLETED else failures.get(r, (None, None))[0]
         rec = ProcessRecord(pid=outcome.rank_pids.get(r), host=hb.host if hb else None,
                             alive=alive.get(r, False), exit_code=code)
-        if outcome.kind in ("stalled", "desync") and alive.get(r):
+        if outcome.kind in FROZEN and alive.get(r):
             # by construction no rank moved for --stall seconds (or they cannot move)
             rec.progressed = False
         elif r in outcome.progressed:
             rec.progressed = outcome.progressed[r]
         table.ranks[r] = rec
     rundir.write_json(layout.processes, table.to_dict())
-    diag = diagnose(load_capture(layout.root, world=world, job=outcome.kind, log_text=log_text))
+    ev = load_capture(layout.root, world=world, job=outcome.kind.job, log_text=log_text)
+    ev.held, ev.unreached = held, unreached
+    diag = diagnose(ev)
     diag.run = run
     rundir.write_json(layout.diagnosis, diag.to_dict())
     return diag

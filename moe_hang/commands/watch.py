@@ -11,6 +11,7 @@ grace period is killed, ranks included, even if the agent died first.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import shutil
 import signal
@@ -23,29 +24,29 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import (
-    Certainty,
     Diagnosis,
-    Verdict,
     exit_code_for,
-    pg_label,
 )
-from moe_hang.analysis.runs import Timings, WatchRun
 from moe_hang.commands import multinode
 from moe_hang.commands.session import (
     Interrupted,
     Phase,
-    capture_frozen,
-    diagnose_capture,
     interruptible,
     save,
 )
+from moe_hang.commands.supervise import (
+    AloneOnNode,
+    WatchOptions,
+    capture_and_diagnose,
+    diagnose_watched,
+    supervise,
+)
 from moe_hang.errors import EXIT_OK, MoeHangError
-from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import Monitor, Outcome, WatchSettings, world_of
+from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent, WatchSettings, world_of
 from moe_hang.runtime.procs import is_alive, starting_child
 
 PROBE_SITE = Path(probe.__file__).resolve().parent / "_site"
@@ -56,7 +57,7 @@ class WatchResult:
     diagnosis: Diagnosis | None
     exit_code: int
     run_dir: RunLayout
-    outcome: Outcome
+    outcome: WatchEvent
 
 
 def probe_env(layout: RunLayout, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,29 +130,6 @@ class _Echo:
             self.echo(line)
 
 
-def _diagnose(layout: RunLayout, outcome: Outcome, alive: dict[int, bool],
-              cmd: list[str]) -> Diagnosis:
-    timings = Timings()
-    diag = diagnose_capture(layout, outcome, alive, world=world_of(outcome.heartbeats),
-                            ranks=sorted(outcome.heartbeats),
-                            run=WatchRun(command=cmd, job_exit_code=outcome.returncode,
-                                         detected=outcome.kind, timings=timings))
-    if outcome.onset_ns:  # on disk with the final save
-        timings.onset_to_verdict_s = round(time.time() - outcome.onset_ns / 1e9, 3)
-        if outcome.t_detect:
-            timings.onset_to_detect_s = round(outcome.t_detect - outcome.onset_ns / 1e9, 3)
-    return diag
-
-
-@dataclass
-class WatchOptions:
-    stall_s: float = 10.0
-    hang_after_s: float = 300.0  # an uncertain stall becomes a hang after this long; 0: never
-    keep_running: bool = False  # after a definite verdict, leave the job running
-    native: bool = False
-    shared_dir: str | None = None  # multi-node: coordinate through this directory
-
-
 class _OnDemand:
     """``kill -USR1 <watch pid>``: capture and diagnose now, let the job run on."""
 
@@ -169,90 +147,6 @@ class _OnDemand:
             signal.signal(signal.SIGUSR1, self._old)
 
 
-def _here(f: Frame) -> str:
-    """``file:line function``, the file relative to the working directory when under it."""
-    rel = os.path.relpath(f.file) if os.path.isabs(f.file) else f.file
-    return f"{rel if not rel.startswith('..') else short_path(f.file)}:{f.line} {f.function}"
-
-
-def _waiting_line(diag: Diagnosis, stall_s: float) -> str:
-    """"waiting 10 s on rank 1 at sleepy.py:8 next_batch; rank 0 in all_reduce default_pg#3"."""
-    parts = []
-    for r in diag.culprit_ranks:
-        rep = diag.rank(r)
-        parts.append(f"rank {r}" + (f" at {_here(rep.callsite)}" if rep and rep.callsite
-                                    else ""))
-    for rep in diag.ranks:
-        if rep.rank not in diag.culprit_ranks and rep.collective is not None:
-            c = rep.collective
-            seq = f" {pg_label(c.pg, c.pg_desc, word='pg')}#{c.seq}" if c.seq is not None else ""
-            parts.append(f"rank {rep.rank} in {c.op}{seq}")
-    head = f"waiting {stall_s:.0f} s on " + (parts[0] if parts else "the job")
-    return "; ".join([head, *parts[1:]]) + " (not ended: it may only be slow; still watching)"
-
-
-def _final_hang(diag: Diagnosis, held_s: float) -> Diagnosis:
-    """An uncertain stall that outlived --hang-after is a hang."""
-    diag.verdict = Verdict.HANG
-    diag.summary = f"Nothing moved for {held_s:.0f} s (--hang-after). " + diag.summary
-    return diag
-
-
-def _supervise(mon: Monitor, layout: RunLayout, cmd: list[str], say: Phase,
-               notice: Callable[[str], None], opts: WatchOptions, demand: _OnDemand,
-               node: multinode.Node | None = None) -> tuple[Outcome, Diagnosis | None]:
-    """Watch until the job ends or a verdict ends it; returns the last outcome and the
-    diagnosis made while the ranks were still frozen (None: diagnose after the end).
-
-    Certainty decides (docs/DESIGN.md §9): a definite verdict ends the job; an uncertain one
-    (a rank outside any collective, which may just be slow) is written down, said in one line,
-    and watched on until a rank moves ("resumed") or --hang-after passes."""
-    if node is not None:  # the job spans nodes: one verdict with the other watchers
-        return multinode.supervise(node, mon, layout, cmd, say, notice, opts, demand.asked)
-    kept: Diagnosis | None = None
-    while True:
-        outcome = mon.run(stop=demand.asked.is_set)
-        if outcome.kind == "requested":
-            demand.asked.clear()
-            diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
-            notice(f"on request: {diag.verdict}: {diag.summary[:160]} "
-                   f"({layout.diagnosis})")
-            continue
-        if outcome.kind == "resumed":
-            notice(f"resumed after {outcome.stalled_for:.1f} s")
-            continue
-        alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-        if outcome.kind not in ("stalled", "desync") and not any(alive.values()):
-            return outcome, kept  # the job ended by itself: diagnose what it left
-        if kept is not None:  # what follows a kept verdict (a timeout, a teardown) is its echo
-            return outcome, kept
-        diag = _capture_and_diagnose(outcome, layout, cmd, say, opts)
-        held = mon.held_since is not None
-        if outcome.kind == "stalled" and diag.certainty == Certainty.UNCERTAIN and not held:
-            notice(_waiting_line(diag, opts.stall_s))
-            mon.hold()
-            continue
-        if held and outcome.kind == "stalled":
-            diag = _final_hang(diag, mon.held_for())
-        if opts.keep_running and outcome.kind in ("stalled", "desync"):
-            notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
-                   "(--keep-running)")
-            kept = diag
-            mon.s.hang_after_s = 0.0
-            mon.hold()
-            continue
-        return outcome, diag
-
-
-def _capture_and_diagnose(outcome: Outcome, layout: RunLayout, cmd: list[str], say: Phase,
-                          opts: WatchOptions) -> Diagnosis:
-    alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-    capture_frozen(outcome, layout, say, native=opts.native)
-    say("analysing")
-    # a rank of this node is never blamed for waiting on another node's (no-op on one node)
-    return multinode.guard_local(_diagnose(layout, outcome, alive, cmd), layout, outcome)
-
-
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   out: str | None = None, stall_s: float = 10.0, native: bool = False,
                   command: list[str] | None = None,
@@ -268,7 +162,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     log = open(layout.job_log, "ab")  # noqa: SIM115 - closed below
     gate = _Echo(echo)
     job: LaunchedJob | None = None
-    outcome = Outcome(kind="running")
+    outcome = WatchEvent(kind=EventKind.RUNNING)
     diag: Diagnosis | None = None
     pump: threading.Thread | None = None
     node: multinode.Node | None = None
@@ -299,9 +193,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"))
-                outcome, diag = _supervise(mon, layout, cmd, say,
-                                           lambda text: echo(f"[moe-hang] {text}"), opts,
-                                           demand, node)
+                peers = AloneOnNode() if node is None else multinode.NodePeers(node)
+                outcome, diag = supervise(
+                    mon, peers, functools.partial(capture_and_diagnose, layout=layout, cmd=cmd,
+                                                  say=say, opts=opts),
+                    layout, lambda text: echo(f"[moe-hang] {text}"), opts, demand.asked)
                 gate.on = diag is None  # torchrun's teardown noise after a verdict: job.log
             except Interrupted as exc:
                 gate.on = False  # torchrun's interrupt traceback goes to job.log only
@@ -328,7 +224,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         log.close()
         if node is not None:
             node.finish(ended_after_verdict=interrupted is None and diag is not None
-                        and outcome.kind != "completed")
+                        and outcome.kind != EventKind.COMPLETED)
     if interrupted is not None:
         raise Interrupted(interrupted)
     if not outcome.heartbeats:
@@ -337,7 +233,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     if diag is None:
         say("analysing")
         alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-        diag = _diagnose(layout, outcome, alive, cmd)
+        diag = diagnose_watched(layout, outcome, alive, cmd)
     if diag.timings is not None:
         diag.timings.wall_s = round(time.time() - t0, 3)
     save(layout, diag)

@@ -36,6 +36,7 @@ from moe_hang.evidence.torchrun_log import (
     read_job_log,
     torchrun_root_cause,
 )
+from moe_hang.evidence.vocab import JobState
 from moe_hang.probe.layout import RankFiles, RunLayout
 
 
@@ -136,7 +137,7 @@ def rank_numbers(layout: RunLayout, procs: ProcessTable | None = None) -> list[i
     return sorted(layout.rank_numbers() | set(table.ranks))
 
 
-def load_capture(root: Path, *, world: int | None = None, job: str | None = None,
+def load_capture(root: Path, *, world: int | None = None, job: JobState | None = None,
          log_text: str | None = None) -> Evidence:
     """Evidence from one capture directory (one node, or a whole single-node job).
     ``log_text``: the job log when the caller has already read it."""
@@ -191,8 +192,9 @@ def load_captures(roots: list[Path]) -> Evidence:
                 ranks[r] = ev
     worlds = [p.world_size for p in parts if p.world_size]
     jobs = [p.job for p in parts]
-    job = next((j for j in ("desync", "stalled", "failed", "running", "completed")
-                if j in jobs), jobs[0])
+    # the most telling state any node saw
+    job = next((j for j in (JobState.DESYNC, JobState.STALLED, JobState.FAILED,
+                            JobState.RUNNING, JobState.COMPLETED) if j in jobs), jobs[0])
     lines: list[str] = []
     for p in parts:
         lines.extend(x for x in p.log_lines if x not in lines)

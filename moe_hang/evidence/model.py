@@ -20,6 +20,7 @@ from moe_hang.evidence.stacks import (
     parse_probe_frames,
     traceback_frames,
 )
+from moe_hang.evidence.vocab import JobState
 
 
 def _int(v: Any) -> int | None:
@@ -263,7 +264,7 @@ class ProcessTable:
 
     ranks: dict[int, ProcessRecord] = field(default_factory=dict)
     world_size: int | None = None
-    job: str = "stalled"  # completed | failed | stalled | desync | running
+    job: JobState = JobState.STALLED
     job_exit_code: int | None = None
     agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
     agent_pid: int | None = None
@@ -304,7 +305,7 @@ class ProcessTable:
                    and _int(o.get("pid")) is not None]
         errs = data.get("probe_errors")
         return cls(ranks=ranks, world_size=_int(data.get("world_size")),
-                   job=str(data.get("job") or "stalled"),
+                   job=JobState.parse(data.get("job")),
                    job_exit_code=_int(data.get("job_exit_code")),
                    agent_exit_code=_int(data.get("agent_exit_code")),
                    agent_pid=_int(data.get("agent_pid")),
@@ -345,13 +346,28 @@ class SizeAbort:
 
 
 @dataclass
+class Unreached:
+    """Ranks of a job that spans nodes whose watcher never answered (not started, killed,
+    unreachable): nothing is known of them, so they are never blamed (docs/DESIGN.md §10).
+    ``local_world`` and ``hosts`` (node index -> host) say where they run."""
+
+    ranks: list[int]
+    local_world: int | None = None
+    hosts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Evidence:
     ranks: dict[int, RankEvidence]
     world_size: int | None = None
-    job: str = "stalled"  # completed | failed | stalled | running
+    job: JobState = JobState.STALLED
     job_exit_code: int | None = None
     agent_exit_code: int | None = None  # the launcher itself, when it died by a signal
     root_cause_rank: int | None = None  # torchrun's "first observed failure"
     log_lines: list[str] = field(default_factory=list)  # for display only
     artifacts: str = ""
     size_abort: SizeAbort | None = None  # from the whole job log (see gloo_size_abort)
+    unreached: Unreached | None = None  # ranks of other nodes no watcher answered for
+    # a stall the watcher lived with (uncertain) and reported again once --hang-after passed:
+    # its own words ("no progress on any rank for 300 s (--hang-after)")
+    held: str | None = None

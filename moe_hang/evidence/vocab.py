@@ -35,3 +35,21 @@ class RankState(StrEnum):
             return cls(str(v))
         except ValueError:
             return cls.UNKNOWN
+
+
+class JobState(StrEnum):
+    """What the job was doing when its evidence was captured (``processes.json`` ``job``)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"  # the launcher exited 0
+    FAILED = "failed"  # a rank or the launcher failed
+    STALLED = "stalled"  # nothing moved for --stall s while a rank waited
+    DESYNC = "desync"  # ranks pending at one seq with a different op, size or dtype
+    TIMED_OUT = "timed_out"  # torch's own watchdog dumps (post-mortem)
+
+    @classmethod
+    def parse(cls, v: object, default: JobState | None = None) -> JobState:
+        try:
+            return cls(str(v))
+        except ValueError:
+            return default or cls.STALLED

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from moe_hang.evidence.model import Heartbeat
 from moe_hang.evidence.stacks import collective_of
+from moe_hang.evidence.vocab import JobState, StrEnum
 from moe_hang.probe.layout import RankFiles
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.procs import is_alive, main_thread_cpu
@@ -54,9 +55,41 @@ class WatchSettings:
     hang_after_s: float = 0.0
 
 
+class EventKind(StrEnum):
+    """Why :meth:`Monitor.run` returned — and, from a capture request, what a capture was for
+    (a multi-node request's reason starts with it)."""
+
+    RUNNING = "running"  # nothing happened yet
+    COMPLETED = "completed"  # the launcher exited 0
+    FAILED = "failed"  # it exited non-zero, or a rank died and it did not end the job
+    STALLED = "stalled"  # nothing moved for --stall s while a rank waits in a collective
+    DESYNC = "desync"  # heartbeats show ranks pending at one seq, mismatched
+    STARTUP_TIMEOUT = "startup_timeout"
+    REQUESTED = "requested"  # a capture was asked for (SIGUSR1, another node's request)
+    RESUMED = "resumed"  # a rank moved after a stall the command lived with
+    FINAL = "final"  # that held stall, reported again once --hang-after passed
+    DIAGNOSE = "diagnose"  # `moe-hang diagnose` on another node asked for a capture
+
+    @property
+    def job(self) -> JobState:
+        """What such an event makes of the job, for its evidence."""
+        return _JOB_OF.get(self, JobState.RUNNING)
+
+
+_JOB_OF = {EventKind.COMPLETED: JobState.COMPLETED, EventKind.FAILED: JobState.FAILED,
+           EventKind.STARTUP_TIMEOUT: JobState.FAILED, EventKind.STALLED: JobState.STALLED,
+           EventKind.FINAL: JobState.STALLED, EventKind.DESYNC: JobState.DESYNC}
+# frozen by construction when captured: nothing moved for --stall s, or it cannot move
+FROZEN = (EventKind.STALLED, EventKind.DESYNC, EventKind.FINAL)
+# a capture on demand: nothing is ended after it
+ON_DEMAND = (EventKind.REQUESTED, EventKind.DIAGNOSE)
+
+
 @dataclass
-class Outcome:
-    kind: str  # completed | failed | stalled | desync | startup_timeout | requested | resumed
+class WatchEvent:
+    """What :meth:`Monitor.run` saw when it returned (it keeps filling the same object)."""
+
+    kind: EventKind
     returncode: int | None = None
     reason: str = ""
     rank_pids: dict[int, int] = field(default_factory=dict)
@@ -138,7 +171,7 @@ class Monitor:
         self.say = on_phase or (lambda _s: None)
         self.notice = on_notice or self.say
         self.quick_check = quick_check
-        self.out = Outcome(kind="running", t_start=time.time())
+        self.out = WatchEvent(kind=EventKind.RUNNING, t_start=time.time())
         self.ranks: dict[int, _Rank] = {}
         self.failed_at: float | None = None
         self.abnormal: list[int] = []
@@ -151,13 +184,13 @@ class Monitor:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, stop: Callable[[], bool] = lambda: False) -> Outcome:
+    def run(self, stop: Callable[[], bool] = lambda: False) -> WatchEvent:
         """Block (bounded by the job's own end, an event, or the startup timeout); ``stop``
         (checked every poll) ends it with kind ``requested``."""
         while True:
             kind = self._poll()
             if kind is None and stop():
-                kind = "requested"
+                kind = EventKind.REQUESTED
             if kind is not None:
                 self.out.kind = kind
                 self.out.t_detect = time.time()
@@ -180,7 +213,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ one poll
 
-    def _poll(self) -> str | None:
+    def _poll(self) -> EventKind | None:
         now = time.monotonic()
         out, job = self.out, self.job
         if now - self.last_refresh >= self.s.refresh_s:
@@ -197,7 +230,7 @@ class Monitor:
             out.returncode = rc
             out.reason = f"torchrun exited with code {rc}"
             self._note_dead()
-            return "completed" if rc == 0 else "failed"
+            return EventKind.COMPLETED if rc == 0 else EventKind.FAILED
         world = self.s.world or _local_world_from(hbs)
         if world and len(hbs) >= world and out.t_up is None:
             out.t_up = time.time()
@@ -206,7 +239,7 @@ class Monitor:
             if now - self.t0 > self.s.startup_timeout_s:
                 out.reason = (f"only {len(hbs)} of {world or '?'} ranks started within "
                               f"{self.s.startup_timeout_s:.0f} s")
-                return "startup_timeout"
+                return EventKind.STARTUP_TIMEOUT
             self._describe(hbs, world)
             return None
         # a rank died while the agent is still up: torchrun is tearing the job down. A rank
@@ -221,18 +254,18 @@ class Monitor:
             if now - self.failed_at > self.s.teardown_wait_s:
                 out.reason = (f"rank {min(self.abnormal)} exited and torchrun did not end "
                               "the job")
-                return "failed"
+                return EventKind.FAILED
             return None
         moved = self._movement(hbs, now)
         if self.held_since is not None:
             if moved:
                 out.stalled_for = now - self.held_since
                 self.held_since = None
-                return "resumed"
+                return EventKind.RESUMED
             if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
                 out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
                               "(--hang-after)")
-                return "stalled"
+                return EventKind.STALLED
             return None
         pending = any(hb.has_pending() for hb in hbs.values())
         all_pending = len(hbs) >= (world or 0) and all(hb.pending for hb in hbs.values())
@@ -240,7 +273,7 @@ class Monitor:
                 and self.quick_check is not None and self.quick_check(hbs)):
             self.desync_seen = True
             out.reason, out.onset_ns = "ranks wait in mismatched collectives", onset_ns(hbs)
-            return "desync"
+            return EventKind.DESYNC
         idle_for = now - self._idle_since()
         self._straggler_notice(hbs, now, idle_for)
         idle_limit = self.s.idle_stall_s or max(30.0, 3 * self.s.stall_s)
@@ -248,7 +281,7 @@ class Monitor:
             out.reason = (f"no progress on any rank for {idle_for:.1f} s"
                           + ("" if pending else " (and no collective pending)"))
             out.onset_ns = onset_ns(hbs)
-            return "stalled"
+            return EventKind.STALLED
         self._describe(hbs, world)
         return None
 
@@ -316,7 +349,7 @@ class Monitor:
 
 def watch(job: LaunchedJob, settings: WatchSettings, on_phase: Phase | None = None,
           quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
-          on_notice: Phase | None = None) -> Outcome:
+          on_notice: Phase | None = None) -> WatchEvent:
     """Block until the first event (see :class:`Monitor`)."""
     return Monitor(job, settings, on_phase, quick_check, on_notice).run()
 class ProgressSample:
@@ -374,7 +407,7 @@ def _local_world_from(hbs: dict[int, Heartbeat]) -> int | None:
     return None
 
 
-def _note_dead(out: Outcome) -> None:
+def _note_dead(out: WatchEvent) -> None:
     for r, pid in out.rank_pids.items():
         if r not in out.dead_ranks and not is_alive(pid):
             out.dead_ranks[r] = time.time()

@@ -26,7 +26,8 @@ from moe_hang.commands import multinode
 from moe_hang.commands.diagnose import pick_job
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence.load import load_capture
-from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.model import Evidence, Unreached
+from moe_hang.evidence.vocab import JobState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import CaptureRequest, NodeSummary
@@ -53,12 +54,12 @@ def _summaries(fixtures: Path) -> dict[str, NodeSummary]:
 
 
 def _global(summaries: dict[str, NodeSummary], unknown: list[int]) -> tuple[Any, Evidence]:
-    ev = Evidence(ranks={}, world_size=4, job="stalled")
+    ev = Evidence(ranks={}, world_size=4, job=JobState.STALLED)
     multinode.merge_remote(ev, summaries)
-    diag = diagnose(ev)
-    multinode.guard_unknown(diag, ev, unknown, local_world=2,
-                            hosts={n: s.host for n, s in summaries.items()} | {"1": "vm-1"})
-    return diag, ev
+    if unknown:
+        ev.unreached = Unreached(unknown, local_world=2,
+                                 hosts={n: s.host for n, s in summaries.items()} | {"1": "vm-1"})
+    return diagnose(ev), ev
 
 
 def test_summaries_of_both_nodes_name_the_rank_that_skipped(fixtures: Path) -> None:
@@ -122,9 +123,9 @@ def test_one_nodes_capture_and_the_others_summary(fixtures: Path, tmp_path: Path
     summary = NodeSummary.decode(summary.encode())  # as it travels
     assert summary is not None
     assert multinode.merge_remote(ev, {str(other): summary}) == [2 * other, 2 * other + 1]
+    if unknown := multinode.unreached_ranks(world, ev.ranks):
+        ev.unreached = Unreached(unknown, local_world=2)
     diag = diagnose(ev)
-    multinode.guard_unknown(diag, ev, multinode.local_ranks_unknown(world, ev.ranks),
-                            local_world=2, hosts={})
     assert diag.verdict == Verdict.DESYNC and diag.culprit_ranks == [3], diag.summary
     if world == 6:
         assert [r.state for r in diag.ranks if r.rank >= 4] == ["unknown", "unknown"]

@@ -11,16 +11,16 @@ same verdict and saves it; nobody ends anything before that (or before a bounded
 and the node hosting the store ends its job last.
 
 What is not known is not blamed: the ranks of a node whose watcher never answered are
-*unknown*, and a verdict that would blame known ranks for waiting on unknown ones becomes a
-sentence saying whom they wait for and where to look (:func:`guard_unknown`).
+*unknown* (``Evidence.unreached``), and the rule "waits on unknown ranks"
+(:mod:`moe_hang.analysis.unreached`) says whom the known ranks wait for and where to look.
 
 Nothing here runs unless the job is multi-node (its torchrun command line says so) or
 ``--shared-dir`` is given: a single-node ``watch`` never imports torch and behaves as before.
 
 One job a module: :mod:`.connect` (reaching the other watchers), :mod:`.summaries` (what a
-node publishes, and the others' summaries as evidence), :mod:`.unknown` (the guard),
-:mod:`.requests` (what a capture request was for),
-:mod:`.node` (this watcher's part), :mod:`.loop` (``watch``'s loop).
+node publishes, and the others' summaries as evidence), :mod:`.requests` (what a capture
+request was for), :mod:`.node` (this watcher's part), :mod:`.peers` (the other watchers, as
+the one watch policy, :mod:`moe_hang.commands.supervise`, sees them).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from moe_hang.commands.multinode.connect import (
     peers_for_diagnose,
     plan,
 )
-from moe_hang.commands.multinode.loop import supervise
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
     COORD_DIR,
@@ -43,8 +42,10 @@ from moe_hang.commands.multinode.node import (
     TEARDOWN_DIR,
     Node,
     RoundOutcome,
+    unreached_ranks,
 )
-from moe_hang.commands.multinode.requests import ON_DEMAND, request_kind
+from moe_hang.commands.multinode.peers import NodePeers
+from moe_hang.commands.multinode.requests import request_kind
 from moe_hang.commands.multinode.summaries import (
     HISTORY_PER_GROUP,
     MAX_USER_FRAMES,
@@ -52,12 +53,6 @@ from moe_hang.commands.multinode.summaries import (
     history_of,
     merge_remote,
     raw_heartbeats,
-)
-from moe_hang.commands.multinode.unknown import (
-    guard_local,
-    guard_unknown,
-    local_ranks_unknown,
-    rank_list,
 )
 
 __all__ = [
@@ -68,24 +63,20 @@ __all__ = [
     "MAX_USER_FRAMES",
     "MOVING_S",
     "OFFER_S",
-    "ON_DEMAND",
     "SNAPSHOT_DIR",
     "TEARDOWN_DIR",
     "Node",
+    "NodePeers",
     "Plan",
     "RoundOutcome",
     "capture_summary",
     "check_shared_dir",
-    "guard_local",
-    "guard_unknown",
     "history_of",
-    "local_ranks_unknown",
     "merge_remote",
     "open_channel",
     "peers_for_diagnose",
     "plan",
-    "rank_list",
     "raw_heartbeats",
     "request_kind",
-    "supervise",
+    "unreached_ranks",
 ]

@@ -9,19 +9,19 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moe_hang.analysis.diagnosis import Diagnosis, Verdict
+from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import RunInfo, WatchRun
 from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_channel
-from moe_hang.commands.multinode.requests import _JOB_OF, _reason_text, request_kind
+from moe_hang.commands.multinode.requests import reason_text, request_kind
 from moe_hang.commands.multinode.summaries import capture_summary, merge_remote, raw_heartbeats
-from moe_hang.commands.multinode.unknown import guard_unknown, local_ranks_unknown
 from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.model import Unreached
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, rundir
@@ -32,7 +32,7 @@ from moe_hang.runtime.coord import (
     GlobalVerdict,
     NodeSummary,
 )
-from moe_hang.runtime.monitor import Monitor, Outcome, world_of
+from moe_hang.runtime.monitor import FROZEN, EventKind, Monitor, WatchEvent, world_of
 from moe_hang.runtime.procs import is_alive
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinat
 @dataclass
 class RoundOutcome:
     diagnosis: Diagnosis  # the one every node prints
-    kind: str  # what the round was for (request_kind): decides whether the job is ended
+    kind: EventKind  # what the round was for (request_kind): decides whether the job is ended
     verdict: GlobalVerdict
 
 
@@ -223,9 +223,9 @@ class Node:
 
     # ------------------------------------------------------------------ a round
 
-    def _capture_summary(self, mon: Monitor, outcome: Outcome) -> NodeSummary:
+    def _capture_summary(self, mon: Monitor, outcome: WatchEvent) -> NodeSummary:
         alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-        if outcome.kind in ("stalled", "desync"):
+        if outcome.kind in FROZEN:
             moving = dict.fromkeys(alive, False)  # by construction nothing moved
         else:
             moving = {r: outcome.progressed[r] for r in outcome.progressed}
@@ -249,10 +249,11 @@ class Node:
             except OSError:
                 self._snapshot = 0
 
-    def _analyse(self, summaries: dict[str, NodeSummary], missing: list[str], kind: str,
+    def _analyse(self, summaries: dict[str, NodeSummary], missing: list[str], kind: EventKind,
                  req: CaptureRequest | None) -> dict[str, Any]:
-        """On the node that analyses: its own capture plus every other node's summary."""
-        ev = load_capture(self.layout.root, world=self.world, job=_JOB_OF.get(kind, "running"))
+        """On the node that analyses: its own capture plus every other node's summary; the
+        ranks of nodes that did not answer are unreached (never blamed)."""
+        ev = load_capture(self.layout.root, world=self.world, job=kind.job)
         merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node})
         co = self.co
         hosts = {n: s.host for n, s in summaries.items()}
@@ -265,20 +266,19 @@ class Node:
             merge_remote(ev, done)
         if self.world:
             ev.world_size = self.world
+        unknown = unreached_ranks(self.world, ev.ranks)
+        if unknown:
+            ev.unreached = Unreached(unknown, local_world=self.local_world, hosts=hosts)
+        if kind == EventKind.FINAL:
+            ev.held = reason_text(req)
         diag = diagnose(ev)
         (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
         rundir.write_json(self.layout.root / COORD_DIR / "analysis.json", diag.to_dict())
-        guard_unknown(diag, ev, local_ranks_unknown(self.world, ev.ranks),
-                      local_world=self.local_world, hosts=hosts)
-        if kind == "final":
-            text = _reason_text(req)
-            diag.verdict = Verdict.HANG
-            diag.summary = (text[:1].upper() + text[1:] + ". " if text else "") + diag.summary
         d = diag.to_dict()
         d["artifacts"] = ""  # every node's own run directory
         return d
 
-    def run_round(self, mon: Monitor, outcome: Outcome, kind: str,
+    def run_round(self, mon: Monitor, outcome: WatchEvent, kind: EventKind,
                   capture_local: Callable[[], Diagnosis]) -> RoundOutcome:
         """Capture here, the same on every node, one verdict; returns once this node may end
         its job (the store's host after every other node has the verdict)."""
@@ -306,7 +306,7 @@ class Node:
             gv = GlobalVerdict(request="local", by_node=self.node, time=time.time(), verdict_data=d,
                                captured=[self.node], missing=others,
                                hosts={self.node: self.host},
-                               unknown_ranks=local_ranks_unknown(self.world, self.local_ranks),
+                               unknown_ranks=unreached_ranks(self.world, self.local_ranks),
                                local_only=True, note=f"{why}: local ranks only",
                                _summaries={self.node: mine})
             self.notice(f"no other node reachable ({why}): a verdict from this node's ranks "
@@ -315,7 +315,7 @@ class Node:
             rk = request_kind(req)
             if req.by_node != self.node:
                 self.notice(f"capture requested by node {req.by_node} ({req.host}): "
-                            f"{_reason_text(req)[:120]}")
+                            f"{reason_text(req)[:120]}")
             res = co.run_round(req, capture,
                                lambda s, m: self._analyse(s, m, rk, req),
                                self.expected(), world=self.world)
@@ -363,3 +363,8 @@ class Node:
             self.notice(f"could not keep the capture apart from the teardown ({exc})")
         finally:
             shutil.rmtree(snap, ignore_errors=True)
+
+
+def unreached_ranks(world: int | None, known: Iterable[int]) -> list[int]:
+    """The ranks of the world nothing is known of."""
+    return sorted(set(range(world)) - set(known)) if world else []

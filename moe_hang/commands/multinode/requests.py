@@ -1,22 +1,23 @@
-"""What a capture request was made for (its kind), and what that makes of the job."""
+"""What a capture request was made for: its reason starts with the event's kind
+(``"stalled: no progress on any rank for 10.2 s"``)."""
 
 from __future__ import annotations
 
 from moe_hang.runtime.coord import CaptureRequest
-
-# what the request's kind makes of the job: the analysis' job kind
-_JOB_OF = {"stalled": "stalled", "final": "stalled", "desync": "desync", "failed": "failed"}
-# request kinds after which nothing is ended (a capture on demand)
-ON_DEMAND = ("requested", "diagnose")
+from moe_hang.runtime.monitor import EventKind
 
 
-def request_kind(req: CaptureRequest | None) -> str:
-    """What the request was made for ("stalled: no progress ..." -> "stalled")."""
+def request_kind(req: CaptureRequest | None) -> EventKind:
+    """What the request was made for ("stalled: no progress ..." -> STALLED)."""
     if req is None:
-        return "requested"
+        return EventKind.REQUESTED
     kind, sep, _ = req.reason.partition(":")
-    return kind if sep and kind in (*_JOB_OF, *ON_DEMAND) else "requested"
+    try:
+        return EventKind(kind) if sep else EventKind.REQUESTED
+    except ValueError:
+        return EventKind.REQUESTED
 
 
-def _reason_text(req: CaptureRequest | None) -> str:
+def reason_text(req: CaptureRequest | None) -> str:
+    """The request's reason without its kind ("no progress on any rank for 10.2 s")."""
     return req.reason.partition(":")[2].strip() if req is not None else ""

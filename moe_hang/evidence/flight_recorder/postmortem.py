@@ -24,6 +24,7 @@ from moe_hang.evidence.flight_recorder.load_sets import (
     load_sets,
 )
 from moe_hang.evidence.model import Evidence, RankEvidence
+from moe_hang.evidence.vocab import JobState
 
 # finding is find's job and loading load_sets's; this module turns what was loaded into
 # evidence, and is where the rest of the package imports all three from
@@ -99,7 +100,7 @@ def evidence(sets: list[LoadedSet], *, world: int | None = None,
     for r in range(w):
         if r not in ranks:
             ranks[r] = RankEvidence(rank=r, alive=None, notes=[NO_DUMP_NOTE])
-    return Evidence(ranks=dict(sorted(ranks.items())), world_size=w or None, job="timed_out",
+    return Evidence(ranks=dict(sorted(ranks.items())), world_size=w or None, job=JobState.TIMED_OUT,
                     log_lines=lines, artifacts=", ".join(ls.dumps.label for ls in sets))
 
 

@@ -1,0 +1,114 @@
+"""What is not known is not blamed (docs/DESIGN.md §10): a job that spans nodes, some of
+whose watchers never answered. Their ranks are *unreached*: never a culprit. A verdict about
+the known ranks stands when it rests on them alone — a group whose members are all known
+disagrees, a known rank raised, died or left, a known rank still moves, or one waits on known
+ranks only; otherwise the known ranks only wait, and for whom is the verdict (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.conclusion import Conclusion
+from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Verdict, pg_label
+from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.ranktext import spans, who
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
+from moe_hang.evidence.model import Unreached
+from moe_hang.evidence.vocab import RankState
+
+
+def _members(f: Facts, pg: str) -> set[int]:
+    """A group's members as far as known: the probes' group lists, the recorders', every rank
+    that posted in it; the default group has every rank of the world."""
+    out: set[int] = set()
+    for r, v in f.views.items():
+        out.update((v.ev.groups or {}).get(pg, []))
+        if v.ev.fr is not None:
+            out.update(v.ev.fr.pg_ranks.get(pg, []))
+        if pg in v.tl.by_pg:
+            out.add(r)
+    if pg == DEFAULT_PG and f.ev.world_size:
+        out.update(range(f.ev.world_size))
+    return out
+
+
+def waits_on_unreached(f: Facts) -> dict[tuple[str, str, int | None], list[int]]:
+    """``(op, pg, seq) -> the known ranks waiting in it`` when every known rank that waits in
+    a collective waits on a group with unreached members and nothing about the known ranks
+    alone decides; empty when a verdict about the known ranks stands."""
+    un = f.ev.unreached
+    if un is None or not un.ranks or f.moving:
+        return {}
+    known = set(f.views)
+    if any(g.div.members and set(g.div.members) <= known for g in f.divs):
+        return {}  # a fully observed group disagrees: a fact, whatever the rest does
+    waits: dict[tuple[str, str, int | None], list[int]] = {}
+    for r in f.waiting:
+        c = f.views[r].current
+        if f.views[r].state != RankState.IN_COLLECTIVE or c is None:
+            continue
+        group = _members(f, c.pg)
+        if group and group <= known:
+            return {}  # it waits for known ranks only: the verdict is about known ranks
+        waits.setdefault((c.op, c.pg, c.seq), []).append(r)
+    return waits
+
+
+def _where(ranks: Sequence[int], un: Unreached, most: int = 4) -> str:
+    """"on node vm-1" (the host when known, else the node's number); many: the first few."""
+    if not un.local_world:
+        return "on other nodes"
+    nodes = sorted({r // un.local_world for r in ranks})
+    word = "on node " if len(nodes) == 1 else "on nodes "
+    if not any(str(n) in un.hosts for n in nodes):
+        return word + spans(nodes)
+    names = [un.hosts.get(str(n)) or str(n) for n in nodes]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return word + ", ".join(names[:most]) + more
+
+
+def waiting_on_unreached(f: Facts) -> Conclusion:
+    un = f.ev.unreached
+    assert un is not None
+    label: dict[tuple[str, str, int | None], Collective] = {}
+    for r in f.waiting:
+        c = f.views[r].current
+        if c is not None:
+            label.setdefault((c.op, c.pg, c.seq), c)
+    parts = []
+    for key, rs in sorted(waits_on_unreached(f).items(), key=lambda kv: kv[1]):
+        c = label[key]
+        seq = f"#{c.seq}" if c.seq is not None else ""
+        them = sorted(_members(f, c.pg) & set(un.ranks)) or sorted(un.ranks)
+        parts.append(f"{who(rs)} {'waits' if len(rs) == 1 else 'wait'} in "
+                     f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq} for {who(them)} "
+                     f"{_where(them, un)}")
+    text = "; ".join(parts) + ": run moe-hang there, or `moe-hang analyze` both captures"
+    where = _where(sorted(un.ranks), un)
+    return Conclusion(
+        Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, text[:1].upper() + text[1:],
+        Advice(f"Nothing here is to blame: the ranks wait for others whose watcher did not "
+               f"answer. Run `moe-hang diagnose` {where} (or `moe-hang watch` there), then "
+               "`moe-hang analyze` the captures together."))
+
+
+def unreached_reports(un: Unreached | None, have: set[int]) -> list[RankReport]:
+    """One report per unreached rank (state unknown, where it runs)."""
+    if un is None:
+        return []
+    out = []
+    for r in sorted(set(un.ranks) - have):
+        node = str(r // un.local_world) if un.local_world else "?"
+        out.append(RankReport(rank=r, host=un.hosts.get(node), state=RankState.UNKNOWN,
+                              note=f"node {node}: no watcher answered"))
+    return out
+
+
+def unreached_line(un: Unreached | None) -> list[str]:
+    """The evidence line that says which ranks are unknown and why."""
+    if un is None or not un.ranks:
+        return []
+    where = (_where(un.ranks, un).replace("on ", "of ", 1) if un.local_world
+             else "of their nodes")
+    return [f"{who(un.ranks)} unknown: no answer from the watcher {where}"]

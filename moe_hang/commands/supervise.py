@@ -1,0 +1,244 @@
+"""What ``watch`` does about what its monitor sees — one policy, for a job on one node and for
+one that spans nodes (docs/DESIGN.md §9, §10).
+
+Certainty decides: a definite (or likely) verdict ends the job (``--keep-running`` keeps it);
+an uncertain one (a rank outside any collective, which may just be slow) is written down, said
+in one line, and watched on until a rank moves ("resumed") or ``--hang-after`` passes, when
+the same capture is made again as final. A capture on request (SIGUSR1) ends nothing.
+
+What differs across nodes is behind :class:`Peers`: :class:`AloneOnNode` for a job on one
+node; ``commands.multinode.NodePeers`` for one that spans nodes, where every decision is taken
+on the one global verdict so that every node acts alike, and a stall while ranks of another
+node still move is a straggler there, not a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from moe_hang.analysis.diagnosis import Certainty, Diagnosis, pg_label
+from moe_hang.analysis.ranktext import who
+from moe_hang.analysis.runs import Timings, WatchRun
+from moe_hang.commands.session import Phase, capture_frozen, diagnose_capture
+from moe_hang.evidence.model import Unreached
+from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import rundir
+from moe_hang.runtime.monitor import (
+    FROZEN,
+    ON_DEMAND,
+    EventKind,
+    Monitor,
+    WatchEvent,
+    world_of,
+)
+from moe_hang.runtime.procs import is_alive
+
+
+@dataclass
+class WatchOptions:
+    stall_s: float = 10.0
+    hang_after_s: float = 300.0  # an uncertain stall becomes a hang after this long; 0: never
+    keep_running: bool = False  # after a definite verdict, leave the job running
+    native: bool = False
+    shared_dir: str | None = None  # multi-node: coordinate through this directory
+
+
+# capture this node's ranks now and diagnose them; the kind says what the capture is for
+Capture = Callable[[WatchEvent, EventKind], Diagnosis]
+
+
+class Peers(Protocol):
+    """The other watchers of the job, as far as the policy needs them."""
+
+    def tick(self, mon: Monitor) -> bool:
+        """Every poll: True when another watcher asked for a capture."""
+
+    def requested(self) -> bool:
+        """A capture request from another watcher is waiting."""
+
+    def moving_elsewhere(self) -> dict[str, list[int]]:
+        """Host -> its ranks that still move (a straggler there, not a hang here)."""
+
+    def recheck_s(self) -> float:
+        """How long until a straggler elsewhere is looked at again."""
+
+    def alone(self) -> bool:
+        """No other watcher to tell: a job that ended by itself is diagnosed afterwards."""
+
+    def round(self, mon: Monitor, event: WatchEvent, kind: EventKind,
+              capture: Callable[[], Diagnosis]) -> tuple[Diagnosis, EventKind]:
+        """The verdict to act on (every node's one), and what its capture was for."""
+
+    def next_round(self) -> None: ...
+
+    def completed(self, event: WatchEvent) -> None:
+        """The job finished here: say so to the others."""
+
+
+class AloneOnNode:
+    """A job on one node: nobody else to wait for, ask or tell."""
+
+    def tick(self, mon: Monitor) -> bool:
+        return False
+
+    def requested(self) -> bool:
+        return False
+
+    def moving_elsewhere(self) -> dict[str, list[int]]:
+        return {}
+
+    def recheck_s(self) -> float:
+        return 0.0
+
+    def alone(self) -> bool:
+        return True
+
+    def round(self, mon: Monitor, event: WatchEvent, kind: EventKind,
+              capture: Callable[[], Diagnosis]) -> tuple[Diagnosis, EventKind]:
+        return capture(), kind
+
+    def next_round(self) -> None:
+        pass
+
+    def completed(self, event: WatchEvent) -> None:
+        pass
+
+
+def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
+              notice: Callable[[str], None], opts: WatchOptions,
+              asked: threading.Event) -> tuple[WatchEvent, Diagnosis | None]:
+    """Watch until the job ends or a verdict ends it; returns the last event and the
+    diagnosis made while the ranks were still frozen (None: diagnose after the end)."""
+    kept: Diagnosis | None = None  # --keep-running: the verdict the job outlives
+    recheck_at: float | None = None  # a straggler elsewhere: when to look at it again
+
+    def stop() -> bool:
+        if asked.is_set() or peers.tick(mon):
+            return True
+        return recheck_at is not None and time.monotonic() >= recheck_at
+
+    while True:
+        event = mon.run(stop=stop)
+        kind = event.kind
+        if kind == EventKind.RESUMED:
+            recheck_at = None
+            notice(f"resumed after {event.stalled_for:.1f} s")
+            continue
+        if kind == EventKind.COMPLETED and not peers.alone():
+            peers.completed(event)
+            return event, kept
+        held = mon.held_since is not None
+        if kind == EventKind.REQUESTED and not asked.is_set() and not peers.requested() \
+                and recheck_at is not None:
+            # the straggler elsewhere watched on: still moving there? (a node whose watcher
+            # died stops publishing, and its last summary goes stale: not moving)
+            kind = event.kind = EventKind.STALLED
+            event.reason = f"no progress on any rank for {mon.held_for():.1f} s"
+        elif kind == EventKind.REQUESTED:
+            asked.clear()
+        elif kind == EventKind.STALLED and held:
+            kind = EventKind.FINAL  # --hang-after passed on a stall lived with
+        recheck_at = None
+        if kind == EventKind.STALLED and not peers.requested():
+            elsewhere = peers.moving_elsewhere()
+            if elsewhere:
+                where = "; ".join(f"{who(rs)} on node {h}" for h, rs in elsewhere.items())
+                if not held:
+                    notice(f"{who(sorted(event.heartbeats))} wait while {where} still move: "
+                           "a straggler there, not a hang (still watching)")
+                mon.hold()
+                recheck_at = time.monotonic() + peers.recheck_s()
+                continue
+        alive = {r: is_alive(pid) for r, pid in event.rank_pids.items()}
+        if kind not in (*FROZEN, *ON_DEMAND) and not any(alive.values()) and peers.alone():
+            return event, kept  # the job ended by itself: diagnose what it left
+        if kept is not None and kind not in ON_DEMAND:
+            return event, kept  # what follows a kept verdict (a timeout, a teardown) is its echo
+        diag, rk = peers.round(mon, event, kind, functools.partial(capture, event, kind))
+        if rk in ON_DEMAND:
+            notice(f"on request: {diag.verdict}: {diag.summary[:160]} ({layout.diagnosis})")
+            rundir.write_json(layout.diagnosis, diag.to_dict())
+            peers.next_round()
+            continue
+        if rk == EventKind.STALLED and diag.certainty == Certainty.UNCERTAIN:
+            notice(f"{diag.summary} (not ended: still watching)"
+                   if diag.rule == "waits on unknown ranks" else waiting_line(diag, opts.stall_s))
+            mon.hold()
+            peers.next_round()
+            continue
+        if opts.keep_running and rk in FROZEN:
+            notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
+                   "(--keep-running)")
+            kept = diag
+            mon.s.hang_after_s = 0.0
+            mon.hold()
+            peers.next_round()
+            continue
+        return event, diag
+
+
+def capture_and_diagnose(event: WatchEvent, kind: EventKind, layout: RunLayout,
+                         cmd: list[str], say: Phase, opts: WatchOptions) -> Diagnosis:
+    """Capture this node's ranks while they are frozen, and diagnose them. A rank of this node
+    is never blamed for waiting on another node's: those are unreached here."""
+    alive = {r: is_alive(pid) for r, pid in event.rank_pids.items()}
+    capture_frozen(event, layout, say, native=opts.native)
+    say("analysing")
+    return diagnose_watched(layout, event, alive, cmd, kind)
+
+
+def diagnose_watched(layout: RunLayout, event: WatchEvent, alive: dict[int, bool],
+                     cmd: list[str], kind: EventKind | None = None) -> Diagnosis:
+    """The diagnosis of what watch captured (``kind`` FINAL: a held stall, now a hang)."""
+    timings = Timings()
+    world = world_of(event.heartbeats)
+    diag = diagnose_capture(layout, event, alive, world=world, ranks=sorted(event.heartbeats),
+                            run=WatchRun(command=cmd, job_exit_code=event.returncode,
+                                         detected=event.kind, timings=timings),
+                            held=event.reason if kind == EventKind.FINAL else None,
+                            unreached=other_nodes(event))
+    if event.onset_ns:  # on disk with the final save
+        timings.onset_to_verdict_s = round(time.time() - event.onset_ns / 1e9, 3)
+        if event.t_detect:
+            timings.onset_to_detect_s = round(event.t_detect - event.onset_ns / 1e9, 3)
+    return diag
+
+
+def other_nodes(event: WatchEvent) -> Unreached | None:
+    """The ranks of a job that spans nodes that this node does not run (its ranks say
+    WORLD_SIZE is more than they are); None on one node."""
+    world = world_of(event.heartbeats)
+    if not world or world <= len(event.heartbeats):
+        return None
+    lw = next((hb.local_world for hb in event.heartbeats.values() if hb.local_world), None)
+    return Unreached(sorted(set(range(world)) - set(event.heartbeats)),
+                     local_world=lw or len(event.heartbeats))
+
+
+def _here(f: Frame) -> str:
+    """``file:line function``, the file relative to the working directory when under it."""
+    rel = os.path.relpath(f.file) if os.path.isabs(f.file) else f.file
+    return f"{rel if not rel.startswith('..') else short_path(f.file)}:{f.line} {f.function}"
+
+
+def waiting_line(diag: Diagnosis, stall_s: float) -> str:
+    """"waiting 10 s on rank 1 at sleepy.py:8 next_batch; rank 0 in all_reduce default_pg#3"."""
+    parts = []
+    for r in diag.culprit_ranks:
+        rep = diag.rank(r)
+        parts.append(f"rank {r}" + (f" at {_here(rep.callsite)}" if rep and rep.callsite
+                                    else ""))
+    for rep in diag.ranks:
+        if rep.rank not in diag.culprit_ranks and rep.collective is not None:
+            c = rep.collective
+            seq = f" {pg_label(c.pg, c.pg_desc, word='pg')}#{c.seq}" if c.seq is not None else ""
+            parts.append(f"rank {rep.rank} in {c.op}{seq}")
+    head = f"waiting {stall_s:.0f} s on " + (parts[0] if parts else "the job")
+    return "; ".join([head, *parts[1:]]) + " (not ended: it may only be slow; still watching)"
