@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
 from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.timeline import RankView, rank_view
+from moe_hang.analysis.timeline import RankView, RankViews, rank_view
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
 from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
 from moe_hang.evidence.vocab import RankState
 
 
-def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int]]:
+def members(views: RankViews, world: int | None) -> dict[str, list[int]]:
     """Each group's member ranks, from the probe's group list, the recorder's pg_config and
     who posted in it; the default group has every rank."""
     out: dict[str, set[int]] = {}
@@ -33,10 +33,10 @@ def members(views: dict[int, RankView], world: int | None) -> dict[str, list[int
         for pg, ranks in (v.ev.groups or {}).items():
             out.setdefault(pg, set()).update(ranks)
         if v.ev.fr is not None:
-            for pg, ranks in v.ev.fr.pg_ranks.items():
-                if pg in v.tl.by_pg and (pg, id(ranks)) not in seen:
-                    seen.add((pg, id(ranks)))
-                    out.setdefault(pg, set()).update(ranks)
+            for pg, members in v.ev.fr.pg_ranks.items():
+                if pg in v.tl.by_pg and (pg, id(members)) not in seen:
+                    seen.add((pg, id(members)))
+                    out.setdefault(pg, set()).update(members)
         for pg in v.tl.by_pg:
             out.setdefault(pg, set()).add(r)
     all_ranks = set(range(world)) if world else set(views)
@@ -96,7 +96,7 @@ def _identity(c: Collective, pending: bool, v: RankView) -> object | None:
     return ("stack", user) if user else None
 
 
-def _sig(pg: str, seq: int, r: int, views: dict[int, RankView]) -> object | None:
+def _sig(pg: str, seq: int, r: int, views: RankViews) -> object | None:
     c = views[r].tl.by_pg.get(pg, {}).get(seq)
     if c is None:
         return None
@@ -105,7 +105,7 @@ def _sig(pg: str, seq: int, r: int, views: dict[int, RankView]) -> object | None
 
 
 def _shift(seq: int, ids: dict[int, object], pg: str,
-           views: dict[int, RankView]) -> Shift | None:
+           views: RankViews) -> Shift | None:
     """Two camps whose posting stacks differ at ``seq``: is one of them ahead by k, the same
     collectives one position later on the other, at every seq from here on?"""
     camps: dict[object, list[int]] = {}
@@ -141,7 +141,7 @@ def _shift(seq: int, ids: dict[int, object], pg: str,
 
 
 def _identities_differ(seq: int, have: dict[int, Collective], pg: str,
-                       views: dict[int, RankView]) -> tuple[dict[int, object], Shift | None]:
+                       views: RankViews) -> tuple[dict[int, object], Shift | None]:
     """Same op and sizes, but not the same collective. At a seq that is still pending this is
     where the ranks are stuck; at one that completed (the pair went through, silently) it only
     counts if one side is shifted against the other from there on — two code paths may post
@@ -157,7 +157,7 @@ def _identities_differ(seq: int, have: dict[int, Collective], pg: str,
     return {}, None
 
 
-def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
+def _first_in_group(pg: str, ranks: list[int], views: RankViews
                     ) -> GroupDivergence | None:
     with_data = [r for r in ranks if r in views and views[r].tl.has_data]
     if len(with_data) < 2 and not any(views[r].tl.by_pg.get(pg) for r in with_data):
@@ -206,7 +206,7 @@ def _first_in_group(pg: str, ranks: list[int], views: dict[int, RankView]
     return None
 
 
-def divergences(views: dict[int, RankView], world: int | None) -> list[GroupDivergence]:
+def divergences(views: RankViews, world: int | None) -> list[GroupDivergence]:
     """Every group's first divergence, earliest first."""
     found = [g for pg, ranks in members(views, world).items()
              if (g := _first_in_group(pg, ranks, views)) is not None]
@@ -223,9 +223,9 @@ def site_of(c: Collective, v: RankView) -> tuple[str, int] | None:
 def quick_divergence(heartbeats: dict[int, Heartbeat], world: int | None) -> Divergence | None:
     """From heartbeats alone: ranks pending at the same seq with a different op, size or
     dtype can never complete, so there is no need to wait for a stall timeout."""
-    views = {r: rank_view(RankEvidence(rank=r, pid=hb.pid, heartbeat=hb, alive=True,
-                                       progressed=False))
-             for r, hb in heartbeats.items()}
+    views = RankViews((r, rank_view(RankEvidence(rank=r, pid=hb.pid, heartbeat=hb, alive=True,
+                                                  progressed=False)))
+                      for r, hb in heartbeats.items())
     for g in divergences(views, world):
         if g.div.kind != MismatchKind.MISSING:
             return g.div

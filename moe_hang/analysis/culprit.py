@@ -15,14 +15,13 @@ from moe_hang.analysis.order import (
     Inversion,
     breaks_history,
     further_along,
-    group_kind,
     inversion,
     program_order,
     site_key,
     user_frames,
     who_skipped,
 )
-from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.timeline import RankViews, group_kind
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort
@@ -55,7 +54,7 @@ def _sides(items: dict[int, object]) -> list[list[int]]:
 
 
 def _two_sides(sides: list[list[int]], have: dict[int, Collective],
-               views: dict[int, RankView]) -> Blame | None:
+               views: RankViews) -> Blame | None:
     """Two equal camps: the one that went past the other's collective skipped it."""
     if len(sides) != 2:
         return None
@@ -66,7 +65,7 @@ def _two_sides(sides: list[list[int]], have: dict[int, Collective],
     return Blame(ra if ahead.side == "a" else rb, ahead.basis, ahead.confirmed)
 
 
-def _tag_ahead(g: GroupDivergence, views: dict[int, RankView]) -> list[int] | None:
+def _tag_ahead(g: GroupDivergence, views: RankViews) -> list[int] | None:
     """Probe tags (layer1.expert2): the rank whose collective here is the one the others post
     *next* is ahead by one: it skipped the one in between."""
     pg, seq = g.div.pg, g.div.seq or 0
@@ -78,7 +77,7 @@ def _tag_ahead(g: GroupDivergence, views: dict[int, RankView]) -> list[int] | No
     return sorted(ahead) or None
 
 
-def blame(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
+def blame(g: GroupDivergence, views: RankViews) -> Blame:
     """The culprits of one group's divergence."""
     if g.div.kind == MismatchKind.MISSING and g.absent:
         return _blame_absent(g, views)
@@ -115,7 +114,7 @@ def _signature(c: Collective) -> tuple[object, ...]:
     return (c.op, tuple(tuple(s) for s in c.input_sizes), tuple(c.dtypes))
 
 
-def _keeps_constant(c: Collective, views: dict[int, RankView]) -> bool | None:
+def _keeps_constant(c: Collective, views: RankViews) -> bool | None:
     """Every earlier (completed) collective of this op on a group like this one, from this
     call site where the recorder has one, had one signature (op, sizes, dtypes): does ``c``
     have it? None: no history, or it varies (ragged sizes: history cannot tell)."""
@@ -130,7 +129,7 @@ def _keeps_constant(c: Collective, views: dict[int, RankView]) -> bool | None:
 
 
 def _breaks_constant(sides: list[list[int]], have: dict[int, Collective],
-                     views: dict[int, RankView]) -> list[int] | None:
+                     views: RankViews) -> list[int] | None:
     """Two camps, no majority: the one whose collective differs from what this collective
     always was in earlier steps, while the other's is just that."""
     if len(sides) != 2:
@@ -143,7 +142,7 @@ def _breaks_constant(sides: list[list[int]], have: dict[int, Collective],
     return None
 
 
-def _blame_absent(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
+def _blame_absent(g: GroupDivergence, views: RankViews) -> Blame:
     """Members that never posted it: those further along skipped it (culprits); those behind
     are held up earlier (this divergence is then a consequence)."""
     waiter = next((r for r, c in g.have.items() if c.completed is not True), next(iter(g.have)))
@@ -159,7 +158,7 @@ def _blame_absent(g: GroupDivergence, views: dict[int, RankView]) -> Blame:
     return Blame(sorted(g.absent), CulpritBasis.AMBIGUOUS)
 
 
-def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
+def blame_cycle(cycle: list[Edge], views: RankViews) -> Blame:
     """On a wait-for cycle, a rank that went past what its waiter waits in skipped it; when
     no edge tells, every rank on the cycle is named."""
     ahead: list[int] = []
@@ -190,7 +189,7 @@ def blame_cycle(cycle: list[Edge], views: dict[int, RankView]) -> Blame:
     return Blame(ranks, CulpritBasis.CYCLE)
 
 
-def cycle_inversion(cycle: list[Edge], views: dict[int, RankView]) -> Inversion | None:
+def cycle_inversion(cycle: list[Edge], views: RankViews) -> Inversion | None:
     """A cycle through two collectives of different groups that its ranks posted in opposite
     orders (every one posted both: NCCL enqueues without waiting)."""
     colls = {(e.coll.pg, e.coll.seq): e.coll for e in cycle if e.coll is not None}
@@ -200,12 +199,12 @@ def cycle_inversion(cycle: list[Edge], views: dict[int, RankView]) -> Inversion 
     return inversion(x, y, views) if x.pg != y.pg else None
 
 
-def _stand_in(rank: int, views: dict[int, RankView]) -> Collective:
+def _stand_in(rank: int, views: RankViews) -> Collective:
     """A placeholder for where a rank waits in a point-to-point call (its position)."""
     return Collective(pg="p2p", seq=-1, op=views[rank].stack.op or "p2p", frames=[])
 
 
-def _posted_from(r: int, div: Divergence, views: dict[int, RankView]) -> list[Frame]:
+def _posted_from(r: int, div: Divergence, views: RankViews) -> list[Frame]:
     """The user frames that posted rank r's collective at the divergence (the recorder's),
     else where the rank is (a rank that aborted inside it left its stack)."""
     c = views[r].tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
@@ -216,7 +215,7 @@ def _nbytes(c: RankCollective) -> int | None:
     return nbytes(c.input_sizes, c.dtypes)
 
 
-def blame_abort(div: Divergence, views: dict[int, RankView], abort: SizeAbort | None,
+def blame_abort(div: Divergence, views: RankViews, abort: SizeAbort | None,
                 aborted: list[int]) -> Blame:
     """gloo aborted a rank (a peer sent more bytes than it expected) before it could dump
     its recorder: camps by the line each posted from (a rank that went past posts from

@@ -15,7 +15,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
-from moe_hang.analysis.timeline import RankView, rank_view
+from moe_hang.analysis.timeline import RankViews, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, said_exiting
@@ -30,7 +30,7 @@ _KILL_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, s
 @dataclass
 class Facts:
     ev: Evidence
-    views: dict[int, RankView]
+    views: RankViews
     divs: list[GroupDivergence]  # every group's first divergence, earliest first
     blames: list[Blame]  # one per divergence
     wait_edges: list[Edge]
@@ -87,7 +87,7 @@ def _evidence_lines(ev: Evidence) -> list[str]:
 
 
 def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
-                      views: dict[int, RankView]) -> list[Blame]:
+                      views: RankViews) -> list[Blame]:
     """A rank missing from one group's collective because it is blocked in another group's
     mismatched one (posted by every member, different op/size/dtype: it can never complete)
     is held up there: that missing entry is a consequence, not a second culprit."""
@@ -105,7 +105,7 @@ def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
 
 
 def facts(ev: Evidence) -> Facts:
-    views = {r: rank_view(e) for r, e in sorted(ev.ranks.items())}
+    views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
     divs = divergences(views, ev.world_size)
     blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)

@@ -9,14 +9,14 @@ from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, 
 from moe_hang.analysis.explain import ranks_text
 from moe_hang.analysis.order import program_order
 from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame, callsite
 
 
-def stack_divergence(views: dict[int, RankView], waiting: list[int]
+def stack_divergence(views: RankViews, waiting: list[int]
                      ) -> tuple[Divergence, list[int], CulpritBasis] | None:
     """Without recorder data: ranks blocked in *different* collectives can never complete."""
     ops: dict[int, str] = {r: op for r in waiting
@@ -68,7 +68,7 @@ def _paired_with(entries: list[Collective], site: Frame | None,
     return (max(met, key=lambda c: c.seq), like) if met else None
 
 
-def size_abort_divergence(views: dict[int, RankView],
+def size_abort_divergence(views: RankViews,
                           ev: Evidence) -> tuple[Divergence, list[int], str] | None:
     """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
     data size doesn't match expected size"): a size mismatch, even where the aborted rank left

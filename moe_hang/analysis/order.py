@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import cast
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.source import Order, order
+from moe_hang.analysis.timeline import (
+    PostingKey,
+    RankView,
+    RankViews,
+    group_kind,
+    posting_key,
+)
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
-
-if TYPE_CHECKING:
-    from moe_hang.analysis.timeline import RankView
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ def program_order(fa: list[Frame], fb: list[Frame]) -> Ahead:
     return UNDECIDED
 
 
-def _history(a: Collective, b: Collective, views: dict[int, RankView]) -> Ahead:
+def _history(a: Collective, b: Collective, views: RankViews) -> Ahead:
     """In earlier iterations, did one collective's call site directly follow the other's?
     Then the side now at the later one went on without the earlier one."""
     ka, kb = site_key(a), site_key(b)
@@ -83,7 +87,7 @@ def _history(a: Collective, b: Collective, views: dict[int, RankView]) -> Ahead:
     return UNDECIDED
 
 
-def who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
+def who_skipped(a: Collective, b: Collective, views: RankViews,
                 ra: list[int], rb: list[int]) -> Ahead:
     """Which side posted a *later* collective in place of the other's, i.e. skipped one."""
     hist = _history(a, b, views)
@@ -94,7 +98,7 @@ def who_skipped(a: Collective, b: Collective, views: dict[int, RankView],
     return program_order(fa, fb)
 
 
-def further_along(r: int, waiting: Collective, views: dict[int, RankView],
+def further_along(r: int, waiting: Collective, views: RankViews,
                   waiter: int) -> Ahead:
     """Is rank ``r`` (which never posted ``waiting``) further along than ``waiter`` (which
     waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier.
@@ -104,54 +108,20 @@ def further_along(r: int, waiting: Collective, views: dict[int, RankView],
     return by_code if by_code.side is not None else posted_past(r, waiting, views)
 
 
-def group_kind(c: Collective) -> str:
-    """Comparable across ranks: a mesh dim's groups share a description (``mesh_tp``), not a
-    name (each rank's tp group is another group)."""
-    return c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg
-
-
-def _item(c: Collective) -> tuple[str, int, str]:
-    # a group's seq counts its collectives: in a program every rank runs alike, the n-th
-    # collective of every tp group is the same step's, on every rank, ring buffer or not
-    return (group_kind(c), c.seq, c.op)
-
-
-def _in_posting_order(v: RankView) -> list[Collective]:
-    if v.posting_order is not None:
-        return v.posting_order
-    v.posting_order = _posting_order(v)  # asked once per edge on thousands of ranks
-    return v.posting_order
-
-
-def _items_of(v: RankView) -> list[tuple[str, int, str]]:
-    if v.posting_items is None:
-        v.posting_items = [_item(c) for c in _in_posting_order(v)]
-    return v.posting_items
-
-
-def _posting_order(v: RankView) -> list[Collective]:
-    colls = [c for by_seq in v.tl.by_pg.values() for c in by_seq.values()]
-    if colls and all(c.record_id is not None for c in colls):
-        return sorted(colls, key=lambda c: c.record_id or 0)
-    if colls and all(c.time_created_ns is not None for c in colls):
-        return sorted(colls, key=lambda c: (c.time_created_ns or 0, c.pg, c.seq))
-    return []
-
-
-def posted_past(r: int, waiting: Collective, views: dict[int, RankView]) -> Ahead:
+def posted_past(r: int, waiting: Collective, views: RankViews) -> Ahead:
     """Without stacks: rank ``r`` went past ``waiting`` when it posted something that, in the
     ranks that posted both, came after it (and never before it); it is behind when the last
     thing it posted came before it."""
-    x = _item(waiting)
-    after: set[tuple[str, int, str]] = set()
-    before: set[tuple[str, int, str]] = set()
-    for v in views.values():
-        order = _items_of(v)
+    x = posting_key(waiting)
+    after: set[PostingKey] = set()
+    before: set[PostingKey] = set()
+    for q in views:
+        order = views.posting_keys(q)
         if x in order:
             i = order.index(x)
             before.update(order[:i])
             after.update(order[i + 1:])
-    mine = _items_of(views[r])
+    mine = views.posting_keys(r)
     if not mine or x in mine:
         return UNDECIDED
     if any(y in after and y not in before for y in mine):
@@ -172,7 +142,7 @@ def _sequence(v: RankView) -> list[Collective]:
     return sorted(colls, key=lambda c: (c.time_created_ns or 0, c.pg, c.seq))
 
 
-def breaks_history(r: int, views: dict[int, RankView]) -> bool | None:
+def breaks_history(r: int, views: RankViews) -> bool | None:
     """Is the collective rank ``r`` is blocked in not what, in earlier iterations (of any
     rank), followed the one it posted before it? None: no history to tell."""
     v = views[r]
@@ -215,22 +185,30 @@ def _shape(c: Collective) -> tuple[object, ...]:
     return (group_kind(c), c.op, tuple(tuple(s) for s in c.input_sizes))
 
 
-def _followers(views: dict[int, RankView]) -> dict[tuple[object, ...], set[tuple[object, ...]]]:
+Followers = dict[tuple[object, ...], set[tuple[object, ...]]]
+
+
+def _followers(views: RankViews) -> Followers:
     """In the completed history of every rank: which shape of collective came next after
-    each shape (a loop's steps repeat: what came after X before, comes after X again)."""
-    out: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
-    for v in views.values():
-        done = [c for c in _in_posting_order(v) if c.completed is True]
+    each shape (a loop's steps repeat: what came after X before, comes after X again).
+    Worked out once per diagnosis."""
+    memo = views.memo.get(("followers",))
+    if memo is not None:
+        return cast(Followers, memo)
+    out: Followers = {}
+    for r in views:
+        done = [c for c in views.posting_order(r) if c.completed is True]
         for a, b in pairwise(done):
             out.setdefault(_shape(a), set()).add(_shape(b))
+    views.memo[("followers",)] = out
     return out
 
 
-def _keeps_history(v: RankView, first: Collective,
-                   follow: dict[tuple[object, ...], set[tuple[object, ...]]]) -> bool | None:
+def _keeps_history(r: int, views: RankViews, first: Collective,
+                   follow: Followers) -> bool | None:
     """Does the collective the rank posted first of the two follow the one it posted before
     it the way earlier steps did? None: no history for that one."""
-    seq = _in_posting_order(v)
+    seq = views.posting_order(r)
     i = next((j for j, c in enumerate(seq) if (c.pg, c.seq) == (first.pg, first.seq)), None)
     if not i:
         return None
@@ -238,30 +216,18 @@ def _keeps_history(v: RankView, first: Collective,
     return None if not nxt else _shape(first) in nxt
 
 
-def inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inversion | None:
+def inversion(x: Collective, y: Collective, views: RankViews) -> Inversion | None:
     """The ranks that posted both x and y, split by the order they posted them in; the side
     that broke the order every rank's earlier steps kept is the culprit, else a strict
-    minority; else undecided (None)."""
-    kx, ky = (x.pg, x.seq), (y.pg, y.seq)
-    memo = _MEMO.get("inversion")
-    if memo is not None and memo[0] is views and memo[1] == (kx, ky):
-        return memo[2]  # every cycle through the same two collectives: one answer
-    got = _inversion(x, y, views)
-    _MEMO["inversion"] = (views, (kx, ky), got)
-    return got
+    minority; else undecided (None). Every cycle through the same two collectives asks the
+    same: one answer per diagnosis."""
+    question = ("inversion", x.pg, x.seq, y.pg, y.seq)
+    if question not in views.memo:
+        views.memo[question] = _inversion(x, y, views)
+    return cast("Inversion | None", views.memo[question])
 
 
-# single-entry memos, keyed by the identity of the ranks' views (one diagnosis at a time):
-# on thousands of ranks, hundreds of cycles through the same two collectives ask the same
-_MEMO: dict[str, tuple[Any, ...]] = {}
-
-
-def forget() -> None:
-    """Drop the memos (the end of a diagnosis: nothing of it stays referenced)."""
-    _MEMO.clear()
-
-
-def _posted_both(x: Collective, y: Collective, views: dict[int, RankView]) -> list[int]:
+def _posted_both(x: Collective, y: Collective, views: RankViews) -> list[int]:
     """The ranks that can have posted both: members of both groups (every rank where no dump
     lists the groups)."""
     for v in views.values():
@@ -272,20 +238,15 @@ def _posted_both(x: Collective, y: Collective, views: dict[int, RankView]) -> li
     return sorted(views)
 
 
-def _inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inversion | None:
+def _inversion(x: Collective, y: Collective, views: RankViews) -> Inversion | None:
     kx, ky = (x.pg, x.seq), (y.pg, y.seq)
     cands = _posted_both(x, y, views)
     xy = [r for r in cands if _order_of(views[r], kx, ky) is True]
     yx = [r for r in cands if _order_of(views[r], kx, ky) is False]
     if not xy or not yx:
         return None
-    memo = _MEMO.get("followers")
-    if memo is not None and memo[0] is views:
-        follow = memo[1]
-    else:
-        follow = _followers(views)
-        _MEMO["followers"] = (views, follow)
-    kept = {r: _keeps_history(views[r], x if r in xy else y, follow) for r in xy + yx}
+    follow = _followers(views)
+    kept = {r: _keeps_history(r, views, x if r in xy else y, follow) for r in xy + yx}
     for bad, good in ((xy, yx), (yx, xy)):
         if all(kept[r] is False for r in bad) and all(kept[r] is True for r in good):
             return _inv(bad, good, x, y, views, CulpritBasis.HISTORY)
@@ -296,6 +257,6 @@ def _inversion(x: Collective, y: Collective, views: dict[int, RankView]) -> Inve
 
 
 def _inv(bad: list[int], good: list[int], x: Collective, y: Collective,
-         views: dict[int, RankView], basis: CulpritBasis) -> Inversion:
+         views: RankViews, basis: CulpritBasis) -> Inversion:
     first, second = (x, y) if _order_of(views[bad[0]], (x.pg, x.seq), (y.pg, y.seq)) else (y, x)
     return Inversion(first, second, bad, good, basis)

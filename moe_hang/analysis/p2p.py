@@ -27,7 +27,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.ranktext import spans
-from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite
 from moe_hang.evidence.vocab import RankState
@@ -75,7 +75,7 @@ def _answers(e: P2PEntry, waiter: int, other: P2PEntry) -> bool:
     return ({e.op, other.op} == {"send", "recv"} and other.peer == waiter and other.pg == e.pg)
 
 
-def unmatched(views: dict[int, RankView]) -> list[Unmatched]:
+def unmatched(views: RankViews) -> list[Unmatched]:
     """Every rank held by a send/recv its peer's dump has no pending answer to."""
     out: list[Unmatched] = []
     for r, v in sorted(views.items()):

@@ -48,7 +48,7 @@ from moe_hang.analysis.failures import (
     timed_out_waiting,
 )
 from moe_hang.analysis.mismatch import ROW
-from moe_hang.analysis.order import Inversion, forget
+from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ranks import to_rc
 from moe_hang.analysis.ranktext import spans
@@ -369,13 +369,6 @@ RULES: tuple[Rule, ...] = (
 
 
 def diagnose(ev: Evidence) -> Diagnosis:
-    try:
-        return _diagnose(ev)
-    finally:
-        forget()
-
-
-def _diagnose(ev: Evidence) -> Diagnosis:
     f = facts(ev)
     rule = next(r for r in RULES if r.when(f))
     out = rule.then(f)

@@ -8,7 +8,8 @@ say where the main thread is (docs/DESIGN.md §8).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
@@ -122,10 +123,6 @@ class RankView:
     state: RankState
     current: Collective | None  # the collective it is blocked in / last posted
     site: Frame | None
-    # every collective it posted, in posting order (analysis.order fills it on first use)
-    posting_order: list[Collective] | None = field(default=None, repr=False, compare=False)
-    posting_items: list[tuple[str, int, str]] | None = field(default=None, repr=False,
-                                                             compare=False)
 
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]
@@ -140,6 +137,57 @@ class RankView:
         if self.current is not None and self.current.frames:
             return [f for f in reversed(self.current.frames) if not is_library_frame(f)]
         return []
+
+
+def group_kind(c: Collective) -> str:
+    """Comparable across ranks: a mesh dim's groups share a description (``mesh_tp``), not a
+    name (each rank's tp group is another group)."""
+    return c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg
+
+
+PostingKey = tuple[str, int, str]  # (group kind, seq, op)
+
+
+def posting_key(c: Collective) -> PostingKey:
+    # a group's seq counts its collectives: in a program every rank runs alike, the n-th
+    # collective of every tp group is the same step's, on every rank, ring buffer or not
+    return (group_kind(c), c.seq, c.op)
+
+
+def _posting_order(v: RankView) -> list[Collective]:
+    """Every collective a rank posted, across its groups, in the order it posted them
+    (record ids, else creation times); empty when neither orders all of them."""
+    colls = [c for by_seq in v.tl.by_pg.values() for c in by_seq.values()]
+    if colls and all(c.record_id is not None for c in colls):
+        return sorted(colls, key=lambda c: c.record_id or 0)
+    if colls and all(c.time_created_ns is not None for c in colls):
+        return sorted(colls, key=lambda c: (c.time_created_ns or 0, c.pg, c.seq))
+    return []
+
+
+class RankViews(dict[int, RankView]):
+    """Every rank's view for one diagnosis, and what is worked out once from all of them —
+    on thousands of ranks the same is asked once per wait-for edge or cycle: each rank's
+    posting order, and the memos of :mod:`moe_hang.analysis.order`. It lives as long as the
+    diagnosis: nothing outlives it."""
+
+    def __init__(self, views: Iterable[tuple[int, RankView]] = ()) -> None:
+        super().__init__(views)
+        self._order: dict[int, list[Collective]] = {}
+        self._keys: dict[int, list[PostingKey]] = {}
+        self.memo: dict[tuple[object, ...], object] = {}  # order's answers, by question
+
+    def posting_order(self, r: int) -> list[Collective]:
+        got = self._order.get(r)
+        if got is None:
+            got = self._order[r] = _posting_order(self[r])
+        return got
+
+    def posting_keys(self, r: int) -> list[PostingKey]:
+        got = self._keys.get(r)
+        if got is None:
+            got = self._keys[r] = [posting_key(c) for c in self.posting_order(r)]
+        return got
 
 
 def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
@@ -229,7 +277,7 @@ def posting_site(coll: Collective | None, sv: StackView, pending: Collective | N
     return None
 
 
-def build_timeline(views: dict[int, RankView], div: Divergence | None,
+def build_timeline(views: RankViews, div: Divergence | None,
                    before: int = 6, after: int = 2) -> Timeline | None:
     """Per-rank collectives of one group around the divergence (ranks × sequence numbers)."""
     pg = div.pg if div is not None and div.pg != "?" else DEFAULT_PG

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.diagnosis import MismatchKind, pg_label
-from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import P2PCall
 from moe_hang.evidence.vocab import RankState
@@ -45,7 +45,7 @@ def _matches(a: P2PCall, a_rank: int, b: P2PCall | None, b_rank: int) -> bool:
             and b.peer in (a_rank, None) and a.tag == b.tag)
 
 
-def edges(views: dict[int, RankView], divs: list[GroupDivergence]) -> list[Edge]:
+def edges(views: RankViews, divs: list[GroupDivergence]) -> list[Edge]:
     out: list[Edge] = []
     for g in divs:
         if g.div.kind != MismatchKind.MISSING or not g.absent:
@@ -78,7 +78,7 @@ def _head(v: RankView) -> tuple[Collective | None, set[tuple[str, int]]]:
     return min(pend, key=lambda c: c.record_id or 0), {(c.pg, c.seq) for c in pend}
 
 
-def _stream_edges(views: dict[int, RankView]) -> list[Edge]:
+def _stream_edges(views: RankViews) -> list[Edge]:
     """On NCCL a rank enqueues collectives without waiting: several are pending at once, and
     its oldest holds the rest. A rank whose oldest is X waits for a member of X's group that
     has X pending behind something else of its own (the two posted in different orders)."""
@@ -88,7 +88,7 @@ def _stream_edges(views: dict[int, RankView]) -> list[Edge]:
         if head is None:
             continue
         fr = views[r].ev.fr
-        members = fr.pg_ranks.get(head.pg, []) if fr is not None else []
+        members = fr.pg_ranks.get(head.pg, ()) if fr is not None else ()
         key = (head.pg, head.seq)
         mine = heads[r][1]
         for m in members:

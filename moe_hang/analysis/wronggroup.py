@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from moe_hang.analysis.align import site_of
-from moe_hang.analysis.timeline import RankView
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective
 
 
@@ -55,7 +55,7 @@ def _calls(v: RankView, like: Collective, site: tuple[str, int] | None) -> list[
 
 
 def wrong_group(culprit: int, waiting: Collective, waiter: int,
-                views: dict[int, RankView]) -> WrongGroup | None:
+                views: RankViews) -> WrongGroup | None:
     """Did ``culprit`` post ``waiting`` (what ``waiter`` waits in) on another group?"""
     w, c = views[waiter], views[culprit]
     if not (_complete(w) and _complete(c)):

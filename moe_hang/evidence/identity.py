@@ -36,7 +36,7 @@ class JobIdentity:
     world: int | None = None
     prefix: str | None = None
     versions: frozenset[str] = frozenset()
-    groups: dict[str, list[int]] = field(default_factory=dict)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     ranks: frozenset[int] = frozenset()  # ranks it has a dump of (dump sets only)
     inconsistent: list[str] = field(default_factory=list)  # within itself
 
@@ -106,10 +106,10 @@ def of_dumps(ls: LoadedSet) -> JobIdentity:
     return ident
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def _ranks_text(ranks: tuple[int, ...]) -> str:
     if len(ranks) > 6:
         return f"[{ranks[0]}, {ranks[1]}, … {ranks[-1]}] ({len(ranks)} ranks)"
-    return str(ranks)
+    return str(list(ranks))
 
 
 def differences(a: JobIdentity, b: JobIdentity) -> list[str]:

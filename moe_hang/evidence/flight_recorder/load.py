@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from moe_hang.evidence.flight_recorder.parse import parse_dump
+from moe_hang.evidence.flight_recorder.parse_entry import RankLists
 from moe_hang.evidence.flight_recorder.records import DumpError, FRDump
 
 
@@ -83,11 +84,12 @@ def loads(raw: bytes, *, context: int | None = None) -> FRDump:
     return parse_dump(_checked(_decode(raw[:64], io.BytesIO(raw))), context=context)
 
 
-def load(path: Path, *, context: int | None = None) -> FRDump:
-    """One dump file (:class:`DumpError` when it is not one; OSError when unreadable)."""
+def load(path: Path, *, context: int | None = None, lists: RankLists | None = None) -> FRDump:
+    """One dump file (:class:`DumpError` when it is not one; OSError when unreadable);
+    ``lists``: shared with the other files of the same load (:func:`parse_dump`)."""
     with open(path, "rb") as f:
         head = f.peek(64)[:64]  # buffered: no second read of the start
-        dump = parse_dump(_checked(_decode(head, f)), context=context)
+        dump = parse_dump(_checked(_decode(head, f)), context=context, lists=lists)
     dump.source = path
     return dump
 

@@ -10,7 +10,6 @@ import gc
 import math
 import os
 import time
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, FRDump
 from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Problem
+from moe_hang.evidence.flight_recorder.parse_entry import RankLists
 
 POOL_MIN_FILES = 24  # below this (or POOL_MIN_BYTES) forking workers costs more than it saves
 POOL_MIN_BYTES = 4_000_000
@@ -38,31 +38,16 @@ class LoadedSet:
         return {d.backend for d in self.fr.values() if d.backend}
 
 
-def _load_one(path: Path, context: int | None) -> FRDump | str:
+def _load_one(path: Path, context: int | None, lists: RankLists) -> FRDump | str:
     """A dump, or why the file is not one (one line)."""
     try:
-        return fr.load(path, context=context)
+        return fr.load(path, context=context, lists=lists)
     except fr.DumpError as exc:
         return str(exc)
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
     except Exception as exc:  # a dump no release writes: report the file, keep the others
         return f"not a readable Flight Recorder dump ({type(exc).__name__}: {exc})"[:200]
-
-
-_DIGESTS: dict[int, tuple[list[int], str]] = {}  # id(list) -> (the list, kept alive; digest)
-
-
-def _digest(ranks: list[int]) -> str:
-    import hashlib  # workers only
-
-    hit = _DIGESTS.get(id(ranks))
-    if hit is None or hit[0] is not ranks:
-        hit = (ranks, hashlib.blake2b(array("q", ranks).tobytes(), digest_size=16).hexdigest())
-        if len(_DIGESTS) > 8192:
-            _DIGESTS.clear()
-        _DIGESTS[id(ranks)] = hit
-    return hit[1]
 
 
 @dataclass
@@ -72,7 +57,7 @@ class _Chunk:
 
     items: list[tuple[int, str, FRDump | str]]  # (rank, path, dump or reason)
     refs: dict[int, dict[str, str]]  # rank -> group -> digest
-    table: dict[str, list[int]]
+    table: dict[str, tuple[int, ...]]
 
 
 @contextlib.contextmanager
@@ -96,12 +81,13 @@ def _load_chunk(args: tuple[list[tuple[int, str]], int | None]) -> _Chunk:
     files, context = args
     gc.disable()  # a worker process of ours: see _gc_paused
     out = _Chunk([], {}, {})
+    lists = RankLists()  # the chunk's files repeat the same groups: parsed once here
     for rank, path in files:
-        got = _load_one(Path(path), context)
+        got = _load_one(Path(path), context, lists)
         if isinstance(got, FRDump) and got.pg_ranks:
             refs = {}
             for pg, members in got.pg_ranks.items():
-                key = _digest(members)
+                key = lists.digest(members)
                 out.table.setdefault(key, members)
                 refs[pg] = key
             out.refs[rank] = refs
@@ -130,7 +116,7 @@ def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
     n = workers if workers is not None else _workers(len(jobs), n_bytes)
     by_path = {str(f.path): i for i, f in jobs}
 
-    interned: dict[str, list[int]] = {}  # one list per distinct group, shared by every rank
+    interned: dict[str, tuple[int, ...]] = {}  # one list per distinct group, for every rank
 
     def take(chunk: _Chunk) -> None:
         for rank, path, got in chunk.items:
@@ -144,8 +130,9 @@ def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
 
     with _gc_paused():
         if n <= 1:
+            lists = RankLists()
             for i, f in jobs:
-                got = _load_one(f.path, context)
+                got = _load_one(f.path, context, lists)
                 if isinstance(got, str):
                     loaded[i].problems.append(Problem(f.path, got, f.rank))
                 else:

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_hang.evidence.flight_recorder.parse_entry import (
+    RankLists,
     _Frames,
     _int,
     _merge_coalesced,
     _p2p_entry,
     _pg_of,
     entry_to_collective,
-    parse_ranks,
 )
 from moe_hang.evidence.flight_recorder.records import (
     Collective,
@@ -41,14 +41,15 @@ def detect_backend(data: dict[str, Any], raw_entries: list[Any]) -> str:
     return ""
 
 
-def _pg_ranks(data: dict[str, Any]) -> tuple[dict[str, list[int]], dict[str, str]]:
-    ranks: dict[str, list[int]] = {}
+def _pg_ranks(data: dict[str, Any], lists: RankLists
+              ) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    ranks: dict[str, tuple[int, ...]] = {}
     descs: dict[str, str] = {}
     cfg = data.get("pg_config")
     for key, c in (cfg.items() if isinstance(cfg, dict) else ()):
         if not key or not isinstance(c, dict):
             continue  # gloo keys its only entry "" with no useful name
-        members = parse_ranks(c.get("ranks"))
+        members = lists.parse(c.get("ranks"))
         if members:
             ranks[str(key)] = members
         if c.get("desc"):
@@ -143,15 +144,17 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
                       rid if isinstance(rid, int) else None)
 
 
-def parse_dump(data: dict[str, Any], *, context: int | None = None) -> FRDump:
+def parse_dump(data: dict[str, Any], *, context: int | None = None,
+               lists: RankLists | None = None) -> FRDump:
     """One dump's mapping -> :class:`FRDump`. ``context``: keep only the pending entries and
-    the last ``context`` completed ones per group (None: keep everything)."""
+    the last ``context`` completed ones per group (None: keep everything); ``lists``: the
+    member lists of the files loaded with this one (shared between their dumps)."""
     raw_entries = data.get("entries") or []  # JSON omits "entries" when empty
     if not isinstance(raw_entries, list):
         raise DumpError("'entries' is not a list")
     backend = detect_backend(data, raw_entries)
     gloo = backend == "gloo"
-    pg_ranks, descs = _pg_ranks(data)
+    pg_ranks, descs = _pg_ranks(data, lists or RankLists())
     status_raw = data.get("pg_status")
     status_raw = status_raw if isinstance(status_raw, dict) else {}
     sel = _select(raw_entries, gloo, status_raw, context)

@@ -4,8 +4,11 @@ the small field parsers, operation names, frames, and an entry as a :class:`Coll
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
+from array import array
 from typing import Any
 
 from moe_hang.evidence.flight_recorder.records import DEFAULT_PG, Collective, P2PEntry
@@ -41,32 +44,48 @@ def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
     return str(e.get("pg_id", DEFAULT_PG)), ""
 
 
-# (length, head, tail) -> [(the string, its ranks)]: keyed without hashing the whole string
-_RANKS_CACHE: dict[tuple[int, str, str], list[tuple[str, list[int]]]] = {}
+class RankLists:
+    """Group member lists of one load (a file, or a worker's chunk of files): each distinct
+    list parsed once and shared, immutable. At 8192 ranks every dump repeats the same 48 KB
+    world list: each load makes a new string object whose full hash would cost more than the
+    compare, so strings are keyed by (length, head, tail) and compared in full only there."""
+
+    def __init__(self) -> None:
+        self._by_text: dict[tuple[int, str, str], list[tuple[str, tuple[int, ...]]]] = {}
+        self._digests: dict[tuple[int, ...], str] = {}
+
+    def parse(self, v: Any) -> tuple[int, ...]:
+        if not isinstance(v, str):
+            return parse_ranks(v)
+        key = (len(v), v[:48], v[-48:])
+        bucket = self._by_text.setdefault(key, [])
+        for text, ranks in bucket:
+            if text == v:
+                return ranks
+        ranks = parse_ranks(v)
+        bucket.append((v, ranks))
+        return ranks
+
+    def digest(self, ranks: tuple[int, ...]) -> str:
+        """A short name for a list (what crosses a worker's pipe instead of the list)."""
+        hit = self._digests.get(ranks)
+        if hit is None:
+            hit = self._digests[ranks] = hashlib.blake2b(
+                array("q", ranks).tobytes(), digest_size=16).hexdigest()
+        return hit
 
 
-def parse_ranks(v: Any) -> list[int]:
-    """``"[0, 1, 2]"`` (how every release writes ``pg_config`` ranks) or a list -> ints.
-    Cached by the string: at 8192 ranks every dump repeats the same 48 KB world list, and
-    each load makes a new string object whose full hash would cost more than the compare."""
-    if isinstance(v, list):
-        return [int(x) for x in v]
+def parse_ranks(v: Any) -> tuple[int, ...]:
+    """``"[0, 1, 2]"`` (how every release writes ``pg_config`` ranks) or a list -> ints."""
+    if isinstance(v, (list, tuple)):
+        return tuple(int(x) for x in v)
     if not isinstance(v, str):
-        return []
-    key = (len(v), v[:48], v[-48:])
-    bucket = _RANKS_CACHE.get(key)
-    for text, ranks in bucket or ():
-        if text == v:
-            return ranks
+        return ()
     try:
         got = json.loads(v)
-        ranks = [int(x) for x in got] if isinstance(got, list) else []
+        return tuple(int(x) for x in got) if isinstance(got, list) else ()
     except (ValueError, TypeError):
-        ranks = [int(x) for x in re.findall(r"-?\d+", v)]
-    if len(_RANKS_CACHE) > 4096:
-        _RANKS_CACHE.clear()
-    _RANKS_CACHE.setdefault(key, []).append((v, ranks))
-    return ranks
+        return tuple(int(x) for x in re.findall(r"-?\d+", v))
 
 
 # NCCL names the coalesced form of an op after its enum; the shared vocabulary knows the rest
@@ -75,20 +94,9 @@ _COALESCED = {"allgather_coalesced": "all_gather", "reduce_scatter_coalesced": "
 _P2P_NAME = re.compile(r"^(send|recv)\s*(-?\d+)?\s*(->|<-)?\s*(-?\d+)?$")
 
 
-_OP_CACHE: dict[str, str] = {}
-
-
+@functools.lru_cache(maxsize=4096)  # a few dozen distinct names, millions of entries
 def op_name(profiling_name: str) -> str:
     """``nccl:ALLGATHER_coalesced`` -> ``all_gather``; ``nccl:send 0->1`` -> ``send``."""
-    hit = _OP_CACHE.get(profiling_name)
-    if hit is None:
-        if len(_OP_CACHE) > 65536:
-            _OP_CACHE.clear()
-        hit = _OP_CACHE[profiling_name] = _op_name(profiling_name)
-    return hit
-
-
-def _op_name(profiling_name: str) -> str:
     tail = profiling_name.rsplit(":", 1)[-1].strip()
     low = tail.lower()
     if low in _COALESCED:
@@ -148,7 +156,8 @@ def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
         record_id=rid if isinstance(rid, int) else None)
 
 
-def _p2p_entry(e: dict[str, Any], completed: bool | None, pg_ranks: dict[str, list[int]],
+def _p2p_entry(e: dict[str, Any], completed: bool | None,
+               pg_ranks: dict[str, tuple[int, ...]],
                frames: _Frames) -> P2PEntry | None:
     raw = str(e.get("profiling_name", ""))
     op = op_name(raw)

@@ -104,9 +104,9 @@ def evidence(sets: list[LoadedSet], *, world: int | None = None,
                     log_lines=lines, artifacts=", ".join(ls.dumps.label for ls in sets))
 
 
-def group_ranks(ls: LoadedSet) -> dict[str, list[int]]:
+def group_ranks(ls: LoadedSet) -> dict[str, tuple[int, ...]]:
     """Every group's members as this set's dumps list them (one list per distinct group)."""
-    out: dict[str, list[int]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for d in ls.fr.values():
         for pg, members in d.pg_ranks.items():
             out.setdefault(pg, members)
@@ -115,7 +115,7 @@ def group_ranks(ls: LoadedSet) -> dict[str, list[int]]:
 
 def conflicting_groups(ls: LoadedSet) -> list[str]:
     """Groups whose member list differs between two dumps of one set."""
-    first: dict[str, list[int]] = {}
+    first: dict[str, tuple[int, ...]] = {}
     bad: list[str] = []
     for d in ls.fr.values():
         for pg, members in d.pg_ranks.items():

@@ -93,7 +93,7 @@ class Window:
 class FRDump:
     entries: list[Collective]  # collectives only, record order
     pg_status: dict[str, PgStatus]  # by process-group name, in collective sequence numbers
-    pg_ranks: dict[str, list[int]] = field(default_factory=dict)  # group-local order
+    pg_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group-local order
     version: str = ""  # the dump's format version ("2.10"), not torch's
     backend: str = ""  # nccl | gloo | ... (from profiling names or the layout)
     source: Path | None = None  # the file it was read from
