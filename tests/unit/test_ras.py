@@ -304,6 +304,12 @@ def test_a_rank_that_stays_behind_while_the_other_launches_is_lagging():
     assert mv.ranks == (0,) and (lag.ranks, lag.count, lag.ahead) == ((1,), 399, 455)
 
 
+def test_a_communicator_that_never_launched_anything():
+    r = _with_counts(rep("moving_poll1.json"), {0: 0, 1: 0})
+    (f,) = compare_reports(r, r).of(FindingKind.FROZEN_EQUAL)
+    assert "launched no collective yet" in f.sentence
+
+
 def test_counts_that_go_down_are_not_compared():
     first = rep("moving_poll2.json")  # 455, 455
     second = _with_counts(rep("moving_poll1.json"), {0: 0, 1: 0})  # an all-zero sample

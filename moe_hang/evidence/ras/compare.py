@@ -150,11 +150,12 @@ class _Counts:
             return out
         ranks = tuple(now)
         sample = next(iter(now.values()))
-        what = ", ".join(f"{op} {sample[op]}" for op in ops if sample.get(op)) or "nothing"
+        what = ", ".join(f"{op} {sample[op]}" for op in ops if sample.get(op))
+        same = f"the same collectives ({what})" if what else "no collective yet"
         of = f" of {c.size}" if c.size > len(ranks) else ""
         out.append(self.n.finding(FindingKind.FROZEN_EQUAL, c, ranks, with_launch_caveat(
-            f"In {name} the {len(ranks)}{of} ranks RAS reached launched the same collectives "
-            f"({what}) and none launched another {self.when}: their counts cannot say whom "
+            f"In {name} the {len(ranks)}{of} ranks RAS reached launched {same} and none "
+            f"launched another {self.when}: their counts cannot say whom "
             "anyone waits for — every rank waits in the same collective (a transport or "
             "hardware fault), or the job is outside NCCL")))
         return out
