@@ -1,0 +1,53 @@
+"""NCCL's own evidence: the RAS status report (NCCL >= 2.24), read and compared — pure.
+
+Every NCCL process runs a RAS thread; any of them answers a client on ``localhost:28028``
+(``NCCL_RAS_ADDR``) with the state of every communicator of the job, gathered from all its
+processes: each rank's state (initialized, async error, finalize/destroy/abort flags), which ranks
+RAS cannot reach or considers dead, and per rank how many collectives of each kind it has
+launched.
+
+Those counts are **launch counts, without send/recv**: NCCL bumps them when a collective's
+kernel is launched, not when it completes, only for Broadcast, Reduce, AllGather, ReduceScatter
+and AllReduce (no send/recv, hence no all-to-all), and not for collectives captured in CUDA
+graphs. Every sentence built from them says so (:func:`with_launch_caveat`,
+:data:`LAUNCH_COUNTS_CAVEAT`). Two reports a few seconds apart tell moving from frozen, and in a
+frozen communicator whose counts disagree, the ranks behind never launched what the others
+wait in (:func:`compare_reports`).
+
+``read`` (either format) -> ``records`` (:class:`RasReport`); ``ranks`` maps communicator ranks
+to global ranks by (host, pid); ``compare`` (+ ``states``) turns two reports into
+:class:`RasFinding` s; the capture side (asking a live job) is :mod:`moe_hang.capture.ras`.
+"""
+
+from moe_hang.evidence.ras.compare import compare_reports
+from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT, launched, with_launch_caveat
+from moe_hang.evidence.ras.findings import (
+    COUNT_KINDS,
+    FindingKind,
+    RasCommProgress,
+    RasComparison,
+    RasFinding,
+)
+from moe_hang.evidence.ras.ranks import ProcessKey, comm_global_ranks, global_rank_maps
+from moe_hang.evidence.ras.read import load_report, parse_report
+from moe_hang.evidence.ras.records import (
+    COUNTED_OPS,
+    DEFAULT_PORT,
+    RankState,
+    RasCommunicator,
+    RasCountGroup,
+    RasMissingRank,
+    RasRank,
+    RasRankFlags,
+    RasReport,
+    RasReportError,
+    RasStatusGroup,
+)
+
+__all__ = [
+    "COUNTED_OPS", "COUNT_KINDS", "DEFAULT_PORT", "LAUNCH_COUNTS_CAVEAT", "FindingKind",
+    "ProcessKey", "RankState", "RasCommProgress", "RasCommunicator", "RasComparison",
+    "RasCountGroup", "RasFinding", "RasMissingRank", "RasRank", "RasRankFlags", "RasReport",
+    "RasReportError", "RasStatusGroup", "comm_global_ranks", "compare_reports",
+    "global_rank_maps", "launched", "load_report", "parse_report", "with_launch_caveat",
+]
