@@ -17,7 +17,6 @@ fired: the kernel runs, waiting for data that never comes), everything before it
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pickle
 import sys
@@ -28,12 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_synth() -> Any:
-    spec = importlib.util.spec_from_file_location("fr_synth", ROOT / "scripts" / "fr_synth.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fr_synth", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    from moe_hang.testing import fr_synth
+
+    return fr_synth
 
 
 def generate(out: Path, *, ranks: int, mesh: str | None, entries: int, fmt: str,

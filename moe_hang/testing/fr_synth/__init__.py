@@ -47,6 +47,7 @@ from moe_hang.testing.fr_synth.job import (
     plan,
     schema_for,
     simulate,
+    template,
 )
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "plan",
     "schema_for",
     "simulate",
+    "template",
     "to_json",
     "write_truth",
 ]
