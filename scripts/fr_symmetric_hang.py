@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import sys
 from pathlib import Path
 from typing import Any
+
+from moe_hang.testing.script import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

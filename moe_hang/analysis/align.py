@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
-from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.timeline import RankView, RankViews, rank_view
+from moe_hang.analysis.timeline import RankView, RankViews, rank_view, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
-from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
+from moe_hang.evidence.stacks import in_backward, is_library_frame
 from moe_hang.evidence.vocab import RankState
 
 
@@ -211,13 +210,6 @@ def divergences(views: RankViews, world: int | None) -> list[GroupDivergence]:
     found = [g for pg, ranks in members(views, world).items()
              if (g := _first_in_group(pg, ranks, views)) is not None]
     return sorted(found, key=lambda g: (g.time_ns, g.div.seq or 0, g.div.pg))
-
-
-def site_of(c: Collective, v: RankView) -> tuple[str, int] | None:
-    site = callsite(c.frames) if c.frames else None
-    if site is None and v.stack.op == c.op:
-        site = v.stack.callsite
-    return (site.file, site.line) if site else None
 
 
 def quick_divergence(heartbeats: dict[int, Heartbeat], world: int | None) -> Divergence | None:

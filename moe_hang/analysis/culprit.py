@@ -17,11 +17,10 @@ from moe_hang.analysis.order import (
     further_along,
     inversion,
     program_order,
-    site_key,
     user_frames,
     who_skipped,
 )
-from moe_hang.analysis.timeline import RankViews, group_kind
+from moe_hang.analysis.timeline import RankViews, group_kind, site_key
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort

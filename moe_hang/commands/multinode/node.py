@@ -76,7 +76,7 @@ class Node:
         self.local_world: int | None = None
         self.local_ranks: list[int] = []
         self.why_local: str | None = None  # why there is no channel
-        self.verdict: GlobalVerdict | None = None  # of the last round
+        self.last_round: GlobalVerdict | None = None  # the global verdict of the last round
         self.job: LaunchedJob | None = None
         self._up = threading.Event()
         self._closed = threading.Event()
@@ -332,7 +332,7 @@ class Node:
                 if res.not_ended:
                     self.notice(f"nodes {', '.join(res.not_ended)} did not confirm in time; "
                                 "ending this node's job (it hosts the store) anyway")
-        self.verdict = gv
+        self.last_round = gv
         diag = Diagnosis.from_dict(gv.verdict)
         diag.artifacts = str(self.layout.root)
         diag.run = self._run_info
