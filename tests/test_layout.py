@@ -215,3 +215,29 @@ def test_the_state_check_can_fail(tmp_path: Path) -> None:
     p = tmp_path / "m.py"
     p.write_text("_CACHE = {}\n\ndef f(k):\n    _CACHE[k] = 1\n    _CACHE.clear()\n")
     assert sorted(_module_state(p)) == ["_CACHE.clear in f", "_CACHE[...] = in f"]
+
+
+RUN_FILES = {"meta.json", "config.json", "processes.json", "diagnosis.json", "console.log",
+             "job.log", "reference.json", "reference.log", "hb.json", "fr.pkl", "tokens.jsonl",
+             "stack.txt", "fatal.txt", "error.json", "groups.json", "dump.json", "dump.err",
+             "coverage.json", "result.pt", "pyspy.json", "pyspy.err", "verdict.json",
+             "local-diagnosis.json", "analysis.json"}
+
+
+def test_only_the_layout_spells_a_run_directory_file_name() -> None:
+    """docs/DESIGN.md §7: moe_hang/probe/layout.py names every file of a run directory."""
+    bad = []
+    for m, p in MODULES.items():
+        if m == "moe_hang.probe.layout" or m.startswith("moe_hang.testing"):
+            continue
+        tree = ast.parse(p.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr)
+                and isinstance(n.body[0].value, ast.Constant)}
+        bad.extend(f"{m}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and id(n) not in docs
+                   and any(n.value == f or n.value.endswith(("/" + f, "." + f))
+                           for f in RUN_FILES))
+    assert not bad, bad

@@ -33,7 +33,7 @@ from moe_hang.commands.session import (
 from moe_hang.config import RunConfig
 from moe_hang.errors import EXIT_OK, EXIT_VERIFY_FAILED, MoeHangError
 from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import FROZEN, EventKind, WatchEvent, WatchSettings, watch
@@ -207,7 +207,7 @@ def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) 
 
 def _uncovered(layout: RunLayout) -> list[str]:
     names: list[str] = []
-    for p in layout.files_of("coverage.json"):
+    for p in layout.files_of(RankFiles.COVERAGE):
         with contextlib.suppress(OSError, ValueError):
             for n in json.loads(p.read_text()).get("uncovered_trainable", []):
                 if n not in names:

@@ -108,7 +108,7 @@ def read_heartbeats(probe_dir: Path) -> dict[int, Heartbeat]:
     out: dict[int, Heartbeat] = {}
     if not probe_dir.is_dir():
         return out
-    for p in probe_dir.glob("rank*.hb.json"):
+    for p in sorted(probe_dir.glob(f"rank*.{RankFiles.HEARTBEAT}")):
         try:
             hb = Heartbeat.parse(json.loads(p.read_text()))
         except (OSError, ValueError):
