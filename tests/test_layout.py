@@ -133,7 +133,7 @@ def test_only_report_imports_rich() -> None:
 
 
 # where a verdict is decided, and the modules that only say it
-DETECTION = ("align", "culprit", "facts", "fallback", "mismatch", "order", "source",
+DETECTION = ("align", "blocks", "culprit", "facts", "fallback", "mismatch", "order", "source",
              "timeline", "waitfor", "wronggroup", "ranks")
 SENTENCES = ("explain", "advice")
 

@@ -209,4 +209,5 @@ KIND_ADVICE: dict[MismatchKind, Callable[[Situation], Advice]] = {
     MismatchKind.DTYPE: advise_dtype,
     MismatchKind.MISSING: advise_order,
     MismatchKind.ORDER: advise_order,
+    MismatchKind.EXTRA: advise_order,
 }

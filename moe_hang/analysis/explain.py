@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from moe_hang.analysis.blocks import EXTRA, SKIP
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
     CulpritBasis,
@@ -33,6 +34,7 @@ KIND_PHRASE = {
     MismatchKind.DTYPE: "different dtypes",
     MismatchKind.MISSING: "a collective some ranks never reached",
     MismatchKind.ORDER: "the same collectives in different orders",
+    MismatchKind.EXTRA: "collectives only some ranks posted",
 }
 
 
@@ -94,32 +96,59 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
             + "; ".join(parts) + tail + ".")
 
 
-def shift_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
-    """One side is k collectives ahead of the other from ``start`` on: it skipped k."""
-    sh = g.shift
-    assert sh is not None
+def _plural(op: str, n: int) -> str:
+    return f"{n} {op}s" if n != 1 else f"an {op}" if op[:1] in "aeiou" else f"a {op}"
+
+
+def block_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
+    """One side posted collectives the other did not, from ``start`` on: an extra on one side,
+    or a skip on the other, or — where nothing decides — either."""
+    b = g.block
+    assert b is not None
     div = g.div
-    a, b = sh.ahead[0], sh.behind[0]
-    ca, cb = div.per_rank.get(a), div.per_rank.get(b)
-    op = cb.op if cb is not None else ca.op if ca is not None else "collective"
-    site = cb.callsite if cb is not None and cb.callsite else None
-    at = f" at {site.short()}" if site else ""
-    where = f"seq {sh.start}–{sh.first_diff} of {pg_label(div.pg, div.pg_desc)}"
-    na, nb = sh.counts.get(a), sh.counts.get(b)
-    if cb is not None and cb.tag and sh.k == 1:  # the probe says which one it was
-        text = (f"{who(sh.ahead).capitalize()} never posted the {op} of {cb.tag} that "
-                f"{who(sh.behind)} posted ({where})")
-    elif na is not None and nb is not None and site:
-        text = (f"{who(sh.ahead).capitalize()} posted {na} {op}s{at} where "
-                f"{who(sh.behind)} posted {nb} ({where}): it skipped {sh.k}")
+    first = b.items[0] if b.items else None
+    op = first.op if first is not None else "collective"
+    site = b.site
+    fn = f" from {site.function}()" if site is not None and site.function != "<module>" else ""
+    at = f"{fn} at {site_str(site)}" if site is not None else ""
+    where = f"seq {b.start} of {pg_label(div.pg, div.pg_desc)}"
+    n = len(b.items)
+    have, lack = who(b.having), who(b.lacking)
+    tag = first.tag if first is not None else None
+    if b.decided == SKIP and tag and n == 1:  # the probe says which one it was
+        text = f"{lack.capitalize()} never posted the {op} of {tag} that {have} posted ({where})"
+    elif b.decided == SKIP and site is not None and len(set(b.counts.values())) > 1 \
+            and b.counts.get(b.lacking[0], 0) > 0:
+        # a run of one collective, one short: counted, as a person reads it in the log
+        text = (f"{lack.capitalize()} posted {_plural(op, b.counts[b.lacking[0]])}{at} where "
+                f"{have} posted {b.counts[b.having[0]]} ({where} on): "
+                f"{agree(b.lacking, 'it', 'they')} skipped {n}")
+    elif b.decided == SKIP:
+        text = (f"{lack.capitalize()} skipped {_plural(op, n)}{at} that {have} posted "
+                f"({where})")
+    elif b.decided == EXTRA:
+        text = (f"{have.capitalize()} posted {_plural(op, n)}{at} that {lack} never posted "
+                f"({where})" + (f", under `{b.condition}`" if b.condition else ""))
     else:
-        text = (f"{who(sh.ahead).capitalize()} skipped {sh.k} {op}(s) that "
-                f"{who(sh.behind)} posted{at} ({where})")
-    text += "; every later pair was mismatched silently (same shapes)"
-    now = reports.get(a)
-    if now is not None and now.callsite is not None:
-        text += f"; rank {a} is now at {now.callsite.short()}"
+        text = (f"{have.capitalize()} posted {_plural(op, n)}{at} that {lack} did not "
+                f"({where}): either {have} posted {agree(b.having, 'an extra', 'extras')} or "
+                f"{lack} skipped {agree(b.lacking, 'it', 'them') if n == 1 else 'them'}, and no "
+                "earlier step or rank condition says which")
+    if b.after:
+        text += "; every later pair was mismatched" + (" silently (same shapes)" if
+                                                        _same_shapes(g) else "")
+    culprits = b.culprits
+    now = reports.get(culprits[0]) if b.decided is not None else None
+    if now is not None and now.callsite is not None and len(culprits) == 1:
+        text += f"; rank {culprits[0]} is now at {now.callsite.short()}"
     return text + "."
+
+
+def _same_shapes(g: GroupDivergence) -> bool:
+    """The block's collectives paired with the others' without a size error: the same op and
+    sizes on both sides at the block's first seq."""
+    entries = [c for c in g.have.values()]
+    return len({(c.op, str(c.input_sizes)) for c in entries}) == 1
 
 
 def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:

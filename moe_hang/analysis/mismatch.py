@@ -53,6 +53,7 @@ KINDS: tuple[KindRow, ...] = (
     KindRow(MismatchKind.DTYPE, _dtypes_differ, _same_dtypes),
     KindRow(MismatchKind.MISSING, None, ops_match),
     KindRow(MismatchKind.ORDER, None, ops_match),
+    KindRow(MismatchKind.EXTRA, None, ops_match),
 )
 ROW = {row.kind: row for row in KINDS}
 

@@ -28,9 +28,9 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
     abort_detail,
+    block_summary,
     culprit_clause,
     desync_summary,
-    shift_summary,
     site_str,
     waits_text,
 )
@@ -204,8 +204,8 @@ def _desync(f: Facts) -> Conclusion:
     culprits = sorted({r for _, bb in found for r in bb.culprits})
     reports = f.reports(g.div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    if g.shift is not None:
-        summary = shift_summary(g, reports)
+    if g.block is not None:
+        summary = block_summary(g, reports)
     else:
         summary = desync_summary(g.div, reports, b.culprits, exits)
         summary += culprit_clause(b.basis, b.culprits, b.confirmed)

@@ -37,6 +37,8 @@ BASIS_WORDS: dict[str, tuple[str, str]] = {
     CulpritBasis.HISTORY: ("it broke the order its earlier iterations kept",
                            "they broke the order their earlier iterations kept"),
     CulpritBasis.CYCLE: ("it waits in a cycle", "they wait for each other in a cycle"),
+    CulpritBasis.SOURCE: ("only it runs that code (a rank condition)",
+                          "only they run that code (a rank condition)"),
     CulpritBasis.WAITED_FOR: ("the others wait for it outside any collective",
                               "the others wait for them outside any collective"),
     CulpritBasis.AMBIGUOUS: ("the evidence does not decide",
