@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moe_hang.analysis.blocks import EXTRA, Block
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Divergence,
@@ -16,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.source import in_loop, left_loop
+from moe_hang.analysis.source import enclosing_loop, left_loop
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -31,6 +32,7 @@ class Situation:
     basis: CulpritBasis
     reports: dict[int, RankReport]
     frames: dict[int, list[Frame]] = field(default_factory=dict)
+    block: Block | None = None  # where one side posted collectives the other did not
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]
@@ -121,6 +123,28 @@ def advise_dtype(s: Situation) -> Advice:
                   f"({dtypes}).")
 
 
+def _advise_extra(s: Situation, b: Block) -> Advice:
+    """Collectives only some ranks posted: the code that posted them runs only there."""
+    site = b.site
+    n = len(b.items)
+    op = b.items[0].op if b.items else "collective"
+    what = f"{n} {op}s" if n != 1 else f"the {op}"
+    line = f"{short_path(site.file)}:{site.line}" if site is not None else ""
+    at = (f" from {site.function}() at {line}" if site is not None
+          and site.function != "<module>" else f" at {line}" if site else "")
+    cond = f" under `{b.condition}`" if b.condition else ""
+    head = (f"{who(b.having).capitalize()} posts {what}{at}{cond} that {who(b.lacking)} "
+            "never posts: ")
+    if b.items and fsdp_unshard(b.items[0].frames):
+        return Advice(head + "FSDP all-gathers the parameters of every module it wraps when "
+                      "the module is called, so a forward on some ranks only (an evaluation, "
+                      "a logging pass) posts collectives the others never answer. Run it on "
+                      "every rank (each on its own share of the data), or on a model outside "
+                      "FSDP (an unsharded copy).")
+    return Advice(head + "run it on every rank, or outside the process group's collectives "
+                  "(a rank-only evaluation, checkpoint or log must not post collectives).")
+
+
 def advise_order(s: Situation) -> Advice:
     """A rank skipped (or reordered) a collective the others post."""
     frames = s.all_frames()
@@ -134,9 +158,12 @@ def advise_order(s: Situation) -> Advice:
             "output does not depend on that function's input, so autograd skips it. Tie the "
             "output to the input (a gradient anchor) so every rank runs the same backward.",
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
+    if s.block is not None and s.block.decided == EXTRA:
+        return _advise_extra(s, s.block)
     if fsdp_unshard(frames):
         called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
-        if called is not None and in_loop(called.file, called.line):
+        loop = enclosing_loop(called.file, called.line) if called is not None else None
+        if called is not None and loop is not None and "expert" in loop.lower():
             return Advice(
                 f"FSDP all-gathers a module's parameters when it is called; the loop at "
                 f"{called.short()} called fewer modules on {who(s.culprits)} than on "

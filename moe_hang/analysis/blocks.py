@@ -19,6 +19,7 @@ posted under a rank condition, is the extra); else nothing decides, and both are
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -112,7 +113,7 @@ def part(pg: str, seq: int, camps: Sequence[list[int]], views: RankViews) -> Par
     for camp in camps:
         if camp is ref:
             continue
-        got = _pair(pg, seq, ref, camp, views)
+        got = _pair_both_ways(pg, seq, ref, camp, views)
         if got.block is None:
             return got
         found.append(got.block)
@@ -122,12 +123,61 @@ def part(pg: str, seq: int, camps: Sequence[list[int]], views: RankViews) -> Par
                               for b in found[1:]):
         return Parting()
     if len(found) > 1:
-        merged = Block(first.start, sorted({r for b in found for r in b.having}),
-                       sorted({r for b in found for r in b.lacking}), first.items,
-                       min(b.after for b in found))
-        first = merged
-    _decide(first, pg, views)
+        first = Block(first.start, sorted({r for b in found for r in b.having}),
+                      sorted({r for b in found for r in b.lacking}), first.items,
+                      min(b.after for b in found))
+    if first.decided is None:
+        _decide(first, pg, views)
+    first.counts = _counts(pg, first, views)
     return Parting(first)
+
+
+def _pair_both_ways(pg: str, seq: int, a: list[int], b: list[int],
+                    views: RankViews) -> Parting:
+    """A diff is not symmetric where two readings fit the same sequences (one rank's extra
+    all-reduce, or the other's skipped all-gather): both are tried, and the one that keeps
+    the order earlier steps followed wins."""
+    one, two = _pair(pg, seq, a, b, views), _pair(pg, seq, b, a, views)
+    cands = [x.block for x in (one, two) if x.block is not None]
+    if not cands:
+        return one
+    follows = _followers(pg, seq, views)
+    if follows:
+        prev = _loose(_at(pg, seq - 1, (a + b)[0], views))
+        for blk in cands:  # the skipped block is what always came next; the others' is not
+            h, lk = _first_at(pg, blk.having, seq, views), _first_at(pg, blk.lacking, seq, views)
+            if h in follows.get(prev, ()) and lk not in follows.get(prev, ()):
+                blk.decided, blk.basis = SKIP, CulpritBasis.HISTORY
+                return Parting(blk)
+        for blk in cands:  # what the others posted is what always came next: an extra here
+            h, lk = _first_at(pg, blk.having, seq, views), _first_at(pg, blk.lacking, seq, views)
+            if lk in follows.get(prev, ()) and h not in follows.get(prev, ()):
+                blk.decided, blk.basis = EXTRA, CulpritBasis.HISTORY
+                return Parting(blk)
+    return Parting(cands[0])
+
+
+def _at(pg: str, seq: int, r: int, views: RankViews) -> Collective | None:
+    return views[r].tl.by_pg.get(pg, {}).get(seq)
+
+
+def _first_at(pg: str, ranks: list[int], seq: int,
+              views: RankViews) -> tuple[object, ...] | None:
+    c = _at(pg, seq, ranks[0], views)
+    return _loose(c) if c is not None else None
+
+
+def _followers(pg: str, before: int,
+               views: RankViews) -> dict[tuple[object, ...], set[tuple[object, ...]]]:
+    """In the agreed steps before ``before``: which collective came right after which."""
+    out: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
+    for v in views.values():
+        seqs = sorted(s for s in v.tl.by_pg.get(pg, {}) if s < before)
+        by = v.tl.by_pg[pg] if seqs else {}
+        for x, y in itertools.pairwise(seqs):
+            if y == x + 1:
+                out.setdefault(_loose(by[x]), set()).add(_loose(by[y]))
+    return out
 
 
 def _pair(pg: str, seq: int, a: list[int], b: list[int], views: RankViews) -> Parting:
@@ -186,7 +236,6 @@ def _decide(b: Block, pg: str, views: RankViews) -> None:
         b.condition = cond
         if b.decided is None:
             b.decided, b.basis = EXTRA, CulpritBasis.SOURCE
-    b.counts = _counts(pg, b, views)
 
 
 def _tagged_in_order(b: Block, pg: str, views: RankViews) -> bool:
@@ -200,10 +249,10 @@ def _tagged_in_order(b: Block, pg: str, views: RankViews) -> bool:
     return bool(nxt and here and nxt[0].tag and nxt[0].tag == here[0].tag)
 
 
-def _loose(c: Collective) -> tuple[object, ...]:
+def _loose(c: Collective | None) -> tuple[object, ...]:
     """What a collective is, step after step: its op, its group's kind and the line that posted
     it (sizes vary from step to step in a ragged job)."""
-    return (c.op, group_kind(c), site_key(c))
+    return (c.op, group_kind(c), site_key(c)) if c is not None else ()
 
 
 def _history(pg: str, before: int, views: RankViews) -> set[tuple[object, ...]]:

@@ -19,7 +19,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankError, SizeAbort
-from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.evidence.vocab import RankState, agree, who
 
 if TYPE_CHECKING:
@@ -54,7 +54,10 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
                    exits: dict[int, int | None]) -> str:
     """``exits``: the ranks that exited badly, with their exit codes."""
     where = " in backward" if div.phase == "backward" else ""
-    callsites = {r: cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)}
+    # where each posted its side of this collective (else where it is now)
+    callsites = {r: cs for r, c in div.per_rank.items()
+                 if (cs := (c.callsite if c is not None else None)
+                     or (reports[r].callsite if r in reports else None))}
     same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
 
     # ranks that did the same thing together: one clause each, however many ranks
@@ -110,7 +113,7 @@ def block_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
     op = first.op if first is not None else "collective"
     site = b.site
     fn = f" from {site.function}()" if site is not None and site.function != "<module>" else ""
-    at = f"{fn} at {site_str(site)}" if site is not None else ""
+    at = f"{fn} at {short_path(site.file)}:{site.line}" if site is not None else ""
     where = f"seq {b.start} of {pg_label(div.pg, div.pg_desc)}"
     n = len(b.items)
     have, lack = who(b.having), who(b.lacking)

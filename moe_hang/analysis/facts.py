@@ -15,6 +15,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
+from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
@@ -50,6 +51,8 @@ class Facts:
     stack_div: tuple[Divergence, list[int], CulpritBasis] | None = None  # from stacks alone
     size_abort: tuple[Divergence, list[int]] | None = None  # and the ranks gloo aborted
     evidence: list[str] = field(default_factory=list)
+    # a rank whose own count, stack and peers' records could not be made to agree
+    disagreements: list[Disagreement] = field(default_factory=list)
 
     def reports(self, div: Divergence | None) -> dict[int, RankReport]:
         """Every rank's report, showing its side of ``div``."""
@@ -91,6 +94,7 @@ def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
 
 def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
+    disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
     blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)
@@ -130,7 +134,9 @@ def facts(ev: Evidence) -> Facts:
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,
               exited,
-              alive, moving, waiting, agent_died, orphans_moving, evidence=_evidence_lines(ev))
+              alive, moving, waiting, agent_died, orphans_moving,
+              evidence=_evidence_lines(ev) + [d.text for d in disagreements],
+              disagreements=disagreements)
     if not divs and len(waiting) >= 2:
         f.stack_div = stack_divergence(views, waiting)
     if ev.size_abort is not None:

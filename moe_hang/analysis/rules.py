@@ -304,7 +304,8 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
     for r, v in f.views.items():
         coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
-    return Situation(div, culprits, basis, f.reports(div), frames)
+    block = next((g.block for g in f.divs if g.div is div), None)
+    return Situation(div, culprits, basis, f.reports(div), frames, block)
 
 
 def _held(f: Facts) -> Conclusion:
@@ -319,6 +320,20 @@ def _held(f: Facts) -> Conclusion:
 
 def _below_held(f: Facts) -> Rule:
     return next(r for r in RULES[1:] if r.when(f))
+
+
+def _said_with_doubts(out: Conclusion, f: Facts) -> Conclusion:
+    """Where a rank's own sources disagree (reconcile.Disagreement) and the conclusion rests
+    on that rank, it says so and is less certain."""
+    involved = set(out.culprits) | (set(out.div.per_rank) if out.div is not None else set())
+    doubts = sorted({d.rank for d in f.disagreements} & involved)
+    if doubts:
+        out.summary += (f" ({who(doubts).capitalize()}: {agree(doubts, 'its', 'their')} own "
+                        f"records and {agree(doubts, 'its', 'their')} peers' disagree; see the "
+                        "evidence.)")
+        if out.certainty == Certainty.DEFINITE:
+            out.certainty = Certainty.LIKELY
+    return out
 
 
 def _in_flight(f: Facts) -> bool:
@@ -368,7 +383,7 @@ RULES: tuple[Rule, ...] = (
 def diagnose(ev: Evidence) -> Diagnosis:
     f = facts(ev)
     rule = next(r for r in RULES if r.when(f))
-    out = rule.then(f)
+    out = _said_with_doubts(rule.then(f), f)
     reports = f.reports(out.div)
     ranks = sorted([*reports.values(), *unreached_reports(ev.unreached, set(reports))],
                    key=lambda x: x.rank)

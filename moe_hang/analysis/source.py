@@ -172,3 +172,17 @@ def rank_condition(path: str, line: int) -> str | None:
         test = ast.unparse(st.test)
         return f"if {test}" if field == "body" else f"if not ({test})"
     return None
+
+
+def enclosing_loop(path: str, line: int) -> str | None:
+    """The header of the innermost ``for``/``while`` loop whose body holds ``line``
+    (``for expert in self.experts``), else None."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    for _b, _i, field, st in reversed(_inner_statements(tree.body, line)):
+        if isinstance(st, (ast.For, ast.AsyncFor)) and field == "body":
+            return f"for {ast.unparse(st.target)} in {ast.unparse(st.iter)}"
+        if isinstance(st, ast.While) and field == "body":
+            return f"while {ast.unparse(st.test)}"
+    return None
