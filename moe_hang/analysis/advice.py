@@ -17,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.source import enclosing_loop, left_loop
+from moe_hang.analysis.source import enclosing_loop, left_loop, rank_condition
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -121,6 +121,19 @@ def advise_dtype(s: Situation) -> Advice:
     site = s.site(next(iter(sorted(s.div.per_rank))))
     return Advice(f"Cast to one dtype on every rank before the collective at {_at(site)} "
                   f"({dtypes}).")
+
+
+def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None) -> Advice:
+    """A send or recv whose other side the peer never posts: the peer of a recv posts a
+    send, not another recv — under the same condition as the call that waits."""
+    other, arg, back = ("send", "dst", "src") if op == "recv" else ("recv", "src", "dst")
+    cond = rank_condition(site.file, site.line) if site is not None else None
+    at = f" at {site.short()}" if site is not None else ""
+    under = f" (it runs under `{cond}`)" if cond else ""
+    return Advice(f"Rank {waiter}'s {op}({back}={peer}){at}{under} waits for a {other} rank "
+                  f"{peer} never posts: post the matching {other}({arg}={waiter}) on rank "
+                  f"{peer} under the same condition as the {op}, the same number of times — "
+                  f"or remove the {op}.")
 
 
 def _advise_extra(s: Situation, b: Block) -> Advice:

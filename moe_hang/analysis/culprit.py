@@ -117,13 +117,16 @@ def _signature(c: Collective) -> tuple[object, ...]:
 
 def _keeps_constant(c: Collective, views: RankViews) -> bool | None:
     """Every earlier (completed) collective of this op on a group like this one, from this
-    call site where the recorder has one, had one signature (op, sizes, dtypes): does ``c``
-    have it? None: no history, or it varies (ragged sizes: history cannot tell)."""
+    call site where the recorder has one (else from any), had one signature (op, sizes,
+    dtypes): does ``c`` have it? None: no history, or it varies (ragged sizes: history cannot
+    tell)."""
     kind, site = group_kind(c), site_key(c)
-    seen = {_signature(h) for v in views.values() for by_seq in v.tl.by_pg.values()
+    done = [h for v in views.values() for by_seq in v.tl.by_pg.values()
             for h in by_seq.values()
-            if h.completed is True and h.op == c.op and group_kind(h) == kind
-            and site_key(h) == site}
+            if h.completed is True and h.op == c.op and group_kind(h) == kind]
+    # its own call site's history, else — a call site never used before — the op's on this
+    # kind of group, whatever posted it: every rank kept one shape there
+    seen = {_signature(h) for h in done if site_key(h) == site} or {_signature(h) for h in done}
     if len(seen) != 1:
         return None
     return _signature(c) in seen

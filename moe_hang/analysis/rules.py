@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation
+from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
@@ -149,6 +149,9 @@ def _cycle(f: Facts) -> Conclusion:
                    + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
         text = (f"{redirected.capitalize()} passed {used} to the {w.op}{at} where the other "
                 f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
+    elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
+            and p2p.p2p is not None:
+        text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site).text
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
