@@ -112,10 +112,10 @@ def test_a_skipped_collective_that_every_step_posted_is_a_skip(tmp_path: Path, s
     g_line = [Frame(TORCH, 9, "all_gather"), Frame(path, at["forward"], "main")]
     steady = [_coll(1, "all_gather", 4, g_line, True), _coll(2, "all_reduce", 1, f_line, True),
               _coll(3, "all_gather", 4, g_line, True), _coll(4, "all_reduce", 1, f_line, True)]
-    full = steady + [_coll(5, "all_gather", 4, g_line, True),
-                     _coll(6, "all_reduce", 1, f_line, False)]
-    short = steady + [_coll(5, "all_reduce", 1, f_line, True),
-                      _coll(6, "all_gather", 4, g_line, False)]
+    full = [*steady, _coll(5, "all_gather", 4, g_line, True),
+            _coll(6, "all_reduce", 1, f_line, False)]
+    short = [*steady, _coll(5, "all_reduce", 1, f_line, True),
+             _coll(6, "all_gather", 4, g_line, False)]
     ranks = {skipper: _rank(skipper, short), 1 - skipper: _rank(1 - skipper, full)}
     d = diagnose(Evidence(ranks=ranks, world_size=2))
     assert d.verdict == "desync" and d.culprit_ranks == [skipper], d.summary
@@ -153,8 +153,8 @@ def test_an_aborted_rank_is_placed_where_its_count_and_stack_agree(tmp_path: Pat
     history = [_coll(s, "all_reduce", 1, other, True) for s in range(1, 14)]
     survivor = 1 - aborted
     ranks = {
-        survivor: _rank(survivor, history + [_coll(14, "all_gather", 401, x_gather, True),
-                                             _coll(15, "all_gather", 401, w_gather, False)]),
+        survivor: _rank(survivor, [*history, _coll(14, "all_gather", 401, x_gather, True),
+                                   _coll(15, "all_gather", 401, w_gather, False)]),
         aborted: RankEvidence(
             rank=aborted, alive=False, exit_code=-signal.SIGABRT,
             heartbeat=Heartbeat.parse({"rank": aborted, "pg_status": {
@@ -179,7 +179,6 @@ def test_a_position_its_own_stack_contradicts_is_never_used(tmp_path: Path):
     lora = str(tmp_path / "job.py")
     Path(lora).write_text("\n" * 50)
     at30 = [Frame(TORCH, 9, "all_gather_into_tensor"), Frame(lora, 30, "step")]
-    at40 = [Frame(TORCH, 9, "all_gather_into_tensor"), Frame(lora, 40, "step")]
     ranks = {
         0: _rank(0, [_coll(1, "all_gather", 4, at30, True),
                      _coll(2, "all_gather", 4, at30, False)]),
