@@ -38,7 +38,8 @@ def _float(v: Any) -> float | None:
 
 
 def parse_pg_status(data: Any) -> dict[str, PgStatus] | None:
-    """``{pg: {"enqueued": n, "completed": m}}`` (the probe's form) -> typed; None if absent."""
+    """``{pg: {"enqueued": n, "completed": m, "started": k}}`` (the probe's form; ``started``
+    only from probes that report it) -> typed; None if absent."""
     if not isinstance(data, dict):
         return None
     out: dict[str, PgStatus] = {}
@@ -46,8 +47,9 @@ def parse_pg_status(data: Any) -> dict[str, PgStatus] | None:
         if not isinstance(st, dict):
             continue
         e, c = _int(st.get("enqueued")), _int(st.get("completed"))
+        started = _int(st.get("started"))
         if e is not None and c is not None:
-            out[str(pg)] = PgStatus(e, c)
+            out[str(pg)] = PgStatus(e, c, -1 if started is None else started)
     return out
 
 

@@ -74,3 +74,75 @@ def test_todays_verdict_a_hang_with_no_culprit(form):
     assert d.verdict == "hang" and d.culprit_ranks == []
     assert {(r.collective.pg, r.collective.seq) for r in d.ranks if r.collective} == \
         {("0", TRUTH["seq"])}
+
+
+# ----------------------------------------------------------------------------- the reader
+
+
+@pytest.mark.parametrize("form", ["json", "pickle"])
+def test_the_reader_keeps_states_times_and_the_last_started_collective(form):
+    from moe_hang.evidence.flight_recorder import load
+
+    seq = TRUTH["seq"]
+    for p in sorted((SET / form).glob("comm_lib_trace_rank_*")):
+        d = load(p)
+        assert d.timing
+        by = {(c.pg, c.seq): c for c in d.entries}
+        head = by[("0", seq)]
+        assert head.state == "started" and head.started and head.completed is False
+        assert head.time_started_ns is not None and head.time_started_ns > 0
+        assert head.time_completed_ns is None and head.duration_ms is None  # JSON's 0 too
+        done = [c for c in d.entries if c.completed]
+        assert done and all(c.state == "completed" and c.started and c.duration_ms
+                            and c.time_completed_ns for c in done)
+        after = by[("0", seq + 1)]
+        assert after.state == "scheduled" and not after.started
+        assert d.pg_status["0"].started == seq
+        assert d.pg_status["0"].completed == seq - 1
+
+
+def test_without_timing_nothing_is_started_and_missing_times_are_none():
+    from moe_hang.evidence.flight_recorder import loads
+
+    entry = {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"],
+             "collective_seq_id": 1, "p2p_seq_id": 0, "op_id": 1,
+             "profiling_name": "nccl:all_reduce", "time_created_ns": 5,
+             "input_sizes": [[1]], "input_dtypes": ["Float"], "output_sizes": [[1]],
+             "output_dtypes": ["Float"], "state": "scheduled",
+             "time_discovered_started_ns": 0, "time_discovered_completed_ns": 0,
+             "retired": False, "timeout_ms": 1, "is_p2p": False}
+    raw = json.dumps({"version": "2.10", "comm_lib_version": "2.27.5",
+                      "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}},
+                      "pg_status": {"0": {"last_enqueued_collective": "1",
+                                          "last_started_collective": "-1",
+                                          "last_completed_collective": "0"}},
+                      "entries": [entry]}).encode()
+    d = loads(raw)
+    (c,) = d.entries
+    assert c.state == "scheduled" and not c.started and c.completed is False
+    assert c.time_started_ns is None and c.time_completed_ns is None
+    assert d.pg_status["0"].started == -1 and not d.timing
+
+
+def test_a_coalesced_op_is_as_far_as_its_least_advanced_member():
+    from moe_hang.evidence.flight_recorder.parse_entry import _merge_coalesced
+    from moe_hang.evidence.flight_recorder.records import Collective
+
+    a = Collective("0", 3, "all_reduce", "nccl:all_reduce", state="completed",
+                   time_started_ns=10, time_completed_ns=20, duration_ms=1.0, completed=True)
+    b = Collective("0", 3, "all_reduce", "nccl:all_reduce", state="started", time_started_ns=12)
+    m = _merge_coalesced([a, b])
+    assert m.state == "started" and m.time_started_ns == 12 and m.time_completed_ns is None
+    assert m.duration_ms is None and m.coalesced == 2
+
+
+def test_the_probe_keeps_states_and_times_of_pending_entries():
+    from moe_hang.evidence.model import parse_pg_status
+    from moe_hang.probe import sample
+
+    for k in ("state", "time_discovered_started_ns", "time_discovered_completed_ns",
+              "duration_ms"):
+        assert k in sample._PENDING_KEYS
+    st = parse_pg_status({"0": {"enqueued": 5, "completed": 3, "started": 4},
+                          "1": {"enqueued": 2, "completed": 2}})
+    assert st is not None and st["0"].started == 4 and st["1"].started == -1
