@@ -1,18 +1,16 @@
-"""Recorder dumps of a symmetric hardware hang with TORCH_NCCL_ENABLE_TIMING=1
-(tests/unit/fixtures/fr_started, written by scripts/fr_symmetric_hang.py on fr_synth's
-build_dump): every rank ``started`` the same collective, none ``completed`` it. The fixtures
-are what the recorder reader will need to keep ``state`` and its times for (docs/
-nccl_evidence.md); today's verdict on them is checked too."""
+"""Recorder dumps of a symmetric hardware hang (tests/unit/fixtures/fr_started, written by
+``scripts/fr_synth.py --fault stall``): every rank posted the same collective and none
+completed it; with TORCH_NCCL_ENABLE_TIMING=1 (``json``, ``pickle``) every rank's kernel
+``started`` it, without (``no_timing``) they are all ``scheduled``. The reader keeps the
+states and times; the generator reproduces the fixtures byte for byte."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES
 
 from moe_hang.commands.diagnose import analyze_paths
 
@@ -55,17 +53,37 @@ def test_every_rank_started_the_same_collective_and_none_completed_it(form):
                       "last_completed_collective": seq - 1}
 
 
-def test_the_generator_writes_exactly_these_fixtures(tmp_path):
-    spec = importlib.util.spec_from_file_location("fr_symmetric_hang",
-                                                  ROOT / "scripts" / "fr_symmetric_hang.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fr_symmetric_hang", mod)
-    spec.loader.exec_module(mod)
-    for form in ("json", "pickle"):
-        assert mod.main([str(tmp_path / form), "--format", form]) == 0
-        for p in (SET / form).iterdir():
-            assert (tmp_path / form / p.name).read_bytes() == p.read_bytes(), p
+# how each fixture set was written (scripts/fr_synth.py)
+WRITTEN_BY = {
+    "json": ["--format", "json", "--timing"],
+    "pickle": ["--format", "pickle", "--timing"],
+    "no_timing": ["--format", "json"],
+}
+
+
+@pytest.mark.parametrize("form", sorted(WRITTEN_BY))
+def test_the_generator_writes_exactly_these_fixtures(tmp_path, form):
+    from moe_hang.testing.fr_synth import main
+
+    args = [str(tmp_path / form), "--ranks", "4", "--mesh", "2x2", "--entries", "16",
+            "--fault", "stall", "--seed", "0", "--workers", "1", *WRITTEN_BY[form]]
+    assert main(args) == 0
+    names = sorted(p.name for p in (SET / form).iterdir())
+    assert names == sorted(p.name for p in (tmp_path / form).iterdir())
+    for name in names:
+        assert (tmp_path / form / name).read_bytes() == (SET / form / name).read_bytes(), name
+
+
+def test_without_timing_every_rank_posted_it_and_none_started_or_completed_it():
+    from moe_hang.evidence.flight_recorder import load
+
+    truth = json.loads((SET / "no_timing" / "truth.json").read_text())
+    assert truth["state"] == "scheduled" and truth["seq"] == TRUTH["seq"]
+    for p in sorted((SET / "no_timing").glob("comm_lib_trace_rank_*")):
+        d = load(p)
+        assert not d.timing
+        head = next(c for c in d.entries if (c.pg, c.seq) == ("0", truth["seq"]))
+        assert head.state == "scheduled" and head.completed is False and not head.started
 
 
 @pytest.mark.parametrize("form", ["json", "pickle"])
