@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
+from moe_hang.evidence.ras import RasEvidence
 from moe_hang.evidence.stacks import (
     Frame,
     P2PCall,
@@ -373,3 +374,5 @@ class Evidence:
     # a stall the watcher lived with (uncertain) and reported again once --hang-after passed:
     # its own words ("no progress on any rank for 300 s (--hang-after)")
     held: str | None = None
+    # NCCL's RAS reports of the job (--ras FILE, or polled live): None when there are none
+    ras: RasEvidence | None = None
