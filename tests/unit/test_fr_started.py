@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 
 import pytest
 from conftest import FIXTURES
@@ -86,12 +87,16 @@ def test_without_timing_every_rank_posted_it_and_none_started_or_completed_it():
         assert head.state == "scheduled" and head.completed is False and not head.started
 
 
-@pytest.mark.parametrize("form", ["json", "pickle"])
-def test_todays_verdict_a_hang_with_no_culprit(form):
+@pytest.mark.parametrize("form", ["json", "pickle", "no_timing"])
+def test_the_verdict_is_a_transport_hang_with_no_culprit(form):
     d = analyze_paths([SET / form], force=False)
-    assert d.verdict == "hang" and d.culprit_ranks == []
+    assert d.verdict == "transport_hang" and d.culprit_ranks == []
+    assert d.rule == "transport or hardware hang" and d.certainty == "uncertain"  # no RAS
     assert {(r.collective.pg, r.collective.seq) for r in d.ranks if r.collective} == \
         {("0", TRUTH["seq"])}
+    assert ("TORCH_NCCL_ENABLE_TIMING=1" in d.summary) == (form == "no_timing")
+    for text in (d.summary, d.fix):  # never called a code bug
+        assert not re.search(r"\b(code|bug)\b", text, re.I), text
 
 
 # ----------------------------------------------------------------------------- the reader
