@@ -481,10 +481,15 @@ def ras_desync(f: Facts) -> Conclusion:
         certainty = Certainty.UNCERTAIN
     target = (f"rank {spans(m.culprits)}" if m.culprits
               else _who(ras, x.comm, x.ranks, x.n_ranks, short=True))
+    now = next((f.views[g] for g in m.culprits if g in f.views and f.views[g].site), None)
+    proc = _proc(c, x.ranks[0]) if x.ranks else None
+    where = (f"it is at {_site(now.site)} instead" if now is not None and now.site
+             else f"`py-spy dump --pid {proc[1]}` on {proc[0]} says where it is instead"
+             if proc is not None else "its stack says where it is instead")
     text = (f"Find why {target} did not reach the {x.op} the others launched"
             + (f" ({_site(m.line)})" if m.line is not None else "")
-            + ": every member of a communicator must launch the same collectives in the "
-              "same order (its stack says where it is instead).")
+            + f" — {where}: every member of a communicator must launch the same collectives "
+              "in the same order.")
     return Conclusion(Verdict.DESYNC, m.culprits, CulpritBasis.LAUNCH_COUNTS, certainty,
                       summary, Advice(text), m.div)
 

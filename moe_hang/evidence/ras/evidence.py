@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.evidence.ras.compare import compare_reports, one_report
-from moe_hang.evidence.ras.findings import RasComparison
+from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT, spans, who
+from moe_hang.evidence.ras.findings import COUNT_KINDS, RasComparison, RasFinding
 from moe_hang.evidence.ras.mapping import BY_PROCESS, BY_WORLD, infer_global_ranks
 from moe_hang.evidence.ras.ranks import ProcessKey
 from moe_hang.evidence.ras.records import RasReport
@@ -71,8 +72,28 @@ class RasEvidence:
                        "the tool knows of the job has RAS's host and pid, and no communicator "
                        "holds every process RAS reached)")
         out += [f"NCCL RAS: {n}" for n in self.notes]
-        out += [f"NCCL RAS: {f.sentence}" for f in self.comparison.findings]
+        if any(f.kind in COUNT_KINDS for f in self.comparison.findings):
+            out.append(f"NCCL RAS: {LAUNCH_COUNTS_CAVEAT} (every count below)")
+        out += [f"NCCL RAS: {_short(f)}" for f in self.comparison.findings]
         return out
+
+
+def _short(f: RasFinding) -> str:
+    """One finding on one line: ``frozen_mismatch: communicator 0x6f6f… (2 ranks), rank 1
+    (global 3): AllGather launched 150, rank 0 151`` (its sentence is in the JSON)."""
+    text = f"{f.kind.value}: communicator {f.comm_hash}" + (
+        f" ({f.comm_size} ranks)" if f.comm_size else "")
+    if f.ranks:
+        g = [x for x in f.global_ranks if x is not None]
+        text += f", {who(f.ranks)}" + (f" (global {spans(g)})" if g else "")
+    elif f.n_ranks:
+        text += f", {f.n_ranks} ranks"
+    if f.op and f.count is not None:
+        text += f": {f.op} launched {f.count}, {who(f.ahead_ranks) + ' ' if f.ahead_ranks else ''}"
+        text += f"{'the others ' if not f.ahead_ranks else ''}{f.ahead}"
+    elif f.detail:
+        text += f": {f.detail}"
+    return text
 
 
 def _stamp(r: RasReport) -> float | None:
