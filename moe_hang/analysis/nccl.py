@@ -552,15 +552,22 @@ def ras_moving(f: Facts) -> bool:
 
 
 def ras_all_moving(f: Facts) -> Conclusion:
+    """Healthy: likely, unless the ranks' own evidence saw them stuck (then uncertain: watch
+    watches on rather than end a job NCCL says is launching)."""
     ras = ras_of(f)
     assert ras is not None
     moved = [p for p in ras.comparison.comms if p.progress == "moving"]
     when = f"in {ras.interval_s:.1f} s" if ras.interval_s is not None else "between the polls"
-    return Conclusion(
-        Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
-        with_launch_caveat(f"NCCL launched more collectives {when} in {len(moved)} of "
-                           f"{len(ras.comparison.comms)} communicator(s) RAS reached: the "
-                           "job is moving, not hung"))
+    stuck = sorted(f.waiting)
+    summary = (f"NCCL launched more collectives {when} in {len(moved)} of "
+               f"{len(ras.comparison.comms)} communicator(s) RAS reached: the job is moving, "
+               "not hung")
+    if stuck:
+        summary += (f", though rank {spans(stuck)} showed no progress of its own while "
+                    "sampled")
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE,
+                      Certainty.UNCERTAIN if stuck else Certainty.LIKELY,
+                      with_launch_caveat(summary))
 
 
 # ----------------------------------------------------------------------------- JSON and lines

@@ -332,7 +332,8 @@ def _held(f: Facts) -> Conclusion:
     (uncertain) until --hang-after passed, and nothing moved."""
     out = _below_held(f).then(f)
     reason = f.ev.held or ""
-    out.verdict = Verdict.HANG
+    if out.verdict != Verdict.TRANSPORT_HANG:  # a hang of its own kind already
+        out.verdict = Verdict.HANG
     out.summary = (reason[:1].upper() + reason[1:] + ". " if reason else "") + out.summary
     return out
 

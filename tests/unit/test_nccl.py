@@ -366,3 +366,19 @@ def test_the_generators_stall_is_a_transport_hang_on_nccl_only(tmp_path):
                 "--fault", "stall", "--backend", "gloo")
     d = analyze_paths([tmp_path / "g"], force=False)
     assert d.verdict == "hang" and d.rule == "all wait in matching collectives"
+
+
+def test_counts_moving_while_the_ranks_look_stuck_is_only_uncertainly_healthy():
+    """watch must never end a job NCCL says is launching: uncertain, so it watches on."""
+    ev = _ep_job(behind=3, recorder_behind=3)
+    d = with_reports(ev, *[(RAS / f"moving_poll{i}.json").read_text() for i in (1, 2)])
+    assert d.verdict == "healthy" and d.certainty == "uncertain"
+    assert "showed no progress" in d.summary
+
+
+def test_a_transport_hang_held_past_hang_after_stays_a_transport_hang():
+    ev = _dumps("no_timing")
+    ev.held = "no progress on any rank for 300 s (--hang-after)"
+    d = diagnose(ev)
+    assert d.rule == "stall held past --hang-after" and d.verdict == "transport_hang"
+    assert d.summary.startswith("No progress on any rank for 300 s")
