@@ -41,7 +41,7 @@ from moe_hang.evidence.model import (
     Unreached,
 )
 from moe_hang.evidence.ras import RasPoll
-from moe_hang.evidence.ras_files import attach_ras
+from moe_hang.evidence.ras_files import attach_ras, other_job
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
 from moe_hang.evidence.vocab import JobState, RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
@@ -337,6 +337,8 @@ def analyze_paths(paths: list[Path], *, force: bool,
         ev = postmortem.merge(ev, dumped)
     ev.artifacts = ", ".join(str(p) for p in paths)
     if ras:
+        if (why := other_job(ev, ras)) is not None and not force:
+            raise MoeHangError(why, hint="pass --force to analyze them together")
         attach_ras(ev, ras)
     return diagnose(ev)
 

@@ -38,6 +38,20 @@ def known_processes(ev: Evidence) -> dict[ProcessKey, int]:
             if e.host is not None and e.pid is not None}
 
 
+def other_job(ev: Evidence, polls: Sequence[RasPoll]) -> str | None:
+    """Why these RAS reports cannot be of the job the rest of the evidence is (None when they
+    may be): a communicator larger than its world."""
+    world = ev.world_size
+    if not world or not ev.ranks:
+        return None
+    for p in polls:
+        big = max((c.size for c in p.report.communicators), default=0)
+        if big > world:
+            return (f"{p.source} has a communicator of {big} ranks, but the job has "
+                    f"{world}: not this job's RAS report")
+    return None
+
+
 def attach_ras(ev: Evidence, polls: Sequence[RasPoll], *, interval_s: float | None = None,
                aliases: dict[str, str] | None = None, notes: Sequence[str] = ()) -> None:
     """``ev.ras`` from these polls (replacing what was there)."""

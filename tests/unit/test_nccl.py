@@ -357,6 +357,20 @@ def test_a_kernel_that_never_started_names_that_gpu(tmp_path, never):
     assert f"rank {never}'s never did" in d.summary
 
 
+def test_the_readmes_example_and_reports_of_another_job(tmp_path):
+    ras = [RAS / f"symmetric_hang_1node_poll{i}.json" for i in (1, 2)]
+    d = analyze_paths([STARTED / "json"], force=False, ras=read_ras_files(ras))
+    assert d.verdict == "transport_hang" and d.certainty == "likely"
+    assert d.nccl_ras is not None and d.nccl_ras["mapped_by"] == "the numbering of the " \
+        "communicator that holds every process"
+    from moe_hang.errors import MoeHangError
+
+    eight = read_ras_files([RAS / f"symmetric_hang_poll{i}.json" for i in (1, 2)])
+    with pytest.raises(MoeHangError, match="8 ranks, but the job has 4"):
+        analyze_paths([STARTED / "json"], force=False, ras=eight)
+    assert analyze_paths([STARTED / "json"], force=True, ras=eight).verdict == "transport_hang"
+
+
 def test_the_generators_stall_is_a_transport_hang_on_nccl_only(tmp_path):
     make_fr_set(tmp_path / "n", "--ranks", "8", "--mesh", "2x4", "--entries", "40",
                 "--fault", "stall", "--timing", "--frames")

@@ -272,7 +272,7 @@ def _nccl(kind: str) -> Diagnosis:
     from moe_hang.analysis.rules import diagnose
     from moe_hang.evidence.flight_recorder.postmortem import evidence, find, load_sets
     from moe_hang.evidence.model import Evidence
-    from moe_hang.evidence.ras import RasPoll, parse_report
+    from moe_hang.evidence.ras import RasPoll
     from moe_hang.evidence.ras_files import attach_ras, read_ras_files
 
     ras = FIXTURES / "ras"
@@ -283,16 +283,7 @@ def _nccl(kind: str) -> Diagnosis:
         return ev
 
     def frozen4() -> list[RasPoll]:
-        text = (ras / "symmetric_hang_poll1.json").read_text()
-        polls = []
-        for i, ts in enumerate(("02:10:00", "02:10:05")):
-            data = parse_report(text.replace("02:10:00", ts))
-            world = data.communicators[0]
-            world4 = type(world)(world.hash, 4, world.ranks[:4],
-                                 secondary_hash=world.secondary_hash)
-            polls.append(RasPoll(type(data)(data.fmt, data.nccl_version, (world4,),
-                                            timestamp=data.timestamp), f"poll{i + 1}.json"))
-        return polls
+        return read_ras_files([ras / f"symmetric_hang_1node_poll{i}.json" for i in (1, 2)])
 
     if kind == "transport":
         ev = dumps(FIXTURES / "fr_started" / "json")
