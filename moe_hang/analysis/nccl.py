@@ -38,6 +38,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.ranktext import spans
+from moe_hang.analysis.ranktext import who as ranks_who
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ras import (
@@ -316,9 +317,10 @@ class Behind:
 
 @dataclass
 class FrozenMismatch:
-    primary: Behind  # the communicator whose ranks behind wait on nobody (the cause)
-    culprits: list[int]  # global ranks (mapped) of the ranks behind in it
-    chain: list[Behind]  # the other communicators held up through them
+    primary: Behind  # the first communicator whose ranks behind wait on nobody (the cause)
+    causes: list[Behind]  # every such communicator (primary first)
+    culprits: list[int]  # global ranks (mapped) of the ranks behind in them
+    chain: list[Behind]  # the other communicators, held up through them
     cycle: bool  # every rank behind is itself ahead elsewhere: they wait for each other
     agree: list[str] = field(default_factory=list)  # the recorder and stacks, agreeing
     disagree: list[str] = field(default_factory=list)  # ... contradicting
@@ -344,12 +346,14 @@ def frozen_mismatch(f: Facts) -> FrozenMismatch | None:
     if not found:
         return None
     waiting = {p for b in found for p in b.ahead}
-    roots = [b for b in found if b.behind and not set(b.behind) & waiting]
-    primary = roots[0] if roots else found[0]
-    x = primary.finding
-    culprits = _globals(ras, x.comm, x.ranks)
-    out = FrozenMismatch(primary, culprits, [b for b in found if b is not primary],
-                         cycle=not roots and all(b.behind for b in found))
+    # the ranks behind wait on nobody (a text report names no process: each is its own cause)
+    roots = [b for b in found if not b.behind or not set(b.behind) & waiting]
+    cycle = not roots
+    causes = roots or found  # a cycle: every rank behind, the counts do not say who began it
+    culprits = sorted({g for b in causes for g in _globals(ras, b.finding.comm,
+                                                           b.finding.ranks)})
+    out = FrozenMismatch(causes[0], causes, culprits, [b for b in found if b not in causes],
+                         cycle=cycle)
     _reconcile(f, ras, out)
     return out
 
@@ -370,8 +374,7 @@ def _reconcile(f: Facts, ras: RasEvidence, m: FrozenMismatch) -> None:
     """What the recorder and the stacks say of the ranks behind: agreeing, or not."""
     x = m.primary.finding
     ahead = _globals(ras, x.comm, x.ahead_ranks)
-    behind = m.culprits
-    for g in behind:
+    for g in m.culprits:
         v = f.views.get(g)
         if v is None:
             continue
@@ -388,6 +391,8 @@ def _reconcile(f: Facts, ras: RasEvidence, m: FrozenMismatch) -> None:
                            + (f" at {_site(v.site)}" if v.site else ""))
         elif v.site is not None:
             m.agree.append(f"rank {g} is at {_site(v.site)}")
+    # the recorder, for the first cause: the group with that communicator's members
+    behind = _globals(ras, x.comm, x.ranks)
     members = set(_globals(ras, x.comm, tuple(range(x.comm_size)))) if x.comm_size else set()
     pgs = _pg_for(f, members) if members and len(members) == x.comm_size else []
     for pg in pgs:
@@ -465,17 +470,24 @@ def ras_desync(f: Facts) -> Conclusion:
         f"{cap(who)} never launched the {_missed(x)} {x.op} of {_comm_name(c, x.comm)} "
         f"that {_ahead(ras, x)} launched{line}, and no rank launched anything there {when}: "
         f"it cannot complete without {'it' if x.n_ranks == 1 else 'them'}")
+    for b in m.causes[1:]:
+        y = b.finding
+        summary += (f" {cap(_who(ras, y.comm, y.ranks, y.n_ranks))} never launched the "
+                    f"{_missed(y)} {y.op} of {_comm_name(_comm(ras, y.comm), y.comm)} that "
+                    f"{_ahead(ras, y)} launched.")
     if m.cycle:
         summary += (" Every rank behind is ahead in another communicator: they wait for each "
-                    "other (communicators launched in different orders).")
+                    "other (communicators launched in different orders), and the counts do "
+                    "not say who began it — their stacks would.")
     elif m.chain:
         held = sorted({g for b in m.chain for g in _globals(ras, b.finding.comm,
                                                               b.finding.ahead_ranks)})
-        summary += (f" {len(m.chain)} other communicator(s) are held up behind it"
-                    + (f" (rank {spans(held)} wait there)" if held else "") + ".")
+        summary += (f" {len(m.chain)} other communicator(s) are held up behind "
+                    f"{'it' if len(m.culprits) <= 1 else 'them'}"
+                    + (f" ({ranks_who(held)} wait there)" if held else "") + ".")
     if m.agree:
         summary += " " + cap("; ".join(m.agree)) + "."
-    certainty = Certainty.LIKELY
+    certainty = Certainty.UNCERTAIN if m.cycle else Certainty.LIKELY
     if m.disagree:
         summary += " But " + "; ".join(m.disagree) + ": the evidence disagrees."
         certainty = Certainty.UNCERTAIN

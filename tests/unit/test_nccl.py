@@ -396,3 +396,44 @@ def test_a_transport_hang_held_past_hang_after_stays_a_transport_hang():
     d = diagnose(ev)
     assert d.rule == "stall held past --hang-after" and d.verdict == "transport_hang"
     assert d.summary.startswith("No progress on any rank for 300 s")
+
+
+def _two_comms(world_behind: tuple[int, ...], ep_behind: int) -> list[str]:
+    """The expert-parallel layout (world of 4, EP of global ranks 1 and 3), frozen: in the
+    world ``world_behind`` are one AllReduce behind, in EP ``ep_behind`` one AllGather."""
+    out = []
+    for i in (1, 2):
+        data = json.loads(W.fixtures()[f"frozen_mismatch_poll{i}.json"])
+        world, ep = data["communicators"]
+        for r in world["ranks"]:
+            r["collective_counts"]["AllReduce"] = 299 if r["rank"] in world_behind else 300
+        for r in ep["ranks"]:
+            g = 1 if r["rank"] == 0 else 3
+            r["collective_counts"]["AllGather"] = 150 if g == ep_behind else 151
+        out.append(json.dumps(data, indent=2))
+    return out
+
+
+@pytest.mark.parametrize("ep_behind,other", [(3, 1), (1, 3)])
+def test_a_rank_held_in_another_communicator_is_not_the_culprit(ep_behind, other):
+    """``other`` is behind in the world, but ahead in EP: it launched EP's all-gather and
+    waits there for ``ep_behind``, who launched nothing anywhere — the culprit, mirrored."""
+    d = with_reports(Evidence(ranks={}), *_two_comms((1, 3), ep_behind))
+    assert d.verdict == "desync" and d.certainty == "likely"
+    assert d.culprit_ranks == [ep_behind], d.summary
+    assert "151st AllGather" in d.summary and "held up behind it" in d.summary
+
+
+@pytest.mark.parametrize("stuck", [0, 2])
+def test_the_chain_ends_where_the_ranks_behind_wait_on_nobody(stuck):
+    """Rank 3 is behind in EP but ahead in the world, waiting there for ``stuck``."""
+    d = with_reports(Evidence(ranks={}), *_two_comms((stuck,), 3))
+    assert d.culprit_ranks == [stuck] and "AllReduce" in d.summary
+
+
+def test_two_communicators_waiting_on_each_other_name_both_uncertainly():
+    """Rank 1 behind in the world and ahead in EP, rank 3 the other way round: a cycle the
+    counts cannot break (which skipped first, only the stacks say)."""
+    d = with_reports(Evidence(ranks={}), *_two_comms((1,), 3))
+    assert d.verdict == "desync" and d.certainty == "uncertain" and d.culprit_ranks == [1, 3]
+    assert "do not say who began it" in d.summary
