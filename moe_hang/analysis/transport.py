@@ -97,8 +97,10 @@ def transport(f: Facts) -> Transport | None:
         colls = [c for c in currents if c is not None]
         if len({_same(c) for c in colls}) != 1:
             return None
-        timing = any(v.ev.fr is not None and v.ev.fr.timing for v in views) or any(
-            c.state == "started" for c in colls)
+        timing = (any(v.ev.fr is not None and v.ev.fr.timing for v in views)
+                  or any(c.state == "started" for c in colls)
+                  or any(st.started >= 0 for v in views if v.ev.heartbeat is not None
+                         for st in (v.ev.heartbeat.pg_status or {}).values()))
         t = Transport(colls[0], list(f.alive), frozen, timing)
         if timing:
             t.started = [r for r, c in zip(f.alive, colls, strict=True) if c.started]

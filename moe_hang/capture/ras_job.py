@@ -83,8 +83,7 @@ def local_aliases() -> dict[str, str]:
     return out
 
 
-def _write(layout: RunLayout, pair: RasPair, why_not: str | None,
-           aliases: dict[str, str]) -> None:
+def _write(layout: RunLayout, pair: RasPair, aliases: dict[str, str]) -> None:
     layout.ras_dir.mkdir(exist_ok=True, mode=0o700)
     polls: list[dict[str, Any]] = []
     answers: list[RasAnswer] = [a for a in (pair.first, pair.second) if a is not None]
@@ -98,11 +97,8 @@ def _write(layout: RunLayout, pair: RasPair, why_not: str | None,
         if a.error:
             entry["error"] = f"RAS at {a.endpoint}: {a.error}"
         polls.append(entry)
-    meta: dict[str, Any] = {"polls": polls, "interval_s": pair.interval_s,
-                            "aliases": aliases}
-    if why_not:
-        meta["notes"] = [why_not]
-    rundir.write_json(layout.ras_meta, meta)
+    rundir.write_json(layout.ras_meta, {"polls": polls, "interval_s": pair.interval_s,
+                                        "aliases": aliases})
 
 
 def poll_into(layout: RunLayout, *, backend: str | None, env: Mapping[str, str],
@@ -126,7 +122,7 @@ def poll_into(layout: RunLayout, *, backend: str | None, env: Mapping[str, str],
     if say is not None:
         say(f"asking NCCL RAS at {endpoint} twice, {interval_s:.0f} s apart")
     pair = take(interval_s, endpoint, deadline_s=QUERY_DEADLINE_S)
-    _write(layout, pair, None, local_aliases())
+    _write(layout, pair, local_aliases())
     return True
 
 

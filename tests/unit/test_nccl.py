@@ -437,3 +437,31 @@ def test_two_communicators_waiting_on_each_other_name_both_uncertainly():
     d = with_reports(Evidence(ranks={}), *_two_comms((1,), 3))
     assert d.verdict == "desync" and d.certainty == "uncertain" and d.culprit_ranks == [1, 3]
     assert "do not say who began it" in d.summary
+
+
+@pytest.mark.parametrize("never", [None, 2])
+def test_from_the_probes_heartbeats_as_watch_sees_them(never):
+    """watch's view: no dump, each rank's heartbeat with its pending entry and pg_status."""
+    from moe_hang.evidence.model import Heartbeat
+
+    ranks = {}
+    for r in range(4):
+        started = r != never
+        entry = {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 41,
+                 "profiling_name": "nccl:all_reduce", "input_sizes": [[1]],
+                 "output_sizes": [[1]], "input_dtypes": ["Float"],
+                 "time_created_ns": 1_000_000_000 + r,
+                 "state": "started" if started else "scheduled",
+                 "time_discovered_started_ns": 1_000_500_000 + r if started else None,
+                 "time_discovered_completed_ns": None}
+        hb = Heartbeat.parse({"rank": r, "pid": 100 + r, "host": "node0", "pending": [entry],
+                              "pg_status": {"0": {"enqueued": 41, "completed": 40,
+                                                  "started": 41 if started else 40}}})
+        ranks[r] = RankEvidence(rank=r, pid=100 + r, host="node0", alive=True,
+                                progressed=False, heartbeat=hb)
+    d = diagnose(Evidence(ranks=ranks, world_size=4))
+    assert d.verdict == "transport_hang" and d.certainty == "uncertain"  # no RAS
+    assert d.culprit_ranks == ([] if never is None else [never])
+    assert "TORCH_NCCL_ENABLE_TIMING=1 would tell" not in d.summary
+    if never is not None:
+        assert "node0" in d.fix and d.culprit_basis == "kernel_timing"
