@@ -18,6 +18,7 @@ from moe_hang import __version__
 from moe_hang.cli_typer import _Command, _Group
 from moe_hang.config import DEFAULT_STALL_S, build_config, require_gpu_per_rank
 from moe_hang.errors import EXIT_TOOL_ERROR, Interrupted, MoeHangError
+from moe_hang.probe.layout import RunLayout
 
 if TYPE_CHECKING:
     from moe_hang.analysis.diagnosis import Diagnosis
@@ -277,7 +278,7 @@ def diagnose(pid: Annotated[int | None, typer.Argument(
                                 command=_command(), shared_dir=shared_dir, ras=polls)
     _show(diag, ReportContext("diagnose", f"moe-hang diagnose {pid}"), as_json=as_json,
           verbose=verbose, html=html,
-          console_log=Path(diag.artifacts) / "console.log" if diag.artifacts else None)
+          console_log=RunLayout(Path(diag.artifacts)).console_log if diag.artifacts else None)
     raise typer.Exit(exit_code_for(diag.verdict))
 
 

@@ -17,11 +17,10 @@ from moe_hang.analysis.order import (
     further_along,
     inversion,
     program_order,
-    site_key,
     user_frames,
     who_skipped,
 )
-from moe_hang.analysis.timeline import RankViews, group_kind
+from moe_hang.analysis.timeline import RankViews, group_kind, site_key
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort
@@ -81,8 +80,10 @@ def blame(g: GroupDivergence, views: RankViews) -> Blame:
     """The culprits of one group's divergence."""
     if g.div.kind == MismatchKind.MISSING and g.absent:
         return _blame_absent(g, views)
-    if g.shift is not None:  # it posts what the others post later: it skipped some
-        return Blame(g.shift.ahead, CulpritBasis.PROGRAM_ORDER)
+    if g.block is not None:  # one side posted collectives the other did not
+        if g.block.decided is None:
+            return Blame(g.block.culprits, CulpritBasis.AMBIGUOUS)
+        return Blame(g.block.culprits, g.block.basis)
     if g.identity:
         sides = _sides(g.identity)
         if (tagged := _tag_ahead(g, views)) is not None:

@@ -40,6 +40,7 @@ class MismatchKind(StrEnum):
     DTYPE = "dtype_mismatch"
     MISSING = "missing_rank"
     ORDER = "order_mismatch"  # the same collectives, posted in different orders (a cycle)
+    EXTRA = "extra_collective"  # collectives some ranks posted and the others never did
 
 
 class CulpritBasis(StrEnum):
@@ -51,6 +52,7 @@ class CulpritBasis(StrEnum):
     PROGRAM_ORDER = "program_order"  # further along the same code: it skipped what others wait in
     HISTORY = "history"  # earlier iterations show the order it broke
     CYCLE = "cycle"  # every rank on a wait-for cycle
+    SOURCE = "source"  # the source runs the code only on these ranks (a rank condition)
     WAITED_FOR = "waited_for"  # outside any collective while the others wait for it
     AMBIGUOUS = "ambiguous"  # the evidence does not decide: every candidate is named
     NONE = "none"  # no culprit (healthy, or nothing to blame)

@@ -48,7 +48,7 @@ class Facts:
     agent_died: bool
     orphans_moving: bool
     stack_div: tuple[Divergence, list[int], CulpritBasis] | None = None  # from stacks alone
-    size_abort: tuple[Divergence, list[int], str] | None = None
+    size_abort: tuple[Divergence, list[int]] | None = None  # and the ranks gloo aborted
     evidence: list[str] = field(default_factory=list)
 
     def reports(self, div: Divergence | None) -> dict[int, RankReport]:
@@ -58,21 +58,6 @@ class Facts:
     def causal(self) -> list[tuple[GroupDivergence, Blame]]:
         """Divergences that are a cause, not the consequence of another group's."""
         return [(g, b) for g, b in zip(self.divs, self.blames, strict=True) if b.causal]
-
-    def waits(self, reports: dict[int, RankReport]) -> str:
-        """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
-        from moe_hang.analysis.explain import fmt_sizes
-        from moe_hang.analysis.ranktext import spans
-
-        victims = [r for r in self.views if r not in self.killed and r not in self.left
-                   and reports[r].collective is not None
-                   and (r in self.waiting or reports[r].state == RankState.EXITED)]
-        # ranks in the same collective together: on 1000 ranks, one clause per kind of wait
-        by_what: dict[str, list[int]] = {}
-        for r in victims:
-            by_what.setdefault(fmt_sizes(reports[r].collective), []).append(r)
-        return ", ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {spans(rs)} in {what}"
-                         for what, rs in by_what.items())
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:

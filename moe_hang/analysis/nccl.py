@@ -1,6 +1,6 @@
 """NCCL RAS read together with the rest of the evidence (pure): each rank's state and
 per-communicator *launch* counts, across two polls. The rules of
-:mod:`moe_hang.analysis.rules` read the facts and conclusions here (docs/DESIGN.md §12):
+:mod:`moe_hang.analysis.rules` read the facts and conclusions here (docs/DESIGN.md §13):
 
 - a rank RAS considers dead or cannot reach: a process or its node is down (``rank_died``);
 - an NCCL error (``async_error``, a failed init) or an aborted communicator on some ranks: the
@@ -37,8 +37,6 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ranktext import spans
-from moe_hang.analysis.ranktext import who as ranks_who
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ras import (
@@ -52,7 +50,8 @@ from moe_hang.evidence.ras import (
 from moe_hang.evidence.ras import RankState as RasState
 from moe_hang.evidence.ras.counts import ordinal
 from moe_hang.evidence.stacks import Frame, callsite
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, spans
+from moe_hang.evidence.vocab import who as ranks_who
 
 _REMOTE = "ncclRemoteError"
 

@@ -26,11 +26,10 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, spans
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_hang.analysis.advice import Advice, Situation
+from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
@@ -27,13 +27,12 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
+    abort_detail,
+    block_summary,
     culprit_clause,
     desync_summary,
-    ranks_text,
-    shift_summary,
     site_str,
-    some_ranks,
-    who,
+    waits_text,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts
 from moe_hang.analysis.failures import (
@@ -47,7 +46,6 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.mismatch import ROW
 from moe_hang.analysis.nccl import (
     counts_differ,
     frozen_mismatch,
@@ -66,9 +64,7 @@ from moe_hang.analysis.nccl import (
 )
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
-from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.ranktext import spans
-from moe_hang.analysis.timeline import build_timeline, recorder_only
+from moe_hang.analysis.timeline import build_timeline, recorder_only, to_rc
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
     unreached_line,
@@ -80,7 +76,7 @@ from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.vocab import JobState, RankState
+from moe_hang.evidence.vocab import JobState, RankState, agree, spans, who
 
 
 @dataclass(frozen=True)
@@ -102,8 +98,8 @@ def _size_abort(f: Facts) -> Conclusion:
     """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
     survivors' records reach it; else the abort itself does."""
     assert f.size_abort is not None
-    div, _, detail = f.size_abort
-    aborted = [r for r in f.views if f.views[r].ev.fatal or f.views[r].ev.exit_code == -6]
+    div, aborted = f.size_abort
+    detail = abort_detail(aborted, f.ev.size_abort)
     if desync_divs(f):
         out = _desync(f)
         if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
@@ -122,7 +118,7 @@ def _size_abort(f: Facts) -> Conclusion:
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     return Conclusion(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
-                      ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
+                      KIND_ADVICE[div.kind](_situation(f, div, b.culprits, b.basis)), div)
 
 
 def _cycle(f: Facts) -> Conclusion:
@@ -156,24 +152,24 @@ def _cycle(f: Facts) -> Conclusion:
                 "group in the same order on every rank.")
     elif wrong := _wrong_groups(culprits, f):
         w = wrong[0]
-        who = ranks_text(sorted(x.rank for x in wrong))
+        redirected = who(x.rank for x in wrong)
         used, meant = pg_label(w.used, w.used_desc), pg_label(w.meant, w.meant_desc)
         at = f" at {Path(w.site[0]).name}:{w.site[1]}" if w.site else ""
         held = f.views[w.rank]
         now = next((e.what for c in f.wait_cycles for e in c if e.waiter == w.rank), None)
         waiters = sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
         # the redirect is the cause: it leads; the cycle is what it led to
-        summary = (f"Rank {who} posted the {w.op}{at} on {used} instead of {meant}"
+        summary = (f"{redirected.capitalize()} posted the {w.op}{at} on {used} instead of {meant}"
                    + (f" and went on to {now} at {site_str(held.site)}" if now else "")
-                   + f"; rank {ranks_text(waiters)} "
+                   + f"; {who(waiters)} "
                    + ("waits" if len(waiters) == 1 else "wait")
                    + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
-        text = (f"Rank {who} passed {used} to the {w.op}{at} where the other ranks passed "
-                f"{meant}: pass the same group (the same mesh dim) on every rank.")
+        text = (f"{redirected.capitalize()} passed {used} to the {w.op}{at} where the other "
+                f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
-        text = (f"Rank {ranks_text(sorted(culprits))} went past what rank {waiter} waits in "
+        text = (f"{who(sorted(culprits)).capitalize()} went past what rank {waiter} waits in "
                 f"({next(e.what for e in cyc if e.on in culprits)} at "
                 f"{site_str(f.views[waiter].site)}): make {them} post that too, in the same "
                 "order.")
@@ -192,10 +188,10 @@ def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
 
     why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
            else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
-    summary = (f"{some_ranks(inv.culprits).capitalize()} posted {name(inv.first)} before "
-               f"{name(inv.second)}; {some_ranks(inv.others)} posted them the other way "
+    summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
+               f"{name(inv.second)}; {who(inv.others)} posted them the other way "
                f"round ({why}): each waits for the other.")
-    text = (f"Make {some_ranks(inv.culprits)} post {inv.second.op} on "
+    text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
             f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
             f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
             "every group in the same order on every rank.")
@@ -225,20 +221,20 @@ def _desync(f: Facts) -> Conclusion:
     culprits = sorted({r for _, bb in found for r in bb.culprits})
     reports = f.reports(g.div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    if g.shift is not None:
-        summary = shift_summary(g, reports)
+    if g.block is not None:
+        summary = block_summary(g, reports)
     else:
         summary = desync_summary(g.div, reports, b.culprits, exits)
         summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     if len(found) > 1:
         summary += (f" {len(found) - 1} more group(s) diverged: "
-                    + "; ".join(f"{x.div.pg}#{x.div.seq} (rank {ranks_text(bb.culprits)})"
+                    + "; ".join(f"{x.div.pg}#{x.div.seq} ({who(bb.culprits)})"
                                 for x, bb in found[1:]) + ".")
     # all members posted the seq and disagree: it can never complete
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
     certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
-                      ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
+                      KIND_ADVICE[g.div.kind](_situation(f, g.div, b.culprits, b.basis)),
                       g.div, [x.div for x, _ in found[1:]])
 
 
@@ -250,7 +246,7 @@ def _stack_desync(f: Facts) -> Conclusion:
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
-                      ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
+                      KIND_ADVICE[div.kind](_situation(f, div, culprits, basis)), div)
 
 
 def _outside(f: Facts) -> list[int]:
@@ -261,13 +257,14 @@ def _outside(f: Facts) -> list[int]:
 def _stalled_outside(f: Facts) -> Conclusion:
     culprits = _outside(f)
     reports = f.reports(None)
-    w = f.waits(reports)
+    w = waits_text(f, reports)
     div = next((g.div for g in f.divs if set(g.absent) & set(culprits)), None)
     site = f.views[culprits[0]].site
     if all(recorder_only(f.views[r].ev) for r in culprits):
         return outside_recorded(f, culprits, w, div)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
-    summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
+    summary = (f"{who(culprits).capitalize()} {agree(culprits, 'is', 'are')} outside any "
+               f"collective ({where}) while "
                f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       summary,

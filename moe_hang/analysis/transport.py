@@ -1,7 +1,7 @@
 """The transport or hardware hang (pure): every rank in the same collective, posted alike,
 and it completes nowhere — NCCL only. Never the collective order, never a code bug.
 
-Three pieces of evidence, each alone uncertain, together likely (docs/DESIGN.md §12):
+Three pieces of evidence, each alone uncertain, together likely (docs/DESIGN.md §13):
 the recorder with start events (TORCH_NCCL_ENABLE_TIMING=1) shows every rank's kernel
 *started* it and none completed; RAS shows every rank RUNNING at equal launch counts, frozen
 across two polls; and, without timing, only that every rank posted it. Timing also names the
@@ -18,10 +18,9 @@ from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.nccl import cap, ras_of
-from moe_hang.analysis.ranktext import spans
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ras import LAUNCH_COUNTS_CAVEAT, FindingKind, RasEvidence
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, spans
 
 TIMING_HINT = "TORCH_NCCL_ENABLE_TIMING=1"
 LATE_START_S = 1.0  # a kernel that started this much after the others' is named

@@ -33,7 +33,7 @@ from moe_hang.capture.ras import (
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.model import Heartbeat
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.runtime import rundir
 
@@ -149,7 +149,7 @@ def capture_ras(layout: RunLayout, heartbeats: Iterable[Heartbeat] = (),
 
 def _heartbeats(layout: RunLayout) -> list[Heartbeat]:
     out = []
-    for p in layout.files_of("hb.json"):
+    for p in layout.files_of(RankFiles.HEARTBEAT):
         with contextlib.suppress(OSError, ValueError):
             hb = Heartbeat.parse(json.loads(p.read_text()))
             if hb is not None:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.analysis.diagnosis import Diagnosis
-from moe_hang.analysis.ranktext import who
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
 from moe_hang.capture import dumps, pyspy
@@ -43,7 +42,7 @@ from moe_hang.evidence.model import (
 from moe_hang.evidence.ras import RasPoll
 from moe_hang.evidence.ras_files import attach_ras, other_job
 from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
-from moe_hang.evidence.vocab import JobState, RankState
+from moe_hang.evidence.vocab import JobState, RankState, who
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of

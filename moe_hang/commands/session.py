@@ -20,7 +20,7 @@ from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import ProcessRecord, ProcessTable, Unreached
 from moe_hang.evidence.torchrun_log import parse_torchrun_failures, read_job_log
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.monitor import FROZEN, EventKind, Phase, ProgressSample, WatchEvent
 from moe_hang.runtime.procs import defer_interrupt, is_alive
@@ -91,11 +91,11 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
 def crash_onset(layout: RunLayout) -> float | None:
     """When the first rank crashed: its fatal-signal dump or its exception record."""
     times = []
-    for p in layout.files_of("fatal.txt"):
+    for p in layout.files_of(RankFiles.FATAL):
         with contextlib.suppress(OSError):
             if p.stat().st_size > 0:
                 times.append(p.stat().st_mtime)
-    for p in layout.files_of("error.json"):
+    for p in layout.files_of(RankFiles.ERROR):
         with contextlib.suppress(OSError, ValueError, KeyError):
             times.append(float(json.loads(p.read_text())["time"]))
     return min(times) if times else None
@@ -136,6 +136,6 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
 def save(layout: RunLayout, diag: Diagnosis) -> None:
     """The final diagnosis; the probes' FIFOs go, they are only useful while the ranks live."""
     rundir.write_json(layout.diagnosis, diag.to_dict())
-    for p in layout.files_of("ctl"):
+    for p in layout.files_of(RankFiles.CTL):
         with contextlib.suppress(OSError):
             p.unlink()

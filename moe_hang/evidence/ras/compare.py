@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from moe_hang.evidence.ras.counts import launched, ordinal, who, with_launch_caveat
+from moe_hang.evidence.ras.counts import launched, ordinal, with_launch_caveat
 from moe_hang.evidence.ras.findings import (
     FindingKind,
     Namer,
@@ -33,6 +33,7 @@ from moe_hang.evidence.ras.records import (
     RasReport,
 )
 from moe_hang.evidence.ras.states import state_findings
+from moe_hang.evidence.vocab import who
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S"  # the writer's strftime("%F %T"), local time
 

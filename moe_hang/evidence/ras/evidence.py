@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.evidence.ras.compare import compare_reports, one_report
-from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT, spans, who
+from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT
 from moe_hang.evidence.ras.findings import COUNT_KINDS, RasComparison, RasFinding
 from moe_hang.evidence.ras.mapping import BY_PROCESS, BY_WORLD, infer_global_ranks
 from moe_hang.evidence.ras.ranks import ProcessKey
 from moe_hang.evidence.ras.records import RasReport
+from moe_hang.evidence.vocab import spans, who
 
 MIN_INTERVAL_S = 1.0  # polls closer than this (one timestamp second) tell nothing apart
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S"

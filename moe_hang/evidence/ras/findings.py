@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from moe_hang.evidence.ras.counts import spans, who
 from moe_hang.evidence.ras.records import RasCommunicator
+from moe_hang.evidence.vocab import spans, who
 
 
 class FindingKind(str, Enum):
