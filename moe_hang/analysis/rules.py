@@ -46,9 +46,26 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
+from moe_hang.analysis.nccl import (
+    counts_differ,
+    frozen_mismatch,
+    gone,
+    nccl_errors,
+    ras_all_moving,
+    ras_desync,
+    ras_lines,
+    ras_moving,
+    ras_nothing_wrong,
+    ras_one_poll_clean,
+    ras_one_poll_mismatch,
+    ras_rank_died,
+    ras_rank_error,
+    ras_summary,
+)
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.timeline import build_timeline, recorder_only, to_rc
+from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
     unreached_line,
     unreached_reports,
@@ -316,7 +333,8 @@ def _held(f: Facts) -> Conclusion:
     (uncertain) until --hang-after passed, and nothing moved."""
     out = _below_held(f).then(f)
     reason = f.ev.held or ""
-    out.verdict = Verdict.HANG
+    if out.verdict != Verdict.TRANSPORT_HANG:  # a hang of its own kind already
+        out.verdict = Verdict.HANG
     out.summary = (reason[:1].upper() + reason[1:] + ". " if reason else "") + out.summary
     return out
 
@@ -358,6 +376,8 @@ RULES: tuple[Rule, ...] = (
     Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
     Rule("rank killed or gone", lambda f: bool(f.killed), killed),
     Rule("rank left early", lambda f: bool(f.left), left_early),
+    Rule("NCCL rank gone (RAS)", lambda f: gone(f) is not None, ras_rank_died),
+    Rule("NCCL error on a rank (RAS)", lambda f: nccl_errors(f) is not None, ras_rank_error),
     Rule("waits on unknown ranks", lambda f: bool(waits_on_unreached(f)), waiting_on_unreached),
     Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), _cycle),
     Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
@@ -365,6 +385,8 @@ RULES: tuple[Rule, ...] = (
          _stack_desync),
     Rule("unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
          unmatched_outcome),
+    Rule("frozen launch counts disagree (RAS)",
+         lambda f: frozen_mismatch(f) is not None and not _in_flight(f), ras_desync),
     Rule("launcher died", lambda f: f.agent_died, agent_died),
     Rule("monitored barrier names the laggards", lambda f: bool(barrier_laggards(f)),
          monitored_barrier),
@@ -373,10 +395,15 @@ RULES: tuple[Rule, ...] = (
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
+    Rule("NCCL launch counts moving (RAS)", ras_moving, ras_all_moving),
     Rule("recorded collectives all completed", nothing_pending, all_completed),
     Rule("stalled outside collectives",
          lambda f: bool(_outside(f)) and len(_outside(f)) < len(f.waiting), _stalled_outside),
     Rule("straggler", lambda f: bool(f.waiting) and bool(f.moving), _straggler),
+    Rule("transport or hardware hang", lambda f: transport(f) is not None, transport_hang),
+    Rule("launch counts differ in one RAS report", lambda f: bool(counts_differ(f)),
+         ras_one_poll_mismatch),
+    Rule("one RAS report, nothing wrong in it", ras_nothing_wrong, ras_one_poll_clean),
     Rule("all wait in matching collectives",
          lambda f: bool(f.waiting) and len(f.waiting) == len(f.alive), _all_in_one),
     Rule("inconclusive", lambda f: True, _inconclusive),
@@ -394,8 +421,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
         first_divergence=out.div, ranks=ranks, fix=out.advice.text,
         fix_code=out.advice.code, artifacts=ev.artifacts,
-        evidence=f.evidence + unreached_line(ev.unreached),
+        evidence=f.evidence + unreached_line(ev.unreached) + ras_lines(ev),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
         certainty=out.certainty, rule=rule.name,
-        divergences=[out.div, *out.more] if out.div is not None else [])
+        divergences=[out.div, *out.more] if out.div is not None else [],
+        nccl_ras=ras_summary(ev))
 

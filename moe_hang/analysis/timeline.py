@@ -299,7 +299,8 @@ def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
     site = posting_site(c, v)
     return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
                           dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
-                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site)
+                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site,
+                          state=c.state)
 
 
 def build_timeline(views: RankViews, div: Divergence | None,

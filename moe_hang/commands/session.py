@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Iterable, Iterator
@@ -14,6 +15,7 @@ from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import RunInfo
 from moe_hang.capture import dumps, pyspy
+from moe_hang.capture.ras_job import capture_ras
 from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import ProcessRecord, ProcessTable, Unreached
@@ -80,6 +82,7 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
     if sample is not None:
         out.progressed = sample.finish()
     pyspy.save_stacks(stacks, layout)
+    capture_ras(layout, out.heartbeats.values(), [dict(os.environ)], say)  # NCCL jobs only
     for r, err in errors.items():
         if err:
             layout.rank(r).dump_error.write_text(err)

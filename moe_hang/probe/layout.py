@@ -170,6 +170,19 @@ class RunLayout:
     def stacks_dir(self) -> Path:
         return self.root / "stacks"
 
+    @property
+    def ras_dir(self) -> Path:
+        """NCCL RAS reports taken at capture (``poll1.json``, ``poll2.json``: what RAS sent)."""
+        return self.root / "ras"
+
+    @property
+    def ras_meta(self) -> Path:
+        """How the RAS polls were taken: where, when, the interval, what failed."""
+        return self.ras_dir / "polls.json"
+
+    def ras_poll(self, i: int, fmt: str) -> Path:
+        return self.ras_dir / f"poll{i}.{'json' if fmt == 'json' else 'txt'}"
+
     # multi-node watch: what the coordination adds (docs/DESIGN.md §10)
     @property
     def coord_dir(self) -> Path:

@@ -240,6 +240,17 @@ def evidence_lines(d: Diagnosis, width: int) -> list[Text]:
     return out
 
 
+def ras_lines(d: Diagnosis, width: int) -> list[Text]:
+    """What NCCL RAS said, each finding's sentence in full (``nccl_ras`` of the JSON)."""
+    findings = (d.nccl_ras or {}).get("findings") or []
+    if not findings:
+        return []
+    out = [_heading("NCCL RAS")]
+    for f in findings:
+        out += wrap(Text(str(f.get("sentence", "")), style="dim"), width, indent=2, hang=4)
+    return out
+
+
 def footer(d: Diagnosis, width: int) -> list[Text]:
     parts = timing_parts(d)
     if d.artifacts:
@@ -268,7 +279,7 @@ def details(d: Diagnosis, width: int, *, clipped: bool = False) -> list[Renderab
         list(divergence_lines(d, width)), list(ranks_lines(d, width)),
         timeline_table(d, width), list(stack_lines(d, width)),
         reference_lines(ref, width) if ref is not None else [],
-        list(evidence_lines(d, width)), list(footer(d, width))]
+        list(evidence_lines(d, width)), list(ras_lines(d, width)), list(footer(d, width))]
     out: list[RenderableType] = []
     for b in blocks:
         if b:

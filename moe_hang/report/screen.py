@@ -42,6 +42,7 @@ VERDICT_STYLE = {
     Verdict.DESYNC: "bold red", Verdict.HANG: "bold red", Verdict.CRASH: "bold red",
     Verdict.RANK_DIED: "bold red", Verdict.STRAGGLER: "bold yellow",
     Verdict.INCONCLUSIVE: "bold yellow", Verdict.HEALTHY: "bold green",
+    Verdict.TRANSPORT_HANG: "bold red",
 }
 
 

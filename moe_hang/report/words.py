@@ -43,6 +43,11 @@ BASIS_WORDS: dict[str, tuple[str, str]] = {
                               "the others wait for them outside any collective"),
     CulpritBasis.AMBIGUOUS: ("the evidence does not decide",
                              "the evidence does not decide between them"),
+    CulpritBasis.NCCL_ERROR: ("NCCL reports an error on it", "NCCL reports errors on them"),
+    CulpritBasis.LAUNCH_COUNTS: ("it never launched what the others launched",
+                                 "they never launched what the others launched"),
+    CulpritBasis.KERNEL_TIMING: ("its kernel started last, or never: look there first",
+                                 "their kernels started last, or never: look there first"),
 }
 
 
@@ -102,8 +107,9 @@ def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
     if c.op in ("send", "recv"):
         seq = f" p2p{seq}"  # a group's send/recv count, not its collective sequence number
     shape = fmt_shape(c.input_sizes) if sizes else ""
+    started = " (kernel started)" if c.state == "started" else ""  # recorder timing only
     return f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq}" + (f" [{shape}]" if shape
-                                                                    else "")
+                                                                    else "") + started
 
 
 def where_now(r: RankReport, *, sizes: bool = True) -> str:

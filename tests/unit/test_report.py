@@ -262,7 +262,69 @@ def not_verified() -> Diagnosis:
     return d
 
 
+def _nccl(kind: str) -> Diagnosis:
+    """NCCL's evidence through the real engine: recorder dumps of a symmetric hang
+    (tests/unit/fixtures/fr_started) and RAS reports (tests/unit/fixtures/ras)."""
+    import tempfile
+
+    from conftest import FIXTURES, make_fr_set
+
+    from moe_hang.analysis.rules import diagnose
+    from moe_hang.evidence.flight_recorder.postmortem import evidence, find, load_sets
+    from moe_hang.evidence.model import Evidence
+    from moe_hang.evidence.ras import RasPoll
+    from moe_hang.evidence.ras_files import attach_ras, read_ras_files
+
+    ras = FIXTURES / "ras"
+
+    def dumps(path: Path) -> Evidence:
+        ev = evidence(load_sets(find([path]).sets))
+        ev.artifacts = str(path)
+        return ev
+
+    def frozen4() -> list[RasPoll]:
+        return read_ras_files([ras / f"symmetric_hang_1node_poll{i}.json" for i in (1, 2)])
+
+    if kind == "transport":
+        ev = dumps(FIXTURES / "fr_started" / "json")
+        attach_ras(ev, frozen4())
+    elif kind == "transport-no-timing":
+        ev = dumps(FIXTURES / "fr_started" / "no_timing")
+    elif kind == "transport-late":
+        ev = dumps(FIXTURES / "fr_started" / "json")
+        fr = ev.ranks[2].fr
+        assert fr is not None
+        for c in fr.entries:
+            if c.state == "started" and c.time_started_ns is not None:
+                c.time_started_ns += 3_000_000_000
+        attach_ras(ev, frozen4())
+    elif kind == "transport-16":
+        with tempfile.TemporaryDirectory(prefix="moe-hang-test-") as tmp:
+            make_fr_set(Path(tmp), "--ranks", "16", "--mesh", "4x4", "--entries", "40",
+                        "--fault", "stall", "--frames")
+            return diagnose(dumps(Path(tmp)))
+    elif kind == "ras-desync":
+        ev = Evidence(ranks={}, artifacts="ras/frozen_mismatch_poll*.json")
+        attach_ras(ev, read_ras_files([ras / "frozen_mismatch_poll1.json",
+                                       ras / "frozen_mismatch_poll2.json"]))
+    else:
+        ev = Evidence(ranks={}, artifacts="ras/dead_rank_2.29.7.json")
+        attach_ras(ev, read_ras_files([ras / "dead_rank_2.29.7.json"]))
+    return diagnose(ev)
+
+
 CASES = {
+    "analyze-transport-hang": (lambda: _nccl("transport"),
+                               ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-no-timing": (lambda: _nccl("transport-no-timing"),
+                                    ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-late": (lambda: _nccl("transport-late"),
+                               ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-16": (lambda: _nccl("transport-16"),
+                             ReportContext("analyze", "moe-hang analyze")),
+    "analyze-ras-desync": (lambda: _nccl("ras-desync"),
+                           ReportContext("analyze", "moe-hang analyze")),
+    "analyze-ras-dead": (lambda: _nccl("ras-dead"), ReportContext("analyze", "moe-hang analyze")),
     "repro-desync": (ragged_repro, ReportContext("repro", "moe-hang repro",
                                                  ["moe-hang", "verify", "--fixed"])),
     "repro-a2a-64-ranks": (many_ranks_ragged, ReportContext(

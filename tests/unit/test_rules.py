@@ -217,6 +217,101 @@ def _all_in_one(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1))), []
 
 
+# ------------------------------------------------- NCCL: RAS reports and recorder timing
+
+
+def _ras_writer():  # tests/unit/fixtures/ras/write_fixtures.py: NCCL's JSON layout
+    import importlib.util
+    import sys
+
+    from conftest import FIXTURES
+
+    path = FIXTURES / "ras" / "write_fixtures.py"
+    spec = importlib.util.spec_from_file_location("ras_write_fixtures", path)
+    assert spec and spec.loader
+    mod = sys.modules.get("ras_write_fixtures") or importlib.util.module_from_spec(spec)
+    if "ras_write_fixtures" not in sys.modules:
+        sys.modules["ras_write_fixtures"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+HOST = "10.0.0.1"
+
+
+def _report(counts: tuple[int, int], ts: str = "2026-03-04 03:00:00", *,
+            missing: int | None = None, error: int | None = None) -> str:
+    """Two ranks (pids 500, 501 on HOST) of one communicator: AllReduce ``counts``."""
+    w = _ras_writer()
+    ranks = [w.Rank(r, HOST, 500 + r, r, w.ar(counts[r])) for r in (0, 1) if r != missing]
+    if error is not None:
+        ranks[error].async_error = 1  # ncclUnhandledCudaError
+    gone = [w.Missing(missing, HOST, 500 + missing, missing, dead=True)] \
+        if missing is not None else []
+    return w.write("2.29.7", 12090, 12090, ts, [w.Comm(0xfeed, (1, 2), 2, ranks, gone)])
+
+
+def _with_ras(ev: Evidence, *reports: str) -> Evidence:
+    from moe_hang.evidence.ras import RasPoll, parse_report
+    from moe_hang.evidence.ras_files import attach_ras
+
+    for r, e in ev.ranks.items():
+        e.pid, e.host = 500 + r, HOST
+    attach_ras(ev, [RasPoll(parse_report(t), f"poll{i}") for i, t in enumerate(reports)])
+    return ev
+
+
+def _synced(culprit: int) -> Evidence:
+    """Both ranks blocked at the same line outside any collective (a CUDA sync)."""
+    del culprit
+    return _ev(*(_stuck(r, _stack(("/job/train.py", 44, "<module>"))) for r in (0, 1)))
+
+
+def _ras_gone(culprit: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(_synced(culprit), _report((7, 7), missing=culprit)), [culprit]
+
+
+def _ras_error(culprit: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(_synced(culprit), _report((7, 7), error=culprit)), [culprit]
+
+
+def _ras_frozen(culprit: int) -> tuple[Evidence, list[int]]:
+    counts = (100, 101) if culprit == 0 else (101, 100)
+    return _with_ras(_synced(culprit), _report(counts),
+                     _report(counts, "2026-03-04 03:00:05")), [culprit]
+
+
+def _ras_moving(_: int) -> tuple[Evidence, list[int]]:
+    ev = _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1)))
+    return _with_ras(ev, _report((7, 7)), _report((9, 9), "2026-03-04 03:00:05")), []
+
+
+def _transport(culprit: int) -> tuple[Evidence, list[int]]:
+    """NCCL recorder with timing: both ranks posted all_reduce #3 alike; the culprit's kernel
+    never started it, the other's did; RAS frozen at equal counts."""
+    ranks = []
+    for r in (0, 1):
+        fr = _fr(r, [(1, "all_reduce", [[8]], True), (2, "all_reduce", [[8]], True),
+                     (3, "all_reduce", [[8]], False)])
+        fr.backend = "nccl"
+        for c in fr.entries:
+            c.state = "completed" if c.completed else ("scheduled" if r == culprit
+                                                       else "started")
+            c.time_started_ns = None if c.state == "scheduled" else 5000 * c.seq
+        ranks.append(RankEvidence(rank=r, alive=True, progressed=False, fr=fr))
+    ev = _ev(*ranks)
+    return _with_ras(ev, _report((7, 7)), _report((7, 7), "2026-03-04 03:00:05")), [culprit]
+
+
+def _ras_one_poll(culprit: int) -> tuple[Evidence, list[int]]:
+    counts = (100, 101) if culprit == 0 else (101, 100)
+    return _with_ras(_synced(culprit), _report(counts)), [culprit]
+
+
+def _ras_clean(_: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(Evidence(ranks={}), _report((7, 7))), []
+
+
 def _inconclusive(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*(RankEvidence(rank=r, alive=True, stack_error="py-spy: permission denied")
                  for r in (0, 1))), []
@@ -231,17 +326,24 @@ CASES: dict[str, tuple[Case, bool]] = {
     "gloo size abort": (_size_abort, False),
     "rank killed or gone": (_killed, True),
     "rank left early": (_left, True),
+    "NCCL rank gone (RAS)": (_ras_gone, True),
+    "NCCL error on a rank (RAS)": (_ras_error, True),
     "waits on unknown ranks": (_unknown, False),
     "wait-for cycle": (_cycle, False),
     "collective desync": (_desync, True),
     "desync from stacks": (_stack_desync, True),
+    "frozen launch counts disagree (RAS)": (_ras_frozen, True),
     "launcher died": (_launcher_died, False),
     "monitored barrier names the laggards": (_monitored, True),
     "timed out waiting for a rank outside collectives": (_timed_out, True),
     "failed with consequences only": (_consequences, False),
     "every rank moving": (_moving, False),
+    "NCCL launch counts moving (RAS)": (_ras_moving, False),
     "stalled outside collectives": (_stalled_outside, True),
     "straggler": (_straggler, True),
+    "transport or hardware hang": (_transport, True),
+    "launch counts differ in one RAS report": (_ras_one_poll, True),
+    "one RAS report, nothing wrong in it": (_ras_clean, False),
     "all wait in matching collectives": (_all_in_one, False),
     "inconclusive": (_inconclusive, False),
 }
