@@ -35,9 +35,10 @@ def _same_line(a: Frame | None, b: Frame | None) -> bool:
 
 
 def _own_sizes(theirs: list[list[int]], abort: SizeAbort | None) -> list[list[int]]:
-    """The aborted rank's own input sizes, from a peer's and gloo's byte counts: it expected
-    ``expected`` bytes from each peer because that is what it held itself (every member of an
-    all-gather holds the same shape, it assumed), and received ``received``."""
+    """The aborted rank's own input sizes, from a peer's and gloo's byte counts: in an
+    all-gather it expected ``expected`` bytes from each peer because that is what it held
+    itself (every member holds the same shape, it assumed), and received ``received`` (other
+    ops exchange chunks of the buffer: their byte counts say nothing of one rank's sizes)."""
     if abort is None or not abort.received or not abort.expected or len(theirs) != 1:
         return []
     (dims,) = theirs
@@ -86,7 +87,7 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             mine = replace(peer, seq=n, frames=list(v.stack.frames), completed=False,
                            source="reconciled", record_id=None,
                            input_sizes=_own_sizes(peer.input_sizes, abort)
-                           if v.ev.exit_code == -6 else [],
+                           if v.ev.exit_code == -6 and op == "all_gather" else [],
                            output_sizes=[])
             v.tl.by_pg.setdefault(pg, {})[n] = mine
             v.tl.enqueued[pg] = max(v.tl.enqueued.get(pg, -1), n)
