@@ -116,6 +116,8 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
             continue
         first = next(iter(have.values()))
         per_rank = {r: to_rc(present.get(r), views[r]) for r in with_data}
+        if block is not None:  # the block is what one side posted and the other never did
+            per_rank.update(dict.fromkeys(block.lacking))
         phase = next((c.phase for c in have.values() if c.phase), None)
         if phase is None and any(c.frames and in_backward(c.frames) for c in have.values()):
             phase = "backward"

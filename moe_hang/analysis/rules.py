@@ -234,8 +234,11 @@ def _desync(f: Facts) -> Conclusion:
                     + "; ".join(f"{x.div.pg}#{x.div.seq} ({who(bb.culprits)})"
                                 for x, bb in found[1:]) + ".")
     # all members posted the seq and disagree: it can never complete
+    # every member posted this seq and they disagree, or one side posted a block the other
+    # never did and the two line up again after it: it can never complete
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
-    certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
+    certain = (Certainty.DEFINITE if (same_seq or g.block is not None) and b.confirmed
+               else Certainty.LIKELY)
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
                       KIND_ADVICE[g.div.kind](_situation(f, g.div, b.culprits, b.basis)),
                       g.div, [x.div for x, _ in found[1:]])
