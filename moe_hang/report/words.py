@@ -19,6 +19,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import exit_desc
 from moe_hang.analysis.ranktext import runs
 from moe_hang.analysis.runs import ScenarioRun
+from moe_hang.evidence.rankid import is_unidentified, pid_of, pids_text
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import RankState
 from moe_hang.report.wrap import display_path, shorten_paths
@@ -77,8 +78,13 @@ def rank_ranges(ranks: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs(ranks))
 
 
-def ranks_label(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+def ranks_label(ranks: list[int], compact: Callable[[list[int]], str] | None = None) -> str:
+    """``rank 3``, ``ranks 0-3``; a rank of unknown number by its PID (evidence.rankid)."""
+    known = [r for r in ranks if not is_unidentified(r)]
+    pids = sorted(pid_of(r) for r in ranks if is_unidentified(r))
+    parts = [("rank " if len(known) == 1 else "ranks ") + (compact or rank_ranges)(known)
+             ] if known else []
+    return " and ".join(parts + ([pids_text(pids)] if pids else []))
 
 
 def site_text(site: Frame | None) -> str:
@@ -160,8 +166,7 @@ def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
         return None
     ranks = sorted(d.culprit_ranks)
     label = "culprit" if len(ranks) == 1 else "culprits"
-    names = ("rank " if len(ranks) == 1 else "ranks ") + (
-        ", ".join(map(str, ranks)) if len(ranks) < 9 else rank_ranges(ranks))
+    names = ranks_label(ranks, None if len(ranks) >= 9 else lambda rs: ", ".join(map(str, rs)))
     one, several = BASIS_WORDS.get(d.culprit_basis, ("", ""))
     return label, names, one if len(ranks) == 1 else several
 
@@ -226,7 +231,8 @@ def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
     if found is None:
         return None
     rank, site = found
-    return f"open {display_path(site.file)}:{site.line}", f"{site.function}, rank {rank}"
+    who = f"PID {pid_of(rank)}, rank unknown" if is_unidentified(rank) else f"rank {rank}"
+    return f"open {display_path(site.file)}:{site.line}", f"{site.function}, {who}"
 
 
 def run_words(d: Diagnosis, ctx: ReportContext) -> str:
