@@ -405,9 +405,19 @@ def find_job(pid: int) -> FoundJob:
     if not any(r.pid == me.pid for r in ranks):
         ranks.append(mine)
     ranks, orphans = _split_orphans(ranks)
-    job = _job(pid, None, None, ranks)
+    # their launcher, where it is still theirs (accelerate's, a script's)
+    launcher = parent.pid if parent is not None and all(
+        _ppid(r.pid) == parent.pid for r in ranks) else None
+    job = _job(pid, None, launcher, ranks)
     job.orphans = orphans
     return job
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def _key_of(pid: int) -> tuple[str | None, ...] | None:

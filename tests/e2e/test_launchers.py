@@ -34,16 +34,23 @@ from conftest import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 SCRIPT = JOBS / "any_launcher.py"
-LAUNCHES = ("spawn", "slurm", "ompi")
+try:
+    import accelerate  # noqa: F401
+    HAS_ACCELERATE = True
+except ImportError:  # an optional extra: pip install -e '.[launchers]'
+    HAS_ACCELERATE = False
+LAUNCHES = ("spawn", "slurm", "ompi", pytest.param("accelerate", marks=pytest.mark.skipif(
+    not HAS_ACCELERATE, reason="accelerate launch: pip install -e '.[launchers]'")))
 
 
 def _argv(launch: str, nproc: int = 2) -> list[str]:
     if launch in ("spawn", "spawn-anonymous"):
         return [sys.executable, str(SCRIPT), launch, str(nproc)]
-    if launch == "accelerate":
-        return [sys.executable, "-m", "accelerate.commands.launch", "--cpu",
-                "--num_processes", str(nproc), "--main_process_port", str(free_port()),
-                str(SCRIPT), "env"]
+    if launch == "accelerate":  # its multi-process launcher (torchrun inside it), on CPU
+        return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_processes", str(nproc), "--num_machines", "1", "--mixed_precision",
+                "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                str(SCRIPT), "accelerate"]
     return [sys.executable, str(JOBS / "launch_like.py"), launch, str(nproc), str(free_port()),
             str(SCRIPT), "env"]
 
@@ -264,16 +271,7 @@ def test_diagnose_says_not_distributed_only_of_a_process_outside_every_group(tmp
         (job.marks / "release").write_text("go")
 
 
-# ----------------------------------------------------------------------------- accelerate
-
-
-@pytest.mark.parametrize("early", [1, 0], ids=["rank1_early", "mirrored"])
-def test_accelerate_launch_under_watch(tmp_path, early):
-    pytest.importorskip("accelerate", reason="accelerate launch: pip install -e '.[launchers]'")
-    code, d, marks = _watch(tmp_path, "accelerate", JOB_EARLY_RANK=str(early))
-    assert code == 3
-    _culprit_site(d, early)
-    assert {r["rank"]: r["pid"] for r in d["ranks"]} == _pids(marks)
+# ----------------------------------------------------------------------------- under watch
 
 
 def test_watch_and_diagnose_agree_on_a_spawn_job_under_watch(tmp_path):

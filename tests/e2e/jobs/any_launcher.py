@@ -3,6 +3,7 @@
     python any_launcher.py spawn N   torch.multiprocessing.spawn, as in PyTorch's DDP tutorial:
                                      the spawn index is the rank passed to init_process_group
     python any_launcher.py spawn-anonymous N   the same, with no local named rank anywhere
+    python any_launcher.py accelerate  one rank under accelerate launch (its PartialState)
     python any_launcher.py env       one rank of N started by srun or mpirun (launch_like.py):
                                      rank and world size from SLURM_PROCID/SLURM_NTASKS or
                                      OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE
@@ -97,5 +98,9 @@ if __name__ == "__main__":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # the tutorial's setup()
         mp.spawn(main if sys.argv[1] == "spawn" else anonymous, args=(world,), nprocs=world,
                  join=True)
+    elif sys.argv[1] == "accelerate":  # under accelerate launch: its state joins the group
+        from accelerate import PartialState
+
+        loop(PartialState(cpu=True).process_index)
     else:
         main(*from_env())
