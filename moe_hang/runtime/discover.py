@@ -151,6 +151,16 @@ def joined_group(pid: int) -> bool:
     return False
 
 
+def _loads_torch(pid: int) -> bool:
+    """torch's library is mapped into ``pid`` (a Python process in an srun allocation that
+    never imports torch is no rank-to-be)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any("libtorch" in line for line in f)
+    except OSError:
+        return False
+
+
 def _read(p: psutil.Process) -> _Proc | None:
     if not _live(p):
         return None
@@ -293,7 +303,7 @@ def _rank_procs(procs: list[_Proc]) -> list[_Proc]:
     ranks = [q for q in procs if q.has_rank_var or q.joined]
     if not ranks:
         ranks = [q for q in procs if q.env_identity is not None and _is_python(q.p)
-                 and not _is_launcher(q.p)]
+                 and not _is_launcher(q.p) and _loads_torch(q.pid)]
     by_pid = {q.pid: q for q in ranks}
     out = []
     for q in ranks:
