@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.errors import MoeHangError
+from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.runtime.procs import starting_child
@@ -79,20 +80,31 @@ def _parse_result(pid: int, returncode: int | None, out: bytes, err: bytes,
 # a rank's locals may hold anything (a token, a password), and nothing else is needed
 _P2P_LOCALS = {"send": {"dst", "tag", "group"}, "isend": {"dst", "tag", "group"},
                "recv": {"src", "tag", "group"}, "irecv": {"src", "tag", "group"}}
+# and, in any frame, the integers that may say which rank this is (rankid.identity_from_locals)
+_IDENTITY_LOCALS = {*RANK_LOCALS, *WORLD_LOCALS}
+
+
+def _kept(f: dict[str, Any], v: Any) -> bool:
+    if not isinstance(v, dict):
+        return False
+    if v.get("name") in _IDENTITY_LOCALS and str(v.get("repr", "")).isdigit():
+        return True
+    keep = _P2P_LOCALS.get(str(f.get("name"))) \
+        if str(f.get("filename", "")).endswith("distributed_c10d.py") else None
+    return keep is not None and v.get("name") in keep
 
 
 def strip_locals(data: Any) -> Any:
-    """py-spy JSON with only the peer arguments of c10d send/recv frames kept."""
+    """py-spy JSON with only the peer arguments of c10d send/recv frames and integer rank and
+    world-size locals kept."""
     threads = data.get("threads", []) if isinstance(data, dict) else data
     for t in threads if isinstance(threads, list) else []:
         for f in t.get("frames", []) if isinstance(t, dict) else []:
             if not isinstance(f, dict) or "locals" not in f:
                 continue
-            keep = _P2P_LOCALS.get(str(f.get("name"))) \
-                if str(f.get("filename", "")).endswith("distributed_c10d.py") else None
-            if keep:
-                f["locals"] = [v for v in f["locals"] or []
-                               if isinstance(v, dict) and v.get("name") in keep]
+            kept = [v for v in f["locals"] or [] if _kept(f, v)]
+            if kept:
+                f["locals"] = kept
             else:
                 del f["locals"]
     return data

@@ -25,10 +25,11 @@ from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
 from moe_hang.capture import dumps, pyspy
 from moe_hang.capture.ras_job import capture_ras
+from moe_hang.commands import identify
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import flight_recorder as fr
-from moe_hang.evidence import identity
+from moe_hang.evidence import identity, rankid
 from moe_hang.evidence.flight_recorder import postmortem
 from moe_hang.evidence.load import load_capture, load_captures
 from moe_hang.evidence.model import (
@@ -171,7 +172,8 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     notes: list[str] = []
     if fr_dir is not None:
         notes = _copy_fr_dir(fr_dir, out)
-    table = ProcessTable(world_size=job.world_size, job=JobState.RUNNING, agent_pid=job.agent,
+    table = ProcessTable(world_size=job.world_size, job=JobState.RUNNING,
+                         agent_pid=job.agent or job.launcher,
                          target_pid=job.target, notes=notes,
                          orphans=[(o.rank, o.pid) for o in job.orphans],
                          probe_errors={k: v for k, v in dump_errors.items() if v})
@@ -207,8 +209,9 @@ def pick_job() -> int:
     lists them."""
     jobs = find_jobs()
     if not jobs:
-        raise MoeHangError("no distributed PyTorch job on this host (no process of yours with "
-                           "RANK in its environment): give its PID")
+        raise MoeHangError("no distributed PyTorch job on this host (no process of yours has "
+                           "joined a process group or has RANK in its environment): give its "
+                           "PID")
     if len(jobs) > 1:
         listing = "\n".join(f"  {j.describe()}" for j in jobs)
         raise MoeHangError(f"{len(jobs)} distributed jobs on this host; give the PID of one:\n"
@@ -255,6 +258,12 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
     has_probe = any(r.probe_dir for r in job.ranks)
     if not has_probe and fr_dir is None:
         pyspy.require_pyspy()  # nothing else could tell us where the ranks are
+    identify.from_frames(job, say)
+    unknown = {r.rank for r in job.unidentified()}
+    if unknown:
+        # a rank of unknown number may be any one of the world's: with the world size the
+        # analysis would expect numbers nobody has, and call them missing
+        job.world_size = None
     with _capture_dir(out) as d:
         rundir.write_json(d.meta, rundir.meta(command or ["moe-hang", "diagnose", str(pid)]))
         capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
@@ -277,13 +286,26 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
                         f"its child process {o.pid} (a forked worker) still holds its "
                         "connections, so the other ranks got no error and wait forever")
         diag = _with_other_nodes(ev, job, shared_dir, say) or diagnose(ev)
+        _name_unidentified(diag, unknown)
         diag.artifacts = str(d.root) if out is not None else ""
-        diag.run = AttachRun(target_pid=pid, agent_pid=job.agent,
+        diag.run = AttachRun(target_pid=pid, agent_pid=job.agent or job.launcher,
                              timings=Timings(capture_s=round(capture_s, 3),
                                              wall_s=round(time.monotonic() - t0, 3)))
         if out is not None:
-            rundir.write_json(d.diagnosis, diag.to_dict())
+            rundir.write_json(d.diagnosis, rankid.relabel_json(diag.to_dict()))
         return diag
+
+
+def _name_unidentified(diag: Diagnosis, keys: set[int]) -> None:
+    """Every sentence names a rank of unknown number by its PID (evidence.rankid)."""
+    if not keys:
+        return
+    diag.summary = rankid.relabel_text(diag.summary, keys)
+    diag.fix = rankid.relabel_text(diag.fix, keys)
+    diag.evidence = [rankid.relabel_text(e, keys) for e in diag.evidence]
+    for r in diag.ranks:
+        if r.note:
+            r.note = rankid.relabel_text(r.note, keys)
 
 
 def analyze_dirs(dirs: list[Path]) -> Diagnosis:

@@ -13,6 +13,8 @@ import signal
 from collections.abc import Iterable
 from enum import Enum
 
+from moe_hang.evidence.rankid import is_unidentified, pid_of, pids_text
+
 
 class StrEnum(str, Enum):
     """A str whose f-string and str() are its value on every Python (3.11 changed format())."""
@@ -75,9 +77,10 @@ def runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def spans(numbers: Iterable[int]) -> str:
-    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
+    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1`` (rank numbers only: an
+    unidentified rank is never a number, see :func:`who`)."""
     return ", ".join(f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1)))
-                     for a, b in runs(numbers))
+                     for a, b in runs(n for n in numbers if n >= 0))
 
 
 WHO_MAX = 40  # longer than this, a rank list in a sentence is said by its size
@@ -85,12 +88,15 @@ WHO_MAX = 40  # longer than this, a rank list in a sentence is said by its size
 
 def who(numbers: Iterable[int]) -> str:
     """``rank 3``, ``ranks 0, 4, 12``, ``ranks 0-7``; scattered thousands: ``300 ranks``
-    (the JSON lists them all)."""
-    ns = sorted(set(numbers))
+    (the JSON lists them all). A rank whose number nobody knows is keyed ``-pid``
+    (evidence.rankid) and named by its PID: ``rank 0 and PID 1234 (unidentified rank)``."""
+    all_ = sorted(set(numbers))
+    ns = [n for n in all_ if not is_unidentified(n)]
+    pids = sorted(pid_of(n) for n in all_ if is_unidentified(n))
     text = spans(ns)
-    if len(ns) == 1:
-        return f"rank {text}"
-    return f"ranks {text}" if len(text) <= WHO_MAX else f"{len(ns)} ranks"
+    known = "" if not ns else f"rank {text}" if len(ns) == 1 else (
+        f"ranks {text}" if len(text) <= WHO_MAX else f"{len(ns)} ranks")
+    return " and ".join(x for x in (known, pids_text(pids) if pids else "") if x)
 
 
 def exit_desc(code: int | None) -> str:

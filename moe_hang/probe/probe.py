@@ -31,11 +31,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
-    from moe_hang.probe import sample
+    from moe_hang.probe import launchers, sample
     from moe_hang.probe.layout import RankFiles
 else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
@@ -50,6 +51,7 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
         return mod
 
     sample = _sibling("sample")
+    launchers = _sibling("launchers")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 
 ENV_DIR = "MOE_HANG_PROBE_DIR"
@@ -58,9 +60,11 @@ ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
 FR_BUFFER = "2000"
-# Only these variables of a rank's environment ever reach a file.
-ENV_ALLOWLIST_EXACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+# Only these variables of a rank's environment ever reach a file: torchrun's, and the other
+# launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
+ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_RUN_ID", *launchers.IDENTITY_VARS)))
 ENV_ALLOWLIST_PREFIX = ("TORCH_", "NCCL_")
 
 
@@ -89,9 +93,30 @@ def enable_flight_recorder() -> None:
         os.environ.setdefault(name, FR_BUFFER)
 
 
+@dataclass(frozen=True)
+class Identity:
+    """A rank's place in its job, as its heartbeat says it: from torchrun's variables, or,
+    for a rank found by its call to ``init_process_group``, from the process group itself."""
+
+    rank: int
+    world: int | None = None
+    local_rank: int | None = None
+    local_world: int | None = None
+
+    @classmethod
+    def from_torchrun_env(cls, rank: int) -> Identity:
+        def num(key: str) -> int | None:
+            v = os.environ.get(key)
+            return int(v) if v is not None and v.isdigit() else None
+
+        return cls(rank, num("WORLD_SIZE"), num("LOCAL_RANK"), num("LOCAL_WORLD_SIZE"))
+
+
 class Probe:
-    def __init__(self, directory: Path, rank: int, interval: float):
+    def __init__(self, directory: Path, rank: int, interval: float,
+                 identity: Identity | None = None):
         self.dir, self.rank, self.interval = directory, rank, interval
+        self.identity = identity or Identity.from_torchrun_env(rank)
         self.files = RankFiles(directory, rank)
         self.progress: dict[str, Any] = {}
         self._beat = 0
@@ -200,8 +225,8 @@ class Probe:
             progress = dict(self.progress)
         hb = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
-            "world": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"),
-            "local_world": os.environ.get("LOCAL_WORLD_SIZE"),
+            "world": self.identity.world, "local_rank": self.identity.local_rank,
+            "local_world": self.identity.local_world,
             "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
             "progress": progress, "pg_status": status, "pending": self._pending,
             "main_frame": sample.main_frame(self._main_ident),
@@ -277,20 +302,6 @@ class Probe:
             except Exception:  # the probe must never take the rank down
                 time.sleep(self.interval)
 
-    def _sigterm_loop(self) -> None:
-        while True:
-            signal.sigwait({signal.SIGTERM})
-            if not self._requested:  # a requested dump is already on disk: keep it
-                with contextlib.suppress(Exception):
-                    self.dump("sigterm", "sigterm")
-            # Let the signal take its normal effect: unblock it in this thread only and resend.
-            # With the default disposition the process ends as torchrun expects (-15); with a
-            # Python handler installed by the job, Python runs it in the main thread as usual.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
     def record_exception(self, exc: BaseException) -> None:
         """The exception that ends a rank (type, first line, frames innermost first), plus a
         recorder dump: often the survivors' side of a peer's death or abort."""
@@ -320,26 +331,22 @@ class Probe:
     def start(self) -> None:
         self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
-        in_main = threading.current_thread() is threading.main_thread()
-        # threading's own exit hooks run before atexit, module teardown and C++ destructors
-        at_exit = getattr(threading, "_register_atexit", None) or __import__("atexit").register
-        if in_main:
-            # Block SIGTERM in this (main) thread *before* any other thread exists, so every
-            # thread (ours, torch's) inherits the mask and only the sigwait thread receives
-            # it, even while the main thread is stuck in C++ inside a collective.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            os.register_at_fork(after_in_child=_unblock_sigterm)
-            with contextlib.suppress(Exception):
-                # Unblock before interpreter shutdown freezes the sigwait thread.
-                at_exit(_unblock_sigterm)
+        _SigtermRelay.start()
         self._chain_excepthook()
         with contextlib.suppress(Exception):
-            at_exit(self.stop)
+            _at_exit(self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
-        if in_main:
-            threading.Thread(target=self._sigterm_loop, name="moe-hang-sigterm",
-                             daemon=True).start()
         self.heartbeat()
+
+    def on_sigterm(self) -> None:
+        if not self._requested:  # a requested dump is already on disk: keep it
+            with contextlib.suppress(Exception):
+                self.dump("sigterm", "sigterm")
+
+
+def _at_exit(fn: Any) -> None:
+    # threading's own exit hooks run before atexit, module teardown and C++ destructors
+    (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(fn)
 
 
 def _unblock_sigterm() -> None:
@@ -347,31 +354,101 @@ def _unblock_sigterm() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
+class _SigtermRelay:
+    """SIGTERM (torchrun, mp.spawn or srun tearing the job down) goes to one thread of ours,
+    which has the probe write its dump and then lets the signal take its usual effect.
+
+    SIGTERM is blocked in the main thread before any thread of torch's exists (at startup for
+    torchrun's workers; right before ``init_process_group`` creates its threads otherwise), so
+    they inherit the mask and only this thread receives it, even while the main thread is stuck
+    in C++ inside a collective. A thread that existed before (an OpenMP pool started by an
+    earlier matmul) does not block it: if the kernel picks that one, the rank ends as it would
+    without us, only without the dump."""
+
+    started = False
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.started or threading.current_thread() is not threading.main_thread():
+            return
+        cls.started = True
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.register_at_fork(after_in_child=_unblock_sigterm)
+        with contextlib.suppress(Exception):
+            _at_exit(_unblock_sigterm)  # before interpreter shutdown freezes the relay thread
+        threading.Thread(target=cls._loop, name="moe-hang-sigterm", daemon=True).start()
+
+    @staticmethod
+    def _loop() -> None:
+        while True:
+            signal.sigwait({signal.SIGTERM})
+            if _PROBE is not None:
+                _PROBE.on_sigterm()
+            # Let the signal take its normal effect: unblock it in this thread only and resend.
+            # With the default disposition the process ends as its launcher expects (-15); with
+            # a Python handler installed by the job, Python runs it in the main thread as usual.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
 _PROBE: Probe | None = None
 
 
+def _child_of_a_rank() -> bool:
+    """A rank's own child (a DataLoader worker, forked or spawned) inherits its environment,
+    our mark included: it is not a rank."""
+    owner = os.environ.get(ENV_OWNER)
+    return bool(owner) and owner != str(os.getpid())
+
+
 def install(directory: str | os.PathLike[str] | None = None, rank: int | None = None,
-            interval: float | None = None) -> Probe | None:
+            interval: float | None = None, identity: Identity | None = None) -> Probe | None:
     """Install the probe once per process; a no-op outside a rank or when already installed."""
     global _PROBE
     if _PROBE is not None:
         return _PROBE
     directory = directory or os.environ.get(ENV_DIR)
+    if identity is not None:
+        rank = identity.rank
     rank_s = os.environ.get("RANK") if rank is None else str(rank)
-    if not directory or rank_s is None:
+    if not directory or rank_s is None or _child_of_a_rank():
         return None
-    owner = os.environ.get(ENV_OWNER)
-    if owner and owner != str(os.getpid()):
-        return None  # a child of a rank (a DataLoader worker, say) inherits the env: not a rank
     os.environ[ENV_OWNER] = str(os.getpid())
     enable_flight_recorder()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     iv = interval if interval is not None else float(os.environ.get(ENV_INTERVAL, "0.25"))
-    probe = Probe(d, int(rank_s), iv)
+    probe = Probe(d, int(rank_s), iv, identity)
     probe.start()
     _PROBE = probe
     return probe
+
+
+# ---------------------------------------------------------------- ranks without RANK
+
+
+def before_join() -> bool:
+    """Called by watch's hook right before the job's own ``init_process_group`` (a process
+    with no rank in its environment: mp.spawn, srun, mpirun, a hand-written launcher): the
+    recorder on and SIGTERM routed to us *before* the group creates its threads. False: this
+    process is no rank of ours (a rank's child, or one already probed)."""
+    if _PROBE is not None or not os.environ.get(ENV_DIR) or _child_of_a_rank():
+        return False
+    enable_flight_recorder()
+    _SigtermRelay.start()
+    return True
+
+
+def after_join() -> Probe | None:
+    """Right after ``init_process_group`` returned: the probe, its rank and world size from the
+    default group itself, its place on the node from whichever launcher set one."""
+    import torch.distributed as dist  # the job has just imported it
+
+    local_rank, local_world = launchers.local_of(dict(os.environ))
+    ident = Identity(int(dist.get_rank()), int(dist.get_world_size()), local_rank, local_world)
+    return install(identity=ident)
 
 
 def set_progress(**kv: Any) -> None:

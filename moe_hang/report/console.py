@@ -29,6 +29,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.ops import short_op
+from moe_hang.evidence.rankid import rank_name
 from moe_hang.evidence.vocab import RankState
 from moe_hang.report.screen import first_screen
 from moe_hang.report.words import (
@@ -72,7 +73,7 @@ def _heading(text: str) -> Text:
 
 
 def _rank_block(r: RankReport, culprit: bool, width: int) -> list[Text]:
-    head = Text(f"rank {r.rank}", style="bold red" if culprit else "bold")
+    head = Text(rank_name(r.rank), style="bold red" if culprit else "bold")
     phase = f" ({r.phase})" if r.phase else ""
     if r.state == RankState.EXITED:
         state = exit_words(r.exit_code) + phase
@@ -202,7 +203,7 @@ def stack_lines(d: Diagnosis, width: int) -> list[Text]:
             continue
         keep = [s for s in r.stack if "torch/" not in s and "typing_extensions" not in s]
         inner = next((s for s in r.stack if "distributed" in s), None)
-        head = Text(f"  rank {r.rank}", style="bold")
+        head = Text(f"  {rank_name(r.rank)}", style="bold")
         head.append(f"  ({r.stack_source or 'stack'})", style="dim")
         out.append(head)
         if inner:

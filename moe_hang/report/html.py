@@ -21,6 +21,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
+from moe_hang.evidence.rankid import rank_name
 from moe_hang.evidence.vocab import who
 from moe_hang.probe.probe import write_atomic
 from moe_hang.report.console import (
@@ -160,7 +161,7 @@ def _stacks_section(d: Diagnosis) -> Iterator[str]:
     for r in ranks:
         frames = "\n".join(shorten_paths(s) for s in r.stack)
         src = f" ({r.stack_source})" if r.stack_source else ""
-        yield (f'<details class="stack"><summary>rank {r.rank}{_e(src)}</summary>'
+        yield (f'<details class="stack"><summary>{_e(rank_name(r.rank))}{_e(src)}</summary>'
                f"<pre>{_e(frames)}</pre></details>")
 
 

@@ -17,6 +17,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.runs import ScenarioRun
+from moe_hang.evidence.rankid import is_unidentified, pid_of
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import RankState, exit_desc, who
 from moe_hang.report.wrap import display_path, shorten_paths
@@ -240,7 +241,8 @@ def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
     if found is None:
         return None
     rank, site = found
-    return f"open {display_path(site.file)}:{site.line}", f"{site.function}, rank {rank}"
+    who = f"PID {pid_of(rank)}, rank unknown" if is_unidentified(rank) else f"rank {rank}"
+    return f"open {display_path(site.file)}:{site.line}", f"{site.function}, {who}"
 
 
 def run_words(d: Diagnosis, ctx: ReportContext) -> str:

@@ -1,9 +1,10 @@
-"""Find the ranks of a running job from one PID (the torchrun agent or any rank).
+"""Find the ranks of a running job from one PID: its launcher (torchrun's agent, mp.spawn's
+parent, a srun-like script, a shell), one of its ranks, or a rank's own child. Which processes
+are ranks and which rank each is: runtime/rankprocs.py; every job on this host:
+runtime/hostjobs.py.
 
-Only the allowlisted environment variables of another process are ever read into memory
-beyond this module (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCH_*, NCCL_*,
-plus moe-hang's own probe directory; of the launcher, where the job's store is: PET_*,
-SLURM_JOB_ID, SLURM_STEP_ID, never written anywhere).
+Of the launcher's environment, only what says where the job's store is (PET_*, SLURM_JOB_ID,
+SLURM_STEP_ID) is read, for that, and never written.
 """
 
 from __future__ import annotations
@@ -11,27 +12,18 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
 from moe_hang.errors import MoeHangError
-from moe_hang.probe.probe import ENV_DIR, allowed_env
+from moe_hang.runtime.hostjobs import JobOnHost, find_jobs
+from moe_hang.runtime.procinfo import ProcInfo, env_of, is_launcher, is_python, live, read
+from moe_hang.runtime.rankprocs import RankProc, identify, rank_order, rank_procs
 
-_LAUNCHER_MARKERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch",
-                     "torch/distributed/run.py")
+__all__ = ["FoundJob", "JobOnHost", "RankProc", "check_target", "find_job", "find_jobs",
+           "launcher_of", "rank_order"]
 
-
-@dataclass
-class RankProc:
-    rank: int
-    pid: int
-    host: str
-    local_rank: int | None = None
-    world_size: int | None = None
-    env: dict[str, str] = field(default_factory=dict)  # allowlisted only
-    probe_dir: str | None = None
-    create_time: float = 0.0
+_ANCESTORS = 4  # how far up from a non-rank (a DataLoader worker) to look for its rank
 
 
 @dataclass
@@ -42,9 +34,14 @@ class FoundJob:
     world_size: int | None
     # processes that carry a RANK but are not ranks: children a dead rank left behind
     orphans: list[RankProc] = field(default_factory=list)
+    launcher: int | None = None  # the ranks' parent when it is not a torchrun agent
+
+    def unidentified(self) -> list[RankProc]:
+        return [r for r in self.ranks if not r.identified]
 
     def missing_ranks(self) -> list[int]:
-        if not self.world_size:
+        if not self.world_size or self.unidentified():
+            # a rank whose number is unknown may be any of the missing ones: name none
             return []
         # on one node we can only expect the local ranks of this job
         local_world = {int(r.env.get("LOCAL_WORLD_SIZE", 0) or 0) for r in self.ranks}
@@ -57,41 +54,10 @@ class FoundJob:
         return sorted(expected - found)
 
 
-def _env(p: psutil.Process) -> dict[str, str] | None:
-    try:
-        raw = p.environ()
-    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
-        return None
-    env = allowed_env(raw)
-    for extra in ("LOCAL_WORLD_SIZE", ENV_DIR):
-        if extra in raw:
-            env[extra] = raw[extra]
-    return env
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except (psutil.Error, OSError):
-        return []
-
-
-def _is_python(p: psutil.Process) -> bool:
-    parts = _cmdline(p)
-    try:
-        names = [p.name(), os.path.basename(p.exe() or "")]
-    except (psutil.Error, OSError):
-        names = []
-    return any("python" in (n or "").lower() for n in names + [os.path.basename(x)
-                                                              for x in parts[:1]])
-
-
-def _is_launcher(p: psutil.Process) -> bool:
-    return any(m in part for part in _cmdline(p) for m in _LAUNCHER_MARKERS)
-
-
-def check_target(pid: int) -> psutil.Process:
-    """The process behind ``pid``, or a one-line :class:`MoeHangError` saying why not."""
+def check_target(pid: int, *, python: bool = True) -> psutil.Process:
+    """The process behind ``pid``, or a one-line :class:`MoeHangError` saying why not.
+    ``python``: refuse a process that is not Python (a rank always is; a launcher — srun,
+    mpirun, a shell — need not be)."""
     if pid <= 0:
         raise MoeHangError(f"PID {pid} is not a valid process id")
     if pid == 1:
@@ -119,63 +85,24 @@ def check_target(pid: int) -> psutil.Process:
             user = str(owner)
         raise MoeHangError(f"PID {pid} belongs to user {user}; moe-hang only attaches to your "
                            "own processes unless run as root")
-    if not _is_python(p):
+    if python and not is_python(p):
         raise MoeHangError(f"PID {pid} ({p.name()}) is not a Python process")
     return p
 
 
-def _rank_of(p: psutil.Process, host: str) -> RankProc | None:
-    env = _env(p)
-    if not env or "RANK" not in env:
-        return None
-    try:
-        rank = int(env["RANK"])
-    except ValueError:
-        return None
-
-    def num(key: str) -> int | None:
-        try:
-            return int(env[key]) if key in env else None
-        except ValueError:
-            return None
-
-    try:
-        ct = p.create_time()
-    except psutil.Error:
-        ct = 0.0
-    return RankProc(rank=rank, pid=p.pid, host=host, local_rank=num("LOCAL_RANK"),
-                    world_size=num("WORLD_SIZE"), env=env, probe_dir=env.get(ENV_DIR),
-                    create_time=ct)
-
-
-def _live(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+# ----------------------------------------------------------------------------- a job
 
 
 def _ranks_under(root: psutil.Process, host: str) -> list[RankProc]:
-    found: dict[int, RankProc] = {}
     try:
         kids = root.children(recursive=True)
     except psutil.Error:
         kids = []
-    # each process's environment is read once; a process gone mid-scan is simply not a rank
-    ranks = {k.pid: rp for k in kids if _live(k) and (rp := _rank_of(k, host)) is not None}
-    for k in kids:
-        rp = ranks.get(k.pid)
-        if rp is None:
-            continue
-        # a rank's own children (DataLoader workers) inherit RANK: keep the topmost
-        try:
-            parent = ranks.get(k.ppid())
-        except psutil.Error:
-            parent = None
-        if parent is not None and parent.rank == rp.rank:
-            continue
+    procs = [q for k in kids if (q := read(k)) is not None]
+    found: dict[int, RankProc] = {}
+    for rp in identify(rank_procs(procs), host):
         found.setdefault(rp.rank, rp)
-    return sorted(found.values(), key=lambda r: r.rank)
+    return sorted(found.values(), key=rank_order)
 
 
 def _same_job(a: RankProc, b: RankProc) -> bool:
@@ -183,50 +110,114 @@ def _same_job(a: RankProc, b: RankProc) -> bool:
     return all(a.env.get(k) == b.env.get(k) for k in keys)
 
 
+def _is_rank(q: ProcInfo) -> bool:
+    return q.has_rank_var or q.joined
+
+
+def _parent(p: psutil.Process) -> psutil.Process | None:
+    try:
+        parent = p.parent()
+    except psutil.Error:
+        return None
+    return parent if parent is not None and parent.pid > 1 and live(parent) else None
+
+
+def _rank_above(p: psutil.Process) -> ProcInfo | None:
+    """The nearest ancestor that is a rank (``p`` is its DataLoader or compile worker)."""
+    cur: psutil.Process | None = p
+    for _ in range(_ANCESTORS):
+        cur = _parent(cur) if cur is not None else None
+        if cur is None:
+            return None
+        q = read(cur)
+        if q is not None and _is_rank(q):
+            return q
+    return None
+
+
 def find_job(pid: int) -> FoundJob:
     """All rank processes of the job ``pid`` belongs to, on this machine."""
-    p = check_target(pid)
+    p = check_target(pid, python=False)
     host = socket.gethostname()
-    me = _rank_of(p, host)
-    if me is None and _env(p) is None:
+    me = read(p)
+    if me is not None and me.env is None:
         raise MoeHangError(f"PID {pid}: cannot read its environment: no ptrace permission",
                            hint="run as root, add CAP_SYS_PTRACE, or set "
                                 "kernel.yama.ptrace_scope=0")
-    agent: psutil.Process | None = None
-    orphans: list[RankProc] = []
-    if me is not None:
-        try:
-            parent = p.parent()
-        except psutil.Error:
-            parent = None
-        if parent is not None and _is_launcher(parent):
-            agent = parent
-    under: list[RankProc] = []
-    if me is None:  # the agent itself, or some launcher above the ranks: one walk of its tree
-        under = _ranks_under(p, host)
-        if under or _is_launcher(p):
-            agent = p
-    if agent is not None:
-        ranks = under or _ranks_under(agent, host)
-    elif me is not None:
-        # launched without torchrun (mpirun, srun, a script): match by rendezvous settings
-        ranks = []
-        for q in psutil.process_iter():
-            if not _live(q):
-                continue
-            rp = _rank_of(q, host)
-            if rp is not None and _same_job(rp, me):
-                ranks.append(rp)
-        ranks, orphans = _split_orphans(ranks)
-    else:
-        raise MoeHangError(f"PID {pid} is a Python process but not a torch.distributed job "
-                           "(no RANK in its environment and no torchrun workers under it)")
+    if me is None:
+        raise MoeHangError(f"no process with PID {pid}")
+    under = [] if _is_rank(me) else _ranks_under(p, host)
+    if not under and not _is_rank(me):
+        above = _rank_above(p)
+        if above is not None:
+            me = above  # a rank's own child: its rank's job
+    if under:  # a launcher: torchrun's agent, mp.spawn's parent, a script, srun, a shell
+        agent = p if is_launcher(p) else None
+        return _job(pid, agent, None if agent else p.pid, under)
+    if not _is_rank(me):
+        if not is_python(p):
+            raise MoeHangError(f"PID {pid} ({p.name()}) is not a Python process")
+        if is_launcher(p):
+            raise MoeHangError(f"PID {pid} is a torchrun agent with no live rank processes "
+                               "(the job has ended or not started)")
+        raise MoeHangError(f"PID {pid} is a Python process but not a torch.distributed job: "
+                           "neither it nor any process under it has joined a process group "
+                           "(no RANK in its environment, no process-group threads)")
+    parent = _parent(me.p)
+    if parent is not None and is_launcher(parent):
+        return _job(pid, parent, None, _ranks_under(parent, host))
+    if parent is not None and not me.has_rank_var:
+        # its siblings under the same launcher, of the same launch (a shell may have started
+        # other jobs too)
+        ranks = [r for r in _ranks_under(parent, host)
+                 if _key_of(r.pid) in (me.job_key, None)]
+        if any(r.pid == me.pid for r in ranks):
+            return _job(pid, None, parent.pid, ranks)
+    # RANK set by something else than torchrun (a script, mpirun with RANK exported), or its
+    # launcher is gone: the ranks on this host with the same rendezvous settings, and the
+    # children a dead rank left behind
+    mine = identify([me], host)[0]
+    ranks = []
+    for q in psutil.process_iter():
+        r = read(q) if q.pid != os.getpid() else None
+        if r is None or not r.has_rank_var:
+            continue
+        rp = identify([r], host)[0]
+        if _same_job(rp, mine):
+            ranks.append(rp)
+    if not any(r.pid == me.pid for r in ranks):
+        ranks.append(mine)
+    ranks, orphans = _split_orphans(ranks)
+    # their launcher, where it is still theirs (accelerate's, a script's)
+    launcher = parent.pid if parent is not None and all(
+        _ppid(r.pid) == parent.pid for r in ranks) else None
+    job = _job(pid, None, launcher, ranks)
+    job.orphans = orphans
+    return job
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def _key_of(pid: int) -> tuple[str | None, ...] | None:
+    try:
+        return env_of(psutil.Process(pid))[1]
+    except psutil.Error:
+        return None
+
+
+def _job(target: int, agent: psutil.Process | None, launcher: int | None,
+         ranks: list[RankProc]) -> FoundJob:
     if not ranks:
-        raise MoeHangError(f"PID {pid} is a torchrun agent with no live rank processes "
+        raise MoeHangError(f"PID {target} has no live rank processes "
                            "(the job has ended or not started)")
     world = next((r.world_size for r in ranks if r.world_size), None)
-    return FoundJob(target=pid, agent=agent.pid if agent else None, ranks=ranks, world_size=world,
-               orphans=orphans)
+    return FoundJob(target=target, agent=agent.pid if agent else None,
+                    ranks=sorted(ranks, key=rank_order), world_size=world, launcher=launcher)
 
 
 def _split_orphans(cands: list[RankProc]) -> tuple[list[RankProc], list[RankProc]]:
@@ -250,8 +241,8 @@ def _split_orphans(cands: list[RankProc]) -> tuple[list[RankProc], list[RankProc
     # the launcher is the parent of the real ranks; a fork left behind by a dead rank (one
     # thread) is re-parented to init or to a subreaper, which must not win a tie against it
     voters = [c for c in cands if n_threads[c.pid] > 1] or cands
-    launchers = [ppids[c.pid] for c in voters if ppids[c.pid] not in cand_pids]
-    real = [p for p in launchers if p > 1]
+    launchers_ = [ppids[c.pid] for c in voters if ppids[c.pid] not in cand_pids]
+    real = [p for p in launchers_ if p > 1]
     common = max(sorted(set(real)), key=real.count) if real else None
     ranks: dict[int, RankProc] = {}
     orphans = []
@@ -266,75 +257,6 @@ def _split_orphans(cands: list[RankProc]) -> tuple[list[RankProc], list[RankProc
         else:
             ranks[c.rank] = c
     return sorted(ranks.values(), key=lambda r: r.rank), orphans
-
-
-@dataclass
-class JobOnHost:
-    """One distributed job found on this host (``moe-hang diagnose`` without a PID)."""
-
-    pid: int  # what to diagnose: its torchrun agent, else its lowest rank
-    agent: int | None
-    ranks: list[int]
-    world_size: int | None
-    command: str
-
-    def describe(self) -> str:
-        what = "torchrun agent" if self.agent is not None else f"rank {min(self.ranks)}"
-        rs = self.ranks
-        span = (f"rank {rs[0]}" if len(rs) == 1 else
-                f"ranks {rs[0]}-{rs[-1]}" if rs == list(range(rs[0], rs[-1] + 1)) else
-                "ranks " + ",".join(map(str, rs)))
-        of = f" of {self.world_size}" if self.world_size else ""
-        return f"PID {self.pid}  {what}, {span}{of}: {self.command[:90]}"
-
-
-def find_jobs() -> list[JobOnHost]:
-    """Every distributed job on this host that this user may read: processes with RANK in
-    their environment, grouped by their torchrun agent (their parent), else by rendezvous
-    settings (ranks started by srun or mpirun). A rank's own children (DataLoader workers)
-    are not ranks."""
-    host = socket.gethostname()
-    me = os.getpid()
-    procs: dict[int, tuple[psutil.Process, RankProc]] = {}
-    for p in psutil.process_iter():
-        if p.pid == me or not _live(p):
-            continue
-        rp = _rank_of(p, host)
-        if rp is not None:
-            procs[p.pid] = (p, rp)
-    groups: dict[tuple[Any, ...], list[RankProc]] = {}
-    agents: dict[tuple[Any, ...], psutil.Process] = {}
-    for p, rp in procs.values():
-        try:
-            ppid = p.ppid()
-        except psutil.Error:
-            continue
-        parent_rank = procs.get(ppid)
-        if parent_rank is not None and parent_rank[1].rank == rp.rank:
-            continue
-        parent: psutil.Process | None
-        try:
-            parent = psutil.Process(ppid) if ppid > 1 else None
-        except psutil.Error:
-            parent = None
-        if parent is not None and _is_launcher(parent):
-            key: tuple[Any, ...] = ("agent", ppid)
-            agents[key] = parent
-        else:
-            key = ("env", *(rp.env.get(k) for k in ("MASTER_ADDR", "MASTER_PORT",
-                                                   "TORCHELASTIC_RUN_ID", "WORLD_SIZE")))
-        groups.setdefault(key, []).append(rp)
-    jobs = []
-    for key, ranks in groups.items():
-        ranks.sort(key=lambda r: r.rank)
-        agent = agents.get(key)
-        lead = agent if agent is not None else procs[ranks[0].pid][0]
-        cmd = " ".join(_cmdline(lead)) or "?"
-        jobs.append(JobOnHost(pid=lead.pid, agent=agent.pid if agent else None,
-                              ranks=sorted({r.rank for r in ranks}),
-                              world_size=next((r.world_size for r in ranks if r.world_size),
-                                              None), command=cmd))
-    return sorted(jobs, key=lambda j: j.pid)
 
 
 def launcher_of(job: FoundJob) -> tuple[list[str], dict[str, str]]:

@@ -91,16 +91,16 @@ class LaunchedJob:
 
     def terminate(self, grace: float = 3.0, first_signal: int = signal.SIGTERM,
                   group: bool = False) -> list[int]:
-        """End the job and every process it started; returns pids that survived SIGKILL.
+        """End the job and every process it started, whatever launched its ranks
+        (:func:`~moe_hang.runtime.procs.end_tree`); returns pids that survived SIGKILL.
 
         ``group`` sends the first signal to the job's whole process group, as a terminal's
-        Ctrl-C would (torchrun's agent handles it and stops its workers)."""
+        Ctrl-C would (torchrun's agent handles it and stops its workers; mp.spawn's ranks are
+        in that group themselves)."""
         self.refresh()
         try:
-            if group and self.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.popen.pid, first_signal)
-            return end_tree(self.popen, self.tracker, grace=grace, first_signal=first_signal)
+            return end_tree(self.popen, self.tracker, grace=grace, first_signal=first_signal,
+                            group=group)
         finally:
             if self._log is not None:
                 self._log.close()

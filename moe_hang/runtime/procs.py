@@ -164,17 +164,31 @@ class Tracker:
 
 
 def end_tree(popen: subprocess.Popen[bytes] | None, tracker: Tracker, *, grace: float = 3.0,
-             first_signal: int = signal.SIGTERM) -> list[int]:
-    """SIGTERM the root (torchrun forwards it to its workers), wait ``grace`` seconds, then
-    SIGKILL everything still alive that we ever saw. Returns pids that would not die."""
+             first_signal: int = signal.SIGTERM, group: bool = False) -> list[int]:
+    """End a job the way its launcher would, then make sure. Returns pids that would not die.
+
+    1. ``first_signal`` to the root (to its whole process group with ``group``, as a
+       terminal's Ctrl-C): torchrun forwards it to its workers, srun and mpirun to their
+       tasks; up to ``grace`` seconds for the root to exit.
+    2. Everything it started that is still alive gets SIGTERM itself, as a launcher ends its
+       ranks: mp.spawn's parent dies of SIGTERM (or hangs joining ranks that a SIGINT cannot
+       reach inside a collective) and leaves its ranks running; a hand-written launcher may
+       forward nothing. Up to ``grace`` seconds more (each rank's probe dumps on the way).
+    3. SIGKILL to whatever is left, then up to 5 s for it to go."""
     if popen is not None:
         tracker.add_tree(popen.pid)
         if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                popen.send_signal(first_signal)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if group:
+                    os.killpg(popen.pid, first_signal)
+                else:
+                    popen.send_signal(first_signal)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=grace)
     left = tracker.wait_gone(0.5 if popen is not None else grace)
+    if left and popen is not None:
+        tracker.signal_all(signal.SIGTERM, left)
+        left = tracker.wait_gone(grace)
     if left:
         tracker.signal_all(signal.SIGKILL, left)
         left = tracker.wait_gone(5.0)
