@@ -104,6 +104,11 @@ class Case:
     watch_opts: tuple[str, ...] = ()
     timeout_s: float = 120.0  # hard limit of the whole run
     requires: tuple[str, ...] = ()  # importable modules the job needs (else skipped)
+    # directories (relative to the repository root) put in front of the job's PYTHONPATH,
+    # and searched first for ``requires`` and for a Site's module: a release of a package
+    # that cannot be installed beside the others (``make corpus`` unpacks them there)
+    pythonpath: tuple[str, ...] = ()
+    install_hint: str = ""  # what installs ``requires`` (said when the case is skipped)
     wait_mark: str = "hang"  # diagnose: the mark to wait for ...
     marks: int | None = None  # ... from this many ranks (default: all)
     settle_s: float = 2.0  # diagnose: then this long before attaching
@@ -165,6 +170,19 @@ C = rank("CULPRIT_RANK")
 def culprit_env(r: int) -> dict[str, str]:
     return {"CULPRIT_RANK": str(r)}
 
+
+# advice that answers a missing collective ("make rank 1 post ... too")
+POST_TOO = ("post that too", "too: it went on")
+
+# NeMo Automodel releases, each unpacked on its own (``pip install --no-deps --target``) by
+# ``make corpus``: 0.5.0 pins transformers 5, which the transformers cases cannot share a venv
+# with, and 0.5.0 and 0.7.0 cannot share one either
+AUTOMODEL_UNFIXED = ".venv/corpus/nemo-automodel-0.5.0"
+AUTOMODEL_FIXED = ".venv/corpus/nemo-automodel-0.7.0"
+AUTOMODEL_HINT = "make corpus installs it"
+# 0.5.0's token gather (the naive one: lora_experts.py:184)
+AUTOMODEL_GATHER = Site(module="nemo_automodel.components._peft.lora_experts",
+                        needle="x = DTensor.from_local(x, device_mesh=ep_mesh")
 
 MIXTRAL_LOOP = Site(module="transformers.models.mixtral.modeling_mixtral",
                     needle="current_hidden_states = expert_layer(current_state)")
@@ -430,6 +448,30 @@ CASES: tuple[Case, ...] = (
          note="rank C skipped refine: its head all-gather (shard of 68) meets the others' "
               "refine all-gather (272); gloo aborts one of them"),
     # the ragged DTensor gather, where the varlen fix IS the answer
+    # issue 18, case 1: NeMo Automodel's own GroupedExpertsLoRA, unfixed (0.5.0) and fixed
+    Case("automodel_lora_experts", "automodel_lora_experts.py", 2, DESYNC,
+         env={"RAGGED_TOKENS": "68,401"}, mirror={"RAGGED_TOKENS": "401,68"},
+         culprits=every(2),
+         # the rank with more rows receives fewer bytes than its buffer: gloo lets it on to
+         # the routing-weights gather (:187); the other aborts (SIGABRT) at :184
+         lines=(LineExpect(every(2), AUTOMODEL_GATHER, "divergence"),),
+         fix_require=("varlen",),
+         fix_forbid=SKIP_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE + POST_TOO,
+         summary_contains="51328", basis=frozenset({"ambiguous"}),
+         requires=("nemo_automodel",), pythonpath=(AUTOMODEL_UNFIXED,),
+         install_hint=AUTOMODEL_HINT, timeout_s=180,
+         note="nemo-automodel 0.5.0, 2 ranks of an ep mesh, two balanced steps (64 tokens "
+              "each) then 68 and 401 tokens: both ranks post the token all-gather at "
+              "lora_experts.py:184 with different row counts (a size mismatch; gloo's abort "
+              "prints 51328 vs 8704 bytes). Both ranks run the same code and both sizes "
+              "differ from every earlier step's: the evidence does not decide between "
+              "them. The fix is the varlen exchange (PR #3631)"),
+    Case("automodel_lora_experts_fixed", "automodel_lora_experts.py", 2,
+         frozenset({"healthy"}), env={"RAGGED_TOKENS": "68,401"},
+         requires=("nemo_automodel",), pythonpath=(AUTOMODEL_FIXED,),
+         install_hint=AUTOMODEL_HINT, timeout_s=180,
+         note="the same job on nemo-automodel 0.7.0 (PR #3631: lengths exchanged, padded "
+              "gather, ragged all-reduce combine): every step completes, exit 0"),
     Case("dtensor_ragged_gather", "dtensor_ragged_gather.py", 2, DESYNC, culprits=every(2),
          # the rank that received fewer bytes than it expected gets through (gloo lets it)
          # and dies further on: only the line it posted the gather from is fixed
