@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.moe-hang-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak corpus corpus-fast clean
+.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak corpus corpus-deps corpus-fast clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,9 +38,22 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # the accuracy corpus (tests/corpus): every case and its mirror, with the real third-party
-# code (transformers + peft, torch pinned so nothing else is pulled); table + JSON
-corpus: setup
+# code (transformers + peft, torch pinned so nothing else is pulled); table + JSON.
+# NeMo Automodel releases go each into a directory of their own (--no-deps: the layer needs
+# torch only, and 0.5.0 pins transformers 5), which their cases put on the job's PYTHONPATH;
+# a release that cannot be fetched leaves its cases skipped, with the reason
+AUTOMODEL_VERSIONS ?= 0.5.0 0.7.0
+CORPUS_PKGS := $(VENV)/corpus
+
+corpus-deps: setup
 	@$(PY) -c "import transformers, peft" 2>/dev/null || (echo "$(TORCH_SPEC)" > $(VENV)/torch-pin.txt && $(PY) -m pip install -q -e ".[corpus]" -c $(VENV)/torch-pin.txt)
+	@for v in $(AUTOMODEL_VERSIONS); do d=$(CORPUS_PKGS)/nemo-automodel-$$v; \
+	  test -d $$d/nemo_automodel-$$v.dist-info && continue; rm -rf $$d $$d.tmp; \
+	  if $(PY) -m pip install -q --no-deps --no-compile --target $$d.tmp "nemo-automodel==$$v"; \
+	  then mv $$d.tmp $$d; else rm -rf $$d.tmp; \
+	  echo "corpus: nemo-automodel $$v not installed: its cases will be skipped"; fi; done
+
+corpus: corpus-deps
 	$(PY) scripts/corpus.py --json runs/corpus.json
 
 corpus-fast: setup

@@ -101,12 +101,12 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
             if got.block is not None:
                 block = got.block
                 kind = MismatchKind.EXTRA if block.decided == EXTRA else MismatchKind.MISSING
-            elif kind != MismatchKind.OP:
-                if not all(c.completed is False for c in have.values()):
-                    continue  # went through, and nothing says the two were not one step
+            elif kind != MismatchKind.OP and all(c.completed is False for c in have.values()):
                 # stuck in the same op from different code: different collectives
                 kind = MismatchKind.MISSING
                 identity = {r: code for r, code in codes.items() if code is not None}
+            elif kind is None:
+                continue  # went through, and nothing says the two were not one step
         if kind is None and absent:
             stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]

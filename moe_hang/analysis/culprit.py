@@ -123,7 +123,8 @@ def _keeps_constant(c: Collective, views: RankViews) -> bool | None:
     kind, site = group_kind(c), site_key(c)
     done = [h for v in views.values() for by_seq in v.tl.by_pg.values()
             for h in by_seq.values()
-            if h.completed is True and h.op == c.op and group_kind(h) == kind]
+            if h.completed is True and h.op == c.op and group_kind(h) == kind
+            and not (h.pg == c.pg and h.seq >= c.seq)]  # history: before this one
     # its own call site's history, else — a call site never used before — the op's on this
     # kind of group, whatever posted it: every rank kept one shape there
     seen = {_signature(h) for h in done if site_key(h) == site} or {_signature(h) for h in done}

@@ -10,6 +10,7 @@ else is a root cause, and the earliest root cause is the one to fix (docs/DESIGN
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from moe_hang.evidence.model import RankError
 from moe_hang.evidence.stacks import Frame
@@ -60,12 +61,64 @@ _PREFIX = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|"
                        r"[A-Za-z_][\w.]*\.[A-Z]\w*)(?::\s?(.*))?$")
+# a traceback carried inside an exception's text: torch's ExceptionWrapper (DataLoader workers,
+# the pin-memory thread) writes "Original Traceback (most recent call last):"; a wrapper that
+# embeds traceback.format_exc() writes the plain heading
+_EMBEDDED_TB = re.compile(r"^\s*(?:Original )?Traceback \(most recent call last\):\s*$")
+
+
+def _traceback_body(lines: list[str]) -> tuple[list[Frame], tuple[str, str] | None, list[str]]:
+    """A traceback's lines after its heading: (frames, innermost first; the ``Type: message``
+    line that follows them; the lines after that one: the rest of a multi-line message)."""
+    frames: list[Frame] = []
+    for i, ln in enumerate(lines):
+        fm = _FRAME.match(ln)
+        if fm:
+            frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
+            continue
+        em = _EXC_LINE.match(ln.strip())
+        if em and frames and not ln.startswith((" ", "\t")):
+            return (list(reversed(frames)), (em.group(1), (em.group(2) or "").strip()),
+                    lines[i + 1:])
+    return list(reversed(frames)), None, []
+
+
+def unwrap(err: RankError, text: str | None = None) -> RankError:
+    """The original exception when ``err`` re-raised one whose traceback it carries as text
+    (``text``: its whole message, by default ``err.message``): the original's type and
+    message, its frames (innermost first: where it was raised) followed by ``err``'s own, and
+    ``wrapped_by`` = what re-raised it (``KeyError: Caught KeyError in DataLoader worker
+    process 0.``). ``err`` itself when the text holds no traceback that ends in an exception."""
+    lines = (err.message if text is None else text).splitlines()
+    start = max((i for i, ln in enumerate(lines) if _EMBEDDED_TB.match(ln)), default=None)
+    if start is None:
+        return err
+    frames, exc, _rest = _traceback_body(lines[start + 1:])
+    if exc is None:
+        return err
+    head = " ".join(ln.strip() for ln in lines[:start] if ln.strip())
+    return replace(err, type=exc[0], message=exc[1][:500], frames=frames + err.frames,
+                   wrapped_by=f"{err.type}: {head}"[:500] if head else err.type)
+
+
+def with_original(recorded: RankError, logged: RankError | None) -> RankError:
+    """The probe's record of an exception, with the original the job log's copy of the same
+    exception carries (the probe keeps the message's first line only, the log all of it);
+    ``recorded`` as it is otherwise."""
+    if logged is None or logged.wrapped_by is None or recorded.wrapped_by is not None:
+        return recorded
+    same = f"{recorded.type}: {recorded.message}".strip()
+    if not same or not logged.wrapped_by.startswith(same):
+        return recorded
+    return replace(logged, time=recorded.time, source=recorded.source)
 
 
 def log_tracebacks(text: str) -> dict[int, RankError]:
     """The last traceback each rank printed (``[rankN]: Traceback ...`` blocks), with its
     frames (innermost first) and its final ``Type: message`` line; ``seen_at`` is the log line
-    it starts on (the log has no clock, but the order ranks printed in)."""
+    it starts on (the log has no clock, but the order ranks printed in). An exception whose
+    message carries another's traceback (a DataLoader worker's) is that original one
+    (:func:`unwrap`)."""
     lines: dict[int, list[str]] = {}
     at: dict[int, list[int]] = {}
     for i, raw in enumerate(text.splitlines()):
@@ -80,21 +133,12 @@ def log_tracebacks(text: str) -> dict[int, RankError]:
                     default=None)
         if start is None:
             continue
-        frames: list[Frame] = []
-        exc: tuple[str, str] | None = None
-        for ln in body[start + 1:]:
-            fm = _FRAME.match(ln)
-            if fm:
-                frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
-                exc = None  # the exception line follows the last frame
-                continue
-            em = _EXC_LINE.match(ln.strip())
-            if em and exc is None and not ln.startswith((" ", "\t")):
-                exc = (em.group(1), (em.group(2) or "").strip())
+        frames, exc, rest = _traceback_body(body[start + 1:])
         if exc is None:
             continue
-        out[r] = RankError(type=exc[0], message=exc[1][:500], frames=list(reversed(frames)),
-                           time=None, source="job log", seen_at=at[r][start])
+        err = RankError(type=exc[0], message=exc[1][:500], frames=frames, time=None,
+                        source="job log", seen_at=at[r][start])
+        out[r] = unwrap(err, "\n".join([exc[1], *rest])) if rest else err
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.evidence import flight_recorder as fr
-from moe_hang.evidence.errors import log_tracebacks
+from moe_hang.evidence.errors import log_tracebacks, unwrap, with_original
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.model import (
     Evidence,
@@ -85,7 +85,8 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
                 bad += 1  # the last line of a rank that died mid-write
         if bad:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
-    ev.error = RankError.parse(_read_json(files.error, ev, "error record"))
+    recorded = RankError.parse(_read_json(files.error, ev, "error record"))
+    ev.error = unwrap(recorded) if recorded is not None else None
     groups = _read_json(files.groups, ev, "process-group list")
     if isinstance(groups, dict):
         ev.groups = {str(k): [int(x) for x in v] for k, v in groups.items()
@@ -164,6 +165,8 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:
             ev.error = tracebacks[r]  # the probe's record is first hand; the log is a copy
+        elif ev.error is not None:  # ... of its first line only: a wrapped original is there
+            ev.error = with_original(ev.error, tracebacks.get(r))
         elif ev.error is None and r in log_errors and (ev.exit_code or 0) > 0:
             typ, _, message = log_errors[r].partition(":")
             ev.error = RankError(type=typ, message=message.strip(), source="job log")

@@ -196,7 +196,13 @@ class PostedRecord:
 @dataclass
 class RankError:
     """The Python exception that ended a rank: from the probe's ``error.json``, or the last
-    ``[rankN]: SomeError: ...`` line of the job log (``source="job log"``)."""
+    ``[rankN]: SomeError: ...`` line of the job log (``source="job log"``).
+
+    An exception re-raised by a wrapper that carries the original's traceback as text (torch's
+    DataLoader: ``KeyError: Caught KeyError in DataLoader worker process 0.`` + ``Original
+    Traceback ...``) is the original one (``evidence.errors.unwrap``): its type, message and
+    frames (where it was raised, then the wrapper's own frames), and ``wrapped_by`` says what
+    re-raised it."""
 
     type: str
     message: str = ""
@@ -204,6 +210,7 @@ class RankError:
     time: float | None = None
     source: str = "probe"
     seen_at: int | None = None  # from the job log: the line its traceback starts on
+    wrapped_by: str | None = None  # ``Type: message`` of the wrapper that re-raised it
 
     @classmethod
     def parse(cls, data: Any) -> RankError | None:

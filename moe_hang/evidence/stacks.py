@@ -221,12 +221,23 @@ def is_library_frame(f: Frame) -> bool:
             or is_tool_frame(f))
 
 
+# Python's own library: .../lib/python3.11/ctypes/__init__.py, not what pip installed beside it
+_STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?t?/(?!(?:site|dist)-packages/)|^Lib/|/Lib/"
+                     r"(?!site-packages/)")
+
+
+def is_stdlib_frame(f: Frame) -> bool:
+    """A frame of the interpreter's standard library (``lib/python3.X/...`` outside
+    ``site-packages``)."""
+    return bool(_STDLIB.search(f.file.replace("\\", "/")))
+
+
 def callsite(frames: list[Frame]) -> Frame | None:
-    """The innermost frame outside torch, typing_extensions and moe-hang's machinery."""
-    for f in frames:
-        if not is_library_frame(f):
-            return f
-    return None
+    """The innermost frame outside torch, typing_extensions and moe-hang's machinery, and
+    outside Python's own library where a frame of the job's is below it (``ctypes.string_at``
+    called from the job: the job's line; the library frame stays in the stack, above it)."""
+    ours = [f for f in frames if not is_library_frame(f)]
+    return next((f for f in ours if not is_stdlib_frame(f)), ours[0] if ours else None)
 
 
 

@@ -3,6 +3,7 @@ culprits and why, the fix, the next command (pure: no layout, no rich)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.rankid import is_unidentified, pid_of
-from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.stacks import Frame, is_stdlib_frame
 from moe_hang.evidence.vocab import RankState, exit_desc, who
 from moe_hang.report.wrap import display_path, shorten_paths
 
@@ -113,17 +114,55 @@ def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
                                                                     else "") + started
 
 
-def where_now(r: RankReport, *, sizes: bool = True) -> str:
-    """Where a rank is, in a few words."""
+# a file named after its rank (comm_lib_trace_rank_1, rank1.fr.pkl) in front of what failed
+_RANK_FILE = re.compile(r"\b[\w.-]*rank_?\d+\b[\w.-]*: ")
+
+
+def unknown_why(d: Diagnosis, rank: int) -> str | None:
+    """Why nothing is known of a rank, from the evidence said about it (``rank 1: Flight
+    Recorder dump unreadable (comm_lib_trace_rank_1: truncated or corrupt pickle ...)``): an
+    unreadable file first; the file's own name left out (the rank says whose it is), so ranks
+    whose files failed alike are one group."""
+    prefix = f"rank {rank}: "
+    said = [e[len(prefix):] for e in d.evidence if e.startswith(prefix)]
+    if not said:
+        return None
+    return _RANK_FILE.sub("", next((e for e in said if "unreadable" in e), said[0])).strip()
+
+
+_STACK_ENTRY = re.compile(r"^(?P<file>.+):(?P<line>\d+) (?P<function>\S+)$")
+_STDLIB_DIR = re.compile(r"^.*?/lib/python\d+(?:\.\d+)?t?/")
+
+
+def library_frame(r: RankReport) -> str | None:
+    """``ctypes/__init__.py:519 string_at``: the frame of Python's own library a rank ended
+    inside, called from its line (the line leads; this follows it); None otherwise."""
+    if r.state != RankState.EXITED or r.callsite is None or not r.stack:
+        return None
+    m = _STACK_ENTRY.match(r.stack[0])
+    if m is None:
+        return None
+    top = Frame(m["file"], int(m["line"]), m["function"])
+    if not is_stdlib_frame(top) or (top.file, top.line) == (r.callsite.file, r.callsite.line):
+        return None
+    return f"{_STDLIB_DIR.sub('', top.file.replace(chr(92), '/'))}:{top.line} {top.function}"
+
+
+def where_now(r: RankReport, *, sizes: bool = True, why: str | None = None) -> str:
+    """Where a rank is, in a few words; ``why``: why its state is unknown, where its report
+    has no note that says it."""
     at = f" at {site_text(r.callsite)}" if r.callsite else ""
     if r.state == RankState.IN_COLLECTIVE and r.collective is not None:
         return f"in {collective_text(r.collective, sizes=sizes)}{at}"
     if r.state == RankState.EXITED:
-        return exit_words(r.exit_code) + at
+        inside = library_frame(r)
+        return exit_words(r.exit_code) + at + (f" (in {inside})" if inside else "")
     if r.state == RankState.IDLE and r.note and not r.callsite:
         return r.note  # from dumps alone: where it was instead, only a stack says
     if r.state in (RankState.COMPUTING, RankState.IDLE):
         return f"{r.state}{at}"
+    if not r.note and why:
+        return f"state unknown: {why}" + at
     return "state unknown" + (f" ({r.note})" if r.note else "") + at
 
 
@@ -152,9 +191,11 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
         what = collective_text(posted, sizes=False) if posted is not None else "the collective"
         if fd.phase == "p2p" and posted is not None:  # its side of a send/recv: the other op
             what = f"the {'send' if posted.op == 'recv' else 'recv'} for {what}"
-        return f"never posted {what}; " + (where_now(rep, sizes=sizes) if rep
+        return f"never posted {what}; " + (where_now(rep, sizes=sizes,
+                                                     why=unknown_why(d, rank)) if rep
                                            else "nothing known")
-    return where_now(rep, sizes=sizes) if rep is not None else "nothing known"
+    return where_now(rep, sizes=sizes, why=unknown_why(d, rank)) if rep is not None \
+        else "nothing known"
 
 
 def culprit_site(d: Diagnosis) -> tuple[int, Frame] | None:

@@ -104,6 +104,11 @@ class Case:
     watch_opts: tuple[str, ...] = ()
     timeout_s: float = 120.0  # hard limit of the whole run
     requires: tuple[str, ...] = ()  # importable modules the job needs (else skipped)
+    # directories (relative to the repository root) put in front of the job's PYTHONPATH,
+    # and searched first for ``requires`` and for a Site's module: a release of a package
+    # that cannot be installed beside the others (``make corpus`` unpacks them there)
+    pythonpath: tuple[str, ...] = ()
+    install_hint: str = ""  # what installs ``requires`` (said when the case is skipped)
     wait_mark: str = "hang"  # diagnose: the mark to wait for ...
     marks: int | None = None  # ... from this many ranks (default: all)
     settle_s: float = 2.0  # diagnose: then this long before attaching
@@ -165,6 +170,21 @@ C = rank("CULPRIT_RANK")
 def culprit_env(r: int) -> dict[str, str]:
     return {"CULPRIT_RANK": str(r)}
 
+
+# advice that answers a missing collective ("make rank 1 post ... too")
+POST_TOO = ("post that too", "too: it went on")
+# advice about experts, for a job that has none
+EXPERT_ADVICE = ("expert",)
+
+# NeMo Automodel releases, each unpacked on its own (``pip install --no-deps --target``) by
+# ``make corpus``: 0.5.0 pins transformers 5, which the transformers cases cannot share a venv
+# with, and 0.5.0 and 0.7.0 cannot share one either
+AUTOMODEL_UNFIXED = ".venv/corpus/nemo-automodel-0.5.0"
+AUTOMODEL_FIXED = ".venv/corpus/nemo-automodel-0.7.0"
+AUTOMODEL_HINT = "make corpus installs it"
+# 0.5.0's token gather (the naive one: lora_experts.py:184)
+AUTOMODEL_GATHER = Site(module="nemo_automodel.components._peft.lora_experts",
+                        needle="x = DTensor.from_local(x, device_mesh=ep_mesh")
 
 MIXTRAL_LOOP = Site(module="transformers.models.mixtral.modeling_mixtral",
                     needle="current_hidden_states = expert_layer(current_state)")
@@ -430,6 +450,79 @@ CASES: tuple[Case, ...] = (
          note="rank C skipped refine: its head all-gather (shard of 68) meets the others' "
               "refine all-gather (272); gloo aborts one of them"),
     # the ragged DTensor gather, where the varlen fix IS the answer
+    # issue 18, case 1: NeMo Automodel's own GroupedExpertsLoRA, unfixed (0.5.0) and fixed
+    Case("automodel_lora_experts", "automodel_lora_experts.py", 2, DESYNC,
+         env={"RAGGED_TOKENS": "68,401"}, mirror={"RAGGED_TOKENS": "401,68"},
+         culprits=every(2),
+         # the rank with more rows receives fewer bytes than its buffer: gloo lets it on to
+         # the routing-weights gather (:187); the other aborts (SIGABRT) at :184
+         lines=(LineExpect(every(2), AUTOMODEL_GATHER, "divergence"),),
+         fix_require=("varlen",),
+         fix_forbid=SKIP_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE + POST_TOO,
+         summary_contains="51328", basis=frozenset({"ambiguous"}),
+         requires=("nemo_automodel",), pythonpath=(AUTOMODEL_UNFIXED,),
+         install_hint=AUTOMODEL_HINT, timeout_s=180,
+         note="nemo-automodel 0.5.0, 2 ranks of an ep mesh, two balanced steps (64 tokens "
+              "each) then 68 and 401 tokens: both ranks post the token all-gather at "
+              "lora_experts.py:184 with different row counts (a size mismatch; gloo's abort "
+              "prints 51328 vs 8704 bytes). Both ranks run the same code and both sizes "
+              "differ from every earlier step's: the evidence does not decide between "
+              "them. The fix is the varlen exchange (PR #3631)"),
+    Case("automodel_lora_experts_fixed", "automodel_lora_experts.py", 2,
+         frozenset({"healthy"}), env={"RAGGED_TOKENS": "68,401"},
+         requires=("nemo_automodel",), pythonpath=(AUTOMODEL_FIXED,),
+         install_hint=AUTOMODEL_HINT, timeout_s=180,
+         note="the same job on nemo-automodel 0.7.0 (PR #3631: lengths exchanged, padded "
+              "gather, ragged all-reduce combine): every step completes, exit 0"),
+    # issue 18, case 2: FSDP2 without experts, an evaluation forward on one rank only
+    Case("fsdp2_rank0_eval", "fsdp2_rank0_eval.py", 2, DESYNC,
+         env=culprit_env(0), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "eval_forward", "divergence"), at(others(C, 2), "backward")),
+         fix_require=("evaluate",),
+         fix_forbid=EXPERT_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE
+         + TRANSPORT_ADVICE,
+         basis=frozenset({"program_order", "history", "majority"}), timeout_s=150,
+         note="rank C alone runs evaluate(model) between steps 1 and 2: its FSDP pre-forward "
+              "all-gathers (every block, in order) pair silently with the other rank's step-2 "
+              "training all-gathers (same blocks, same sizes); the ranks meet mismatched "
+              "collectives a few later, in the other rank's backward, where gloo aborts one "
+              "of them. The first divergence is rank C's all-gathers posted from evaluate "
+              "(its model(x) line: the innermost user frame, MLP.forward, is shared with "
+              "training and tells nothing); the others end in loss.backward(). The job has "
+              "no experts: the advice names evaluate, the call only rank C makes"),
+    # issue 18, case 3: a recv that no rank sends
+    Case("recv_unsent", "recv_unsent.py", 2, DESYNC_OR_HANG,
+         env={**culprit_env(0), "RECEIVER_RANK": "1"},
+         mirror={**culprit_env(1), "RECEIVER_RANK": "0"}, culprits=C,
+         lines=(at(rank("RECEIVER_RANK"), "recv"), at(C, "allreduce")),
+         fix_require=("send",),
+         fix_forbid=POST_TOO + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"program_order", "waited_for", "cycle"}),
+         note="under `if rank == student` the receiver posts recv(src=C); no line of the job "
+              "sends it, and rank C went on to the loss all-reduce. The peer of a recv posts "
+              "a send (dst=receiver), or the recv goes: 'post that too' answers a recv with "
+              "a recv"),
+    # issue 18, case 5: an exception raised in a DataLoader worker, re-raised in the rank
+    Case("dataloader_keyerror", "dataloader_keyerror.py", 2, frozenset({"crash"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "getitem"), at(others(C, 2), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
+         summary_contains="KeyError: \"sample 37: missing 'labels' field\"",
+         basis=frozenset({"exception"}), certainty=frozenset({"definite"}),
+         note="record 37 of rank C's shard has no labels: Dataset.__getitem__ raises in the "
+              "DataLoader worker (num_workers=1), the loader re-raises it in the rank as "
+              "'KeyError: Caught KeyError in DataLoader worker process 0.' with the original "
+              "traceback as text. The error to report is the original one, at __getitem__'s "
+              "raise, not the `for batch in loader` line"),
+    # issue 18, case 7: SIGSEGV inside a C call made through ctypes
+    Case("segv_rank", "segv_rank.py", 2, frozenset({"rank_died"}),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "segv"), at(others(C, 2), "allreduce")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG, summary_contains="SIGSEGV",
+         basis=frozenset({"exited"}), certainty=frozenset({"definite"}),
+         note="rank C calls ctypes.string_at(0) at step 2 and dies with SIGSEGV; its fatal "
+              "stack's innermost frame is ctypes/__init__.py (Python's own library): the "
+              "line to show is the job's, which called it"),
     Case("dtensor_ragged_gather", "dtensor_ragged_gather.py", 2, DESYNC, culprits=every(2),
          # the rank that received fewer bytes than it expected gets through (gloo lets it)
          # and dies further on: only the line it posted the gather from is fixed

@@ -13,6 +13,7 @@ SIGKILLs every process that carries the id and every process group the case crea
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -71,10 +72,28 @@ def markers(job: Path) -> dict[str, int]:
     return found
 
 
-def module_file(module: str) -> Path | None:
-    """The source file of ``module`` without importing it (only its top package is located)."""
+def case_paths(case: Case) -> list[Path]:
+    """The directories a case puts in front of its job's PYTHONPATH (``Case.pythonpath``,
+    relative to the repository root): a third-party release unpacked where it cannot be
+    installed beside the others (``make corpus`` puts them under ``.venv/corpus/``)."""
+    return [ROOT / p for p in case.pythonpath]
+
+
+def find_top(name: str, paths: list[Path] | None = None) -> Any:
+    """The spec of top-level module ``name`` as the job will import it: in ``paths`` first
+    (they come first on its PYTHONPATH), else in this interpreter; None when neither has it."""
+    if paths:
+        spec = importlib.machinery.PathFinder.find_spec(name, [str(p) for p in paths])
+        if spec is not None:
+            return spec
+    return importlib.util.find_spec(name)
+
+
+def module_file(module: str, paths: list[Path] | None = None) -> Path | None:
+    """The source file of ``module`` without importing it (only its top package is located,
+    in ``paths`` first)."""
     top, _, rest = module.partition(".")
-    spec = importlib.util.find_spec(top)
+    spec = find_top(top, paths)
     if spec is None or not spec.submodule_search_locations:
         return None
     base = Path(next(iter(spec.submodule_search_locations)))
@@ -82,15 +101,16 @@ def module_file(module: str) -> Path | None:
     return path if path.exists() else None
 
 
-def resolve_site(site: Site, job: Path) -> tuple[Path, int]:
-    """(file, line) that a :class:`Site` names: a marker in the job, or a needle in a module."""
+def resolve_site(site: Site, job: Path, paths: list[Path] | None = None) -> tuple[Path, int]:
+    """(file, line) that a :class:`Site` names: a marker in the job, or a needle in a module
+    (looked up in ``paths`` first: the case's own package directories)."""
     if site.marker is not None:
         lines = markers(job)
         if site.marker not in lines:
             raise ValueError(f"{job.name}: no '# corpus: {site.marker}' marker")
         return job, lines[site.marker]
     assert site.module is not None and site.needle is not None
-    path = module_file(site.module)
+    path = module_file(site.module, paths)
     if path is None:
         raise ValueError(f"module {site.module} not found")
     for i, line in enumerate(path.read_text().splitlines(), start=1):
@@ -100,7 +120,16 @@ def resolve_site(site: Site, job: Path) -> tuple[Path, int]:
 
 
 def missing_requirements(case: Case) -> list[str]:
-    return [m for m in case.requires if importlib.util.find_spec(m) is None]
+    """The modules of ``case.requires`` the job could not import (its package directories
+    first, then this interpreter's)."""
+    paths = case_paths(case)
+    return [m for m in case.requires if find_top(m, paths) is None]
+
+
+def skip_reason(case: Case, missing: list[str]) -> str:
+    where = f" in {', '.join(case.pythonpath)}" if case.pythonpath else ""
+    hint = f" ({case.install_hint})" if case.install_hint else ""
+    return f"skipped: {', '.join(missing)} not installed{where}{hint}"
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -235,7 +264,8 @@ def case_env(case: Case, env: Env, marks: Path, run_id: str) -> dict[str, str]:
     full.update({"OMP_NUM_THREADS": "1", "JOB_MARKS": str(marks), RUN_ENV: run_id,
                  "PYTHONUNBUFFERED": "1"})
     pp = full.get("PYTHONPATH")
-    full["PYTHONPATH"] = str(ROOT) + (os.pathsep + pp if pp else "")
+    front = [str(p) for p in case_paths(case)] + [str(ROOT)]
+    full["PYTHONPATH"] = os.pathsep.join(front) + (os.pathsep + pp if pp else "")
     full.update(env)
     return full
 
@@ -436,12 +466,12 @@ def _divergence_site(d: dict[str, Any], rank: int) -> tuple[bool, Any]:
 
 
 def check_lines(expects: list[LineExpect], env: Env, job: Path,
-                d: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+                d: dict[str, Any], paths: list[Path] | None = None) -> tuple[str, dict[str, Any]]:
     ranks = _by_rank(d)
     problems: list[str] = []
     got: dict[str, Any] = {}
     for ex in expects:
-        path, line = resolve_site(ex.site, job)
+        path, line = resolve_site(ex.site, job, paths)
         for r in sorted(ex.ranks(env)):
             where = f"{path.name}:{line}"
             if ex.where in ("rank", "rank+divergence"):
@@ -509,7 +539,8 @@ def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
     if exp.culprits_check:
         checks["culprit"] = OK if culprits == want_culprits else \
             f"{culprits or '[]'}≠{want_culprits or '[]'}"
-    checks["lines"], got["lines"] = check_lines(list(exp.lines), env, job, d)
+    checks["lines"], got["lines"] = check_lines(list(exp.lines), env, job, d,
+                                                case_paths(case))
     low = fix.lower()
     bad = [s for s in exp.fix_forbid if s.lower() in low]
     missing = [s for s in exp.fix_require if s.lower() not in low]
@@ -538,7 +569,7 @@ def describe_expected(case: Case, exp: Expected, env: Env, job: Path) -> dict[st
     lines = []
     for ex in exp.lines:
         try:
-            path, line = resolve_site(ex.site, job)
+            path, line = resolve_site(ex.site, job, case_paths(case))
             site = f"{path}:{line}"
         except ValueError as exc:
             site = f"unresolved: {exc}"
@@ -570,7 +601,7 @@ def run_and_score(case: Case, env: Env, mirrored: bool, work: Path,
                   require_basis: bool = False) -> Score:
     missing = missing_requirements(case)
     if missing:
-        return skipped(case, env, mirrored, f"skipped: {', '.join(missing)} not installed")
+        return skipped(case, env, mirrored, skip_reason(case, missing))
     outcome = run_case(case, env, work)
     return score(case, env, mirrored, outcome, require_basis)
 

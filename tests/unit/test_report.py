@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -243,6 +244,23 @@ def inconclusive() -> Diagnosis:
                             for r in range(2)], artifacts="")
 
 
+def unreadable_dump(world: int = 2, bad: tuple[int, ...] = (1,)) -> Diagnosis:
+    """``moe-hang analyze`` of a dump set whose rank files in ``bad`` are truncated: what the
+    real set gives (the ranks' reports say nothing of why; the evidence does)."""
+    ranks = [RankReport(rank=r) if r in bad else RankReport(
+        rank=r, state=RankState.IN_COLLECTIVE, collective=_coll("all_gather", 30, [[4, 8]]))
+        for r in range(world)]
+    known = [r for r in range(world) if r not in bad]
+    return Diagnosis(
+        verdict=Verdict.INCONCLUSIVE, certainty=Certainty.UNCERTAIN, rule="inconclusive",
+        summary=f"Not enough evidence to name a cause: states known for {who(known)} only.",
+        ranks=ranks, artifacts="/tmp/dumps",
+        evidence=["Flight Recorder dumps /tmp/dumps/comm_lib_trace_rank_<rank>: "
+                  f"{len(known)} read (format 2.10, gloo)",
+                  *(f"rank {r}: Flight Recorder dump unreadable (comm_lib_trace_rank_{r}: "
+                    "truncated or corrupt pickle (pickle data was truncated))" for r in bad)])
+
+
 def verified() -> Diagnosis:
     ref = ReferenceReport(ok=True, max_abs_err=6.98e-10, max_rel_err=4.37e-7, rtol=1e-5,
                           compared=60, steps=3)
@@ -350,6 +368,9 @@ CASES = {
     "diagnose-inconclusive": (inconclusive, ReportContext("diagnose", "moe-hang diagnose 42")),
     "analyze-desync": (lambda: skipped_collective(world=16, culprit=5),
                        ReportContext("analyze", "moe-hang analyze")),
+    "analyze-unreadable-dump": (unreadable_dump, ReportContext("analyze", "moe-hang analyze")),
+    "analyze-unreadable-dumps-16": (lambda: unreadable_dump(16, (3, 7, 8, 9)),
+                                    ReportContext("analyze", "moe-hang analyze")),
 }
 
 
@@ -450,6 +471,35 @@ def test_sizes_merge_before_ranks_are_left_out():
     assert out.index("rank 5 in all_reduce default_pg#6 [8] at train.py:60 step5") < \
         out.index("rank 0 in all_reduce")
     assert "… and 2 more rank(s) in 2 other place(s) (--verbose)" in out
+
+
+def test_a_rank_whose_evidence_is_unreadable_says_why_on_the_first_screen():
+    """Issue 18, case 6: not only "state unknown" — why, on the first screen; ranks whose
+    files failed alike are one line (their file names are left out: the ranks say whose)."""
+    out = _render(*_case("analyze-unreadable-dump"), 80)
+    assert ("rank 1 state unknown: Flight Recorder dump unreadable (truncated or corrupt\n"
+            "    pickle (pickle data was truncated))") in out, out
+    assert "\nevidence\n" not in out  # the detail section stays under --verbose
+    out = _render(*_case("analyze-unreadable-dumps-16"), 80)
+    assert "ranks 3, 7-9 state unknown: Flight Recorder dump unreadable" in out, out
+    assert "comm_lib_trace_rank_" not in out.split("captures")[0]
+
+
+def test_a_truncated_real_dump_says_why_its_rank_is_unknown(fixtures, tmp_path):
+    """The real gloo dumps of tests/unit/fixtures/fr_real/world2_skip, rank 1's cut in half
+    (its writer died mid-dump): analyze's first screen says why rank 1 is unknown."""
+    from moe_hang.commands.diagnose import analyze_paths
+
+    shutil.copytree(fixtures / "fr_real" / "world2_skip" / "pickle", tmp_path / "dumps")
+    bad = tmp_path / "dumps" / "comm_lib_trace_rank_1"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    d = analyze_paths([tmp_path / "dumps"], force=False)
+    screen = first_screen(d, ReportContext("analyze", "moe-hang analyze"), 80)
+    out = "\n".join(line.plain for line in screen.lines)
+    assert len(screen.lines) <= MAX_LINES and all(len(x.plain) <= 80 for x in screen.lines)
+    flat = " ".join(out.split())
+    assert "rank 1 state unknown: Flight Recorder dump unreadable (truncated or corrupt " \
+           "pickle" in flat, out
 
 
 def test_certainty_is_shown_when_the_verdict_engine_set_it():
