@@ -159,6 +159,7 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             if info.exit_code is not None:
                 ev.exit_code = info.exit_code
             ev.progressed = info.progressed
+            ev.activity = info.activity
         if r in failures and ev.exit_code is None:
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:

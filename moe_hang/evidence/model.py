@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
 from moe_hang.evidence.stacks import (
     Frame,
@@ -226,12 +227,15 @@ class ProcessRecord:
     local_rank: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # allowlisted only
     note: str | None = None
+    activity: Activity | None = None  # its counters over the sampling window (evidence.activity)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"pid": self.pid, "host": self.host, "alive": self.alive,
                              "exit_code": self.exit_code}
         if self.progressed is not None:
             d["progressed"] = self.progressed
+        if self.activity is not None:
+            d["activity"] = self.activity.to_dict()
         if self.local_rank is not None:
             d["local_rank"] = self.local_rank
         if self.env:
@@ -254,7 +258,8 @@ class ProcessRecord:
                    local_rank=_int(data.get("local_rank")),
                    env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict)
                    else {},
-                   note=str(data["note"]) if data.get("note") else None)
+                   note=str(data["note"]) if data.get("note") else None,
+                   activity=Activity.parse(data.get("activity")))
 
 
 @dataclass
@@ -328,6 +333,7 @@ class RankEvidence:
     stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
     stack_error: str | None = None
     progressed: bool | None = None  # did it move between two samples?
+    activity: Activity | None = None  # its process's counters over the sampling window
     records: list[PostedRecord] = field(default_factory=list)  # the worker's posting log
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
