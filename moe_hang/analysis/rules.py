@@ -231,6 +231,8 @@ def _stack_desync(f: Facts) -> Conclusion:
     div, culprits, basis = f.stack_div
     reports = f.reports(div)
     summary = desync_summary(div, reports, culprits, {}) + (
+        " (from stacks alone: the job's launch script dropped watch's probe, whose Flight "
+        "Recorder dumps would name the group and sequence number)" if f.ev.sampled else
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
@@ -338,7 +340,11 @@ def _progress_unseen(f: Facts) -> Conclusion:
     summary = (f"All {len(f.waiting)} ranks were in {op} in every sample, and what their "
                "processes did cannot tell one collective that never completes from a new one "
                "each time (" + "; ".join(clauses) + ").")
-    text = ("Decide with the recorder: run the job under `moe-hang watch -- <launch command>` "
+    text = ("Decide with the recorder: keep watch's probe in the ranks (the launch script "
+            "dropped it: let it keep PYTHONPATH, or call torchrun by name), or `moe-hang "
+            "diagnose PID --fr-dir DIR` with the job's own Flight Recorder dumps."
+            if f.ev.sampled else
+            "Decide with the recorder: run the job under `moe-hang watch -- <launch command>` "
             "(its probe reads the Flight Recorder's sequence numbers), or pass `--fr-dir DIR` "
             "with the job's own Flight Recorder dumps (TORCH_FR_BUFFER_SIZE, "
             "TORCH_FR_DUMP_TEMP_FILE).")

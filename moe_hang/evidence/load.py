@@ -176,7 +176,7 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
                     job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
                     root_cause_rank=torchrun_root_cause(log_text),
                     log_lines=notable_log_lines(log_text), artifacts=str(root),
-                    size_abort=gloo_size_abort(log_text))
+                    size_abort=gloo_size_abort(log_text), sampled=table.sampled)
 
 
 def load_captures(roots: list[Path]) -> Evidence:

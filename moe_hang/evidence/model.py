@@ -277,6 +277,8 @@ class ProcessTable:
     notes: list[str] = field(default_factory=list)
     orphans: list[tuple[int, int]] = field(default_factory=list)  # (rank, pid) of non-ranks
     probe_errors: dict[int, str] = field(default_factory=dict)
+    # watch found the ranks running without its probe and watched them by sampling
+    sampled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"world_size": self.world_size, "job": self.job,
@@ -291,6 +293,8 @@ class ProcessTable:
             d["orphans"] = [{"rank": r, "pid": p} for r, p in self.orphans]
         if self.probe_errors:
             d["probe_errors"] = {str(r): e for r, e in sorted(self.probe_errors.items())}
+        if self.sampled:
+            d["sampled"] = True
         return d
 
     @classmethod
@@ -317,7 +321,8 @@ class ProcessTable:
                    target_pid=_int(data.get("target_pid")),
                    notes=[str(n) for n in data.get("notes") or []], orphans=orphans,
                    probe_errors={int(k): str(v) for k, v in errs.items()
-                                 if _int(k) is not None} if isinstance(errs, dict) else {})
+                                 if _int(k) is not None} if isinstance(errs, dict) else {},
+                   sampled=data.get("sampled") is True)
 
 
 @dataclass
@@ -377,3 +382,5 @@ class Evidence:
     # a stall the watcher lived with (uncertain) and reported again once --hang-after passed:
     # its own words ("no progress on any rank for 300 s (--hang-after)")
     held: str | None = None
+    # watched by sampling: the probe was not in the ranks (their launch script dropped it)
+    sampled: bool = False

@@ -154,6 +154,11 @@ class RunLayout:
     def stacks_dir(self) -> Path:
         return self.root / "stacks"
 
+    @property
+    def bin_dir(self) -> Path:
+        """watch's torchrun shim (runtime/shim.py), first on the job's PATH."""
+        return self.root / "bin"
+
     def rank(self, r: int) -> RankFiles:
         return RankFiles(self.ranks_dir, r)
 
