@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 NOTICE = "[moe-hang] the probe is not running in the ranks"
 
 
-def _script(tmp: Path, job: str, *, launcher: str = "module") -> Path:
+def _script(tmp: Path, job: str, *, launcher: str = "module", nproc: int = 2) -> Path:
     """run.sh: sets PYTHONPATH itself (dropping whatever was there), then starts torchrun."""
     run = [f'"{sys.executable}" -m torch.distributed.run'] if launcher == "module" \
         else ["torchrun"]
@@ -26,7 +26,7 @@ def _script(tmp: Path, job: str, *, launcher: str = "module") -> Path:
     script.write_text(
         "#!/bin/sh\n"
         f"export PYTHONPATH={JOBS}\n"
-        f"exec {run[0]} --nproc_per_node 2 --master_addr 127.0.0.1 "
+        f"exec {run[0]} --nproc_per_node {nproc} --master_addr 127.0.0.1 "
         f"--master_port {free_port()} {JOBS / job}\n")
     script.chmod(0o755)
     return script
@@ -57,8 +57,10 @@ def test_a_skip_is_diagnosed_by_sampling_when_the_script_drops_the_probe(tmp_pat
     assert not list((tmp_path / "w" / "ranks").glob("*.hb.json"))  # no probe: sampled
 
 
-def test_the_healthy_version_of_the_same_script_exits_0(tmp_path):
-    code, d, err = _watch(tmp_path, _script(tmp_path, "chatty.py"), RUN_S="15")
+@pytest.mark.parametrize("nproc", [2, 8])
+def test_the_healthy_version_of_the_same_script_exits_0(tmp_path, nproc):
+    """A loop of small all-reduces: in an all-reduce in every sample, moving by its counters."""
+    code, d, err = _watch(tmp_path, _script(tmp_path, "chatty.py", nproc=nproc), RUN_S="20")
     assert sum(ln.startswith(NOTICE) for ln in err.splitlines()) == 1, err[-3000:]
     assert code == 0 and d["verdict"] == "healthy", d["summary"]
     assert d["job_exit_code"] == 0
