@@ -192,11 +192,13 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
-                                         hang_after_s=opts.hang_after_s)
+                                         hang_after_s=opts.hang_after_s, watch_unprobed=True)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"),
-                    sampler=sampling.sampler(native=opts.native))
+                    # one node: its ranks sampled when the probe is not in them; the nodes of
+                    # a multi-node job speak through their probes' heartbeats
+                    sampler=sampling.sampler(native=opts.native) if node is None else None)
                 peers = AloneOnNode() if node is None else multinode.NodePeers(node)
                 outcome, diag = supervise(
                     mon, peers, functools.partial(capture_and_diagnose, layout=layout, cmd=cmd,

@@ -60,6 +60,8 @@ class WatchSettings:
     # job's script replaced PYTHONPATH, ...): watch them by sampling (a probe beats within a
     # second of its interpreter's start)
     probe_grace_s: float = 5.0
+    # look for ranks that run without the probe (watch); repro's worker always has it
+    watch_unprobed: bool = False
 
 
 class EventKind(StrEnum):
@@ -204,7 +206,7 @@ class Monitor:
                  quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
                  on_notice: Phase | None = None, sampler: Sampler | None = None):
         self.job, self.s = job, settings
-        self.sampler = sampler  # None: heartbeats only (repro, whose worker has the probe)
+        self.sampler = sampler  # None: ranks without the probe are only said, not sampled
         self.sampling = False
         self.last_scan = -1e9
         self.next_round = 0.0
@@ -274,7 +276,7 @@ class Monitor:
             out.reason = f"torchrun exited with code {rc}"
             self._note_dead()
             return EventKind.COMPLETED if rc == 0 else EventKind.FAILED
-        if self.sampler is not None:
+        if self.s.watch_unprobed:
             if hbs and self.sampling:
                 self._leave_sampling(now)
             elif not hbs:
@@ -366,12 +368,12 @@ class Monitor:
                 # no heartbeat says how it left: torchrun's exit code will (a rank that failed
                 # makes it end the job)
                 out.dead_ranks[r] = time.time()
-        if now < self.next_round:
+        if now < self.next_round or self.sampler is None:
             return None
         live = {r: pid for r, pid in out.rank_pids.items() if r not in out.dead_ranks}
         if not live:
             return None
-        seen = self.sampler(live) if self.sampler is not None else {}
+        seen = self.sampler(live)
         now = time.monotonic()
         self.next_round = now + self.round_s()
         return self._round(seen, now)
@@ -386,7 +388,10 @@ class Monitor:
         why = ("the job's script cleared the environment?" if cleared else
                "the job's script replaced PYTHONPATH, or runs python -I, -E or -S?")
         self.notice(f"the probe is not running in the ranks ({why}): watching by sampling "
-                    f"instead (stacks and counters every {self.round_s():g} s)")
+                    f"instead (stacks and counters every {self.round_s():g} s)"
+                    if self.sampler is not None else
+                    f"the probe is not running in the ranks ({why}): a job over several nodes "
+                    "is not watched by sampling, only its end is (keep watch's PYTHONPATH)")
         self.ranks = {}
         self.next_round = now
 
