@@ -18,6 +18,7 @@ from moe_hang import __version__
 from moe_hang.cli_typer import _Command, _Group
 from moe_hang.config import DEFAULT_STALL_S, build_config, require_gpu_per_rank
 from moe_hang.errors import EXIT_TOOL_ERROR, Interrupted, MoeHangError
+from moe_hang.probe.layout import RunLayout
 
 if TYPE_CHECKING:
     from moe_hang.analysis.diagnosis import Diagnosis
@@ -41,6 +42,9 @@ SharedDir = Annotated[Path | None, typer.Option(
 Verbose = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also print ranks, timeline, stacks and evidence (always in "
                             "console.log and the HTML)")]
+Ras = Annotated[list[Path] | None, typer.Option(
+    "--ras", metavar="FILE", help="an NCCL RAS report (`ncclras -f json > FILE`); give two "
+                                  "taken a few seconds apart to tell frozen from moving")]
 
 # The options repro and verify share: (name, annotation, default), added to both signatures.
 _SCENARIO_OPTIONS: list[tuple[str, Any, Any]] = [
@@ -211,6 +215,8 @@ _ANALYZE_EXAMPLE = """**Examples**
 moe-hang analyze node0/ node1/        # captures of watch/diagnose
 moe-hang analyze /tmp/fr/             # torch's dumps in a directory
 moe-hang analyze ~/.cache/torch/comm_lib_trace_rank_   # a prefix
+moe-hang analyze /tmp/fr/ --ras a.json --ras b.json    # + two NCCL RAS reports
+moe-hang analyze --ras a.json --ras b.json             # RAS reports alone
 ```
 """
 
@@ -250,11 +256,14 @@ def diagnose(pid: Annotated[int | None, typer.Argument(
              = False,
              fr_dir: Annotated[Path | None, typer.Option(
                  "--fr-dir", help="Flight Recorder dumps of this job (pickle or JSON)")] = None,
-             html: Html = None, verbose: Verbose = False, shared_dir: SharedDir = None) -> None:
+             html: Html = None, verbose: Verbose = False, shared_dir: SharedDir = None,
+             ras: Ras = None) -> None:
     """Diagnose a running job you did not start: find its ranks, capture their stacks (and
-    Flight Recorder dumps where present) and name the hang; the ranks of other nodes come from
-    their watchers where `moe-hang watch` runs. Exit 3 on a problem, 0 if healthy."""
+    Flight Recorder dumps where present, and on NCCL jobs two RAS reports) and name the hang;
+    the ranks of other nodes come from their watchers where `moe-hang watch` runs. Exit 3 on
+    a problem, 0 if healthy."""
     from moe_hang.analysis.diagnosis import exit_code_for
+    from moe_hang.commands.checks import check_ras
     from moe_hang.commands.diagnose import diagnose_pid, pick_job
     from moe_hang.commands.session import interruptible
     from moe_hang.report.screen import ReportContext
@@ -262,13 +271,14 @@ def diagnose(pid: Annotated[int | None, typer.Argument(
 
     with _errors(""):
         _check_paths(out, html)
+        polls = check_ras(ras)
         pid = pid if pid is not None else pick_job()
         with interruptible(), live_status(enabled=not as_json) as term:
             diag = diagnose_pid(pid, term.say, out=out, native=native, fr_dir=fr_dir,
-                                command=_command(), shared_dir=shared_dir)
+                                command=_command(), shared_dir=shared_dir, ras=polls)
     _show(diag, ReportContext("diagnose", f"moe-hang diagnose {pid}"), as_json=as_json,
           verbose=verbose, html=html,
-          console_log=Path(diag.artifacts) / "console.log" if diag.artifacts else None)
+          console_log=RunLayout(Path(diag.artifacts)).console_log if diag.artifacts else None)
     raise typer.Exit(exit_code_for(diag.verdict))
 
 
@@ -327,23 +337,28 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
 
 
 @app.command(cls=_Command, epilog=_ANALYZE_EXAMPLE)
-def analyze(paths: Annotated[list[Path], typer.Argument(
+def analyze(paths: Annotated[list[Path] | None, typer.Argument(
                 metavar="PATH", help="capture directories of one job (one per node), or "
-                "Flight Recorder dumps: a directory, a file prefix, files")],
+                "Flight Recorder dumps: a directory, a file prefix, files")] = None,
             as_json: Json = False, html: Html = None, verbose: Verbose = False,
             force: Annotated[bool, typer.Option(
                 "--force", help="merge even captures that look like different jobs")]
-            = False) -> None:
-    """One verdict from what a job left behind: moe-hang's captures (one per node) and
+            = False, ras: Ras = None) -> None:
+    """One verdict from what a job left behind: moe-hang's captures (one per node),
     torch's own Flight Recorder dumps (a directory, a TORCH_FR_DUMP_TEMP_FILE prefix, or the
-    files)."""
+    files) and NCCL RAS reports (`--ras`), alone or together."""
     from moe_hang.analysis.diagnosis import exit_code_for
+    from moe_hang.commands.checks import check_ras
     from moe_hang.commands.diagnose import analyze_paths
     from moe_hang.report.screen import ReportContext
 
     with _errors(""):
         _check_paths(None, html)
-        diag = analyze_paths(list(paths), force=force)
+        polls = check_ras(ras)
+        if not paths and not polls:
+            raise MoeHangError("nothing to analyze: give PATH... (captures or Flight "
+                               "Recorder dumps) or --ras FILE")
+        diag = analyze_paths(list(paths or []), force=force, ras=polls)
     _show(diag, ReportContext("analyze", "moe-hang analyze"), as_json=as_json,
           verbose=verbose, html=html, console_log=None)
     raise typer.Exit(exit_code_for(diag.verdict))

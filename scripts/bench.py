@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from moe_hang.testing.script import run, written
+
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "e2e" / "jobs"
 if str(JOBS) not in sys.path:
@@ -248,10 +250,10 @@ def main() -> int:
         "fix_cost": costs, "total_s": round(time.monotonic() - t0, 1),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    written(Path(args.json)).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.json} in {result['total_s']} s")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -47,6 +47,7 @@ from moe_hang.evidence.model import Evidence, Unreached  # noqa: E402
 from moe_hang.evidence.vocab import JobState  # noqa: E402
 from moe_hang.runtime import coord  # noqa: E402
 from moe_hang.runtime.coord import store as coord_store  # noqa: E402
+from moe_hang.testing.script import run  # noqa: E402
 
 SEQ = 42
 
@@ -410,4 +411,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

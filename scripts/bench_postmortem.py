@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_hang.testing.script import run, written
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
@@ -552,13 +554,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {"meta": meta, "cases": [asdict(c) for c in cases]}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        written(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.bench_json:
         update_bench_json(args.bench_json, result)
     if args.table:
-        args.table.write_text(tab + "\n")
+        written(args.table).write_text(tab + "\n")
     if args.markdown:
-        args.markdown.write_text(markdown(cases) + "\n")
+        written(args.markdown).write_text(markdown(cases) + "\n")
     return 0
 
 
@@ -585,7 +587,7 @@ def _replay(args: argparse.Namespace) -> int:
     cases = list(by_key.values())
     print(table(cases))
     if args.markdown:
-        args.markdown.write_text(markdown(cases) + "\n")
+        written(args.markdown).write_text(markdown(cases) + "\n")
     if args.bench_json:
         for r in results:
             update_bench_json(args.bench_json, r)
@@ -602,4 +604,4 @@ def _torch_version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

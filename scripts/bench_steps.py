@@ -28,6 +28,7 @@ from moe_hang.config import build_config
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.scenarios.build import build_ep_model
 from moe_hang.scenarios.moe import global_batch, local_loss
+from moe_hang.testing.script import run
 
 ELEM_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
               "Bool": 1, "Char": 1, "Byte": 1}
@@ -180,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -32,6 +32,14 @@ from cases import CASES  # noqa: E402
 COLUMNS = ("verdict", "culprit", "lines", "advice")
 
 
+def _out(path: str) -> Path:
+    """Where --json goes, its directory made first (a fresh clone has no runs/). The runner
+    imports nothing of moe_hang: it only runs its command line."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def _cell(score: harness.Score, key: str, width: int) -> str:
     if score.skipped:
         return "-"
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.require_basis)
         print(table(again))
         if args.json:
-            Path(args.json).write_text(json.dumps(
+            _out(args.json).write_text(json.dumps(
                 {"schema": "moe-hang/corpus/v1", "rescored_from": args.rescore,
                  "runs": [harness.score_to_json(s) for s in again]}, indent=1, default=str)
                 + "\n")
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                          "scored": sum(s.skipped is None for s in scores),
                          "skipped": sum(s.skipped is not None for s in scores)}}
         report["alive_at_end"] = left
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        _out(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
     if args.clean:
         shutil.rmtree(work, ignore_errors=True)
     survivors = [s for s in scores if s.outcome.survivors]
@@ -155,4 +163,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (OSError, ValueError) as exc:  # one line, never a traceback
+        print(f"[error] corpus.py: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -26,6 +26,8 @@ from typing import Any
 
 import psutil
 
+from moe_hang.testing.script import run, written
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "tests" / "e2e" / "jobs") not in sys.path:
     sys.path.append(str(ROOT / "tests" / "e2e" / "jobs"))  # its _wait.py, shared with the tests
@@ -150,7 +152,8 @@ def main() -> int:
         "run_dirs_distinct": run_dirs_distinct,
         "total_s": round(time.time() - t_start, 1),
     }
-    Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    written(Path(args.json)).write_text(json.dumps({"summary": summary, "rows": rows}, indent=2)
+                                        + "\n")
     print(json.dumps(summary, indent=2))
     ok = (summary["wrong_exit_codes"] == 0 and summary["leaked_processes"] == 0
           and not leaked_ports and leaked_fds <= 0 and not leaked_tmp
@@ -159,4 +162,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

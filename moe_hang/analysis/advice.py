@@ -4,19 +4,22 @@ naming the ranks and lines; no advice rather than wrong advice. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moe_hang.analysis.blocks import EXTRA, Block
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Divergence,
+    MismatchKind,
     RankCollective,
     RankReport,
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.ranktext import spans
-from moe_hang.analysis.source import in_loop, left_loop
+from moe_hang.analysis.source import enclosing_loop, left_loop, rank_condition
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
+from moe_hang.evidence.vocab import agree, who
 
 
 @dataclass
@@ -29,6 +32,7 @@ class Situation:
     basis: CulpritBasis
     reports: dict[int, RankReport]
     frames: dict[int, list[Frame]] = field(default_factory=dict)
+    block: Block | None = None  # where one side posted collectives the other did not
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]
@@ -81,16 +85,6 @@ def _at(f: Frame | None) -> str:
     return f.short() if f is not None else "its line"
 
 
-def _ranks(rs: list[int]) -> str:
-    rs = sorted(rs)
-    if not rs:
-        return "-"
-    if len(rs) > 8:  # thousands of ranks: a sentence, not a list (the JSON has them all)
-        text = spans(rs)
-        return text if len(text) <= 40 else f"{rs[0]}, {rs[1]}, … ({len(rs)} ranks)"
-    return str(rs[0]) if len(rs) == 1 else ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
-
-
 def _what(s: Situation, ranks: list[int]) -> str:
     """The collective these ranks posted at the divergence, else are in (no line known)."""
     for r in ranks:
@@ -129,6 +123,41 @@ def advise_dtype(s: Situation) -> Advice:
                   f"({dtypes}).")
 
 
+def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None) -> Advice:
+    """A send or recv whose other side the peer never posts: the peer of a recv posts a
+    send, not another recv — under the same condition as the call that waits."""
+    other, arg, back = ("send", "dst", "src") if op == "recv" else ("recv", "src", "dst")
+    cond = rank_condition(site.file, site.line) if site is not None else None
+    at = f" at {site.short()}" if site is not None else ""
+    under = f" (it runs under `{cond}`)" if cond else ""
+    return Advice(f"Rank {waiter}'s {op}({back}={peer}){at}{under} waits for a {other} rank "
+                  f"{peer} never posts: post the matching {other}({arg}={waiter}) on rank "
+                  f"{peer} under the same condition as the {op}, the same number of times — "
+                  f"or remove the {op}.")
+
+
+def _advise_extra(s: Situation, b: Block) -> Advice:
+    """Collectives only some ranks posted: the code that posted them runs only there."""
+    site = b.site
+    n = len(b.items)
+    op = b.items[0].op if b.items else "collective"
+    what = f"{n} {op}s" if n != 1 else f"the {op}"
+    line = f"{short_path(site.file)}:{site.line}" if site is not None else ""
+    at = (f" from {site.function}() at {line}" if site is not None
+          and site.function != "<module>" else f" at {line}" if site else "")
+    cond = f" under `{b.condition}`" if b.condition else ""
+    head = (f"{who(b.having).capitalize()} posts {what}{at}{cond} that {who(b.lacking)} "
+            "never posts: ")
+    if b.items and fsdp_unshard(b.items[0].frames):
+        return Advice(head + "FSDP all-gathers the parameters of every module it wraps when "
+                      "the module is called, so a forward on some ranks only (an evaluation, "
+                      "a logging pass) posts collectives the others never answer. Run it on "
+                      "every rank (each on its own share of the data), or on a model outside "
+                      "FSDP (an unsharded copy).")
+    return Advice(head + "run it on every rank, or outside the process group's collectives "
+                  "(a rank-only evaluation, checkpoint or log must not post collectives).")
+
+
 def advise_order(s: Situation) -> Advice:
     """A rank skipped (or reordered) a collective the others post."""
     frames = s.all_frames()
@@ -136,25 +165,29 @@ def advise_order(s: Situation) -> Advice:
                 None)
     if back is not None:
         return Advice(
-            f"Rank {_ranks(s.waiting())} runs a collective in {back.function} "
-            f"({back.short()}) that rank {_ranks(s.culprits)}'s backward never reaches: its "
+            f"{who(s.waiting()).capitalize()} {agree(s.waiting(), 'runs', 'run')} a collective in "
+            f"{back.function} "
+            f"({back.short()}) that {who(s.culprits)}'s backward never reaches: its "
             "output does not depend on that function's input, so autograd skips it. Tie the "
             "output to the input (a gradient anchor) so every rank runs the same backward.",
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
+    if s.block is not None and s.block.decided == EXTRA:
+        return _advise_extra(s, s.block)
     if fsdp_unshard(frames):
         called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
-        if called is not None and in_loop(called.file, called.line):
+        loop = enclosing_loop(called.file, called.line) if called is not None else None
+        if called is not None and loop is not None and "expert" in loop.lower():
             return Advice(
                 f"FSDP all-gathers a module's parameters when it is called; the loop at "
-                f"{called.short()} called fewer modules on rank {_ranks(s.culprits)} than on "
-                f"rank {_ranks(s.waiting())} (e.g. only the experts that got tokens). Call "
+                f"{called.short()} called fewer modules on {who(s.culprits)} than on "
+                f"{who(s.waiting())} (e.g. only the experts that got tokens). Call "
                 "every expert on every rank every step, with an empty input where it has no "
                 "token, so every rank posts the same all-gathers.",
                 "for expert in experts:  # every expert, every step, on every rank\n"
                 "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
         return Advice(
-            f"FSDP all-gathers a module's parameters when it is called; rank "
-            f"{_ranks(s.culprits)} did not call the one rank {_ranks(s.waiting())} called at "
+            f"FSDP all-gathers a module's parameters when it is called; "
+            f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
             f"{_at(called)}. Call the same modules on every rank every step (run a skipped "
             "block on an empty or dummy input), so every rank posts the same all-gathers.")
     if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
@@ -169,18 +202,19 @@ def advise_order(s: Situation) -> Advice:
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
-        return Advice(f"Rank {_ranks(s.culprits)} posted {'its collective at ' * bool(now_at)}"
-                      f"{now} where rank {_ranks(s.waiting())} posted "
+        return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
+                      f"{now} where {who(s.waiting())} posted "
                       f"{'theirs at ' * bool(missed_at)}{missed}: every rank must "
                       "post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     loop = _loop_left(s, culprit)
     if loop is not None:
-        return Advice(f"Rank {_ranks(s.culprits)} left the loop at {loop} while rank "
-                      f"{_ranks(s.waiting())} is still in it ({missed}): the ranks ran "
-                      "different numbers of iterations. Give each the same count: equal data "
-                      "shards (DistributedSampler), or all-reduce the count with MIN first.")
-    return Advice(f"Make rank {_ranks(s.culprits)} post {the_missed} too: it "
+        return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
+                      f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
+                      f"({missed}): the ranks ran different numbers of iterations. Give each "
+                      "the same count: equal data shards (DistributedSampler), or all-reduce "
+                      "the count with MIN first.")
+    return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
@@ -206,3 +240,14 @@ def _loop_left(s: Situation, culprit: int) -> str | None:
             return None
         found.add(at)
     return found.pop() if len(found) == 1 else None
+
+
+# what each mismatch kind advises (a row per kind of analysis.mismatch.KINDS)
+KIND_ADVICE: dict[MismatchKind, Callable[[Situation], Advice]] = {
+    MismatchKind.OP: advise_order,
+    MismatchKind.SIZE: advise_size,
+    MismatchKind.DTYPE: advise_dtype,
+    MismatchKind.MISSING: advise_order,
+    MismatchKind.ORDER: advise_order,
+    MismatchKind.EXTRA: advise_order,
+}

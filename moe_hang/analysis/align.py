@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moe_hang.analysis.blocks import EXTRA, Block, part, user_code
+from moe_hang.analysis.blocks import identity as identity_of
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
-from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.timeline import RankView, RankViews, rank_view
+from moe_hang.analysis.timeline import RankView, RankViews, rank_view, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
-from moe_hang.evidence.stacks import callsite, in_backward, is_library_frame
+from moe_hang.evidence.stacks import in_backward
 from moe_hang.evidence.vocab import RankState
 
 
@@ -45,22 +46,6 @@ def members(views: RankViews, world: int | None) -> dict[str, list[int]]:
 
 
 @dataclass
-class Shift:
-    """From ``start`` on, the ``ahead`` ranks post what the ``behind`` ranks post ``k``
-    collectives later: they skipped ``k`` of them. Identical collectives pair silently (FSDP's
-    per-expert all-gathers have one shape), so the first visible difference (``first_diff``,
-    one rank still in the expert loop, the other already in backward) comes after the skip;
-    ``counts`` says how many collectives like the run's first each rank posted up to there."""
-
-    ahead: list[int]
-    behind: list[int]
-    k: int
-    start: int
-    first_diff: int
-    counts: dict[int, int]
-
-
-@dataclass
 class GroupDivergence:
     """Where one group's members first disagree."""
 
@@ -68,10 +53,10 @@ class GroupDivergence:
     have: dict[int, Collective]  # the members that posted this seq, with what they posted
     absent: list[int]  # members that never posted it, known to be blocked elsewhere or dead
     time_ns: int
-    # the same op from different code: which ranks' entry is not the collective the others
-    # posted here (they skipped one, or are behind); filled for identity mismatches
+    # the same op from different code, and nothing lines the ranks up again: where each is
+    # stuck (its user code); filled for identity mismatches
     identity: dict[int, object] = field(default_factory=dict)
-    shift: Shift | None = None  # one side posts the other's collectives k seqs early
+    block: Block | None = None  # one side posted collectives the other did not
 
 
 def blocked_elsewhere(v: RankView) -> bool:
@@ -80,81 +65,6 @@ def blocked_elsewhere(v: RankView) -> bool:
     if v.state == RankState.EXITED:
         return True
     return v.state in (RankState.IDLE, RankState.IN_COLLECTIVE) and v.ev.progressed is False
-
-
-def _identity(c: Collective, pending: bool, v: RankView) -> object | None:
-    """What tells two same-op, same-size collectives apart: the probe's tag, else the user
-    stack that posted it — the recorder's frames, or, for the collective a rank is blocked in,
-    its stack now. None when nothing does."""
-    if c.tag:
-        return ("tag", c.tag)
-    frames = c.frames if c.source != "probe" else []
-    if not frames and pending and v.stack.frames and v.stack.op == c.op:
-        frames = v.stack.frames
-    user = tuple((f.file, f.line, f.function) for f in reversed(frames)
-                 if not is_library_frame(f))
-    return ("stack", user) if user else None
-
-
-def _sig(pg: str, seq: int, r: int, views: RankViews) -> object | None:
-    c = views[r].tl.by_pg.get(pg, {}).get(seq)
-    if c is None:
-        return None
-    return (c.op, tuple(tuple(x) for x in c.input_sizes),
-            _identity(c, c.completed is False, views[r]))
-
-
-def _shift(seq: int, ids: dict[int, object], pg: str,
-           views: RankViews) -> Shift | None:
-    """Two camps whose posting stacks differ at ``seq``: is one of them ahead by k, the same
-    collectives one position later on the other, at every seq from here on?"""
-    camps: dict[object, list[int]] = {}
-    for r, i in sorted(ids.items()):
-        camps.setdefault(i, []).append(r)
-    if len(camps) != 2:
-        return None
-    (ca, cb) = camps.values()
-    last = max(max(views[r].tl.by_pg.get(pg, {}), default=seq) for r in (*ca, *cb))
-    for k in (1, 2, 3):
-        for ahead, behind in ((cb, ca), (ca, cb)):
-            a, b = ahead[0], behind[0]
-            matched = 0
-            for u in range(seq, last + 1):
-                x, y = _sig(pg, u, a, views), _sig(pg, u + k, b, views)
-                if x is None or y is None:
-                    continue
-                if x != y:
-                    break
-                matched += 1
-            else:
-                if matched == 0:
-                    continue
-                start = seq
-                while (x := _sig(pg, start - 1, a, views)) is not None and \
-                        x == _sig(pg, start - 1 + k, b, views):
-                    start -= 1
-                loop = _sig(pg, start, b, views)
-                counts = {r: sum(1 for u in range(start, seq + 1)
-                                 if _sig(pg, u, r, views) == loop) for r in (*ahead, *behind)}
-                return Shift(sorted(ahead), sorted(behind), k, start, seq, counts)
-    return None
-
-
-def _identities_differ(seq: int, have: dict[int, Collective], pg: str,
-                       views: RankViews) -> tuple[dict[int, object], Shift | None]:
-    """Same op and sizes, but not the same collective. At a seq that is still pending this is
-    where the ranks are stuck; at one that completed (the pair went through, silently) it only
-    counts if one side is shifted against the other from there on — two code paths may post
-    the same collective legitimately (``if rank == 0: dist.barrier() else: dist.barrier()``),
-    and then they line up again."""
-    ids = {r: _identity(c, c.completed is False, views[r]) for r, c in have.items()}
-    known = {r: i for r, i in ids.items() if i is not None}
-    if len(known) < 2 or len(set(known.values())) < 2:
-        return {}, None
-    shift = _shift(seq, known, pg, views)
-    if shift is not None or all(c.completed is False for c in have.values()):
-        return known, shift
-    return {}, None
 
 
 def _first_in_group(pg: str, ranks: list[int], views: RankViews
@@ -176,17 +86,27 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
                   if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
         kind = mismatch_kind(list(have.values()))
         identity: dict[int, object] = {}
-        shift: Shift | None = None
-        if kind != MismatchKind.OP and len(have) >= 2:
-            # same op from different code: different collectives, whose sizes or dtypes
-            # differ because of that — a rank skipped one (stale all-to-all counts)
-            ids, shift = _identities_differ(seq, have, pg, views)
-            if ids:
-                kind, identity = MismatchKind.MISSING, ids
-            if shift is not None and shift.start < seq:  # show where the skip happened
-                seq = shift.start
-                present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
-                have = {r: c for r, c in present.items() if c is not None}
+        block: Block | None = None
+        codes = {r: user_code(c, views[r]) for r, c in have.items()}
+        known = {code for code in codes.values() if code is not None}
+        if len(have) >= 2 and (len({c.op for c in have.values()}) > 1 or len(known) > 1):
+            # different ops, or the same op from different code: align what each posted from
+            # here on (a block one side has and the other lacks), not their seq numbers
+            camps: dict[object, list[int]] = {}
+            for r, c in sorted(have.items()):
+                camps.setdefault(identity_of(c, views[r]), []).append(r)
+            got = part(pg, seq, list(camps.values()), views)
+            if got.benign and kind is None:
+                continue  # two code paths posting the same collectives: they line up again
+            if got.block is not None:
+                block = got.block
+                kind = MismatchKind.EXTRA if block.decided == EXTRA else MismatchKind.MISSING
+            elif kind != MismatchKind.OP:
+                if not all(c.completed is False for c in have.values()):
+                    continue  # went through, and nothing says the two were not one step
+                # stuck in the same op from different code: different collectives
+                kind = MismatchKind.MISSING
+                identity = {r: code for r, code in codes.items() if code is not None}
         if kind is None and absent:
             stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]
@@ -202,7 +122,8 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
         div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
                          members=ranks, per_rank=per_rank, phase=phase)
         t = min((c.time_created_ns or 0) for c in have.values())
-        return GroupDivergence(div, have, absent if not identity else [], t, identity, shift)
+        return GroupDivergence(div, have, absent if not (identity or block) else [], t,
+                               identity, block)
     return None
 
 
@@ -211,13 +132,6 @@ def divergences(views: RankViews, world: int | None) -> list[GroupDivergence]:
     found = [g for pg, ranks in members(views, world).items()
              if (g := _first_in_group(pg, ranks, views)) is not None]
     return sorted(found, key=lambda g: (g.time_ns, g.div.seq or 0, g.div.pg))
-
-
-def site_of(c: Collective, v: RankView) -> tuple[str, int] | None:
-    site = callsite(c.frames) if c.frames else None
-    if site is None and v.stack.op == c.op:
-        site = v.stack.callsite
-    return (site.file, site.line) if site else None
 
 
 def quick_divergence(heartbeats: dict[int, Heartbeat], world: int | None) -> Divergence | None:

@@ -17,11 +17,10 @@ from moe_hang.analysis.order import (
     further_along,
     inversion,
     program_order,
-    site_key,
     user_frames,
     who_skipped,
 )
-from moe_hang.analysis.timeline import RankViews, group_kind
+from moe_hang.analysis.timeline import RankViews, group_kind, site_key
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort
@@ -81,8 +80,10 @@ def blame(g: GroupDivergence, views: RankViews) -> Blame:
     """The culprits of one group's divergence."""
     if g.div.kind == MismatchKind.MISSING and g.absent:
         return _blame_absent(g, views)
-    if g.shift is not None:  # it posts what the others post later: it skipped some
-        return Blame(g.shift.ahead, CulpritBasis.PROGRAM_ORDER)
+    if g.block is not None:  # one side posted collectives the other did not
+        if g.block.decided is None:
+            return Blame(g.block.culprits, CulpritBasis.AMBIGUOUS)
+        return Blame(g.block.culprits, g.block.basis)
     if g.identity:
         sides = _sides(g.identity)
         if (tagged := _tag_ahead(g, views)) is not None:
@@ -116,13 +117,16 @@ def _signature(c: Collective) -> tuple[object, ...]:
 
 def _keeps_constant(c: Collective, views: RankViews) -> bool | None:
     """Every earlier (completed) collective of this op on a group like this one, from this
-    call site where the recorder has one, had one signature (op, sizes, dtypes): does ``c``
-    have it? None: no history, or it varies (ragged sizes: history cannot tell)."""
+    call site where the recorder has one (else from any), had one signature (op, sizes,
+    dtypes): does ``c`` have it? None: no history, or it varies (ragged sizes: history cannot
+    tell)."""
     kind, site = group_kind(c), site_key(c)
-    seen = {_signature(h) for v in views.values() for by_seq in v.tl.by_pg.values()
+    done = [h for v in views.values() for by_seq in v.tl.by_pg.values()
             for h in by_seq.values()
-            if h.completed is True and h.op == c.op and group_kind(h) == kind
-            and site_key(h) == site}
+            if h.completed is True and h.op == c.op and group_kind(h) == kind]
+    # its own call site's history, else — a call site never used before — the op's on this
+    # kind of group, whatever posted it: every rank kept one shape there
+    seen = {_signature(h) for h in done if site_key(h) == site} or {_signature(h) for h in done}
     if len(seen) != 1:
         return None
     return _signature(c) in seen

@@ -29,6 +29,9 @@ class Verdict(StrEnum):
     STRAGGLER = "straggler"
     HEALTHY = "healthy"
     INCONCLUSIVE = "inconclusive"
+    # every rank in the same collective, posted alike, and it never completes (NCCL): the
+    # transport or a GPU, never the collective order (analysis/nccl.py)
+    TRANSPORT_HANG = "transport_hang"
 
 
 class MismatchKind(StrEnum):
@@ -37,6 +40,7 @@ class MismatchKind(StrEnum):
     DTYPE = "dtype_mismatch"
     MISSING = "missing_rank"
     ORDER = "order_mismatch"  # the same collectives, posted in different orders (a cycle)
+    EXTRA = "extra_collective"  # collectives some ranks posted and the others never did
 
 
 class CulpritBasis(StrEnum):
@@ -48,9 +52,14 @@ class CulpritBasis(StrEnum):
     PROGRAM_ORDER = "program_order"  # further along the same code: it skipped what others wait in
     HISTORY = "history"  # earlier iterations show the order it broke
     CYCLE = "cycle"  # every rank on a wait-for cycle
+    SOURCE = "source"  # the source runs the code only on these ranks (a rank condition)
     WAITED_FOR = "waited_for"  # outside any collective while the others wait for it
     AMBIGUOUS = "ambiguous"  # the evidence does not decide: every candidate is named
     NONE = "none"  # no culprit (healthy, or nothing to blame)
+    # NCCL's own evidence (analysis/nccl.py)
+    NCCL_ERROR = "nccl_error"  # NCCL reports an error or an abort on it (RAS)
+    LAUNCH_COUNTS = "launch_counts"  # it never launched what the others launched (RAS)
+    KERNEL_TIMING = "kernel_timing"  # its kernel started last, or never (the recorder's timing)
 
 
 class Certainty(StrEnum):
@@ -67,7 +76,8 @@ KINDS = tuple(k.value for k in MismatchKind)
 
 # Verdicts that are not a problem: a straggler is slow, not deadlocked.
 NO_PROBLEM = (Verdict.HEALTHY, Verdict.STRAGGLER)
-PROBLEM_VERDICTS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED)
+PROBLEM_VERDICTS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED,
+                    Verdict.TRANSPORT_HANG)
 
 
 def exit_code_for(verdict: str) -> int:
@@ -101,6 +111,7 @@ class RankCollective:
     time_created_ns: int | None = None
     tag: str | None = None  # which logical collective (e.g. layer1.expert2), from the probe
     callsite: Frame | None = None  # the user line that posted this collective
+    state: str | None = None  # the recorder's: scheduled | started (its kernel ran) | completed
 
     @property
     def from_stack_only(self) -> bool:
@@ -117,6 +128,8 @@ class RankCollective:
             d["dtypes"] = self.dtypes
         if self.pg_desc:
             d["pg_desc"] = self.pg_desc
+        if self.state:
+            d["state"] = self.state
         d["source"] = self.source
         return d
 
@@ -129,7 +142,8 @@ class RankCollective:
                    input_sizes=[list(x) for x in d.get("input_sizes") or []],
                    dtypes=[str(x) for x in d.get("dtypes") or []],
                    source=str(d.get("source", "")), pg_desc=str(d.get("pg_desc", "")),
-                   tag=d.get("tag"), callsite=Frame.from_dict(d.get("callsite")))
+                   tag=d.get("tag"), callsite=Frame.from_dict(d.get("callsite")),
+                   state=d.get("state"))
 
 
 @dataclass
@@ -278,6 +292,8 @@ class Diagnosis:
     fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
+    # NCCL RAS as the diagnosis read it (analysis/nccl.py ras_summary); None: no report
+    nccl_ras: dict[str, Any] | None = None
 
     def rank(self, r: int) -> RankReport | None:
         return next((x for x in self.ranks if x.rank == r), None)
@@ -307,6 +323,8 @@ class Diagnosis:
             d["divergences"] = [x.to_dict() for x in self.divergences]
         if self.timeline is not None:
             d["timeline"] = self.timeline.to_dict()
+        if self.nccl_ras is not None:
+            d["nccl_ras"] = self.nccl_ras
         if self.run is not None:
             d.update(self.run.to_dict())
         return d
@@ -330,4 +348,5 @@ class Diagnosis:
             certainty=Certainty(d.get("certainty", Certainty.UNCERTAIN)),
             fix_code=d.get("fix_code"), rule=str(d.get("rule", "")),
             divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])
-                         if x is not None])
+                         if x is not None],
+            nccl_ras=d["nccl_ras"] if isinstance(d.get("nccl_ras"), dict) else None)

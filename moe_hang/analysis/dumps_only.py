@@ -14,9 +14,8 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import recorder_only
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, spans
 
 
 def outside_recorded(f: Facts, culprits: list[int], w: str, div: Divergence | None

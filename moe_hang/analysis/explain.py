@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import signal
 from typing import TYPE_CHECKING
 
+from moe_hang.analysis.blocks import EXTRA, SKIP
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
     CulpritBasis,
@@ -16,35 +16,26 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.mismatch import ROW
-from moe_hang.analysis.ranktext import who
+from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.model import RankError
-from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.model import RankError, SizeAbort
+from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.evidence.vocab import RankState, agree, who
 
-if TYPE_CHECKING:  # align imports this module's helpers through ranks
+if TYPE_CHECKING:
     from moe_hang.analysis.align import GroupDivergence
+    from moe_hang.analysis.facts import Facts
 
 
-def exit_desc(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def ranks_text(rs: list[int]) -> str:
-    """``1``, ``0 and 1``, ``0, 1 and 3``."""
-    rs = sorted(rs)
-    if not rs:
-        return "-"
-    if len(rs) == 1:
-        return str(rs[0])
-    return ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+# "Ranks posted <phrase> at seq N of <group>": a row per kind of analysis.mismatch.KINDS
+KIND_PHRASE = {
+    MismatchKind.OP: "different collectives",
+    MismatchKind.SIZE: "different sizes",
+    MismatchKind.DTYPE: "different dtypes",
+    MismatchKind.MISSING: "a collective some ranks never reached",
+    MismatchKind.ORDER: "the same collectives in different orders",
+    MismatchKind.EXTRA: "collectives only some ranks posted",
+}
 
 
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
@@ -59,17 +50,14 @@ def site_str(site: Frame | None) -> str:
     return site.short() if site else "unknown line"
 
 
-def some_ranks(rs: list[int]) -> str:
-    """``rank 3``, ``ranks 0, 1``, ``ranks 0-7``; many scattered ones by their number."""
-    text = who(rs)
-    return text if len(text) <= 40 else f"{len(rs)} ranks"
-
-
 def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: list[int],
                    exits: dict[int, int | None]) -> str:
     """``exits``: the ranks that exited badly, with their exit codes."""
     where = " in backward" if div.phase == "backward" else ""
-    callsites = {r: cs for r in div.per_rank if r in reports and (cs := reports[r].callsite)}
+    # where each posted its side of this collective (else where it is now)
+    callsites = {r: cs for r, c in div.per_rank.items()
+                 if (cs := (c.callsite if c is not None else None)
+                     or (reports[r].callsite if r in reports else None))}
     same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
 
     # ranks that did the same thing together: one clause each, however many ranks
@@ -82,7 +70,7 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
         if not same_site and r in callsites:
             text += f" at {callsites[r].short()}"
         said.setdefault(text, []).append(r)
-    parts = [f"{some_ranks(rs)} {text}" for text, rs in said.items()]
+    parts = [f"{who(rs)} {text}" for text, rs in said.items()]
     site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
     del exits  # how each rank ended is in its own line of the report
     tail = ""
@@ -98,64 +86,109 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
             skipped, posted = tags[behind[0]], tags[ahead[0]]
             first_ahead = div.per_rank.get(ahead[0])
             op = first_ahead.op if first_ahead is not None else "collective"
-            return (f"Rank {ranks_text(ahead)} never posted the {op} of {skipped}: at seq "
-                    f"{div.seq} of {pg_name} its {op} of {posted} paired with rank "
-                    f"{ranks_text(behind)}'s {op} of {skipped} (same size, so silently), and "
+            return (f"{who(ahead).capitalize()} never posted the {op} of {skipped}: at seq "
+                    f"{div.seq} of {pg_name} its {op} of {posted} paired with "
+                    f"{who(behind)}'s {op} of {skipped} (same size, so silently), and "
                     "every later collective paired with the wrong partner" + tail + ".")
     pg = pg_name
     if div.pg != DEFAULT_PG and div.members:
         # a few members by number; a big group by its size (the JSON lists them all)
         pg += (f" (ranks {', '.join(map(str, div.members))})" if len(div.members) <= 8
                else f" ({len(div.members)} ranks)")
-    return (f"Ranks posted {ROW[div.kind].phrase} at seq {div.seq} of {pg}{where}{site}: "
+    return (f"Ranks posted {KIND_PHRASE[div.kind]} at seq {div.seq} of {pg}{where}{site}: "
             + "; ".join(parts) + tail + ".")
 
 
-def shift_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
-    """One side is k collectives ahead of the other from ``start`` on: it skipped k."""
-    sh = g.shift
-    assert sh is not None
+def _plural(op: str, n: int) -> str:
+    return f"{n} {op}s" if n != 1 else f"an {op}" if op[:1] in "aeiou" else f"a {op}"
+
+
+def block_summary(g: GroupDivergence, reports: dict[int, RankReport]) -> str:
+    """One side posted collectives the other did not, from ``start`` on: an extra on one side,
+    or a skip on the other, or — where nothing decides — either."""
+    b = g.block
+    assert b is not None
     div = g.div
-    a, b = sh.ahead[0], sh.behind[0]
-    ca, cb = div.per_rank.get(a), div.per_rank.get(b)
-    op = cb.op if cb is not None else ca.op if ca is not None else "collective"
-    site = cb.callsite if cb is not None and cb.callsite else None
-    at = f" at {site.short()}" if site else ""
-    where = f"seq {sh.start}–{sh.first_diff} of {pg_label(div.pg, div.pg_desc)}"
-    na, nb = sh.counts.get(a), sh.counts.get(b)
-    if cb is not None and cb.tag and sh.k == 1:  # the probe says which one it was
-        text = (f"Rank {ranks_text(sh.ahead)} never posted the {op} of {cb.tag} that rank "
-                f"{ranks_text(sh.behind)} posted ({where})")
-    elif na is not None and nb is not None and site:
-        text = (f"Rank {ranks_text(sh.ahead)} posted {na} {op}s{at} where rank "
-                f"{ranks_text(sh.behind)} posted {nb} ({where}): it skipped {sh.k}")
+    first = b.items[0] if b.items else None
+    op = first.op if first is not None else "collective"
+    site = b.site
+    fn = f" from {site.function}()" if site is not None and site.function != "<module>" else ""
+    at = f"{fn} at {short_path(site.file)}:{site.line}" if site is not None else ""
+    where = f"seq {b.start} of {pg_label(div.pg, div.pg_desc)}"
+    n = len(b.items)
+    have, lack = who(b.having), who(b.lacking)
+    tag = first.tag if first is not None else None
+    if b.decided == SKIP and tag and n == 1:  # the probe says which one it was
+        text = f"{lack.capitalize()} never posted the {op} of {tag} that {have} posted ({where})"
+    elif b.decided == SKIP and site is not None and len(set(b.counts.values())) > 1 \
+            and b.counts.get(b.lacking[0], 0) > 0:
+        # a run of one collective, one short: counted, as a person reads it in the log
+        text = (f"{lack.capitalize()} posted {_plural(op, b.counts[b.lacking[0]])}{at} where "
+                f"{have} posted {b.counts[b.having[0]]} ({where} on): "
+                f"{agree(b.lacking, 'it', 'they')} skipped {n}")
+    elif b.decided == SKIP:
+        text = (f"{lack.capitalize()} skipped {_plural(op, n)}{at} that {have} posted "
+                f"({where})")
+    elif b.decided == EXTRA:
+        text = (f"{have.capitalize()} posted {_plural(op, n)}{at} that {lack} never posted "
+                f"({where})" + (f", under `{b.condition}`" if b.condition else ""))
     else:
-        text = (f"Rank {ranks_text(sh.ahead)} skipped {sh.k} {op}(s) that rank "
-                f"{ranks_text(sh.behind)} posted{at} ({where})")
-    text += "; every later pair was mismatched silently (same shapes)"
-    now = reports.get(a)
-    if now is not None and now.callsite is not None:
-        text += f"; rank {a} is now at {now.callsite.short()}"
+        text = (f"{have.capitalize()} posted {_plural(op, n)}{at} that {lack} did not "
+                f"({where}): either {have} posted {agree(b.having, 'an extra', 'extras')} or "
+                f"{lack} skipped {agree(b.lacking, 'it', 'them') if n == 1 else 'them'}, and no "
+                "earlier step or rank condition says which")
+    if b.after:
+        text += "; every later pair was mismatched" + (" silently (same shapes)" if
+                                                        _same_shapes(g) else "")
+    culprits = b.culprits
+    now = reports.get(culprits[0]) if b.decided is not None else None
+    if now is not None and now.callsite is not None and len(culprits) == 1:
+        text += f"; rank {culprits[0]} is now at {now.callsite.short()}"
     return text + "."
+
+
+def _same_shapes(g: GroupDivergence) -> bool:
+    """The block's collectives paired with the others' without a size error: the same op and
+    sizes on both sides at the block's first seq."""
+    entries = [c for c in g.have.values()]
+    return len({(c.op, str(c.input_sizes)) for c in entries}) == 1
 
 
 def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:
     """What the summary adds about the blame: the report says the basis in words; only an
     order read from line numbers alone (no source here) is flagged in the sentence."""
     if basis == CulpritBasis.PROGRAM_ORDER and not confirmed and culprits:
-        return (f" (Rank {ranks_text(culprits)} is further along by line numbers only: the "
+        return (f" ({who(culprits).capitalize()} {agree(culprits, 'is', 'are')} further along "
+                "by line numbers only: the "
                 "source was not readable here.)")
     return ""
-
-
-_BUILD_PATH = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
 
 
 def error_text(err: RankError, limit: int = 160) -> str:
     """``Type: message`` — the message's first sentence, without the build machine's source
     paths gloo puts in front."""
-    message = _BUILD_PATH.sub("", err.message).strip()
+    message = without_build_paths(err.message)
     first = re.split(r"(?<=[.!?])\s", message, maxsplit=1)[0] if message else ""
     if len(first) > limit:
         first = first[: limit - 1].rstrip() + "…"
     return f"{err.type}: {first}" if first else err.type
+
+
+def waits_text(f: Facts, reports: dict[int, RankReport]) -> str:
+    """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
+    victims = [r for r in f.views if r not in f.killed and r not in f.left
+               and reports[r].collective is not None
+               and (r in f.waiting or reports[r].state == RankState.EXITED)]
+    # ranks in the same collective together: on 1000 ranks, one clause per kind of wait
+    by_what: dict[str, list[int]] = {}
+    for r in victims:
+        by_what.setdefault(fmt_sizes(reports[r].collective), []).append(r)
+    return ", ".join(f"{who(rs)} in {what}" for what, rs in by_what.items())
+
+
+def abort_detail(aborted: list[int], abort: SizeAbort | None) -> str:
+    """``gloo aborted rank 0: it received 51328 bytes where it expected 17408``."""
+    detail = f"gloo aborted {who(aborted)}"
+    if abort is not None and abort.received is not None:
+        detail += f": it received {abort.received} bytes where it expected {abort.expected}"
+    return detail

@@ -16,6 +16,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ranks import report
+from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
@@ -49,8 +50,10 @@ class Facts:
     agent_died: bool
     orphans_moving: bool
     stack_div: tuple[Divergence, list[int], CulpritBasis] | None = None  # from stacks alone
-    size_abort: tuple[Divergence, list[int], str] | None = None
+    size_abort: tuple[Divergence, list[int]] | None = None  # and the ranks gloo aborted
     evidence: list[str] = field(default_factory=list)
+    # a rank whose own count, stack and peers' records could not be made to agree
+    disagreements: list[Disagreement] = field(default_factory=list)
     # what the counters say of each live rank that sat in a collective (analysis.activity)
     activity: dict[int, Judgement] = field(default_factory=dict)
 
@@ -61,21 +64,6 @@ class Facts:
     def causal(self) -> list[tuple[GroupDivergence, Blame]]:
         """Divergences that are a cause, not the consequence of another group's."""
         return [(g, b) for g, b in zip(self.divs, self.blames, strict=True) if b.causal]
-
-    def waits(self, reports: dict[int, RankReport]) -> str:
-        """``rank 0 in all_reduce(8), rank 2 in barrier``: the ranks left waiting."""
-        from moe_hang.analysis.explain import fmt_sizes
-        from moe_hang.analysis.ranktext import spans
-
-        victims = [r for r in self.views if r not in self.killed and r not in self.left
-                   and reports[r].collective is not None
-                   and (r in self.waiting or reports[r].state == RankState.EXITED)]
-        # ranks in the same collective together: on 1000 ranks, one clause per kind of wait
-        by_what: dict[str, list[int]] = {}
-        for r in victims:
-            by_what.setdefault(fmt_sizes(reports[r].collective), []).append(r)
-        return ", ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {spans(rs)} in {what}"
-                         for what, rs in by_what.items())
 
 
 def _evidence_lines(ev: Evidence) -> list[str]:
@@ -109,6 +97,7 @@ def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
 
 def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
+    disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
     blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)
@@ -151,8 +140,9 @@ def facts(ev: Evidence) -> Facts:
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,
               exited,
-              alive, moving, waiting, agent_died, orphans_moving, evidence=_evidence_lines(ev),
-              activity={r: j for r, j in act.items() if r in alive})
+              alive, moving, waiting, agent_died, orphans_moving,
+              evidence=_evidence_lines(ev) + [d.text for d in disagreements],
+              disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive})
     f.evidence.extend(f"rank {r}: in a collective in every sample; {j.numbers}: "
                       f"{str(j.motion).replace('_', ' ')} ({j.why})"
                       for r, j in sorted(f.activity.items()))
@@ -200,11 +190,11 @@ def _activity(views: RankViews) -> dict[int, Judgement]:
 def stuck_shown(f: Facts) -> bool:
     """Something shows that the waiting ranks do not move, beyond their stacks: torch's
     watchdog timed out; a watcher saw their heartbeats (the recorder's sequence numbers) hold
-    still for --stall s; or every one's counters say stuck."""
+    still for --stall s (not one that sampled them for want of its probe); or every one's
+    counters say stuck."""
     if f.ev.job == JobState.TIMED_OUT:
         return True
-    if f.ev.job in (JobState.STALLED, JobState.DESYNC) and all(
-            f.views[r].ev.heartbeat is not None for r in f.waiting):
+    if f.ev.job in (JobState.STALLED, JobState.DESYNC) and not f.ev.sampled:
         return True
     return bool(f.waiting) and all(
         (j := f.activity.get(r)) is not None and j.motion == Motion.STUCK for r in f.waiting)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
-from moe_hang.analysis.explain import error_text, exit_desc, ranks_text, site_str
+from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.evidence.errors import monitored_barrier_laggards
 from moe_hang.evidence.stacks import callsite, collective_of
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, agree, exit_desc, who
 
 
 def root_cause(f: Facts) -> Conclusion:
@@ -18,7 +18,7 @@ def root_cause(f: Facts) -> Conclusion:
     if rank is None:  # several, and nothing says which came first: every one is named
         ranks = sorted(f.root_causes)
         return Conclusion(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
-                          f"Rank {ranks_text(ranks)} raised errors of their own ("
+                          f"{who(ranks).capitalize()} raised errors of their own ("
                           + "; ".join(f"rank {r}: {error_text(f.root_causes[r], 80)}"
                                       for r in ranks) + "); which came first is not recorded.",
                           Advice("Fix each of these errors; the other ranks only fail because "
@@ -30,11 +30,11 @@ def root_cause(f: Facts) -> Conclusion:
     summary = f"Rank {rank} raised {error_text(err)}" + (
         f" at {site.short()}" if site else "") + "."
     if after:
-        summary += (f" Rank {ranks_text(after)} then failed as a consequence"
+        summary += (f" {who(after).capitalize()} then failed as a consequence"
                     + (f" ({error_text(f.consequences[after[0]], 80)})"
                        if after[0] in f.consequences else "") + ".")
     if others:
-        summary += f" Rank {ranks_text(others)} raised errors too, later."
+        summary += f" {who(others).capitalize()} raised errors too, later."
     text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
             + (f" at {site.short()}" if site else "")
             + ": the other ranks only failed because it left.")
@@ -65,13 +65,13 @@ def _earliest(f: Facts) -> int | None:
 
 def killed(f: Facts) -> Conclusion:
     reports = f.reports(None)
-    w = f.waits(reports)
+    w = waits_text(f, reports)
     dead = f.ev.ranks[f.killed[0]]
     if dead.exit_code is None:
         how = "is gone (no process, no exception, no exit code) mid-step"
     else:
         how = f"was {exit_desc(dead.exit_code)} mid-step"
-    summary = f"Rank {ranks_text(f.killed)} {how}" + (f" while {w} waited for it." if w else ".")
+    summary = f"{who(f.killed).capitalize()} {how}" + (f" while {w} waited for it." if w else ".")
     kill9 = any(f.ev.ranks[r].exit_code in (-9, None) for r in f.killed)
     text = ("Find out why it died: SIGKILL with no message is usually the OOM killer (check "
             "`dmesg` / the node's memory); the others only wait for it." if kill9 else
@@ -83,9 +83,9 @@ def killed(f: Facts) -> Conclusion:
 
 def left_early(f: Facts) -> Conclusion:
     reports = f.reports(None)
-    w = f.waits(reports)
-    summary = (f"Rank {ranks_text(f.left)} exited (its interpreter shut down normally) before "
-               "the others while " + (w or f"rank {ranks_text(f.waiting)}") + " waited for it.")
+    w = waits_text(f, reports)
+    summary = (f"{who(f.left).capitalize()} exited (its interpreter shut down normally) before "
+               "the others while " + (w or f"{who(f.waiting)}") + " waited for it.")
     return Conclusion(Verdict.RANK_DIED, f.left, CulpritBasis.EXITED, Certainty.DEFINITE, summary,
                       Advice("A rank that leaves early leaves the others waiting in the next "
                              "collective: make every rank run the same steps (e.g. the same "
@@ -94,9 +94,9 @@ def left_early(f: Facts) -> Conclusion:
 
 
 def agent_died(f: Facts) -> Conclusion:
-    w = f.waits(f.reports(None))
-    summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; rank "
-               f"{ranks_text(f.alive)} were left orphaned"
+    w = waits_text(f, f.reports(None))
+    summary = (f"The launcher (torchrun agent) was {exit_desc(f.ev.agent_exit_code)}; "
+               f"{who(f.alive)} {agree(f.alive, 'was', 'were')} left orphaned"
                + (" and still running" if f.orphans_moving else "")
                + (f" ({'when captured' if f.orphans_moving else 'blocked'}: {w})" if w else "")
                + ". moe-hang ended them.")
@@ -115,7 +115,7 @@ def monitored_barrier(f: Facts) -> Conclusion:
     reporter, laggards = next(iter(sorted(barrier_laggards(f).items())))
     at = "; ".join(f"rank {r} was at {site_str(f.views[r].site)}" for r in laggards
                    if r in f.views)
-    summary = (f"Rank {reporter}'s monitored_barrier reports that rank {ranks_text(laggards)} "
+    summary = (f"Rank {reporter}'s monitored_barrier reports that {who(laggards)} "
                "did not reach it in time" + (f" ({at})" if at else "") + ".")
     site = f.views[laggards[0]].site if laggards[0] in f.views else None
     return Conclusion(Verdict.HANG, laggards, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
@@ -140,8 +140,8 @@ def timed_out_waiting(f: Facts) -> Conclusion:
     failed = sorted(f.consequences)
     why = error_text(f.consequences[failed[0]], 120)
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY,
-                      f"Rank {ranks_text(failed)} failed waiting in a collective ({why}) for rank "
-                      f"{ranks_text(culprits)}, which was outside any collective ({where}).",
+                      f"{who(failed).capitalize()} failed waiting in a collective ({why}) for "
+                      f"{who(culprits)}, which was outside any collective ({where}).",
                       Advice(f"Look at what rank {culprits[0]} does at "
                              f"{site_str(f.views[culprits[0]].site)}: the others waited for it "
                              "there until their timeout."))
@@ -150,7 +150,7 @@ def timed_out_waiting(f: Facts) -> Conclusion:
 def consequences_only(f: Facts) -> Conclusion:
     failed = sorted(f.bad_exit)
     why = next((error_text(f.consequences[r]) for r in failed if r in f.consequences), None)
-    summary = (f"Rank {ranks_text(failed)} failed"
+    summary = (f"{who(failed).capitalize()} failed"
                + (f" with communication errors ({why[:120]})" if why else "")
                + ", and no rank raised an error of its own; the captures do not show which "
                  "collective diverged.")

@@ -6,10 +6,8 @@ from __future__ import annotations
 import signal
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
-from moe_hang.analysis.explain import ranks_text
 from moe_hang.analysis.order import program_order
-from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.timeline import RankViews
+from moe_hang.analysis.timeline import RankViews, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ops import nbytes
@@ -69,10 +67,11 @@ def _paired_with(entries: list[Collective], site: Frame | None,
 
 
 def size_abort_divergence(views: RankViews,
-                          ev: Evidence) -> tuple[Divergence, list[int], str] | None:
+                          ev: Evidence) -> tuple[Divergence, list[int]] | None:
     """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
     data size doesn't match expected size"): a size mismatch, even where the aborted rank left
-    no recorder dump. The survivors' entries name the group and sequence number."""
+    no recorder dump. The survivors' entries name the group and sequence number; returns it
+    with the aborted ranks."""
     abort = ev.size_abort
     if abort is None:
         return None
@@ -106,9 +105,6 @@ def size_abort_divergence(views: RankViews,
                                      dtypes=like.dtypes if like else [],
                                      source="inferred" if like else "stack",
                                      callsite=views[r].stack.callsite)
-    detail = f"gloo aborted rank {ranks_text(aborted)}"
-    if abort.received is not None:
-        detail += f": it received {abort.received} bytes where it expected {abort.expected}"
     sites = {(c.callsite.file, c.callsite.line) for c in per_rank.values()
              if c is not None and c.callsite is not None}
     # posted from different lines: not one collective with two sizes, one rank skipped one
@@ -116,4 +112,4 @@ def size_abort_divergence(views: RankViews,
     div = Divergence(pg=pg, seq=seq, kind=kind,
                      pg_desc=ref.pg_desc if ref else "", members=sorted(per_rank),
                      per_rank=per_rank, phase=ref.phase if ref else None)
-    return div, sorted(per_rank), detail
+    return div, aborted

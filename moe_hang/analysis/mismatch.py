@@ -1,19 +1,13 @@
 """The ways ranks can disagree at one sequence number of a group — one row each: how it is
-detected, how two ranks agree on it (for the majority vote), how the summary names it, and the
-advice it gives (docs/DESIGN.md §8). A new kind is a new row here. Pure."""
+detected and how two ranks agree on it (for the majority vote) (docs/DESIGN.md §8). A new kind
+is a new row here, its words a row of ``explain.KIND_PHRASE`` and ``advice.KIND_ADVICE``.
+Detection only: nothing here builds a sentence. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from moe_hang.analysis.advice import (
-    Advice,
-    Situation,
-    advise_dtype,
-    advise_order,
-    advise_size,
-)
 from moe_hang.analysis.diagnosis import MismatchKind
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ops import SAME_SIZE_OPS
@@ -50,21 +44,16 @@ class KindRow:
     # does ``other`` differ from ``base`` in this way? None: not seen from a pair of entries
     differs: Callable[[Collective, Collective], bool] | None
     same: Callable[[Collective, Collective], bool]  # do two ranks agree on this point?
-    phrase: str  # "Ranks posted <phrase> at seq N of <group>"
-    advice: Callable[[Situation], Advice]
 
 
 # Checked in this order: a different op makes sizes and dtypes meaningless.
 KINDS: tuple[KindRow, ...] = (
-    KindRow(MismatchKind.OP, lambda a, b: not ops_match(a, b), ops_match,
-            "different collectives", advise_order),
-    KindRow(MismatchKind.SIZE, _sizes_differ, _same_sizes, "different sizes", advise_size),
-    KindRow(MismatchKind.DTYPE, _dtypes_differ, _same_dtypes, "different dtypes",
-            advise_dtype),
-    KindRow(MismatchKind.MISSING, None, ops_match, "a collective some ranks never reached",
-            advise_order),
-    KindRow(MismatchKind.ORDER, None, ops_match, "the same collectives in different orders",
-            advise_order),
+    KindRow(MismatchKind.OP, lambda a, b: not ops_match(a, b), ops_match),
+    KindRow(MismatchKind.SIZE, _sizes_differ, _same_sizes),
+    KindRow(MismatchKind.DTYPE, _dtypes_differ, _same_dtypes),
+    KindRow(MismatchKind.MISSING, None, ops_match),
+    KindRow(MismatchKind.ORDER, None, ops_match),
+    KindRow(MismatchKind.EXTRA, None, ops_match),
 )
 ROW = {row.kind: row for row in KINDS}
 

@@ -18,9 +18,10 @@ from moe_hang.analysis.timeline import (
     RankViews,
     group_kind,
     posting_key,
+    site_key,
 )
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
+from moe_hang.evidence.stacks import Frame, is_library_frame
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,6 @@ class Ahead:
 
 
 UNDECIDED = Ahead(None, CulpritBasis.AMBIGUOUS)
-
-
-def site_key(c: Collective) -> tuple[str, object] | None:
-    site = callsite(c.frames) if c.frames else None
-    if site is not None:
-        return (site.file, site.line)
-    return ("probe", c.name) if c.name else None
 
 
 def user_frames(frames: list[Frame]) -> list[Frame]:

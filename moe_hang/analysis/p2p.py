@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.advice import Advice, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import (
     Certainty,
@@ -26,11 +26,10 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ranktext import spans
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective, P2PEntry
 from moe_hang.evidence.stacks import callsite
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, spans
 
 
 @dataclass(frozen=True)
@@ -139,9 +138,7 @@ def unmatched_outcome(f: Facts) -> Conclusion:
         summary = (f"Rank {spans(culprits)} never posted the {their} that {mine} waits for "
                    f"({where}, posted after collective #{e.seq}){last} went on to {past.op} "
                    f"{group}#{past.seq}" + (f" at {site_str(pat)}" if pat else "") + ".")
-        text = (f"Rank {culprits[0]} skips the {their} to rank {u.waiter} on a path where rank "
-                f"{u.waiter} still posts its {e.op}: post both sides under the same "
-                "condition, the same number of times.")
+        text = advise_p2p(u.waiter, e.op, culprits[0], at).text
         return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
                           summary, Advice(text), p2p_divergence(u, f))
     pv = f.views[u.peer]

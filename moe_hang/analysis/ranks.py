@@ -6,22 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport
-from moe_hang.analysis.explain import exit_desc
-from moe_hang.analysis.timeline import RankView, posting_site, recorder_only
-from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.analysis.timeline import RankView, posting_site, recorder_only, to_rc
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.stacks import autograd_function, in_backward
-from moe_hang.evidence.vocab import RankState
-
-
-def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
-    """A collective of this rank, as the diagnosis shows it, with the line that posted it."""
-    if c is None:
-        return None
-    site = posting_site(c, v.stack, v.current, v.state)
-    return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
-                          dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
-                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site)
+from moe_hang.evidence.vocab import RankState, exit_desc
 
 
 def tokens(ev: RankEvidence) -> dict[str, Any] | None:
@@ -64,7 +52,7 @@ def report(v: RankView, div: Divergence | None) -> RankReport:
     if v.state == RankState.EXITED and ev.error is not None and ev.error.frames:
         site = v.site  # the line it raised at: fresher than its last collective's
     else:
-        site = posting_site(coll, v.stack, v.current, v.state) or v.site
+        site = posting_site(coll, v) or v.site
     coll_in_backward = coll is not None and bool(coll.frames) and in_backward(coll.frames)
     phase = coll.phase if coll is not None and coll.phase else None
     if phase is None and (v.stack.in_backward or coll_in_backward):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_hang.analysis.activity import Motion
-from moe_hang.analysis.advice import Advice, Situation
+from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
@@ -28,13 +28,12 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending, outside_recorded
 from moe_hang.analysis.explain import (
+    abort_detail,
+    block_summary,
     culprit_clause,
     desync_summary,
-    ranks_text,
-    shift_summary,
     site_str,
-    some_ranks,
-    who,
+    waits_text,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts, stuck_shown
 from moe_hang.analysis.failures import (
@@ -48,12 +47,26 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.mismatch import ROW
+from moe_hang.analysis.nccl import (
+    counts_differ,
+    frozen_mismatch,
+    gone,
+    nccl_errors,
+    ras_all_moving,
+    ras_desync,
+    ras_lines,
+    ras_moving,
+    ras_nothing_wrong,
+    ras_one_poll_clean,
+    ras_one_poll_mismatch,
+    ras_rank_died,
+    ras_rank_error,
+    ras_summary,
+)
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
-from moe_hang.analysis.ranks import to_rc
-from moe_hang.analysis.ranktext import spans
-from moe_hang.analysis.timeline import build_timeline, recorder_only
+from moe_hang.analysis.timeline import build_timeline, recorder_only, to_rc
+from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
     unreached_line,
     unreached_reports,
@@ -64,7 +77,7 @@ from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.vocab import JobState, RankState
+from moe_hang.evidence.vocab import JobState, RankState, agree, spans, who
 
 
 @dataclass(frozen=True)
@@ -86,8 +99,8 @@ def _size_abort(f: Facts) -> Conclusion:
     """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
     survivors' records reach it; else the abort itself does."""
     assert f.size_abort is not None
-    div, _, detail = f.size_abort
-    aborted = [r for r in f.views if f.views[r].ev.fatal or f.views[r].ev.exit_code == -6]
+    div, aborted = f.size_abort
+    detail = abort_detail(aborted, f.ev.size_abort)
     if desync_divs(f):
         out = _desync(f)
         if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
@@ -106,7 +119,7 @@ def _size_abort(f: Facts) -> Conclusion:
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     return Conclusion(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
-                      ROW[div.kind].advice(_situation(f, div, b.culprits, b.basis)), div)
+                      KIND_ADVICE[div.kind](_situation(f, div, b.culprits, b.basis)), div)
 
 
 def _cycle(f: Facts) -> Conclusion:
@@ -140,24 +153,27 @@ def _cycle(f: Facts) -> Conclusion:
                 "group in the same order on every rank.")
     elif wrong := _wrong_groups(culprits, f):
         w = wrong[0]
-        who = ranks_text(sorted(x.rank for x in wrong))
+        redirected = who(x.rank for x in wrong)
         used, meant = pg_label(w.used, w.used_desc), pg_label(w.meant, w.meant_desc)
         at = f" at {Path(w.site[0]).name}:{w.site[1]}" if w.site else ""
         held = f.views[w.rank]
         now = next((e.what for c in f.wait_cycles for e in c if e.waiter == w.rank), None)
         waiters = sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
         # the redirect is the cause: it leads; the cycle is what it led to
-        summary = (f"Rank {who} posted the {w.op}{at} on {used} instead of {meant}"
+        summary = (f"{redirected.capitalize()} posted the {w.op}{at} on {used} instead of {meant}"
                    + (f" and went on to {now} at {site_str(held.site)}" if now else "")
-                   + f"; rank {ranks_text(waiters)} "
+                   + f"; {who(waiters)} "
                    + ("waits" if len(waiters) == 1 else "wait")
                    + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
-        text = (f"Rank {who} passed {used} to the {w.op}{at} where the other ranks passed "
-                f"{meant}: pass the same group (the same mesh dim) on every rank.")
+        text = (f"{redirected.capitalize()} passed {used} to the {w.op}{at} where the other "
+                f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
+    elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
+            and p2p.p2p is not None:
+        text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site).text
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
-        text = (f"Rank {ranks_text(sorted(culprits))} went past what rank {waiter} waits in "
+        text = (f"{who(sorted(culprits)).capitalize()} went past what rank {waiter} waits in "
                 f"({next(e.what for e in cyc if e.on in culprits)} at "
                 f"{site_str(f.views[waiter].site)}): make {them} post that too, in the same "
                 "order.")
@@ -176,10 +192,10 @@ def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
 
     why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
            else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
-    summary = (f"{some_ranks(inv.culprits).capitalize()} posted {name(inv.first)} before "
-               f"{name(inv.second)}; {some_ranks(inv.others)} posted them the other way "
+    summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
+               f"{name(inv.second)}; {who(inv.others)} posted them the other way "
                f"round ({why}): each waits for the other.")
-    text = (f"Make {some_ranks(inv.culprits)} post {inv.second.op} on "
+    text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
             f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
             f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
             "every group in the same order on every rank.")
@@ -209,20 +225,20 @@ def _desync(f: Facts) -> Conclusion:
     culprits = sorted({r for _, bb in found for r in bb.culprits})
     reports = f.reports(g.div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    if g.shift is not None:
-        summary = shift_summary(g, reports)
+    if g.block is not None:
+        summary = block_summary(g, reports)
     else:
         summary = desync_summary(g.div, reports, b.culprits, exits)
         summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     if len(found) > 1:
         summary += (f" {len(found) - 1} more group(s) diverged: "
-                    + "; ".join(f"{x.div.pg}#{x.div.seq} (rank {ranks_text(bb.culprits)})"
+                    + "; ".join(f"{x.div.pg}#{x.div.seq} ({who(bb.culprits)})"
                                 for x, bb in found[1:]) + ".")
     # all members posted the seq and disagree: it can never complete
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
     certain = Certainty.DEFINITE if same_seq and b.confirmed else Certainty.LIKELY
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
-                      ROW[g.div.kind].advice(_situation(f, g.div, b.culprits, b.basis)),
+                      KIND_ADVICE[g.div.kind](_situation(f, g.div, b.culprits, b.basis)),
                       g.div, [x.div for x, _ in found[1:]])
 
 
@@ -236,7 +252,7 @@ def _stack_desync(f: Facts) -> Conclusion:
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
-                      ROW[div.kind].advice(_situation(f, div, culprits, basis)), div)
+                      KIND_ADVICE[div.kind](_situation(f, div, culprits, basis)), div)
 
 
 def _outside(f: Facts) -> list[int]:
@@ -247,13 +263,14 @@ def _outside(f: Facts) -> list[int]:
 def _stalled_outside(f: Facts) -> Conclusion:
     culprits = _outside(f)
     reports = f.reports(None)
-    w = f.waits(reports)
+    w = waits_text(f, reports)
     div = next((g.div for g in f.divs if set(g.absent) & set(culprits)), None)
     site = f.views[culprits[0]].site
     if all(recorder_only(f.views[r].ev) for r in culprits):
         return outside_recorded(f, culprits, w, div)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
-    summary = (f"Rank {ranks_text(culprits)} is outside any collective ({where}) while "
+    summary = (f"{who(culprits).capitalize()} {agree(culprits, 'is', 'are')} outside any "
+               f"collective ({where}) while "
                f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       summary,
@@ -366,7 +383,8 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
     for r, v in f.views.items():
         coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
-    return Situation(div, culprits, basis, f.reports(div), frames)
+    block = next((g.block for g in f.divs if g.div is div), None)
+    return Situation(div, culprits, basis, f.reports(div), frames, block)
 
 
 def _held(f: Facts) -> Conclusion:
@@ -374,13 +392,28 @@ def _held(f: Facts) -> Conclusion:
     (uncertain) until --hang-after passed, and nothing moved."""
     out = _below_held(f).then(f)
     reason = f.ev.held or ""
-    out.verdict = Verdict.HANG
+    if out.verdict != Verdict.TRANSPORT_HANG:  # a hang of its own kind already
+        out.verdict = Verdict.HANG
     out.summary = (reason[:1].upper() + reason[1:] + ". " if reason else "") + out.summary
     return out
 
 
 def _below_held(f: Facts) -> Rule:
     return next(r for r in RULES[1:] if r.when(f))
+
+
+def _said_with_doubts(out: Conclusion, f: Facts) -> Conclusion:
+    """Where a rank's own sources disagree (reconcile.Disagreement) and the conclusion rests
+    on that rank, it says so and is less certain."""
+    involved = set(out.culprits) | (set(out.div.per_rank) if out.div is not None else set())
+    doubts = sorted({d.rank for d in f.disagreements} & involved)
+    if doubts:
+        out.summary += (f" ({who(doubts).capitalize()}: {agree(doubts, 'its', 'their')} own "
+                        f"records and {agree(doubts, 'its', 'their')} peers' disagree; see the "
+                        "evidence.)")
+        if out.certainty == Certainty.DEFINITE:
+            out.certainty = Certainty.LIKELY
+    return out
 
 
 def _in_flight(f: Facts) -> bool:
@@ -405,6 +438,8 @@ RULES: tuple[Rule, ...] = (
     Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
     Rule("rank killed or gone", lambda f: bool(f.killed), killed),
     Rule("rank left early", lambda f: bool(f.left), left_early),
+    Rule("NCCL rank gone (RAS)", lambda f: gone(f) is not None, ras_rank_died),
+    Rule("NCCL error on a rank (RAS)", lambda f: nccl_errors(f) is not None, ras_rank_error),
     Rule("waits on unknown ranks", lambda f: bool(waits_on_unreached(f)), waiting_on_unreached),
     Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), _cycle),
     Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
@@ -412,6 +447,8 @@ RULES: tuple[Rule, ...] = (
          _stack_desync),
     Rule("unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
          unmatched_outcome),
+    Rule("frozen launch counts disagree (RAS)",
+         lambda f: frozen_mismatch(f) is not None and not _in_flight(f), ras_desync),
     Rule("launcher died", lambda f: f.agent_died, agent_died),
     Rule("monitored barrier names the laggards", lambda f: bool(barrier_laggards(f)),
          monitored_barrier),
@@ -420,10 +457,15 @@ RULES: tuple[Rule, ...] = (
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
+    Rule("NCCL launch counts moving (RAS)", ras_moving, ras_all_moving),
     Rule("recorded collectives all completed", nothing_pending, all_completed),
     Rule("stalled outside collectives",
          lambda f: bool(_outside(f)) and len(_outside(f)) < len(f.waiting), _stalled_outside),
     Rule("straggler", lambda f: bool(f.waiting) and bool(f.moving), _straggler),
+    Rule("transport or hardware hang", lambda f: transport(f) is not None, transport_hang),
+    Rule("launch counts differ in one RAS report", lambda f: bool(counts_differ(f)),
+         ras_one_poll_mismatch),
+    Rule("one RAS report, nothing wrong in it", ras_nothing_wrong, ras_one_poll_clean),
     Rule(_UNSEEN,
          lambda f: _in_one(f) and not stuck_shown(f), _progress_unseen),
     Rule("all wait in matching collectives", _in_one, _all_in_one),
@@ -434,7 +476,7 @@ RULES: tuple[Rule, ...] = (
 def diagnose(ev: Evidence) -> Diagnosis:
     f = facts(ev)
     rule = next(r for r in RULES if r.when(f))
-    out = rule.then(f)
+    out = _said_with_doubts(rule.then(f), f)
     reports = f.reports(out.div)
     ranks = sorted([*reports.values(), *unreached_reports(ev.unreached, set(reports))],
                    key=lambda x: x.rank)
@@ -442,8 +484,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
         first_divergence=out.div, ranks=ranks, fix=out.advice.text,
         fix_code=out.advice.code, artifacts=ev.artifacts,
-        evidence=f.evidence + unreached_line(ev.unreached),
+        evidence=f.evidence + unreached_line(ev.unreached) + ras_lines(ev),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
         certainty=out.certainty, rule=rule.name,
-        divergences=[out.div, *out.more] if out.div is not None else [])
+        divergences=[out.div, *out.more] if out.div is not None else [],
+        nccl_ras=ras_summary(ev))
 

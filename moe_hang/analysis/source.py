@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 from enum import Enum
 
 
@@ -150,4 +151,38 @@ def left_loop(path: str, ahead: int, behind: int) -> int | None:
             if isinstance(st, (ast.For, ast.While, ast.AsyncFor)) and behind != st.lineno:
                 return st.lineno
         return None
+    return None
+
+
+# names that say "which rank am I" in a condition (torch, torchrun, accelerate, Lightning, ...)
+_RANK_WORDS = re.compile(
+    r"\b(\w*rank\w*|RANK|is_main\w*|is_master\w*|is_global_zero|is_local_main\w*|"
+    r"main_process\w*|process_index|local_process_index)\b")
+
+
+def rank_condition(path: str, line: int) -> str | None:
+    """``if rank == 0`` (its source) when ``line`` runs only under a condition on the rank —
+    an ``if`` whose test names the rank, the line in its body or ``else`` — else None."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    for _b, _i, field, st in reversed(_inner_statements(tree.body, line)):
+        if not isinstance(st, ast.If) or not _RANK_WORDS.search(ast.unparse(st.test)):
+            continue
+        test = ast.unparse(st.test)
+        return f"if {test}" if field == "body" else f"if not ({test})"
+    return None
+
+
+def enclosing_loop(path: str, line: int) -> str | None:
+    """The header of the innermost ``for``/``while`` loop whose body holds ``line``
+    (``for expert in self.experts``), else None."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    for _b, _i, field, st in reversed(_inner_statements(tree.body, line)):
+        if isinstance(st, (ast.For, ast.AsyncFor)) and field == "body":
+            return f"for {ast.unparse(st.target)} in {ast.unparse(st.iter)}"
+        if isinstance(st, ast.While) and field == "body":
+            return f"while {ast.unparse(st.test)}"
     return None

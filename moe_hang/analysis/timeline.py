@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
     Divergence,
+    RankCollective,
     Timeline,
     TimelineCell,
 )
@@ -255,16 +256,30 @@ def rank_view(ev: RankEvidence) -> RankView:
         # it died raising: the raising line, not that of its last (long finished) collective
         site = callsite(ev.error.frames)
     else:
-        site = posting_site(current, sv, current, state) or sv.callsite
+        site = _posting_site(current, sv, current, state) or sv.callsite
     return RankView(ev, tl, sv, state, current, site)
 
 
-def posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
-                 state: RankState) -> Frame | None:
-    """The user line that posted ``coll`` (with no collective: where the stack is). The
-    recorder's frames are exact; a stack is exact while it is still inside that same
+def posting_site(coll: Collective | None, v: RankView) -> Frame | None:
+    """The user line that posted ``coll`` on this rank (with no collective: where its stack
+    is) — the one rule for every place that names a line (:func:`site_key` compares them)."""
+    return _posting_site(coll, v.stack, v.current, v.state)
+
+
+def site_key(c: Collective) -> tuple[str, object] | None:
+    """Where ``c`` was posted, comparable across ranks and steps: the recorder's line, else
+    the probe's step name; None when neither is known."""
+    site = callsite(c.frames) if c.frames else None
+    if site is not None:
+        return (site.file, site.line)
+    return ("probe", c.name) if c.name else None
+
+
+def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
+                  state: RankState) -> Frame | None:
+    """The recorder's frames are exact; a stack is exact while it is still inside that same
     collective (same op, and ``coll`` is the one pending); the probe's own record, taken just
-    before the call, points near it. The one rule for every place that names a line."""
+    before the call, points near it."""
     if coll is not None and coll.frames and coll.source != "probe":
         return callsite(coll.frames)
     in_it = coll is None or (sv.op == coll.op and (
@@ -275,6 +290,17 @@ def posting_site(coll: Collective | None, sv: StackView, pending: Collective | N
     if coll is not None and coll.frames:
         return callsite(coll.frames)
     return None
+
+
+def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
+    """A collective of this rank, as the diagnosis shows it, with the line that posted it."""
+    if c is None:
+        return None
+    site = posting_site(c, v)
+    return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
+                          dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
+                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site,
+                          state=c.state)
 
 
 def build_timeline(views: RankViews, div: Divergence | None,

@@ -12,10 +12,9 @@ from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Verdict, pg_label
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ranktext import spans, who
-from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
+from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.model import Unreached
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, agree, spans, who
 
 
 def _members(f: Facts, pg: str) -> set[int]:
@@ -45,14 +44,25 @@ def waits_on_unreached(f: Facts) -> dict[tuple[str, str, int | None], list[int]]
         return {}  # a fully observed group disagrees: a fact, whatever the rest does
     waits: dict[tuple[str, str, int | None], list[int]] = {}
     for r in f.waiting:
-        c = f.views[r].current
-        if f.views[r].state != RankState.IN_COLLECTIVE or c is None:
+        key = _waits_in(f, r)
+        if key is None:
             continue
-        group = _members(f, c.pg)
+        group = _members(f, key[1]) if key[1] != "?" else set()
         if group and group <= known:
             return {}  # it waits for known ranks only: the verdict is about known ranks
-        waits.setdefault((c.op, c.pg, c.seq), []).append(r)
+        waits.setdefault(key, []).append(r)
     return waits
+
+
+def _waits_in(f: Facts, r: int) -> tuple[str, str, int | None] | None:
+    """(op, group, seq) of the collective a rank waits in; the group is ``?`` when only its
+    stack says it is in one (no recorder: its members are not known)."""
+    v = f.views[r]
+    if v.state != RankState.IN_COLLECTIVE:
+        return None
+    if v.current is not None:
+        return (v.current.op, v.current.pg, v.current.seq)
+    return (v.stack.op, "?", None) if v.stack.op else None
 
 
 def _where(ranks: Sequence[int], un: Unreached, most: int = 4) -> str:
@@ -71,18 +81,13 @@ def _where(ranks: Sequence[int], un: Unreached, most: int = 4) -> str:
 def waiting_on_unreached(f: Facts) -> Conclusion:
     un = f.ev.unreached
     assert un is not None
-    label: dict[tuple[str, str, int | None], Collective] = {}
-    for r in f.waiting:
-        c = f.views[r].current
-        if c is not None:
-            label.setdefault((c.op, c.pg, c.seq), c)
     parts = []
-    for key, rs in sorted(waits_on_unreached(f).items(), key=lambda kv: kv[1]):
-        c = label[key]
-        seq = f"#{c.seq}" if c.seq is not None else ""
-        them = sorted(_members(f, c.pg) & set(un.ranks)) or sorted(un.ranks)
-        parts.append(f"{who(rs)} {'waits' if len(rs) == 1 else 'wait'} in "
-                     f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq} for {who(them)} "
+    for (op, pg, seq), rs in sorted(waits_on_unreached(f).items(), key=lambda kv: kv[1]):
+        c = f.views[rs[0]].current
+        where = (f"{op} {pg_label(pg, c.pg_desc if c else '', word='pg')}"
+                 + (f"#{seq}" if seq is not None else "")) if pg != "?" else op
+        them = (sorted(_members(f, pg) & set(un.ranks)) if pg != "?" else []) or sorted(un.ranks)
+        parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} in {where} for {who(them)} "
                      f"{_where(them, un)}")
     text = "; ".join(parts) + ": run moe-hang there, or `moe-hang analyze` both captures"
     where = _where(sorted(un.ranks), un)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from moe_hang.analysis.align import site_of
-from moe_hang.analysis.timeline import RankView, RankViews
+from moe_hang.analysis.timeline import RankView, RankViews, group_kind, posting_site
 from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.stacks import Frame
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,8 @@ def _complete(v: RankView) -> bool:
     return all(min(coll) <= 1 for coll in v.tl.by_pg.values() if coll)
 
 
-def _kind(c: Collective) -> str:
-    """Which group, comparable across ranks: a mesh dim's groups share a description
-    (``mesh_tp``) but not a name (each rank's tp group is another group)."""
-    return c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg
+def _line(site: Frame | None) -> tuple[str, int] | None:
+    return (site.file, site.line) if site is not None else None
 
 
 def _calls(v: RankView, like: Collective, site: tuple[str, int] | None) -> list[Collective]:
@@ -46,7 +44,7 @@ def _calls(v: RankView, like: Collective, site: tuple[str, int] | None) -> list[
     def same(c: Collective) -> bool:
         if c.op != like.op:
             return False
-        here = site_of(c, v)
+        here = _line(posting_site(c, v))
         if here is not None and site is not None:
             return here == site
         return bool(like.input_sizes) and c.input_sizes == like.input_sizes
@@ -60,17 +58,17 @@ def wrong_group(culprit: int, waiting: Collective, waiter: int,
     w, c = views[waiter], views[culprit]
     if not (_complete(w) and _complete(c)):
         return None
-    site = site_of(waiting, w)
+    site = _line(posting_site(waiting, w))
     mine, theirs = _calls(w, waiting, site), _calls(c, waiting, site)
     if not mine or len(mine) != len(theirs):
         return None  # a call skipped or added, not redirected
-    used = Counter(map(_kind, theirs)) - Counter(map(_kind, mine))
-    short = Counter(map(_kind, mine)) - Counter(map(_kind, theirs))
-    if set(short) != {_kind(waiting)} or len(used) != 1:
+    used = Counter(map(group_kind, theirs)) - Counter(map(group_kind, mine))
+    short = Counter(map(group_kind, mine)) - Counter(map(group_kind, theirs))
+    if set(short) != {group_kind(waiting)} or len(used) != 1:
         return None
     other = next(iter(used))
-    if any(_kind(x) == other for x in mine):
+    if any(group_kind(x) == other for x in mine):
         return None  # the waiter uses that group for it too: nothing tells which is meant
-    extra = [x for x in theirs if _kind(x) == other][-1]
+    extra = [x for x in theirs if group_kind(x) == other][-1]
     return WrongGroup(culprit, site, waiting.op, waiting.pg, waiting.pg_desc, extra.pg,
                       extra.pg_desc, extra.seq)

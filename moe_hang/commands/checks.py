@@ -12,8 +12,12 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moe_hang.errors import MoeHangError
+
+if TYPE_CHECKING:
+    from moe_hang.evidence.ras import RasPoll
 
 
 def _can_create_in(directory: Path) -> str | None:
@@ -71,3 +75,18 @@ def check_html(html: Path | None, out: Path | None = None) -> None:
     why = _can_create_in(parent)
     if why is not None:
         raise MoeHangError(f"--html {html}: {parent} is not writable ({why})")
+
+
+def check_ras(paths: list[Path] | None) -> list[RasPoll]:
+    """``--ras FILE`` (repeatable): each a readable NCCL RAS report (``ncclras -f json >
+    FILE``, or the text report) of one job, read now — a bad one is refused before anything
+    starts. Returns the polls, [] without any."""
+    if not paths:
+        return []
+    from moe_hang.evidence.ras import RasReportError
+    from moe_hang.evidence.ras_files import read_ras_files
+
+    try:
+        return list(read_ras_files(paths))
+    except RasReportError as exc:
+        raise MoeHangError(f"--ras {exc}") from None

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from moe_hang.analysis.diagnosis import Diagnosis
-from moe_hang.analysis.ranktext import who
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
 from moe_hang.capture import dumps, pyspy, window
+from moe_hang.capture.ras_job import capture_ras
 from moe_hang.capture.window import progressed  # noqa: F401 - tests import it here
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
@@ -38,7 +38,9 @@ from moe_hang.evidence.model import (
     RankEvidence,
     Unreached,
 )
-from moe_hang.evidence.vocab import JobState
+from moe_hang.evidence.ras import RasPoll
+from moe_hang.evidence.ras_files import attach_ras, other_job
+from moe_hang.evidence.vocab import JobState, who
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
@@ -190,7 +192,7 @@ def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
 
 def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
                  fr_dir: Path | None = None, command: list[str] | None = None,
-                 shared_dir: Path | None = None) -> Diagnosis:
+                 shared_dir: Path | None = None, ras: list[RasPoll] | None = None) -> Diagnosis:
     t0 = time.monotonic()
     say(f"finding the ranks of PID {pid}")
     job = find_job(pid)
@@ -200,11 +202,15 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
     with _capture_dir(out) as d:
         rundir.write_json(d.meta, rundir.meta(command or ["moe-hang", "diagnose", str(pid)]))
         capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
+        if not ras:  # NCCL RAS, two polls (NCCL jobs only); --ras FILE replaces them
+            capture_ras(d, envs=[r.env for r in job.ranks], say=say)
         errs = [d.rank(r.rank).pyspy_error for r in job.ranks]
         if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
             raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
         say("analysing")
         ev = load_capture(d.root, world=job.world_size, job=JobState.RUNNING)
+        if ras:
+            attach_ras(ev, ras)
         for r in job.missing_ranks():
             ev.ranks.setdefault(r, RankEvidence(rank=r, alive=False))
             ev.ranks[r].alive = False
@@ -229,11 +235,17 @@ def analyze_dirs(dirs: list[Path]) -> Diagnosis:
     return analyze_paths(dirs, force=False)
 
 
-def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
+def analyze_paths(paths: list[Path], *, force: bool,
+                  ras: list[RasPoll] | None = None) -> Diagnosis:
     """One verdict from moe-hang captures (run directories, one per node) and torch's own
-    Flight Recorder dumps (directories, prefixes, files), alone or mixed. Sources that are
+    Flight Recorder dumps (directories, prefixes, files), alone or mixed, and NCCL RAS
+    reports (``ras``: ``--ras FILE``, which replace a capture's own polls). Sources that are
     not one job are refused unless ``force``; a file that gives nothing is reported in the
     evidence; nothing readable at all is a one-line error."""
+    if not paths and ras:  # RAS reports alone
+        only = Evidence(ranks={}, artifacts=", ".join(p.source for p in ras))
+        attach_ras(only, ras)
+        return diagnose(only)
     captures = [p.expanduser() for p in paths
                 if p.expanduser().is_dir() and RunLayout(p.expanduser()).is_capture()]
     others = [p for p in paths if p.expanduser() not in captures]
@@ -267,6 +279,10 @@ def analyze_paths(paths: list[Path], *, force: bool) -> Diagnosis:
     elif dumped is not None:
         ev = postmortem.merge(ev, dumped)
     ev.artifacts = ", ".join(str(p) for p in paths)
+    if ras:
+        if (why := other_job(ev, ras)) is not None and not force:
+            raise MoeHangError(why, hint="pass --force to analyze them together")
+        attach_ras(ev, ras)
     return diagnose(ev)
 
 

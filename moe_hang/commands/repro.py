@@ -21,6 +21,7 @@ from moe_hang.analysis.diagnosis import (
     exit_code_for,
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun, Timings
+from moe_hang.analysis.verification import verify_fixed
 from moe_hang.commands.session import (
     Phase,
     capture_frozen,
@@ -32,7 +33,7 @@ from moe_hang.commands.session import (
 from moe_hang.config import RunConfig
 from moe_hang.errors import EXIT_OK, EXIT_VERIFY_FAILED, MoeHangError
 from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import FROZEN, EventKind, WatchEvent, WatchSettings, watch
@@ -188,24 +189,13 @@ def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) 
     d, run = res.diagnosis, res.scenario
     uncovered = _uncovered(res.run_dir)
     if fixed:
-        ref = run.reference
-        ok = d.verdict == Verdict.HEALTHY and ref is not None and ref.ok and not uncovered
-        if d.verdict == Verdict.HEALTHY and not (ref is not None and ref.ok):
-            fails = "; ".join(ref.failures[:3]) if ref is not None else ""
-            d.summary = (f"All steps completed, but the results differ from the single-process "
-                         f"reference: {fails or 'no comparison'}.")
+        got = verify_fixed(d.verdict, run.reference, uncovered, fix=cfg.fix, steps=cfg.steps,
+                           nproc=cfg.nproc, tokens=cfg.tokens)
+        ok = got.ok
+        if got.summary is not None:
+            d.summary = got.summary
         if uncovered:
-            names = ", ".join(uncovered[:6]) + (" …" if len(uncovered) > 6 else "")
-            d.summary = (f"{len(uncovered)} trainable LoRA parameter(s) are outside fully_shard "
-                         f"(no gradient reduction, ranks drift apart): {names}. Apply LoRA "
-                         "before fully_shard so the adapters shard with the weights they adapt.")
             run.uncovered_trainable = uncovered
-        elif ok and ref is not None:
-            d.summary = (f"Fixed ({cfg.fix}): all {cfg.steps} steps completed on {cfg.nproc} ranks "
-                         f"with tokens {','.join(map(str, cfg.tokens))}; outputs, loss and every "
-                         f"LoRA gradient match the single-process reference (max abs err "
-                         f"{ref.max_abs_err:.2e}, max rel err {ref.max_rel_err:.2e} ≤ "
-                         f"rtol {ref.rtol:.0e}).")
     else:
         ok = d.verdict in PROBLEM_VERDICTS
         run.reproduced = ok
@@ -217,7 +207,7 @@ def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) 
 
 def _uncovered(layout: RunLayout) -> list[str]:
     names: list[str] = []
-    for p in layout.files_of("coverage.json"):
+    for p in layout.files_of(RankFiles.COVERAGE):
         with contextlib.suppress(OSError, ValueError):
             for n in json.loads(p.read_text()).get("uncovered_trainable", []):
                 if n not in names:

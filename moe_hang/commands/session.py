@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Iterable, Iterator
@@ -14,11 +15,12 @@ from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import RunInfo
 from moe_hang.capture import dumps, pyspy
+from moe_hang.capture.ras_job import capture_ras
 from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import ProcessRecord, ProcessTable, Unreached
 from moe_hang.evidence.torchrun_log import parse_torchrun_failures, read_job_log
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.monitor import FROZEN, EventKind, Phase, ProgressSample, WatchEvent
 from moe_hang.runtime.procs import defer_interrupt, is_alive
@@ -82,6 +84,7 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
     if sample is not None:
         out.progressed = sample.finish()
     pyspy.save_stacks(stacks, layout)
+    capture_ras(layout, out.heartbeats.values(), [dict(os.environ)], say)  # NCCL jobs only
     for r, err in errors.items():
         if err:
             layout.rank(r).dump_error.write_text(err)
@@ -90,11 +93,11 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
 def crash_onset(layout: RunLayout) -> float | None:
     """When the first rank crashed: its fatal-signal dump or its exception record."""
     times = []
-    for p in layout.files_of("fatal.txt"):
+    for p in layout.files_of(RankFiles.FATAL):
         with contextlib.suppress(OSError):
             if p.stat().st_size > 0:
                 times.append(p.stat().st_mtime)
-    for p in layout.files_of("error.json"):
+    for p in layout.files_of(RankFiles.ERROR):
         with contextlib.suppress(OSError, ValueError, KeyError):
             times.append(float(json.loads(p.read_text())["time"]))
     return min(times) if times else None
@@ -138,6 +141,6 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
 def save(layout: RunLayout, diag: Diagnosis) -> None:
     """The final diagnosis; the probes' FIFOs go, they are only useful while the ranks live."""
     rundir.write_json(layout.diagnosis, diag.to_dict())
-    for p in layout.files_of("ctl"):
+    for p in layout.files_of(RankFiles.CTL):
         with contextlib.suppress(OSError):
             p.unlink()

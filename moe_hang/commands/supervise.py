@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict, pg_label
-from moe_hang.analysis.ranktext import who
 from moe_hang.analysis.runs import Timings, WatchRun
 from moe_hang.commands.session import Phase, capture_frozen, diagnose_capture
 from moe_hang.evidence.model import Unreached
 from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.evidence.vocab import who
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.monitor import (

@@ -96,3 +96,12 @@ def log_tracebacks(text: str) -> dict[int, RankError]:
         out[r] = RankError(type=exc[0], message=exc[1][:500], frames=list(reversed(frames)),
                            time=None, source="job log", seen_at=at[r][start])
     return out
+
+
+_BUILD_PATH = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
+
+
+def without_build_paths(message: str) -> str:
+    """gloo's and NCCL's messages without the build machine's source paths in front
+    (``[enforce fail at /pytorch/third_party/gloo/...] ``): what they say, only."""
+    return _BUILD_PATH.sub("", message).strip()

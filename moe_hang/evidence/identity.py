@@ -23,6 +23,7 @@ from moe_hang.evidence.flight_recorder.postmortem import (
     world_size,
 )
 from moe_hang.evidence.model import ProcessTable
+from moe_hang.evidence.vocab import who
 from moe_hang.probe.layout import RunLayout
 
 
@@ -106,12 +107,6 @@ def of_dumps(ls: LoadedSet) -> JobIdentity:
     return ident
 
 
-def _ranks_text(ranks: tuple[int, ...]) -> str:
-    if len(ranks) > 6:
-        return f"[{ranks[0]}, {ranks[1]}, … {ranks[-1]}] ({len(ranks)} ranks)"
-    return str(list(ranks))
-
-
 def differences(a: JobIdentity, b: JobIdentity) -> list[str]:
     """What shows ``a`` and ``b`` are different jobs (empty: nothing does)."""
     out: list[str] = []
@@ -136,7 +131,7 @@ def differences(a: JobIdentity, b: JobIdentity) -> list[str]:
         for pg in sorted(set(a.groups) & set(b.groups)):
             ga, gb = a.groups[pg], b.groups[pg]
             if ga is not gb and ga != gb:
-                out.append(f"group {pg} is {_ranks_text(ga)} vs {_ranks_text(gb)}")
+                out.append(f"group {pg} is {who(ga)} vs {who(gb)}")
                 break
     return out
 

@@ -22,6 +22,7 @@ from moe_hang.evidence.model import (
     RankError,
     RankEvidence,
 )
+from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.stacks import (
     ThreadStack,
     is_tool_frame,
@@ -172,11 +173,13 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     if w is None:
         ws = [e.heartbeat.world for e in ranks.values() if e.heartbeat and e.heartbeat.world]
         w = max(ws) if ws else None
-    return Evidence(ranks=ranks, world_size=w, job=job or table.job,
-                    job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
-                    root_cause_rank=torchrun_root_cause(log_text),
-                    log_lines=notable_log_lines(log_text), artifacts=str(root),
-                    size_abort=gloo_size_abort(log_text), sampled=table.sampled)
+    out = Evidence(ranks=ranks, world_size=w, job=job or table.job,
+                   job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
+                   root_cause_rank=torchrun_root_cause(log_text),
+                   log_lines=notable_log_lines(log_text), artifacts=str(root),
+                   size_abort=gloo_size_abort(log_text), sampled=table.sampled)
+    attach_run_ras(out, layout.root)  # NCCL RAS polls taken at capture, if any
+    return out
 
 
 def load_captures(roots: list[Path]) -> Evidence:
@@ -203,9 +206,15 @@ def load_captures(roots: list[Path]) -> Evidence:
     root_cause = next((p.root_cause_rank for p in parts if p.root_cause_rank is not None), None)
     aborts = [p.size_abort for p in parts if p.size_abort is not None]
     size_abort = next((a for a in aborts if a.received is not None), aborts[0] if aborts else None)
-    return Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
-                    agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
-                    artifacts=", ".join(str(r) for r in roots), size_abort=size_abort)
+    out = Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
+                   agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
+                   artifacts=", ".join(str(r) for r in roots), size_abort=size_abort)
+    # NCCL RAS speaks for the whole job from any node: the first capture's polls, mapped
+    # with every node's ranks
+    polled = next((root for root, p in zip(roots, parts, strict=True) if p.ras), None)
+    if polled is not None:
+        attach_run_ras(out, Path(polled))
+    return out
 
 
 def _richness(ev: RankEvidence) -> int:

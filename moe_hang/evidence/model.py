@@ -14,6 +14,7 @@ from typing import Any
 
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
+from moe_hang.evidence.ras import RasEvidence
 from moe_hang.evidence.stacks import (
     Frame,
     P2PCall,
@@ -39,7 +40,8 @@ def _float(v: Any) -> float | None:
 
 
 def parse_pg_status(data: Any) -> dict[str, PgStatus] | None:
-    """``{pg: {"enqueued": n, "completed": m}}`` (the probe's form) -> typed; None if absent."""
+    """``{pg: {"enqueued": n, "completed": m, "started": k}}`` (the probe's form; ``started``
+    only from probes that report it) -> typed; None if absent."""
     if not isinstance(data, dict):
         return None
     out: dict[str, PgStatus] = {}
@@ -47,8 +49,9 @@ def parse_pg_status(data: Any) -> dict[str, PgStatus] | None:
         if not isinstance(st, dict):
             continue
         e, c = _int(st.get("enqueued")), _int(st.get("completed"))
+        started = _int(st.get("started"))
         if e is not None and c is not None:
-            out[str(pg)] = PgStatus(e, c)
+            out[str(pg)] = PgStatus(e, c, -1 if started is None else started)
     return out
 
 
@@ -382,5 +385,7 @@ class Evidence:
     # a stall the watcher lived with (uncertain) and reported again once --hang-after passed:
     # its own words ("no progress on any rank for 300 s (--hang-after)")
     held: str | None = None
+    # NCCL's RAS reports of the job (--ras FILE, or polled live): None when there are none
+    ras: RasEvidence | None = None
     # watched by sampling: the probe was not in the ranks (their launch script dropped it)
     sampled: bool = False

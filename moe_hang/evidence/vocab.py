@@ -1,5 +1,6 @@
-"""The words every layer shares, as ``str`` enums: they compare equal to their JSON spelling
-and serialise as it, so files and JSON read as they always did (pure, no imports).
+"""The words every layer shares (pure, stdlib only): states as ``str`` enums — they compare
+equal to their JSON spelling and serialise as it, so files and JSON read as they always did —
+and the one way rank lists and exit codes are written for a person.
 
 :class:`RankState` is what a rank is doing — the same five words in a stack's view
 (:class:`~moe_hang.evidence.stacks.StackView`), a node's summary (runtime/coord) and the
@@ -8,6 +9,8 @@ diagnosis (``ranks[].state``).
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterable
 from enum import Enum
 
 
@@ -53,3 +56,55 @@ class JobState(StrEnum):
             return cls(str(v))
         except ValueError:
             return default or cls.STALLED
+
+
+# ------------------------------------------------------------------ numbers for a person
+# The one way every layer writes rank lists and exit codes (a sentence of the analysis, the
+# first screen, a notice of the watcher, an error line).
+
+
+def runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive runs, first and last: ``0, 1, 2, 5`` -> ``(0, 2), (5, 5)``."""
+    out: list[tuple[int, int]] = []
+    for n in sorted(set(numbers)):
+        if out and n == out[-1][1] + 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return out
+
+
+def spans(numbers: Iterable[int]) -> str:
+    """``0, 1, 2, 3, 8`` -> ``0-3, 8``; a pair stays ``0, 1``."""
+    return ", ".join(f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1)))
+                     for a, b in runs(numbers))
+
+
+WHO_MAX = 40  # longer than this, a rank list in a sentence is said by its size
+
+
+def who(numbers: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 0, 4, 12``, ``ranks 0-7``; scattered thousands: ``300 ranks``
+    (the JSON lists them all)."""
+    ns = sorted(set(numbers))
+    text = spans(ns)
+    if len(ns) == 1:
+        return f"rank {text}"
+    return f"ranks {text}" if len(text) <= WHO_MAX else f"{len(ns)} ranks"
+
+
+def exit_desc(code: int | None) -> str:
+    """``killed by SIGKILL``, ``exited with code 1``, ``still running``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def agree(numbers: Iterable[int], one: str, many: str) -> str:
+    """The word that agrees with a rank list: ``agree(rs, "waits", "wait")``."""
+    return one if len(set(numbers)) == 1 else many

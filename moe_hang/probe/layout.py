@@ -13,6 +13,8 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
     ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
     stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
+    coord/verdict.json  coord/local-diagnosis.json  coord/analysis.json  .capture/  teardown/
+                                                       (multi-node watch)
 """
 
 from __future__ import annotations
@@ -32,6 +34,20 @@ class RankFiles:
     ranks_dir: Path
     rank: int
 
+    # what follows ``ranks/rank{R}.``: RunLayout.files_of takes these
+    HEARTBEAT = "hb.json"
+    FR = "fr.pkl"
+    TOKENS = "tokens.jsonl"
+    STACK = "stack.txt"
+    FATAL = "fatal.txt"
+    ERROR = "error.json"
+    GROUPS = "groups.json"
+    DUMP_MARKER = "dump.json"
+    DUMP_ERROR = "dump.err"
+    CTL = "ctl"
+    COVERAGE = "coverage.json"
+    RESULT = "result.pt"
+
     def _in_ranks(self, suffix: str) -> Path:
         return self.ranks_dir / f"rank{self.rank}.{suffix}"
 
@@ -44,51 +60,51 @@ class RankFiles:
 
     @property
     def heartbeat(self) -> Path:
-        return self._in_ranks("hb.json")
+        return self._in_ranks(self.HEARTBEAT)
 
     @property
     def fr(self) -> Path:
-        return self._in_ranks("fr.pkl")
+        return self._in_ranks(self.FR)
 
     @property
     def tokens(self) -> Path:
-        return self._in_ranks("tokens.jsonl")
+        return self._in_ranks(self.TOKENS)
 
     @property
     def stack(self) -> Path:
-        return self._in_ranks("stack.txt")
+        return self._in_ranks(self.STACK)
 
     @property
     def fatal(self) -> Path:
-        return self._in_ranks("fatal.txt")
+        return self._in_ranks(self.FATAL)
 
     @property
     def error(self) -> Path:
-        return self._in_ranks("error.json")
+        return self._in_ranks(self.ERROR)
 
     @property
     def groups(self) -> Path:
-        return self._in_ranks("groups.json")
+        return self._in_ranks(self.GROUPS)
 
     @property
     def dump_marker(self) -> Path:
-        return self._in_ranks("dump.json")
+        return self._in_ranks(self.DUMP_MARKER)
 
     @property
     def dump_error(self) -> Path:
-        return self._in_ranks("dump.err")
+        return self._in_ranks(self.DUMP_ERROR)
 
     @property
     def ctl(self) -> Path:
-        return self._in_ranks("ctl")
+        return self._in_ranks(self.CTL)
 
     @property
     def coverage(self) -> Path:
-        return self._in_ranks("coverage.json")
+        return self._in_ranks(self.COVERAGE)
 
     @property
     def result(self) -> Path:
-        return self._in_ranks("result.pt")
+        return self._in_ranks(self.RESULT)
 
     @property
     def pyspy(self) -> Path:
@@ -159,6 +175,49 @@ class RunLayout:
         """watch's torchrun shim (runtime/shim.py), first on the job's PATH."""
         return self.root / "bin"
 
+    @property
+    def ras_dir(self) -> Path:
+        """NCCL RAS reports taken at capture (``poll1.json``, ``poll2.json``: what RAS sent)."""
+        return self.root / "ras"
+
+    @property
+    def ras_meta(self) -> Path:
+        """How the RAS polls were taken: where, when, the interval, what failed."""
+        return self.ras_dir / "polls.json"
+
+    def ras_poll(self, i: int, fmt: str) -> Path:
+        return self.ras_dir / f"poll{i}.{'json' if fmt == 'json' else 'txt'}"
+
+    # multi-node watch: what the coordination adds (docs/DESIGN.md §10)
+    @property
+    def coord_dir(self) -> Path:
+        return self.root / "coord"
+
+    @property
+    def coord_verdict(self) -> Path:
+        """The global verdict and every node's summary."""
+        return self.coord_dir / "verdict.json"
+
+    @property
+    def coord_local(self) -> Path:
+        """This node's own diagnosis of its own capture."""
+        return self.coord_dir / "local-diagnosis.json"
+
+    @property
+    def coord_analysis(self) -> Path:
+        """On the node that analysed: the engine's verdict over every node's capture."""
+        return self.coord_dir / "analysis.json"
+
+    @property
+    def snapshot_dir(self) -> Path:
+        """The ranks' files as captured, while the job is being ended."""
+        return self.root / ".capture"
+
+    @property
+    def teardown_dir(self) -> Path:
+        """What the ranks and the job wrote after the capture."""
+        return self.root / "teardown"
+
     def rank(self, r: int) -> RankFiles:
         return RankFiles(self.ranks_dir, r)
 
@@ -176,8 +235,9 @@ class RunLayout:
                         found.add(int(m.group(1)))
         return found
 
-    def files_of(self, pattern: str) -> list[Path]:
-        """``ranks/rank*.<pattern>`` (e.g. ``fatal.txt``), in name order."""
+    def files_of(self, suffix: str) -> list[Path]:
+        """``ranks/rank*.<suffix>`` of every rank (a ``RankFiles`` constant, e.g.
+        ``RankFiles.FATAL``), in name order."""
         if not self.ranks_dir.is_dir():
             return []
-        return sorted(self.ranks_dir.glob(f"rank*.{pattern}"))
+        return sorted(self.ranks_dir.glob(f"rank*.{suffix}"))

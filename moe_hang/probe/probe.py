@@ -144,7 +144,9 @@ class Probe:
             except Exception:
                 return None
         return {pg: {"enqueued": int(s.get("last_enqueued_collective", -1)),
-                     "completed": int(s.get("last_completed_collective", -1))}
+                     "completed": int(s.get("last_completed_collective", -1)),
+                     # -1 without start events (TORCH_NCCL_ENABLE_TIMING=1 gives them)
+                     "started": int(s.get("last_started_collective", -1))}
                 for pg, s in status.items()}
 
     def _want_stacks(self) -> bool:

@@ -12,7 +12,10 @@ from typing import Any
 _P2P_ARG = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
             "irecv": ("recv", "src")}
 _PENDING_KEYS = ("pg_id", "process_group", "collective_seq_id", "profiling_name", "input_sizes",
-                 "output_sizes", "input_dtypes", "time_created_ns", "frames")
+                 "output_sizes", "input_dtypes", "time_created_ns", "frames",
+                 # with TORCH_NCCL_ENABLE_TIMING=1: scheduled -> started -> completed
+                 "state", "time_discovered_started_ns", "time_discovered_completed_ns",
+                 "duration_ms")
 
 
 def _as_int(v: Any) -> int | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import sys
 from typing import TextIO
 
@@ -28,6 +27,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
+from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.ops import short_op
 from moe_hang.evidence.vocab import RankState
 from moe_hang.report.screen import first_screen
@@ -37,6 +37,7 @@ from moe_hang.report.words import (
     exit_words,
     site_text,
     timing_parts,
+    tokens_text,
 )
 from moe_hang.report.wrap import display_path, shorten_paths, wrap
 
@@ -57,12 +58,9 @@ def make_console(*, file: TextIO | None = None, width: int | None = None) -> Con
     return Console(file=stream, width=width, highlight=False, soft_wrap=True)
 
 
-_GLOO_PREFIX = re.compile(r"\[(?:enforce fail at )?/[^\]]*\]\s*")
-
-
 def clean_evidence(line: str, limit: int = 220) -> str:
     """Drop build-machine source paths from gloo/NCCL messages; keep what they say."""
-    line = _GLOO_PREFIX.sub("", line).strip()
+    line = without_build_paths(line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -71,22 +69,6 @@ def clean_evidence(line: str, limit: int = 220) -> str:
 
 def _heading(text: str) -> Text:
     return Text(text, style="bold")
-
-
-def _tokens(t: dict[str, object] | None) -> str:
-    if not t:
-        return ""
-
-    def joined(key: str) -> str:
-        v = t.get(key)
-        return "/".join(map(str, v)) if isinstance(v, list) else str(v)
-
-    parts = [f"{t.get('local')} local"]
-    for key, label in (("per_expert", "experts"), ("gathered_lengths", "gathered"),
-                       ("assumed_lengths", "from_local assumes")):
-        if t.get(key) is not None:
-            parts.append(f"{label} {joined(key)}")
-    return " · ".join(parts)
 
 
 def _rank_block(r: RankReport, culprit: bool, width: int) -> list[Text]:
@@ -108,7 +90,7 @@ def _rank_block(r: RankReport, culprit: bool, width: int) -> list[Text]:
     if r.autograd_function:
         facts.append(f"inside {r.autograd_function}.backward")
     if r.tokens:
-        facts.append(f"tokens {_tokens(r.tokens)}")
+        facts.append(f"tokens {tokens_text(r.tokens)}")
     if r.note:
         facts.append(f"note: {shorten_paths(clean_evidence(r.note))}")
     for f in facts:
@@ -258,6 +240,17 @@ def evidence_lines(d: Diagnosis, width: int) -> list[Text]:
     return out
 
 
+def ras_lines(d: Diagnosis, width: int) -> list[Text]:
+    """What NCCL RAS said, each finding's sentence in full (``nccl_ras`` of the JSON)."""
+    findings = (d.nccl_ras or {}).get("findings") or []
+    if not findings:
+        return []
+    out = [_heading("NCCL RAS")]
+    for f in findings:
+        out += wrap(Text(str(f.get("sentence", "")), style="dim"), width, indent=2, hang=4)
+    return out
+
+
 def footer(d: Diagnosis, width: int) -> list[Text]:
     parts = timing_parts(d)
     if d.artifacts:
@@ -286,7 +279,7 @@ def details(d: Diagnosis, width: int, *, clipped: bool = False) -> list[Renderab
         list(divergence_lines(d, width)), list(ranks_lines(d, width)),
         timeline_table(d, width), list(stack_lines(d, width)),
         reference_lines(ref, width) if ref is not None else [],
-        list(evidence_lines(d, width)), list(footer(d, width))]
+        list(evidence_lines(d, width)), list(ras_lines(d, width)), list(footer(d, width))]
     out: list[RenderableType] = []
     for b in blocks:
         if b:

@@ -21,6 +21,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
+from moe_hang.evidence.vocab import who
 from moe_hang.probe.probe import write_atomic
 from moe_hang.report.console import (
     LOG_WIDTH,
@@ -36,11 +37,11 @@ from moe_hang.report.words import (
     exit_words,
     fix_words,
     next_words,
-    ranks_label,
     run_words,
     site_groups,
     site_text,
     timing_parts,
+    tokens_text,
 )
 from moe_hang.report.wrap import display_path, shorten_paths
 
@@ -87,7 +88,7 @@ def _verdict_section(d: Diagnosis, ctx: ReportContext) -> Iterator[str]:
         yield '<ul class="sites">'
         for members, phrase, is_culprit in groups:
             cls = ' class="culprit"' if is_culprit else ""
-            yield f"<li{cls}><b>{_e(ranks_label(members))}</b> {_e(phrase)}</li>"
+            yield f"<li{cls}><b>{_e(who(members))}</b> {_e(phrase)}</li>"
         yield "</ul>"
     fix = fix_words(d)
     if fix is not None:
@@ -102,12 +103,6 @@ def _verdict_section(d: Diagnosis, ctx: ReportContext) -> Iterator[str]:
                + (f" ({_e(why)})" if why else "") + "</p>")
 
 
-def _tokens(t: dict[str, object] | None) -> str:
-    if not t:
-        return "-"
-    return ", ".join(f"{k} {'/'.join(map(str, v)) if isinstance(v, list) else v}"
-                     for k, v in t.items() if k not in ("layer", "step"))
-
 
 def _rank_row(r: RankReport, culprit: bool) -> str:
     state = f"{r.state}" + (f" ({r.phase})" if r.phase else "")
@@ -115,7 +110,7 @@ def _rank_row(r: RankReport, culprit: bool) -> str:
         state += f", in {r.autograd_function}.backward"
     cells = [str(r.rank), str(r.pid or "-"), r.host or "-", state,
              collective_text(r.collective) if r.collective else "-",
-             site_text(r.callsite), _tokens(r.tokens),
+             site_text(r.callsite), tokens_text(r.tokens) or "-",
              "-" if r.exit_code is None else f"{r.exit_code} ({exit_words(r.exit_code)})",
              shorten_paths(clean_evidence(r.note, limit=2000)) if r.note else ""]
     cls = ' class="culprit"' if culprit else ""

@@ -24,13 +24,13 @@ from moe_hang.analysis.diagnosis import (
     Verdict,
 )
 from moe_hang.analysis.runs import ScenarioRun
+from moe_hang.evidence.vocab import who
 from moe_hang.report.words import (
     MAX_SITE_GROUPS,
     ReportContext,
     culprit_words,
     fix_words,
     next_words,
-    ranks_label,
     run_words,
     site_groups,
 )
@@ -42,6 +42,7 @@ VERDICT_STYLE = {
     Verdict.DESYNC: "bold red", Verdict.HANG: "bold red", Verdict.CRASH: "bold red",
     Verdict.RANK_DIED: "bold red", Verdict.STRAGGLER: "bold yellow",
     Verdict.INCONCLUSIVE: "bold yellow", Verdict.HEALTHY: "bold green",
+    Verdict.TRANSPORT_HANG: "bold red",
 }
 
 
@@ -116,7 +117,7 @@ def _site_lines(groups: list[tuple[list[int], str, bool]], shown: int,
                 width: int) -> list[Text]:
     out: list[Text] = []
     for members, phrase, culprit in groups[:shown]:
-        line = Text(ranks_label(members), style="bold red" if culprit else "bold")
+        line = Text(who(members), style="bold red" if culprit else "bold")
         line.append(f" {phrase}")
         out += wrap(line, width, indent=2, hang=4)
     rest = groups[shown:]

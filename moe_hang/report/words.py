@@ -16,11 +16,9 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.explain import exit_desc
-from moe_hang.analysis.ranktext import runs
 from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.stacks import Frame
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, exit_desc, who
 from moe_hang.report.wrap import display_path, shorten_paths
 
 MAX_SITE_GROUPS = 4  # more distinct lines: merged by size, then folded into "… and N more"
@@ -39,10 +37,17 @@ BASIS_WORDS: dict[str, tuple[str, str]] = {
     CulpritBasis.HISTORY: ("it broke the order its earlier iterations kept",
                            "they broke the order their earlier iterations kept"),
     CulpritBasis.CYCLE: ("it waits in a cycle", "they wait for each other in a cycle"),
+    CulpritBasis.SOURCE: ("only it runs that code (a rank condition)",
+                          "only they run that code (a rank condition)"),
     CulpritBasis.WAITED_FOR: ("the others wait for it outside any collective",
                               "the others wait for them outside any collective"),
     CulpritBasis.AMBIGUOUS: ("the evidence does not decide",
                              "the evidence does not decide between them"),
+    CulpritBasis.NCCL_ERROR: ("NCCL reports an error on it", "NCCL reports errors on them"),
+    CulpritBasis.LAUNCH_COUNTS: ("it never launched what the others launched",
+                                 "they never launched what the others launched"),
+    CulpritBasis.KERNEL_TIMING: ("its kernel started last, or never: look there first",
+                                 "their kernels started last, or never: look there first"),
 }
 
 
@@ -72,13 +77,22 @@ def timing_parts(d: Diagnosis) -> list[str]:
     return parts
 
 
-def rank_ranges(ranks: list[int]) -> str:
-    """``0-6``, ``0-2,4-7``, ``3`` (compact: the first screen's rank lists)."""
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs(ranks))
+def tokens_text(t: dict[str, object] | None) -> str:
+    """``68 local · experts 37/37/29/33 · gathered 68/401 · from_local assumes 68/68``: the
+    routing a rank logged (the same words on the console and in the HTML)."""
+    if not t:
+        return ""
 
+    def joined(key: str) -> str:
+        v = t.get(key)
+        return "/".join(map(str, v)) if isinstance(v, list) else str(v)
 
-def ranks_label(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+    parts = [f"{t.get('local')} local"]
+    for key, label in (("per_expert", "experts"), ("gathered_lengths", "gathered"),
+                       ("assumed_lengths", "from_local assumes")):
+        if t.get(key) is not None:
+            parts.append(f"{label} {joined(key)}")
+    return " · ".join(parts)
 
 
 def site_text(site: Frame | None) -> str:
@@ -93,8 +107,9 @@ def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
     if c.op in ("send", "recv"):
         seq = f" p2p{seq}"  # a group's send/recv count, not its collective sequence number
     shape = fmt_shape(c.input_sizes) if sizes else ""
+    started = " (kernel started)" if c.state == "started" else ""  # recorder timing only
     return f"{c.op} {pg_label(c.pg, c.pg_desc, word='pg')}{seq}" + (f" [{shape}]" if shape
-                                                                    else "")
+                                                                    else "") + started
 
 
 def where_now(r: RankReport, *, sizes: bool = True) -> str:
@@ -160,8 +175,7 @@ def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
         return None
     ranks = sorted(d.culprit_ranks)
     label = "culprit" if len(ranks) == 1 else "culprits"
-    names = ("rank " if len(ranks) == 1 else "ranks ") + (
-        ", ".join(map(str, ranks)) if len(ranks) < 9 else rank_ranges(ranks))
+    names = who(ranks)
     one, several = BASIS_WORDS.get(d.culprit_basis, ("", ""))
     return label, names, one if len(ranks) == 1 else several
 

@@ -24,7 +24,7 @@ from typing import Any
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.model import Heartbeat
 from moe_hang.evidence.stacks import collective_of
-from moe_hang.evidence.vocab import JobState, StrEnum
+from moe_hang.evidence.vocab import JobState, StrEnum, who
 from moe_hang.probe.layout import RankFiles
 from moe_hang.runtime import discover
 from moe_hang.runtime.launcher import LaunchedJob
@@ -146,7 +146,7 @@ def read_heartbeats(probe_dir: Path) -> dict[int, Heartbeat]:
     out: dict[int, Heartbeat] = {}
     if not probe_dir.is_dir():
         return out
-    for p in probe_dir.glob("rank*.hb.json"):
+    for p in sorted(probe_dir.glob(f"rank*.{RankFiles.HEARTBEAT}")):
         try:
             hb = Heartbeat.parse(json.loads(p.read_text()))
         except (OSError, ValueError):
@@ -503,11 +503,8 @@ class Monitor:
         busy = [r for r in hbs if r not in waiting and r not in self.out.dead_ranks]
         if self.s.straggler_notice and waiting and busy and idle_for < self.s.stall_s:
             if not self.straggling:
-                def who(rs: list[int]) -> str:
-                    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
-
-                w = who(sorted(waiting))
-                self.notice(f"{who(sorted(busy))} still computing while {w} "
+                w = who(waiting)
+                self.notice(f"{who(busy)} still computing while {w} "
                             f"wait{'s' if len(waiting) == 1 else ''}: a straggler, not a hang "
                             "(still watching)")
                 self.straggling = True

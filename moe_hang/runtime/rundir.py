@@ -12,6 +12,7 @@ from typing import Any
 
 from moe_hang import __version__
 from moe_hang.errors import MoeHangError
+from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.probe import write_atomic
 
 RUNS_DIR = "runs"
@@ -38,7 +39,7 @@ def _create(out: str | os.PathLike[str] | None, label: str) -> Path:
         if path.exists() and not path.is_dir():
             raise MoeHangError(f"--out {path}: exists and is not a directory")
         if path.is_dir():
-            if (path / "meta.json").exists() or (path / "diagnosis.json").exists():
+            if RunLayout(path).meta.exists() or RunLayout(path).diagnosis.exists():
                 raise MoeHangError(
                     f"--out {path}: already holds a run; choose a new directory "
                     "(nothing was overwritten)")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from moe_hang.config import RunConfig
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.scenarios.moe import LORA_NAMES, build_reference_model, global_batch, local_loss
 
@@ -108,7 +109,7 @@ def compare(cfg: RunConfig, ref: list[dict[str, Any]], results: dict[int, dict[s
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
-    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = RunConfig.from_dict(json.loads(RunLayout(run_dir).config.read_text()))
     # the parent's word arrives on stdin, maybe while we still compute: "compare", or EOF
     # (the run failed, or the parent died, even by SIGKILL): then stop at once, so that no
     # reference outlives the command that started it
@@ -128,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     if word[0] != "compare":
         return 0
     results = {}
-    for p in sorted((run_dir / "ranks").glob("rank*.result.pt")):
+    for p in RunLayout(run_dir).files_of(RankFiles.RESULT):
         data = torch.load(p, weights_only=True)
         results[int(data["rank"])] = data
     report = compare(cfg, ref, results)
-    write_atomic(run_dir / "reference.json", (json.dumps(report, indent=2) + "\n").encode())
+    write_atomic(RunLayout(run_dir).reference, (json.dumps(report, indent=2) + "\n").encode())
     return 0
 
 

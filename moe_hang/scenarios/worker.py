@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.probe import probe
-from moe_hang.probe.layout import RankFiles
+from moe_hang.probe.layout import RankFiles, RunLayout
 
 
 class TokenLog:
@@ -96,7 +96,7 @@ def run(run_dir: Path) -> int:
     from moe_hang.scenarios.build import build
     from moe_hang.scenarios.moe import global_batch, local_loss, tokens_per_expert
 
-    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = RunConfig.from_dict(json.loads(RunLayout(run_dir).config.read_text()))
     backend = _choose_backend(cfg.backend, cfg.nproc)
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

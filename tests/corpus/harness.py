@@ -48,7 +48,11 @@ MARKER_RE = re.compile(r"#\s*corpus:\s*([A-Za-z0-9_]+)\s*$")
 BIN = Path(sys.executable).parent
 
 OK = "ok"
-NOT_CHECKED = "n/a"
+NOT_CHECKED = "n/a"  # a field the case has nothing to say about (it may not apply)
+NO_EXPECTATION = "not checked: the case states no expectation"
+# what every run of a problem case is scored on: a run that leaves one unchecked is not
+# "fully right" (the extras summary/basis/certainty are scored where a case states them)
+REQUIRED = ("run", "verdict", "exit", "culprit", "lines", "advice")
 FIELDS = ("run", "verdict", "exit", "culprit", "lines", "advice", "summary", "basis",
           "certainty")
 
@@ -515,6 +519,9 @@ def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
     if exp.summary_contains:
         checks["summary"] = OK if exp.summary_contains.lower() in summary.lower() else \
             f"lacks {exp.summary_contains!r}"
+    for key in REQUIRED if not exp.verdicts <= HEALTHY else ("run", "verdict", "exit"):
+        if checks[key] == NOT_CHECKED:
+            checks[key] = NO_EXPECTATION
     for key, want in (("basis", exp.basis), ("certainty", exp.certainty)):
         if not want:
             continue

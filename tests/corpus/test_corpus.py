@@ -38,6 +38,7 @@ def test_fast_case(run: tuple[Case, harness.Env, bool], tmp_path: Path) -> None:
         pytest.skip(s.skipped)
     assert not s.outcome.survivors, f"processes survived: {s.outcome.survivors}"
     wrong = {k: v for k, v in s.checks.items() if v not in (harness.OK, harness.NOT_CHECKED)}
+    assert s.ok or wrong, s.checks
     assert not wrong, (f"{s.label}: {wrong}\n  got: {s.got}\n  run directory: "
                        f"{s.outcome.out_dir}")
 
@@ -61,3 +62,19 @@ def test_ground_truth_is_well_formed() -> None:
         if c.mirror is not None:
             assert any(c.env.get(k) != v for k, v in c.mirror.items()), c.name
     assert sum(c.fast for c in CASES) >= 5
+
+
+def test_a_field_left_unchecked_is_not_a_pass() -> None:
+    """A problem case that states nothing about the lines or the advice cannot come out
+    "fully right": the run says which field went unchecked."""
+    case = next(c for c in CASES if c.name == "size_mismatch")
+    bare = Case(case.name, case.job, case.nproc, case.verdicts, env=case.env,
+                culprits=case.culprits)
+    got = harness.CaseResult(exit_code=3, diagnosis={
+        "verdict": sorted(case.verdicts)[0], "culprit_ranks": sorted(case.culprits(case.env)),
+        "fix": "", "summary": "", "ranks": []})
+    s = harness.score(bare, dict(case.env), False, got)
+    assert not s.ok
+    assert s.checks["lines"] == s.checks["advice"] == harness.NO_EXPECTATION
+    full = harness.score(case, dict(case.env), False, got)
+    assert full.checks["lines"] != harness.NO_EXPECTATION

@@ -344,9 +344,9 @@ def test_a_gather_on_the_wrong_mesh_dim_is_named_as_such(fixtures, name, wrong, 
     assert d["verdict"] == "desync"
     assert d["culprit_ranks"] == wrong
     a, b = wrong
-    assert d["summary"].startswith(f"Rank {a} and {b} posted the all_gather at "
+    assert d["summary"].startswith(f"Ranks {a}, {b} posted the all_gather at "
                                    "mesh_wrong_group.py:20 on mesh_tp instead of mesh_ep")
-    assert f"rank {right[0]} and {right[1]} wait for them" in d["summary"]
+    assert f"ranks {right[0]}, {right[1]} wait for them" in d["summary"]
     assert "pass the same group" in d["fix"]
     assert "post that too" not in d["fix"]
 

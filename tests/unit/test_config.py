@@ -59,4 +59,4 @@ def test_exit_codes_follow_the_verdict():
 
     codes = {v: exit_code_for(v) for v in VERDICTS}
     assert codes == {"desync": 3, "hang": 3, "crash": 3, "rank_died": 3, "inconclusive": 3,
-                     "straggler": 0, "healthy": 0}
+                     "transport_hang": 3, "straggler": 0, "healthy": 0}

@@ -26,11 +26,11 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun, Timings, WatchRun
 from moe_hang.evidence.stacks import Frame
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.vocab import RankState, agree, spans, who
 from moe_hang.report.console import render, render_text
 from moe_hang.report.html import to_html
 from moe_hang.report.screen import MAX_LINES, first_screen, next_verify_command
-from moe_hang.report.words import ReportContext, rank_ranges, ranks_label, site_groups
+from moe_hang.report.words import ReportContext, site_groups
 from moe_hang.report.wrap import screen_lines, shorten_paths, wrap
 
 CWD = os.getcwd()
@@ -262,7 +262,69 @@ def not_verified() -> Diagnosis:
     return d
 
 
+def _nccl(kind: str) -> Diagnosis:
+    """NCCL's evidence through the real engine: recorder dumps of a symmetric hang
+    (tests/unit/fixtures/fr_started) and RAS reports (tests/unit/fixtures/ras)."""
+    import tempfile
+
+    from conftest import FIXTURES, make_fr_set
+
+    from moe_hang.analysis.rules import diagnose
+    from moe_hang.evidence.flight_recorder.postmortem import evidence, find, load_sets
+    from moe_hang.evidence.model import Evidence
+    from moe_hang.evidence.ras import RasPoll
+    from moe_hang.evidence.ras_files import attach_ras, read_ras_files
+
+    ras = FIXTURES / "ras"
+
+    def dumps(path: Path) -> Evidence:
+        ev = evidence(load_sets(find([path]).sets))
+        ev.artifacts = str(path)
+        return ev
+
+    def frozen4() -> list[RasPoll]:
+        return read_ras_files([ras / f"symmetric_hang_1node_poll{i}.json" for i in (1, 2)])
+
+    if kind == "transport":
+        ev = dumps(FIXTURES / "fr_started" / "json")
+        attach_ras(ev, frozen4())
+    elif kind == "transport-no-timing":
+        ev = dumps(FIXTURES / "fr_started" / "no_timing")
+    elif kind == "transport-late":
+        ev = dumps(FIXTURES / "fr_started" / "json")
+        fr = ev.ranks[2].fr
+        assert fr is not None
+        for c in fr.entries:
+            if c.state == "started" and c.time_started_ns is not None:
+                c.time_started_ns += 3_000_000_000
+        attach_ras(ev, frozen4())
+    elif kind == "transport-16":
+        with tempfile.TemporaryDirectory(prefix="moe-hang-test-") as tmp:
+            make_fr_set(Path(tmp), "--ranks", "16", "--mesh", "4x4", "--entries", "40",
+                        "--fault", "stall", "--frames")
+            return diagnose(dumps(Path(tmp)))
+    elif kind == "ras-desync":
+        ev = Evidence(ranks={}, artifacts="ras/frozen_mismatch_poll*.json")
+        attach_ras(ev, read_ras_files([ras / "frozen_mismatch_poll1.json",
+                                       ras / "frozen_mismatch_poll2.json"]))
+    else:
+        ev = Evidence(ranks={}, artifacts="ras/dead_rank_2.29.7.json")
+        attach_ras(ev, read_ras_files([ras / "dead_rank_2.29.7.json"]))
+    return diagnose(ev)
+
+
 CASES = {
+    "analyze-transport-hang": (lambda: _nccl("transport"),
+                               ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-no-timing": (lambda: _nccl("transport-no-timing"),
+                                    ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-late": (lambda: _nccl("transport-late"),
+                               ReportContext("analyze", "moe-hang analyze")),
+    "analyze-transport-16": (lambda: _nccl("transport-16"),
+                             ReportContext("analyze", "moe-hang analyze")),
+    "analyze-ras-desync": (lambda: _nccl("ras-desync"),
+                           ReportContext("analyze", "moe-hang analyze")),
+    "analyze-ras-dead": (lambda: _nccl("ras-dead"), ReportContext("analyze", "moe-hang analyze")),
     "repro-desync": (ragged_repro, ReportContext("repro", "moe-hang repro",
                                                  ["moe-hang", "verify", "--fixed"])),
     "repro-a2a-64-ranks": (many_ranks_ragged, ReportContext(
@@ -337,7 +399,7 @@ def test_no_word_is_broken_at_80_columns(name, verbose):
     # columns of the timeline left out
     extra = {"…"} | _tokens("in full (5 more sequence numbers in console.log and the HTML)")
     for members, phrase, _ in site_groups(d, merge_sizes=True):  # shortened to fit
-        extra |= _tokens(f"{ranks_label(members)} {phrase}")
+        extra |= _tokens(f"{who(members)} {phrase}")
     broken = {t for t in narrow - wide - extra if not t.isdigit() and not t.startswith("(")}
     assert not broken, broken
 
@@ -369,7 +431,7 @@ def test_many_ranks_are_grouped_by_call_site():
     assert out.index("rank 7 idle") < out.index("ranks 0-6")
     d, ctx = _case("analyze-desync")
     out = _render(d, ctx, 80)
-    assert "ranks 0-4,6-15 in all_gather" in out and "rank 5 in barrier" in out
+    assert "ranks 0-4, 6-15 in all_gather" in out and "rank 5 in barrier" in out
 
 
 def test_sixty_four_different_sizes_are_summarised():
@@ -476,7 +538,14 @@ def test_wrap_breaks_only_at_whitespace_and_keeps_long_words_whole():
 def test_paths_in_sentences_are_shortened_never_split():
     text = f"at {CWD}/moe_hang/worker.py:3 and {SITE}/torch/x.py:1 and /elsewhere/y.py:2"
     assert shorten_paths(text) == "at moe_hang/worker.py:3 and torch/x.py:1 and /elsewhere/y.py:2"
-    assert rank_ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7"
+
+
+def test_rank_lists_are_written_one_way():
+    assert spans([0, 1, 2, 4, 6, 7]) == "0-2, 4, 6, 7"
+    assert spans([7, 6, 0, 1, 2, 3, 8, 10, 11]) == "0-3, 6-8, 10, 11"
+    assert who([3]) == "rank 3" and who([0, 1]) == "ranks 0, 1" and who(range(8)) == "ranks 0-7"
+    assert who(range(0, 600, 2)) == "300 ranks"  # scattered thousands: by their number
+    assert agree([1], "waits", "wait") == "waits" and agree([1, 2], "waits", "wait") == "wait"
 
 
 # ----------------------------------------------------------------------------- HTML

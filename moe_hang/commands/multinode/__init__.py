@@ -35,11 +35,8 @@ from moe_hang.commands.multinode.connect import (
 )
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
-    COORD_DIR,
     MOVING_S,
     OFFER_S,
-    SNAPSHOT_DIR,
-    TEARDOWN_DIR,
     Node,
     RoundOutcome,
     unreached_ranks,
@@ -57,14 +54,11 @@ from moe_hang.commands.multinode.summaries import (
 
 __all__ = [
     "CONNECT_S",
-    "COORD_DIR",
     "FRESH_S",
     "HISTORY_PER_GROUP",
     "MAX_USER_FRAMES",
     "MOVING_S",
     "OFFER_S",
-    "SNAPSHOT_DIR",
-    "TEARDOWN_DIR",
     "Node",
     "NodePeers",
     "Plan",

@@ -39,12 +39,6 @@ if TYPE_CHECKING:
     from moe_hang.runtime.launcher import LaunchedJob
 
 
-# run directory: what the coordination adds (docs/DESIGN.md §7)
-# verdict.json (the global verdict and set), local-diagnosis.json (this node's own view),
-# analysis.json (on the node that analysed: the engine's verdict before unknown ranks)
-COORD_DIR = "coord"
-SNAPSHOT_DIR = ".capture"  # the ranks' files as captured, while the job is being ended
-TEARDOWN_DIR = "teardown"  # what the ranks and the job wrote after the capture
 
 CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
 MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
@@ -76,7 +70,7 @@ class Node:
         self.local_world: int | None = None
         self.local_ranks: list[int] = []
         self.why_local: str | None = None  # why there is no channel
-        self.verdict: GlobalVerdict | None = None  # of the last round
+        self.last_round: GlobalVerdict | None = None  # the global verdict of the last round
         self.job: LaunchedJob | None = None
         self._up = threading.Event()
         self._closed = threading.Event()
@@ -235,7 +229,7 @@ class Node:
         """The ranks' files as captured: ending the job (here, or on another node first)
         makes the ranks raise, dump and log connection errors into the same directory, and
         ``analyze`` must read the capture the verdict came from (:meth:`finish`)."""
-        snap = self.layout.root / SNAPSHOT_DIR
+        snap = self.layout.snapshot_dir
         shutil.rmtree(snap, ignore_errors=True)
 
         def not_plain(d: str, names: list[str]) -> list[str]:
@@ -272,8 +266,8 @@ class Node:
         if kind == EventKind.FINAL:
             ev.held = reason_text(req)
         diag = diagnose(ev)
-        (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
-        rundir.write_json(self.layout.root / COORD_DIR / "analysis.json", diag.to_dict())
+        self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json(self.layout.coord_analysis, diag.to_dict())
         d = diag.to_dict()
         d["artifacts"] = ""  # every node's own run directory
         return d
@@ -291,8 +285,8 @@ class Node:
         def capture() -> NodeSummary:
             local = capture_local()
             self._run_info = local.run
-            (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
-            rundir.write_json(self.layout.root / COORD_DIR / "local-diagnosis.json",
+            self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
+            rundir.write_json(self.layout.coord_local,
                               local.to_dict())
             self._snapshot_capture()
             return self._capture_summary(mon, outcome)
@@ -332,24 +326,24 @@ class Node:
                 if res.not_ended:
                     self.notice(f"nodes {', '.join(res.not_ended)} did not confirm in time; "
                                 "ending this node's job (it hosts the store) anyway")
-        self.verdict = gv
+        self.last_round = gv
         diag = Diagnosis.from_dict(gv.verdict)
         diag.artifacts = str(self.layout.root)
         diag.run = self._run_info
         if isinstance(diag.run, WatchRun) and outcome.onset_ns:
             diag.run.timings.onset_to_verdict_s = round(time.time() - outcome.onset_ns / 1e9, 3)
-        (self.layout.root / COORD_DIR).mkdir(mode=0o700, exist_ok=True)
-        rundir.write_json(self.layout.root / COORD_DIR / "verdict.json", gv.to_json())
+        self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json(self.layout.coord_verdict, gv.to_json())
         return RoundOutcome(diag, local_kind, gv)
 
     def finish(self, ended_after_verdict: bool) -> None:
         """After the job ended: where a verdict ended it, the run directory keeps the capture
         it came from (ranks/, job.log up to then); what came after is in teardown/."""
-        snap = self.layout.root / SNAPSHOT_DIR
+        snap = self.layout.snapshot_dir
         try:
             if not ended_after_verdict or self._snapshot is None or not (snap / "ranks").is_dir():
                 return
-            tear = self.layout.root / TEARDOWN_DIR
+            tear = self.layout.teardown_dir
             tear.mkdir(mode=0o700, exist_ok=True)
             os.replace(self.layout.ranks_dir, tear / "ranks")
             os.replace(snap / "ranks", self.layout.ranks_dir)
@@ -358,7 +352,7 @@ class Node:
                 f.seek(self._snapshot)
                 rest = f.read()
                 f.truncate(self._snapshot)
-            (tear / "job.log").write_bytes(rest)
+            RunLayout(tear).job_log.write_bytes(rest)
         except OSError as exc:
             self.notice(f"could not keep the capture apart from the teardown ({exc})")
         finally:

@@ -14,7 +14,7 @@ from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, is_library_frame
 from moe_hang.evidence.vocab import RankState
-from moe_hang.probe.layout import RunLayout
+from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
 
@@ -42,7 +42,7 @@ def history_of(dump: FRDump, per_group: int = HISTORY_PER_GROUP
 def raw_heartbeats(layout: RunLayout) -> dict[int, dict[str, Any]]:
     """The ranks' heartbeats as the probe wrote them (what summaries are made of)."""
     out: dict[int, dict[str, Any]] = {}
-    for p in layout.ranks_dir.glob("rank*.hb.json"):
+    for p in layout.files_of(RankFiles.HEARTBEAT):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             d = json.loads(p.read_text())
             out[int(d["rank"])] = d
@@ -62,7 +62,7 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
             if fr.exists():
                 r.history, r.fr_status = history_of(load_dump(fr))
     groups: dict[str, set[int]] = {}
-    for p in layout.files_of("groups.json"):
+    for p in layout.files_of(RankFiles.GROUPS):
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             for pg, rs in json.loads(p.read_text()).items():
                 groups.setdefault(str(pg), set()).update(int(r) for r in rs)

@@ -1,6 +1,11 @@
 """A whole dump's mapping -> :class:`FRDump` (:func:`parse_dump`): the backend, the groups,
 which entries completed, the ``context`` window, coalesced ops and each group's status
-(:mod:`.load` describes what differs by backend) — pure."""
+(:mod:`.load` describes what differs by backend) — pure.
+
+Completion is decided here; an entry's own ``state`` (scheduled / started / completed), its
+discovered times and duration are kept as recorded (:mod:`.parse_entry`): ``started`` appears
+only with start events (TORCH_NCCL_ENABLE_TIMING=1), and says the kernel ran, which
+``scheduled`` does not."""
 
 from __future__ import annotations
 
@@ -237,6 +242,7 @@ def _status(raw: dict[str, Any], id_to_name: dict[str, str], gloo: bool,
             continue
         enq = _int(s.get("last_enqueued_collective"))
         comp = _int(s.get("last_completed_collective"))
+        started = -1 if gloo else _int(s.get("last_started_collective"))
         if gloo:
             # gloo counts ops, p2p included, and lags: read through op ids, trust `retired`
             comp = max(op_seq.get(str(pg_id), -1), top_done.get(name, -1))
@@ -244,7 +250,7 @@ def _status(raw: dict[str, Any], id_to_name: dict[str, str], gloo: bool,
         else:
             enq = max(enq, top_seq.get(name, -1))
             comp = max(comp, top_done.get(name, -1))
-        out[name] = PgStatus(enq, comp)
+        out[name] = PgStatus(enq, comp, started)
     for name, top in top_seq.items():  # format "2.1" has no pg_status: from the entries
         if name not in out and not raw:
             out[name] = PgStatus(top, top_done.get(name, -1))

@@ -11,7 +11,7 @@ import re
 from array import array
 from typing import Any
 
-from moe_hang.evidence.flight_recorder.records import DEFAULT_PG, Collective, P2PEntry
+from moe_hang.evidence.flight_recorder.records import DEFAULT_PG, STATES, Collective, P2PEntry
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.stacks import Frame, parse_probe_frames
 
@@ -35,6 +35,27 @@ def _int(v: Any, default: int = -1) -> int:
         return int(v) if v is not None and not isinstance(v, bool) else default
     except (TypeError, ValueError):
         return default
+
+
+def _time(v: Any) -> int | None:
+    """A recorded time in ns; JSON writes a missing one as 0, pickles as None: both None."""
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
+def _state(v: Any) -> str | None:
+    return v if v in STATES else None
+
+
+def _duration(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _timing(e: dict[str, Any]) -> dict[str, Any]:
+    """The entry's state, its two discovered times and its duration (timing only)."""
+    return {"state": _state(e.get("state")),
+            "time_started_ns": _time(e.get("time_discovered_started_ns")),
+            "time_completed_ns": _time(e.get("time_discovered_completed_ns")),
+            "duration_ms": _duration(e.get("duration_ms"))}
 
 
 def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
@@ -144,16 +165,15 @@ def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
     if seq == -2:
         return None
     raw = str(e.get("profiling_name", ""))
-    t_created = e.get("time_created_ns")
     rid = e.get("record_id")
     return Collective(
         pg=pg_name, seq=seq, op=op_name(raw), raw_op=raw, pg_desc=pg_desc,
         input_sizes=_sizes(e.get("input_sizes")), output_sizes=_sizes(e.get("output_sizes")),
         dtypes=[str(d) for d in e.get("input_dtypes") or []],
-        time_created_ns=int(t_created) if isinstance(t_created, (int, float)) else None,
+        time_created_ns=_time(e.get("time_created_ns")),
         frames=(frames or _Frames())(e.get("frames")),
         completed=True if e.get("state") == "completed" else None, source=source,
-        record_id=rid if isinstance(rid, int) else None)
+        record_id=rid if isinstance(rid, int) else None, **_timing(e))
 
 
 def _p2p_entry(e: dict[str, Any], completed: bool | None,
@@ -174,16 +194,15 @@ def _p2p_entry(e: dict[str, Any], completed: bool | None,
         peer = local_peer  # the default group's local ranks are the global ones
     else:
         peer = None
-    t_created = e.get("time_created_ns")
     rid = e.get("record_id")
     return P2PEntry(op=op, peer=peer, pg=pg_name, p2p_seq=_int(e.get("p2p_seq_id")),
                     completed=completed, seq=_int(e.get("collective_seq_id")),
                     local_peer=local_peer, pg_desc=pg_desc,
                     input_sizes=_sizes(e.get("input_sizes")),
                     dtypes=[str(d) for d in e.get("input_dtypes") or []],
-                    time_created_ns=int(t_created) if isinstance(t_created, (int, float))
-                    else None, record_id=rid if isinstance(rid, int) else None,
-                    frames=frames(e.get("frames")))
+                    time_created_ns=_time(e.get("time_created_ns")),
+                    record_id=rid if isinstance(rid, int) else None,
+                    frames=frames(e.get("frames")), **_timing(e))
 
 
 def _merge_coalesced(group: list[Collective]) -> Collective:
@@ -196,6 +215,13 @@ def _merge_coalesced(group: list[Collective]) -> Collective:
     op = head.op if closing and head.op != "coalesced" else (ops.pop() if len(ops) == 1
                                                               else "coalesced")
     done = [c.completed for c in group]
+    # the whole op is as far as its least advanced member; it started when the last member
+    # started, completed when the last completed (a time any member lacks is not known)
+    states = [c.state for c in group]
+    state = (min(states, key=STATES.index) if all(s is not None for s in states) else None)
+    starts = [c.time_started_ns for c in group]
+    ends = [c.time_completed_ns for c in group]
+    durations = [c.duration_ms for c in group]
     return Collective(
         pg=head.pg, seq=head.seq, op=op, raw_op=head.raw_op, pg_desc=head.pg_desc,
         input_sizes=[s for c in members for s in c.input_sizes],
@@ -204,4 +230,10 @@ def _merge_coalesced(group: list[Collective]) -> Collective:
         time_created_ns=members[0].time_created_ns, frames=members[0].frames,
         completed=True if all(d is True for d in done) else
         (False if any(d is False for d in done) else None),
-        record_id=members[0].record_id, coalesced=len(members))
+        record_id=members[0].record_id, coalesced=len(members), state=state,
+        time_started_ns=max(t for t in starts if t is not None)
+        if all(t is not None for t in starts) else None,
+        time_completed_ns=max(t for t in ends if t is not None)
+        if all(t is not None for t in ends) else None,
+        duration_ms=max(d for d in durations if d is not None)
+        if all(d is not None for d in durations) else None)

@@ -14,6 +14,11 @@ from moe_hang.evidence.stacks import Frame
 DEFAULT_PG = "0"  # the default process group's name in Flight Recorder and the probe
 DEFAULT_CONTEXT = 4  # completed entries kept per group when windowing (history for the verdict)
 
+# an entry's state as torch's recorder writes it, least advanced first: ``scheduled``
+# (enqueued), ``started`` (its start event fired: the kernel runs; only with start events,
+# i.e. TORCH_NCCL_ENABLE_TIMING=1 or TORCH_NCCL_DESYNC_DEBUG), ``completed``
+STATES = ("scheduled", "started", "completed")
+
 
 @dataclass
 class Collective:
@@ -35,10 +40,22 @@ class Collective:
     autograd_fn: str | None = None  # the autograd.Function whose backward posted it
     record_id: int | None = None  # position in the rank's recorder (program order, all groups)
     coalesced: int = 0  # ops merged into this one (a coalesced group); 0: a single op
+    state: str | None = None  # one of STATES as recorded (None: not recorded, or a probe's)
+    # when the recorder's watchdog *discovered* the start / the completion (time_discovered_*:
+    # not the kernel's own times); None when not recorded (JSON writes a missing one as 0)
+    time_started_ns: int | None = None
+    time_completed_ns: int | None = None
+    duration_ms: float | None = None  # the kernel's time between its events (timing only)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # positional: half the unpickling time of the default (workers send thousands)
         return (Collective, _COLLECTIVE_FIELDS(self))
+
+    @property
+    def started(self) -> bool:
+        """Its kernel is known to have started (``started`` or ``completed`` with a start
+        time): only dumps with start events can say so."""
+        return self.state == "started" or self.time_started_ns is not None
 
 
 @dataclass
@@ -59,6 +76,10 @@ class P2PEntry:
     record_id: int | None = None
     frames: list[Frame] = field(default_factory=list)
     batched: bool = False  # part of a batch_isend_irecv (closed by nccl:coalesced)
+    state: str | None = None  # as Collective's
+    time_started_ns: int | None = None
+    time_completed_ns: int | None = None
+    duration_ms: float | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (P2PEntry, _P2P_FIELDS(self))
@@ -70,10 +91,13 @@ _P2P_FIELDS = attrgetter(*(f.name for f in fields(P2PEntry)))
 
 @dataclass(frozen=True)
 class PgStatus:
-    """A process group's last enqueued and last completed sequence number (-1: none)."""
+    """A process group's last enqueued, last completed and last started sequence number (-1:
+    none; ``started`` is -1 too where the recorder has no start events, i.e. without
+    TORCH_NCCL_ENABLE_TIMING=1, and in dumps older than ``last_started_collective``)."""
 
     enqueued: int
     completed: int
+    started: int = -1
 
     @property
     def pending(self) -> bool:
@@ -101,6 +125,15 @@ class FRDump:
     pg_desc: dict[str, str] = field(default_factory=dict)  # group name -> desc
     lib_version: str = ""  # NCCL's version; "" for gloo
     window: Window | None = None
+
+    @property
+    def timing(self) -> bool:
+        """The recorder had start events (TORCH_NCCL_ENABLE_TIMING=1): an entry has a start
+        time, a ``started`` state or a duration, or a group a last started collective."""
+        return (any(c.started or c.duration_ms is not None for c in self.entries)
+                or any(p.state == "started" or p.time_started_ns is not None
+                       for p in self.p2p)
+                or any(s.started >= 0 for s in self.pg_status.values()))
 
     def by_pg(self) -> dict[str, list[Collective]]:
         out: dict[str, list[Collective]] = {}

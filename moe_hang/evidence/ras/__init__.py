@@ -15,12 +15,22 @@ frozen communicator whose counts disagree, the ranks behind never launched what 
 wait in (:func:`compare_reports`).
 
 ``read`` (either format) -> ``records`` (:class:`RasReport`); ``ranks`` maps communicator ranks
-to global ranks by (host, pid); ``compare`` (+ ``states``) turns two reports into
-:class:`RasFinding` s; the capture side (asking a live job) is :mod:`moe_hang.capture.ras`.
+to global ranks by (host, pid), ``mapping`` infers what the tool knows no alias for;
+``compare`` (+ ``states``) turns two reports (or one) into :class:`RasFinding` s;
+``evidence`` (:class:`RasEvidence`) is what a diagnosis holds of them; the capture side
+(asking a live job) is :mod:`moe_hang.capture.ras`.
 """
 
-from moe_hang.evidence.ras.compare import compare_reports
+from moe_hang.evidence.ras.compare import compare_reports, one_report
 from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT, launched, with_launch_caveat
+from moe_hang.evidence.ras.evidence import (
+    MIN_INTERVAL_S,
+    RasEvidence,
+    RasPoll,
+    differ,
+    order_polls,
+    ras_evidence,
+)
 from moe_hang.evidence.ras.findings import (
     COUNT_KINDS,
     FindingKind,
@@ -28,6 +38,7 @@ from moe_hang.evidence.ras.findings import (
     RasComparison,
     RasFinding,
 )
+from moe_hang.evidence.ras.mapping import BY_PROCESS, BY_WORLD, infer_global_ranks
 from moe_hang.evidence.ras.ranks import ProcessKey, comm_global_ranks, global_rank_maps
 from moe_hang.evidence.ras.read import load_report, parse_report
 from moe_hang.evidence.ras.records import (
@@ -45,9 +56,11 @@ from moe_hang.evidence.ras.records import (
 )
 
 __all__ = [
-    "COUNTED_OPS", "COUNT_KINDS", "DEFAULT_PORT", "LAUNCH_COUNTS_CAVEAT", "FindingKind",
-    "ProcessKey", "RankState", "RasCommProgress", "RasCommunicator", "RasComparison",
-    "RasCountGroup", "RasFinding", "RasMissingRank", "RasRank", "RasRankFlags", "RasReport",
-    "RasReportError", "RasStatusGroup", "comm_global_ranks", "compare_reports",
-    "global_rank_maps", "launched", "load_report", "parse_report", "with_launch_caveat",
+    "BY_PROCESS", "BY_WORLD", "COUNTED_OPS", "COUNT_KINDS", "DEFAULT_PORT",
+    "LAUNCH_COUNTS_CAVEAT", "MIN_INTERVAL_S", "FindingKind", "ProcessKey", "RankState",
+    "RasCommProgress", "RasCommunicator", "RasComparison", "RasCountGroup", "RasEvidence",
+    "RasFinding", "RasMissingRank", "RasPoll", "RasRank", "RasRankFlags", "RasReport",
+    "RasReportError", "RasStatusGroup", "comm_global_ranks", "compare_reports", "differ",
+    "global_rank_maps", "infer_global_ranks", "launched", "load_report", "one_report",
+    "order_polls", "parse_report", "ras_evidence", "with_launch_caveat",
 ]

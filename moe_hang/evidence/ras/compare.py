@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from moe_hang.evidence.ras.counts import launched, ordinal, who, with_launch_caveat
+from moe_hang.evidence.ras.counts import launched, ordinal, with_launch_caveat
 from moe_hang.evidence.ras.findings import (
     FindingKind,
     Namer,
@@ -33,6 +33,7 @@ from moe_hang.evidence.ras.records import (
     RasReport,
 )
 from moe_hang.evidence.ras.states import state_findings
+from moe_hang.evidence.vocab import who
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S"  # the writer's strftime("%F %T"), local time
 
@@ -211,19 +212,31 @@ def _group_key(gs: tuple[RasCountGroup, ...]) -> set[tuple[str, int, int]]:
     return {(g.op, g.count, g.n_ranks) for g in gs}
 
 
+def _maps(reports: tuple[RasReport, ...], processes: Mapping[ProcessKey, int] | None,
+          aliases: Mapping[str, str] | None,
+          maps: Mapping[str, Mapping[int, int]] | None) -> Mapping[str, Mapping[int, int]]:
+    if maps is not None:
+        return maps
+    out: dict[str, dict[int, int]] = {}
+    for rep in reversed(reports):
+        if processes:
+            for key, m in global_rank_maps(rep, processes, aliases=aliases).items():
+                out.setdefault(key, m)
+    return out
+
+
 def compare_reports(first: RasReport, second: RasReport, *, interval_s: float | None = None,
                     processes: Mapping[ProcessKey, int] | None = None,
-                    aliases: Mapping[str, str] | None = None) -> RasComparison:
+                    aliases: Mapping[str, str] | None = None,
+                    maps: Mapping[str, Mapping[int, int]] | None = None) -> RasComparison:
     """What changed from ``first`` to ``second`` (taken ``interval_s`` later; else the
     reports' timestamps say, to the second). ``processes``: (host, pid) -> global rank, to name
-    global ranks in the findings (:mod:`moe_hang.evidence.ras.ranks`)."""
+    global ranks in the findings (:mod:`moe_hang.evidence.ras.ranks`); or ``maps``, per
+    communicator key its rank -> global rank, already worked out
+    (:func:`moe_hang.evidence.ras.mapping.infer_global_ranks`)."""
     if interval_s is None:
         interval_s = _timestamp_gap(first, second)
-    maps = global_rank_maps(second, processes, aliases=aliases) if processes else {}
-    if processes:
-        for key, m in global_rank_maps(first, processes, aliases=aliases).items():
-            maps.setdefault(key, m)
-    namer = Namer(maps)
+    namer = Namer(_maps((first, second), processes, aliases, maps))
     counts = _Counts(namer, interval_s)
     findings: list[RasFinding] = []
     progress: list[RasCommProgress] = []
@@ -248,3 +261,36 @@ def compare_reports(first: RasReport, second: RasReport, *, interval_s: float | 
                 f"{namer.comm(c)} is only in the first report: destroyed between the polls, "
                 "or its ranks did not answer the second.")))
     return RasComparison(interval_s, tuple(findings), tuple(progress))
+
+
+def one_report(report: RasReport, *, processes: Mapping[ProcessKey, int] | None = None,
+               aliases: Mapping[str, str] | None = None,
+               maps: Mapping[str, Mapping[int, int]] | None = None) -> RasComparison:
+    """What a single report says: its ranks' states, and where counts disagree — which one
+    report cannot call frozen or moving (a rank one launch behind may be on its way: only a
+    second report a few seconds later tells)."""
+    namer = Namer(_maps((report,), processes, aliases, maps))
+    findings: list[RasFinding] = []
+    progress: list[RasCommProgress] = []
+    for c in report.communicators:
+        findings += state_findings(c, namer)
+        name = namer.comm(c)
+        groups = _groups(c)
+        for op in dict.fromkeys(g.op for g in groups):
+            mine = sorted((g for g in groups if g.op == op), key=lambda g: g.count)
+            top = mine[-1].count
+            behind = tuple(r for g in mine if g.count < top for r in g.ranks)
+            ahead = tuple(r for g in mine if g.count == top for r in g.ranks)
+            n_behind = sum(g.n_ranks for g in mine if g.count < top)
+            subject = (namer.who(c, behind) if len(behind) == n_behind
+                       else f"{n_behind} ranks")
+            levels = ", ".join(f"{g.n_ranks} at {g.count}" for g in mine)
+            findings.append(namer.finding(FindingKind.COUNTS_DIFFER, c, behind, with_launch_caveat(
+                f"In {name} the {op} counts differ in this one report ({levels}): {subject} "
+                f"had not launched the {ordinal(top)} {op}; one report cannot tell a rank on "
+                "its way from one that never launches it — a second report a few seconds "
+                "later would"),
+                op=op, count=mine[0].count, ahead=top, ahead_ranks=ahead, n_ranks=n_behind))
+        progress.append(RasCommProgress(c.key, c.hash, c.size, "unknown", ()))
+    return RasComparison(None, tuple(findings), tuple(progress))
+

@@ -38,18 +38,3 @@ def launched(op: str, count: int) -> str:
     return f"launched {op} " + ("once" if count == 1 else f"{count} times")
 
 
-def spans(numbers: list[int] | tuple[int, ...]) -> str:
-    """``0, 1, 2, 3, 8`` -> ``0-3, 8`` (analysis.ranktext's rule; evidence cannot import it)."""
-    out: list[tuple[int, int]] = []
-    for n in sorted(set(numbers)):
-        if out and n == out[-1][1] + 1:
-            out[-1] = (out[-1][0], n)
-        else:
-            out.append((n, n))
-    return ", ".join(f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1)))
-                     for a, b in out)
-
-
-def who(numbers: list[int] | tuple[int, ...]) -> str:
-    """``rank 3`` / ``ranks 0, 2-3``."""
-    return ("rank " if len(set(numbers)) == 1 else "ranks ") + spans(numbers)

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from moe_hang.evidence.ras.counts import spans, who
 from moe_hang.evidence.ras.records import RasCommunicator
+from moe_hang.evidence.vocab import spans, who
 
 
 class FindingKind(str, Enum):
@@ -18,6 +18,8 @@ class FindingKind(str, Enum):
     FROZEN_MISMATCH = "frozen_mismatch"  # nobody launched anything; these ranks are behind
     FROZEN_EQUAL = "frozen_equal"  # nobody launched anything; every rank at the same counts
     COUNT_RESET = "count_reset"  # counts went down: not comparable
+    # from one report only: the counts disagree; frozen or moving takes a second report
+    COUNTS_DIFFER = "counts_differ"
     # from the latest report's states
     DEAD = "dead"
     UNRESPONSIVE = "unresponsive"
@@ -32,7 +34,8 @@ class FindingKind(str, Enum):
 
 
 COUNT_KINDS = frozenset({FindingKind.MOVING, FindingKind.LAGGING, FindingKind.FROZEN_MISMATCH,
-                         FindingKind.FROZEN_EQUAL, FindingKind.COUNT_RESET})
+                         FindingKind.FROZEN_EQUAL, FindingKind.COUNT_RESET,
+                         FindingKind.COUNTS_DIFFER})
 
 
 @dataclass(frozen=True)

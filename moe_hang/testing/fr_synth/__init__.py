@@ -25,7 +25,10 @@ in each collective (a rank's dump ends at the collective it waits in; no send/re
 ``op_id`` gaps; entries stay ``scheduled`` and only ``retired`` tells completion; pg_status counts
 ops and may lag; ``pg_config`` is the single ``''`` entry).
 
-Fault kinds: missing_rank, size, dtype, op, order, p2p, none.
+Fault kinds: missing_rank, size, dtype, op, order, p2p, none; and the symmetric ``stall``:
+every rank posted the same collective (the grad-norm all-reduce of the default group) and none
+completed it — with ``--timing`` (NCCL) every rank's kernel ``started`` it — a transport or
+hardware hang with no culprit.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from moe_hang.testing.fr_synth.dump import build_dump, generate, to_json, write_
 from moe_hang.testing.fr_synth.job import (
     FAULTS,
     RELEASES,
+    SYMMETRIC_FAULTS,
     TRUTH_NAME,
     Job,
     OpT,
@@ -53,6 +57,7 @@ from moe_hang.testing.fr_synth.job import (
 __all__ = [
     "FAULTS",
     "RELEASES",
+    "SYMMETRIC_FAULTS",
     "TRUTH_NAME",
     "Job",
     "OpT",
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--entries", type=int, default=200)
     ap.add_argument("--mesh", default=None, help="DPxTP, e.g. 64x128 (default: N/8 x 8)")
-    ap.add_argument("--fault", choices=FAULTS, default="missing_rank")
+    ap.add_argument("--fault", choices=FAULTS + SYMMETRIC_FAULTS, default="missing_rank")
     ap.add_argument("--format", dest="fmt", choices=("pickle", "json"), default="pickle")
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     ap.add_argument("--version", default="2.13", choices=RELEASES,

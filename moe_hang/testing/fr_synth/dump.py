@@ -282,7 +282,26 @@ def write_truth(job: Job, out: Path, heads: list[int], finals: list[list[OpT]]) 
     stuck = [r for r in range(job.ranks) if heads[r] < len(finals[r])]
     truth["hung"] = bool(stuck)
     truth["stuck_ranks"] = len(stuck)
-    if job.fault != "none":
+    if job.fault == "stall":
+        o = template(job, 0)[job.fault_index]
+        gi = group_of(job, 0, job.fault_group)
+        n_c = sum(1 for x in template(job, 0) if x.group == job.fault_group and not x.p2p)
+        idx_c = sum(1 for x in template(job, 0)[: job.fault_index + 1]
+                    if x.group == job.fault_group and not x.p2p)
+        last_step = job.steps_before + math.ceil(job.entries / max(1, len(
+            [x for x in template(job, 0) if not (job.backend == "gloo" and x.p2p)]))) + 1
+        timed = job.timing and job.backend != "gloo"
+        truth.update({
+            "group": {"name": gi.name, "desc": gi.desc, "pg_id": gi.pg_id,
+                      "size": job.ranks, "ranks": gi.members() if job.ranks <= 256
+                      else f"0..{job.ranks - 1}"},
+            "seq": last_step * n_c + idx_c, "seq_field": "collective_seq_id",
+            "expected_op": profiling_name(job.backend, o, 0, 0),
+            "state": "started" if timed else "scheduled",
+            "note": "every rank posted this collective and none completed it"
+                    + (", every rank's kernel started it" if timed else "")
+                    + ": no rank is behind, so no culprit (a transport or hardware hang)"})
+    elif job.fault != "none":
         c = job.culprits[0]
         tmpl = template(job, c)
         o = tmpl[job.fault_index]

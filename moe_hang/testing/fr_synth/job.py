@@ -9,6 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 FAULTS = ("missing_rank", "size", "dtype", "op", "order", "p2p", "none")
+# symmetric: no rank is to blame. "stall": every rank posted the same collective (the
+# grad-norm all-reduce of the default group), and it never completes on any of them — a
+# transport or hardware hang; with --timing every rank's kernel *started* it (NCCL)
+SYMMETRIC_FAULTS = ("stall",)
 RELEASES = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13")
 TRUTH_NAME = "truth.json"
 
@@ -174,6 +178,10 @@ def plan(job: Job) -> None:
     if job.fault == "none":
         return
     tmpl = template(job, 0)
+    if job.fault == "stall":
+        job.fault_index = len(tmpl) - 2  # clip_grad_norm_'s all-reduce, on every rank
+        job.fault_group = "world"
+        return
     if job.fault == "p2p":
         senders = [r for r in range(job.ranks) if any(o.kind == "send" for o in template(job, r))]
         c = rng.choice(senders)
@@ -257,6 +265,8 @@ def simulate(job: Job) -> tuple[list[int], list[list[OpT]]]:
             ks.append(k)
         keys.append(ks)
     size_of = {"world": job.ranks, "dp": job.dp, "tp": job.tp}
+    # "stall": that collective never completes, though every rank posted it alike
+    hung = keys[0][job.fault_index] if job.fault == "stall" else None
     head = [0] * job.ranks
     while True:
         at: Counter[tuple[Any, ...]] = Counter()
@@ -270,7 +280,7 @@ def simulate(job: Job) -> tuple[list[int], list[list[OpT]]]:
                     done.add(k)
             elif len(sigs[k]) == 1:
                 g = "world" if k[1] == "0" else ("dp" if int(k[1]) <= job.tp else "tp")
-                if n == size_of[g]:
+                if n == size_of[g] and k != hung:
                     done.add(k)
         if not done:
             break

@@ -1,0 +1,403 @@
+"""Every rule of the table, by name: the evidence it is made for gives that rule — so it
+fires on its evidence, and nothing nearer the top of the table does — and asymmetric cases
+run mirrored (the ranks' roles swapped: the culprit must swap). A rule added to the table
+without a case here fails :func:`test_every_rule_has_a_case`."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import make_fr_set
+
+from moe_hang.analysis.advice import KIND_ADVICE
+from moe_hang.analysis.diagnosis import MismatchKind
+from moe_hang.analysis.explain import KIND_PHRASE
+from moe_hang.analysis.rules import RULES, diagnose
+from moe_hang.commands.diagnose import analyze_paths
+from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
+from moe_hang.evidence.model import (
+    Evidence,
+    RankError,
+    RankEvidence,
+    SizeAbort,
+    Unreached,
+)
+from moe_hang.evidence.stacks import Frame, ThreadStack
+from moe_hang.evidence.vocab import JobState
+
+TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+CONNECTION_CLOSED = "[pair.cc:534] Connection closed by peer [127.0.0.1]:5000"
+
+
+def _stack(*frames: tuple[str, int, str], active: bool = False) -> list[ThreadStack]:
+    return [ThreadStack("MainThread", [Frame(*f) for f in frames], active=active,
+                        is_main=True)]
+
+
+def _in(op: str, line: int) -> list[ThreadStack]:
+    """A main thread blocked in ``op`` posted at /job/train.py:line."""
+    return _stack((TORCH, 9, op), ("/job/train.py", line, "<module>"))
+
+
+def _ev(*ranks: RankEvidence, job: JobState = JobState.STALLED, **kw: object) -> Evidence:
+    return Evidence(ranks={r.rank: r for r in ranks}, world_size=len(ranks), job=job,
+                    **kw)  # type: ignore[arg-type]
+
+
+def _stuck(rank: int, threads: list[ThreadStack], **kw: object) -> RankEvidence:
+    return RankEvidence(rank=rank, alive=True, progressed=False, threads=threads,
+                        **kw)  # type: ignore[arg-type]
+
+
+def _fr(rank: int, colls: list[tuple[int, str, list[list[int]], bool | None]],
+        line: int = 20) -> FRDump:
+    """A rank's recorder on the default group: (seq, op, sizes, completed) entries."""
+    entries = [Collective(pg="0", seq=s, op=op, input_sizes=sz, dtypes=["Float"],
+                          time_created_ns=1000 * s, completed=done, record_id=s,
+                          frames=[Frame(TORCH, 9, op), Frame("/job/train.py", line, "step")])
+               for s, op, sz, done in colls]
+    done = max((s for s, _, _, d in colls if d), default=0)
+    return FRDump(entries, {"0": PgStatus(max(s for s, *_ in colls), done)},
+                  pg_ranks={"0": (0, 1)}, backend="gloo")
+
+
+# --------------------------------------------------------------- one case per rule
+
+def _held(culprit: int) -> tuple[Evidence, list[int]]:
+    ev, culprits = _stalled_outside(culprit)
+    ev.held = "no progress on any rank for 300 s (--hang-after)"
+    return ev, culprits
+
+
+def _finished(_: int) -> tuple[Evidence, list[int]]:
+    return _ev(*(RankEvidence(rank=r, alive=False, exit_code=0) for r in (0, 1)),
+               job=JobState.COMPLETED), []
+
+
+def _root_cause(culprit: int) -> tuple[Evidence, list[int]]:
+    raised = RankEvidence(rank=culprit, alive=False, exit_code=1, error=RankError(
+        "ValueError", "corrupt shard 17", frames=[Frame("/job/train.py", 7, "load")],
+        time=1.0))
+    peer = RankEvidence(rank=1 - culprit, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", CONNECTION_CLOSED, time=2.0))
+    return _ev(raised, peer, job=JobState.FAILED), [culprit]
+
+
+def _size_abort(culprit: int) -> tuple[Evidence, list[int]]:
+    # the survivor posted 4x8 at seq 3; the aborted rank got 2x the bytes it expected
+    survivor = 1 - culprit
+    s = RankEvidence(rank=survivor, alive=True, progressed=False, threads=_in("all_gather", 20),
+                     fr=_fr(survivor, [(1, "all_reduce", [[8]], True),
+                                       (2, "all_reduce", [[8]], True),
+                                       (3, "all_gather", [[4, 8]], False)]))
+    aborted = RankEvidence(rank=culprit, alive=False, exit_code=-signal.SIGABRT,
+                           fatal='Fatal Python error: Aborted\n\nThread 0x1 (most recent call '
+                                 f'first):\n  File "{TORCH}", line 9 in all_gather\n  File '
+                                 '"/job/train.py", line 20 in step\n')
+    ev = _ev(s, aborted, job=JobState.FAILED, size_abort=SizeAbort(256, 128))
+    return ev, [culprit, survivor]  # one line, two sizes, no majority: both named
+
+
+def _killed(culprit: int) -> tuple[Evidence, list[int]]:
+    dead = RankEvidence(rank=culprit, alive=False, exit_code=-signal.SIGKILL)
+    return _ev(dead, _stuck(1 - culprit, _in("all_reduce", 30))), [culprit]
+
+
+def _left(culprit: int) -> tuple[Evidence, list[int]]:
+    gone = RankEvidence(rank=culprit, alive=False, exit_code=0)
+    return _ev(gone, _stuck(1 - culprit, _in("all_reduce", 30))), [culprit]
+
+
+def _unknown(_: int) -> tuple[Evidence, list[int]]:
+    ev = _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1)))
+    ev.world_size = 4
+    ev.unreached = Unreached([2, 3], local_world=2, hosts={"1": "gpu-1"})
+    return ev, []
+
+
+def _cycle(culprit: int) -> tuple[Evidence, list[int]]:
+    """Each rank waits in a recv from the other (no send posted): every rank on the cycle."""
+    from moe_hang.evidence.stacks import P2PCall
+    ranks = [RankEvidence(rank=r, alive=True, progressed=False, threads=[ThreadStack(
+        "MainThread", [Frame(TORCH, 9, "recv"), Frame("/job/train.py", 12, "<module>")],
+        is_main=True, p2p=P2PCall("recv", 1 - r))]) for r in (0, 1)]
+    return _ev(*ranks), [0, 1]
+
+
+def _desync(culprit: int) -> tuple[Evidence, list[int]]:
+    """At seq 3 the culprit posted a barrier where the others (majority) all-reduce."""
+    ranks = []
+    for r in range(3):
+        last = (3, "barrier", [], False) if r == culprit else (3, "all_reduce", [[8]], False)
+        ranks.append(RankEvidence(rank=r, alive=True, progressed=False,
+                                  fr=_fr(r, [(1, "all_reduce", [[8]], True),
+                                             (2, "all_reduce", [[8]], True), last])))
+    for r in ranks:
+        assert r.fr is not None
+        r.fr.pg_ranks = {"0": (0, 1, 2)}
+    return _ev(*ranks), [culprit]
+
+
+def _stack_desync(culprit: int) -> tuple[Evidence, list[int]]:
+    """No recorder: the culprit's stack is in a barrier at line 40, the others in the
+    all-reduce at line 30 (unreadable source: by line numbers, the barrier is further on)."""
+    ranks = [_stuck(r, _in("barrier", 40) if r == culprit else _in("all_reduce", 30))
+             for r in range(2)]
+    return _ev(*ranks), [culprit]
+
+
+def _unmatched(tmp: Path) -> tuple[Evidence, list[int]]:
+    truth = make_fr_set(tmp, "--ranks", "8", "--entries", "40", "--fault", "p2p")
+    return _analyzed(tmp), sorted(truth["culprits"])
+
+
+def _analyzed(path: Path) -> Evidence:
+    """What ``analyze`` builds from a dump set (the rule test reads only the evidence)."""
+    from moe_hang.evidence.flight_recorder import postmortem
+    found = postmortem.find([path])
+    return postmortem.evidence(postmortem.load_sets(found.sets, workers=1))
+
+
+def _launcher_died(_: int) -> tuple[Evidence, list[int]]:
+    ev = _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1)))
+    ev.agent_exit_code = -signal.SIGKILL
+    return ev, []
+
+
+def _monitored(culprit: int) -> tuple[Evidence, list[int]]:
+    reporter = 1 - culprit
+    failed = RankEvidence(rank=reporter, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", f"Rank {culprit} failed to pass monitoredBarrier in 5000 ms"))
+    slow = _stuck(culprit, _stack(("/job/loader.py", 8, "next_batch"),
+                                  ("/job/train.py", 30, "<module>")))
+    return _ev(failed, slow, job=JobState.FAILED), [culprit]
+
+
+def _timed_out(culprit: int) -> tuple[Evidence, list[int]]:
+    asleep = _stuck(culprit, _stack(("/job/loader.py", 8, "next_batch"),
+                                    ("/job/train.py", 30, "<module>")))
+    timed_out = RankEvidence(rank=1 - culprit, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "Timed out waiting 30000ms for recv operation to complete",
+        frames=[Frame(TORCH, 9, "all_reduce"), Frame("/job/train.py", 33, "<module>")]))
+    return _ev(asleep, timed_out, job=JobState.FAILED), [culprit]
+
+
+def _consequences(_: int) -> tuple[Evidence, list[int]]:
+    closed = [RankEvidence(rank=r, alive=False, exit_code=1,
+                           error=RankError("RuntimeError", CONNECTION_CLOSED)) for r in (0, 1)]
+    return _ev(*closed, job=JobState.FAILED), []
+
+
+def _moving(_: int) -> tuple[Evidence, list[int]]:
+    return _ev(*(RankEvidence(rank=r, alive=True, progressed=True, threads=_in("all_reduce", 30))
+                 for r in (0, 1)), job=JobState.RUNNING), []
+
+
+def _all_completed(tmp: Path) -> tuple[Evidence, list[int]]:
+    make_fr_set(tmp, "--ranks", "8", "--entries", "40", "--fault", "none")
+    return _analyzed(tmp), []
+
+
+def _stalled_outside(culprit: int) -> tuple[Evidence, list[int]]:
+    asleep = _stuck(culprit, _stack(("/job/loader.py", 8, "next_batch"),
+                                    ("/job/train.py", 30, "<module>")))
+    return _ev(asleep, _stuck(1 - culprit, _in("all_reduce", 33))), [culprit]
+
+
+def _straggler(culprit: int) -> tuple[Evidence, list[int]]:
+    busy = RankEvidence(rank=culprit, alive=True, progressed=True, threads=_stack(
+        ("/job/model.py", 5, "forward"), ("/job/train.py", 30, "<module>"), active=True))
+    return _ev(busy, _stuck(1 - culprit, _in("all_reduce", 33))), [culprit]
+
+
+def _all_in_one(_: int) -> tuple[Evidence, list[int]]:
+    return _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1))), []
+
+
+def _progress_unseen(_: int) -> tuple[Evidence, list[int]]:
+    """diagnose on NCCL ranks in one all-reduce in every sample: their counters (zero) cannot
+    tell a collective that never completes from a new one each time."""
+    from moe_hang.evidence.activity import Activity
+
+    quiet = Activity(window_s=1.0, wakeups=8, syscalls=0, io_bytes=0, attaches=4,
+                     backends=("nccl",))
+    return _ev(*(_stuck(r, _in("all_reduce", 30), activity=quiet) for r in (0, 1)),
+               job=JobState.RUNNING), []
+
+
+# ------------------------------------------------- NCCL: RAS reports and recorder timing
+
+
+def _ras_writer():  # tests/unit/fixtures/ras/write_fixtures.py: NCCL's JSON layout
+    import importlib.util
+    import sys
+
+    from conftest import FIXTURES
+
+    path = FIXTURES / "ras" / "write_fixtures.py"
+    spec = importlib.util.spec_from_file_location("ras_write_fixtures", path)
+    assert spec and spec.loader
+    mod = sys.modules.get("ras_write_fixtures") or importlib.util.module_from_spec(spec)
+    if "ras_write_fixtures" not in sys.modules:
+        sys.modules["ras_write_fixtures"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+HOST = "10.0.0.1"
+
+
+def _report(counts: tuple[int, int], ts: str = "2026-03-04 03:00:00", *,
+            missing: int | None = None, error: int | None = None) -> str:
+    """Two ranks (pids 500, 501 on HOST) of one communicator: AllReduce ``counts``."""
+    w = _ras_writer()
+    ranks = [w.Rank(r, HOST, 500 + r, r, w.ar(counts[r])) for r in (0, 1) if r != missing]
+    if error is not None:
+        ranks[error].async_error = 1  # ncclUnhandledCudaError
+    gone = [w.Missing(missing, HOST, 500 + missing, missing, dead=True)] \
+        if missing is not None else []
+    return w.write("2.29.7", 12090, 12090, ts, [w.Comm(0xfeed, (1, 2), 2, ranks, gone)])
+
+
+def _with_ras(ev: Evidence, *reports: str) -> Evidence:
+    from moe_hang.evidence.ras import RasPoll, parse_report
+    from moe_hang.evidence.ras_files import attach_ras
+
+    for r, e in ev.ranks.items():
+        e.pid, e.host = 500 + r, HOST
+    attach_ras(ev, [RasPoll(parse_report(t), f"poll{i}") for i, t in enumerate(reports)])
+    return ev
+
+
+def _synced(culprit: int) -> Evidence:
+    """Both ranks blocked at the same line outside any collective (a CUDA sync)."""
+    del culprit
+    return _ev(*(_stuck(r, _stack(("/job/train.py", 44, "<module>"))) for r in (0, 1)))
+
+
+def _ras_gone(culprit: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(_synced(culprit), _report((7, 7), missing=culprit)), [culprit]
+
+
+def _ras_error(culprit: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(_synced(culprit), _report((7, 7), error=culprit)), [culprit]
+
+
+def _ras_frozen(culprit: int) -> tuple[Evidence, list[int]]:
+    counts = (100, 101) if culprit == 0 else (101, 100)
+    return _with_ras(_synced(culprit), _report(counts),
+                     _report(counts, "2026-03-04 03:00:05")), [culprit]
+
+
+def _ras_moving(_: int) -> tuple[Evidence, list[int]]:
+    ev = _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1)))
+    return _with_ras(ev, _report((7, 7)), _report((9, 9), "2026-03-04 03:00:05")), []
+
+
+def _transport(culprit: int) -> tuple[Evidence, list[int]]:
+    """NCCL recorder with timing: both ranks posted all_reduce #3 alike; the culprit's kernel
+    never started it, the other's did; RAS frozen at equal counts."""
+    ranks = []
+    for r in (0, 1):
+        fr = _fr(r, [(1, "all_reduce", [[8]], True), (2, "all_reduce", [[8]], True),
+                     (3, "all_reduce", [[8]], False)])
+        fr.backend = "nccl"
+        for c in fr.entries:
+            c.state = "completed" if c.completed else ("scheduled" if r == culprit
+                                                       else "started")
+            c.time_started_ns = None if c.state == "scheduled" else 5000 * c.seq
+        ranks.append(RankEvidence(rank=r, alive=True, progressed=False, fr=fr))
+    ev = _ev(*ranks)
+    return _with_ras(ev, _report((7, 7)), _report((7, 7), "2026-03-04 03:00:05")), [culprit]
+
+
+def _ras_one_poll(culprit: int) -> tuple[Evidence, list[int]]:
+    counts = (100, 101) if culprit == 0 else (101, 100)
+    return _with_ras(_synced(culprit), _report(counts)), [culprit]
+
+
+def _ras_clean(_: int) -> tuple[Evidence, list[int]]:
+    return _with_ras(Evidence(ranks={}), _report((7, 7))), []
+
+
+def _inconclusive(_: int) -> tuple[Evidence, list[int]]:
+    return _ev(*(RankEvidence(rank=r, alive=True, stack_error="py-spy: permission denied")
+                 for r in (0, 1))), []
+
+
+# name -> (evidence for a culprit, whether the case is asymmetric: run it for both roles)
+Case = Callable[[int], tuple[Evidence, list[int]]]
+CASES: dict[str, tuple[Case, bool]] = {
+    "stall held past --hang-after": (_held, True),
+    "every rank finished": (_finished, False),
+    "root-cause exception": (_root_cause, True),
+    "gloo size abort": (_size_abort, False),
+    "rank killed or gone": (_killed, True),
+    "rank left early": (_left, True),
+    "NCCL rank gone (RAS)": (_ras_gone, True),
+    "NCCL error on a rank (RAS)": (_ras_error, True),
+    "waits on unknown ranks": (_unknown, False),
+    "wait-for cycle": (_cycle, False),
+    "collective desync": (_desync, True),
+    "desync from stacks": (_stack_desync, True),
+    "frozen launch counts disagree (RAS)": (_ras_frozen, True),
+    "launcher died": (_launcher_died, False),
+    "monitored barrier names the laggards": (_monitored, True),
+    "timed out waiting for a rank outside collectives": (_timed_out, True),
+    "failed with consequences only": (_consequences, False),
+    "every rank moving": (_moving, False),
+    "NCCL launch counts moving (RAS)": (_ras_moving, False),
+    "stalled outside collectives": (_stalled_outside, True),
+    "straggler": (_straggler, True),
+    "transport or hardware hang": (_transport, True),
+    "launch counts differ in one RAS report": (_ras_one_poll, True),
+    "one RAS report, nothing wrong in it": (_ras_clean, False),
+    "in matching collectives, progress unseen": (_progress_unseen, False),
+    "all wait in matching collectives": (_all_in_one, False),
+    "inconclusive": (_inconclusive, False),
+}
+# cases built from a synthetic dump set (post-mortem): a directory, not a role
+DUMP_CASES: dict[str, Callable[[Path], tuple[Evidence, list[int]]]] = {
+    "unmatched send/recv": _unmatched,
+    "recorded collectives all completed": _all_completed,
+}
+
+
+def test_every_rule_has_a_case() -> None:
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names)), "two rules share a name"
+    assert set(names) == set(CASES) | set(DUMP_CASES)
+
+
+def test_every_mismatch_kind_has_its_words_and_advice() -> None:
+    assert set(KIND_PHRASE) == set(KIND_ADVICE) == set(MismatchKind)
+
+
+@pytest.mark.parametrize("name, culprit", [
+    pytest.param(n, c, id=f"{n}-{c}") for n, (_, asym) in CASES.items()
+    for c in ((0, 1) if asym else (0,))])
+def test_the_rule_fires_on_its_evidence(name: str, culprit: int) -> None:
+    build, _ = CASES[name]
+    ev, culprits = build(culprit)
+    d = diagnose(ev)
+    assert d.rule == name, f"{d.rule}: {d.summary}"
+    assert d.culprit_ranks == culprits, d.summary
+    assert d.summary
+
+
+@pytest.mark.parametrize("name", sorted(DUMP_CASES))
+def test_the_rule_fires_on_its_dumps(name: str, tmp_path: Path) -> None:
+    ev, culprits = DUMP_CASES[name](tmp_path)
+    d = diagnose(ev)
+    assert d.rule == name, f"{d.rule}: {d.summary}"
+    if culprits:
+        assert set(culprits) <= set(d.culprit_ranks), d.summary
+
+
+def test_analyze_reads_the_same_evidence(tmp_path: Path) -> None:
+    """The dump cases' evidence is what `analyze` itself diagnoses."""
+    ev, _ = _all_completed(tmp_path)
+    assert analyze_paths([tmp_path], force=False).rule == diagnose(ev).rule
