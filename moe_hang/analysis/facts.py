@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
+from moe_hang.analysis.activity import Judgement, Motion, judge
 from moe_hang.analysis.align import GroupDivergence, divergences
 from moe_hang.analysis.culprit import Blame, blame
 from moe_hang.analysis.diagnosis import (
@@ -19,8 +20,8 @@ from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews, rank_view
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
-from moe_hang.evidence.model import Evidence, RankError, said_exiting
-from moe_hang.evidence.vocab import RankState
+from moe_hang.evidence.model import Evidence, RankError, RankEvidence, said_exiting
+from moe_hang.evidence.vocab import JobState, RankState
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
 # teardown, SIGABRT gloo's or a C++ abort: read elsewhere)
@@ -53,6 +54,8 @@ class Facts:
     evidence: list[str] = field(default_factory=list)
     # a rank whose own count, stack and peers' records could not be made to agree
     disagreements: list[Disagreement] = field(default_factory=list)
+    # what the counters say of each live rank that sat in a collective (analysis.activity)
+    activity: dict[int, Judgement] = field(default_factory=dict)
 
     def reports(self, div: Divergence | None) -> dict[int, RankReport]:
         """Every rank's report, showing its side of ``div``."""
@@ -98,8 +101,11 @@ def facts(ev: Evidence) -> Facts:
     divs = divergences(views, ev.world_size)
     blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)
+    act = _activity(views)
+    counted = {r for r, j in act.items() if j.motion == Motion.MOVING}
     cyc = [c for c in cycles(es)
-           if all(views[e.waiter].ev.progressed is False for e in c)]
+           if all(views[e.waiter].ev.progressed is False and e.waiter not in counted
+                  for e in c)]
     root: dict[int, RankError] = {}
     conseq: dict[int, RankError] = {}
     mismatch: dict[int, RankError] = {}
@@ -120,7 +126,7 @@ def facts(ev: Evidence) -> Facts:
             and said_exiting(ev.ranks[r].heartbeat)))]
     bad_exit = [r for r in exited if r not in clean]
     alive = [r for r in views if r not in exited]
-    moving = [r for r in alive if views[r].ev.progressed
+    moving = [r for r in alive if views[r].ev.progressed or r in counted
               or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)]
     waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
                and r not in moving]
@@ -136,7 +142,10 @@ def facts(ev: Evidence) -> Facts:
               exited,
               alive, moving, waiting, agent_died, orphans_moving,
               evidence=_evidence_lines(ev) + [d.text for d in disagreements],
-              disagreements=disagreements)
+              disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive})
+    f.evidence.extend(f"rank {r}: in a collective in every sample; {j.numbers}: "
+                      f"{str(j.motion).replace('_', ' ')} ({j.why})"
+                      for r, j in sorted(f.activity.items()))
     if not divs and len(waiting) >= 2:
         f.stack_div = stack_divergence(views, waiting)
     if ev.size_abort is not None:
@@ -155,3 +164,37 @@ def desync_divs(f: Facts) -> list[tuple[GroupDivergence, Blame]]:
         if g.div.kind != MismatchKind.MISSING or g.identity or stuck_in_collectives:
             out.append((g, b))
     return out
+
+
+# ----------------------------------------------------------------------------- counters
+# (docs/DESIGN.md §9: what a rank's process did while it sat in a collective)
+
+
+def _backend(ev: RankEvidence) -> str | None:
+    """The rank's process-group backend where its recorder or heartbeat names it."""
+    if ev.fr is not None and ev.fr.backend:
+        return str(ev.fr.backend)
+    return ev.heartbeat.backend if ev.heartbeat is not None else None
+
+
+def _activity(views: RankViews) -> dict[int, Judgement]:
+    """What the counters say of each rank that sat in a collective while sampled."""
+    out = {}
+    for r, v in views.items():
+        if v.state == RankState.IN_COLLECTIVE and v.ev.alive is not False and \
+                (j := judge(v.ev.activity, _backend(v.ev))) is not None:
+            out[r] = j
+    return out
+
+
+def stuck_shown(f: Facts) -> bool:
+    """Something shows that the waiting ranks do not move, beyond their stacks: torch's
+    watchdog timed out; a watcher saw their heartbeats (the recorder's sequence numbers) hold
+    still for --stall s (not one that sampled them for want of its probe); or every one's
+    counters say stuck."""
+    if f.ev.job == JobState.TIMED_OUT:
+        return True
+    if f.ev.job in (JobState.STALLED, JobState.DESYNC) and not f.ev.sampled:
+        return True
+    return bool(f.waiting) and all(
+        (j := f.activity.get(r)) is not None and j.motion == Motion.STUCK for r in f.waiting)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_hang.analysis.activity import Motion
 from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
@@ -34,7 +35,7 @@ from moe_hang.analysis.explain import (
     site_str,
     waits_text,
 )
-from moe_hang.analysis.facts import Facts, desync_divs, facts
+from moe_hang.analysis.facts import Facts, desync_divs, facts, stuck_shown
 from moe_hang.analysis.failures import (
     agent_died,
     barrier_laggards,
@@ -249,6 +250,8 @@ def _stack_desync(f: Facts) -> Conclusion:
     div, culprits, basis = f.stack_div
     reports = f.reports(div)
     summary = desync_summary(div, reports, culprits, {}) + (
+        " (from stacks alone: the job's launch script dropped watch's probe, whose Flight "
+        "Recorder dumps would name the group and sequence number)" if f.ev.sampled else
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
@@ -293,9 +296,26 @@ def _straggler(f: Facts) -> Conclusion:
 
 
 def _all_moving(f: Facts) -> Conclusion:
+    # the counters first: they saw collectives complete, where a stack saw one collective
+    counted = sorted(r for r in f.alive
+                     if (j := f.activity.get(r)) is not None and j.motion == Motion.MOVING)
+    stacked = sorted(r for r in f.alive if r not in counted)
+    parts = []
+    if stacked:
+        parts.append("their stacks moved between samples" if not counted
+                     else f"{who(stacked)}'s stack moved between samples" if len(stacked) == 1
+                     else f"the stacks of {who(stacked)} moved between samples")
+    if counted:
+        ops = {f.views[r].stack.op or "a collective" for r in counted}
+        op = ops.pop() if len(ops) == 1 else "collectives"
+        one = len(counted) == 1
+        parts.append(f"{who(counted)} {'was' if one else 'were'} in {op} in every sample, a "
+                     f"new one each time: {'its main thread' if one else 'their main threads'}"
+                     f" kept waking and {'its process' if one else 'their processes'} kept "
+                     "moving data through syscalls (counters in the evidence)")
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
-                      f"All {len(f.alive)} ranks are making progress (their stacks moved between "
-                      "samples): no hang right now.")
+                      f"All {len(f.alive)} ranks are making progress: {'; '.join(parts)}. No "
+                      "hang right now.")
 
 
 def _all_in_one(f: Facts) -> Conclusion:
@@ -306,10 +326,49 @@ def _all_in_one(f: Facts) -> Conclusion:
     summary = (f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes, and "
                "it does not complete: the collective order is consistent, so the cause is "
                "outside it.")
+    stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
+                     and a.stopped)
+    if stopped:
+        summary = summary.rstrip(".") + (f": {who(stopped)}'s process is stopped (SIGSTOP, job "
+                                         "control).")
     nccl = any(v.ev.fr is not None and v.ev.fr.backend == "nccl" for v in f.views.values())
     text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
             "outside this job, a hung GPU)." if nccl else "")
     return Conclusion(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                      Advice(text))
+
+
+def _in_one(f: Facts) -> bool:
+    return bool(f.waiting) and len(f.waiting) == len(f.alive)
+
+
+def _progress_unseen(f: Facts) -> Conclusion:
+    """Every rank sat in the same kind of collective in every sample, and nothing shows
+    whether it is one that never completes or a new one each time (docs/DESIGN.md §9)."""
+    reports = f.reports(None)
+    ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
+           for r in f.waiting}
+    op = ops.pop() if len(ops) == 1 else "collectives"
+    whys: dict[str, list[int]] = {}
+    for r in f.waiting:
+        j = f.activity.get(r)
+        whys.setdefault(j.why if j is not None and j.motion != Motion.STUCK
+                        else "no counters" if j is None else "", []).append(r)
+    clauses = [f"{who(rs)}: {w}" for w, rs in whys.items() if w and w != "no counters"]
+    if "no counters" in whys:
+        clauses.append(f"{who(whys['no counters'])}: no counters were read")
+    summary = (f"All {len(f.waiting)} ranks were in {op} in every sample, and what their "
+               "processes did cannot tell one collective that never completes from a new one "
+               "each time (" + "; ".join(clauses) + ").")
+    text = ("Decide with the recorder: keep watch's probe in the ranks (the launch script "
+            "dropped it: let it keep PYTHONPATH, or call torchrun by name), or `moe-hang "
+            "diagnose PID --fr-dir DIR` with the job's own Flight Recorder dumps."
+            if f.ev.sampled else
+            "Decide with the recorder: run the job under `moe-hang watch -- <launch command>` "
+            "(its probe reads the Flight Recorder's sequence numbers), or pass `--fr-dir DIR` "
+            "with the job's own Flight Recorder dumps (TORCH_FR_BUFFER_SIZE, "
+            "TORCH_FR_DUMP_TEMP_FILE).")
+    return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
                       Advice(text))
 
 
@@ -367,10 +426,13 @@ def _in_flight(f: Facts) -> bool:
         f.views[r].state == RankState.IN_COLLECTIVE for r in f.alive))
 
 
+# nothing shows whether the ranks move: time alone (--hang-after) does not make that a hang
+_UNSEEN = "in matching collectives, progress unseen"
+
 # First match wins.
 RULES: tuple[Rule, ...] = (
     Rule("stall held past --hang-after",
-         lambda f: f.ev.held is not None
+         lambda f: f.ev.held is not None and _below_held(f).name != _UNSEEN
          and _below_held(f).then(f).certainty == Certainty.UNCERTAIN, _held),
     Rule("every rank finished",
          lambda f: f.ev.job == JobState.COMPLETED or (bool(f.exited) and not f.alive
@@ -407,8 +469,9 @@ RULES: tuple[Rule, ...] = (
     Rule("launch counts differ in one RAS report", lambda f: bool(counts_differ(f)),
          ras_one_poll_mismatch),
     Rule("one RAS report, nothing wrong in it", ras_nothing_wrong, ras_one_poll_clean),
-    Rule("all wait in matching collectives",
-         lambda f: bool(f.waiting) and len(f.waiting) == len(f.alive), _all_in_one),
+    Rule(_UNSEEN,
+         lambda f: _in_one(f) and not stuck_shown(f), _progress_unseen),
+    Rule("all wait in matching collectives", _in_one, _all_in_one),
     Rule("inconclusive", lambda f: True, _inconclusive),
 )
 

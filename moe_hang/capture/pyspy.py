@@ -19,7 +19,7 @@ from moe_hang.errors import MoeHangError
 from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.probe import write_atomic
-from moe_hang.runtime.procs import starting_child
+from moe_hang.runtime.procs import is_stopped, starting_child
 
 PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
 ENV_PYSPY = "MOE_HANG_PYSPY"  # a specific py-spy binary (else next to python, else PATH)
@@ -115,19 +115,37 @@ def pyspy_many(pids: dict[int, int], *, native: bool = False, with_locals: bool 
     """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``.
 
     Outputs go to temporary files (no pipe can fill up), and every py-spy still running when
-    we leave (deadline, Ctrl-C, an error) is killed: none outlives this call."""
+    we leave (deadline, Ctrl-C, an error) is killed: none outlives this call. A rank whose
+    process is stopped (SIGSTOP: py-spy cannot suspend what is already stopped) is read again
+    without suspending it: stopped, its memory holds still, and the stack is exact."""
     exe = find_pyspy()
     if exe is None:
         return {r: StackResult(p, None, "py-spy is not installed (pip install py-spy)", 0.0)
                 for r, p in pids.items()}
+
+    def argv(pid: int, nonblocking: bool = False) -> list[str]:
+        a = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+        if with_locals:  # the peer of a send/recv is an argument: who waits for whom
+            a.append("--locals")
+        return a + (["--nonblocking"] if nonblocking else [])
+
+    t0 = time.monotonic()
+    out = _run_all({r: argv(p) for r, p in pids.items()}, pids, timeout)
+    stopped = {r: p for r, p in pids.items() if out[r].data is None and is_stopped(p)}
+    if stopped:
+        left = max(1.0, timeout - (time.monotonic() - t0))
+        out.update(_run_all({r: argv(p, nonblocking=True) for r, p in stopped.items()},
+                            stopped, left))
+    return out
+
+
+def _run_all(argvs: dict[int, list[str]], pids: dict[int, int],
+             timeout: float) -> dict[int, StackResult]:
     t0 = time.monotonic()
     running: dict[int, tuple[subprocess.Popen[bytes], Any, Any]] = {}
     out: dict[int, StackResult] = {}
     try:
-        for rank, pid in pids.items():
-            argv = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
-            if with_locals:  # the peer of a send/recv is an argument: who waits for whom
-                argv.append("--locals")
+        for rank, argv in argvs.items():
             fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
             with starting_child():
                 try:
@@ -136,8 +154,8 @@ def pyspy_many(pids: dict[int, int], *, native: bool = False, with_locals: bool 
                 except OSError as exc:
                     fo.close()
                     fe.close()
-                    out[rank] = StackResult(pid, None, f"py-spy could not run: {exc.strerror}",
-                                            0.0)
+                    out[rank] = StackResult(pids[rank], None,
+                                            f"py-spy could not run: {exc.strerror}", 0.0)
                     continue
                 running[rank] = (proc, fo, fe)
         deadline = t0 + timeout

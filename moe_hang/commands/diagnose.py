@@ -10,7 +10,6 @@ gloo). Nothing is sent to the job except the probe's dump request; it keeps runn
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import shutil
 import tempfile
@@ -18,13 +17,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
-from moe_hang.capture import dumps, pyspy
+from moe_hang.capture import dumps, pyspy, window
 from moe_hang.capture.ras_job import capture_ras
+from moe_hang.capture.window import progressed  # noqa: F401 - tests import it here
 from moe_hang.commands import identify
 from moe_hang.commands.session import Phase
 from moe_hang.errors import MoeHangError
@@ -42,40 +41,12 @@ from moe_hang.evidence.model import (
 )
 from moe_hang.evidence.ras import RasPoll
 from moe_hang.evidence.ras_files import attach_ras, other_job
-from moe_hang.evidence.stacks import main_thread, parse_pyspy, view
-from moe_hang.evidence.vocab import JobState, RankState, who
+from moe_hang.evidence.vocab import JobState, who
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
-from moe_hang.runtime.procs import CpuClock, main_thread_cpu
 
-SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
-SAMPLE_INTERVAL_S = 0.25
-BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
-MAIN_BUSY_CORES = 0.1  # of its main thread alone
-
-
-def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
-    """(main-thread frames, on CPU, inside a collective) of one py-spy sample."""
-    try:
-        t = main_thread(parse_pyspy(data))
-    except (ValueError, TypeError, AttributeError):
-        return None, False, False
-    if t is None:
-        return None, False, False
-    frames = tuple((f.file, f.line, f.function) for f in t.frames)
-    return frames, bool(t.active), view(t).state == RankState.IN_COLLECTIVE
-
-
-def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:
-    """A rank moved between two samples: other frames, or on CPU both times (a long
-    computation can sit on one line; a rank blocked in a collective is off CPU), or, outside
-    any collective, its process kept cores busy over the interval (``cpu_cores``): a rank
-    computing with OpenMP threads is often caught off CPU, its main thread in a futex waiting
-    for its workers. Inside a collective CPU proves nothing (a spin-wait burns it too)."""
-    (fa, on_a, coll_a), (fb, on_b, coll_b) = _sample(a), _sample(b)
-    busy = cpu_cores is not None and cpu_cores > BUSY_CORES and not (coll_a or coll_b)
-    return fa != fb or (on_a and on_b) or busy
+SAMPLES = window.SAMPLES
 
 
 def _completed(job: FoundJob) -> dict[int, dict[str, int]]:
@@ -90,11 +61,6 @@ def _completed(job: FoundJob) -> dict[int, dict[str, int]]:
             if hb is not None and hb.pg_status is not None:
                 out[r.rank] = {pg: s.completed for pg, s in hb.pg_status.items()}
     return out
-
-
-def _cores(before: float | None, after: float | None, span_s: float) -> float | None:
-    """Cores a process kept busy between two CPU-time readings (None: one is missing)."""
-    return None if before is None or after is None else (after - before) / span_s
 
 
 def _copy_probe_files(job: FoundJob, out: RunLayout) -> None:
@@ -140,30 +106,11 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
 
     asker = threading.Thread(target=ask_probes, daemon=True)
     asker.start()
-    clock = CpuClock()
     done0 = _completed(job)
-    cpu0, t_cpu0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
-    main0 = {r: main_thread_cpu(p) for r, p in pids.items()}
-    samples = []
-    for i in range(SAMPLES):
-        if i:
-            time.sleep(SAMPLE_INTERVAL_S)
-        # the last one with the peers of send/recv calls (py-spy --locals, filtered)
-        samples.append(pyspy.pyspy_many(pids, native=native, with_locals=i == SAMPLES - 1))
-    cpu1, t_cpu1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
-    main1 = {r: main_thread_cpu(p) for r, p in pids.items()}
+    win = window.sample_window(pids, native=native)
     done1 = _completed(job)
-    span = max(t_cpu1 - t_cpu0, 1e-3)
-    cores = {r: _cores(cpu0[r], cpu1[r], span) for r in pids}
-    # the main thread posts collectives and blocks in them (gloo: in a syscall, no CPU); one
-    # that kept computing over the window completed collectives in between, however often
-    # the samples found it inside one
-    main_busy = {r: (c := _cores(main0[r], main1[r], span)) is not None and c > MAIN_BUSY_CORES
-                 for r in pids}
     asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
-    final = {r: next((s[r] for s in reversed(samples) if s[r].data is not None), samples[-1][r])
-             for r in pids}
-    pyspy.save_stacks(final, out)
+    pyspy.save_stacks({r: w.final for r, w in win.items()}, out)
     # a collective that completed on one rank while we looked completed on every member: the
     # job is progressing, however each stack looked (a fast job is caught in collectives)
     advanced = any(done1.get(r, {}).get(pg, -1) > c for r, st in done0.items()
@@ -178,14 +125,11 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
                          orphans=[(o.rank, o.pid) for o in job.orphans],
                          probe_errors={k: v for k, v in dump_errors.items() if v})
     for r in job.ranks:
-        seen = [s[r.rank].data for s in samples if s[r.rank].data is not None]
-        moved = None
-        if len(seen) >= 2:
-            moved = advanced or main_busy[r.rank] or any(
-                progressed(a, b, cores[r.rank]) for a, b in itertools.pairwise(seen))
+        w = win[r.rank]
+        moved = None if w.moved is None else (advanced or w.moved)
         table.ranks[r.rank] = ProcessRecord(pid=r.pid, host=r.host, alive=True,
                                             progressed=moved, local_rank=r.local_rank,
-                                            env=r.env)
+                                            env=r.env, activity=w.activity)
     for missing in job.missing_ranks():
         table.ranks[missing] = ProcessRecord(alive=False, note="no process found for this rank")
     rundir.write_json(out.processes, table.to_dict())

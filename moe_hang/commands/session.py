@@ -61,21 +61,23 @@ def interruptible() -> Iterator[None]:
 
 
 def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
-                   native: bool = False) -> None:
+                   native: bool = False, ask_probes: bool = True) -> None:
     """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time: of every
-    rank of a stalled or desynced job, or of the survivors of one that failed."""
+    rank of a stalled or desynced job, or of the survivors of one that failed (``ask_probes``
+    False: there are none, the ranks are watched by sampling)."""
     live = {r: pid for r, pid in out.rank_pids.items() if is_alive(pid)}
     stalled = out.kind in FROZEN
     what = "stalled → capturing stacks" if stalled else "capturing the surviving ranks"
     say(f"{what} ({len(live)} ranks)")
     errors: dict[int, str | None] = {}
 
-    def ask_probes() -> None:
-        errors.update(dumps.request_dumps(layout.ranks_dir, sorted(live)))
+    def ask() -> None:
+        if ask_probes:
+            errors.update(dumps.request_dumps(layout.ranks_dir, sorted(live)))
 
     # a stalled job cannot move by construction; orphans of a dead agent may still be stepping
     sample = None if stalled else ProgressSample(layout.ranks_dir, live)
-    t = threading.Thread(target=ask_probes, daemon=True)
+    t = threading.Thread(target=ask, daemon=True)
     t.start()
     stacks = pyspy.pyspy_many(live, native=native, with_locals=True)
     t.join(dumps.DUMP_TIMEOUT_S + 2.0)
@@ -112,7 +114,8 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
     failures = parse_torchrun_failures(log_text)
     table = ProcessTable(world_size=world, job=outcome.kind.job, job_exit_code=outcome.returncode,
                          agent_exit_code=outcome.returncode
-                         if outcome.returncode is not None and outcome.returncode < 0 else None)
+                         if outcome.returncode is not None and outcome.returncode < 0 else None,
+                         sampled=outcome.sampled)
     for r in ranks:
         hb = outcome.heartbeats.get(r)
         code = 0 if outcome.kind == EventKind.COMPLETED else failures.get(r, (None, None))[0]
@@ -123,6 +126,8 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
             rec.progressed = False
         elif r in outcome.progressed:
             rec.progressed = outcome.progressed[r]
+        # watched by sampling: the counters of the last window (analysis/activity.py)
+        rec.activity = outcome.activity.get(r) if alive.get(r) else None
         table.ranks[r] = rec
     rundir.write_json(layout.processes, table.to_dict())
     ev = load_capture(layout.root, world=world, job=outcome.kind.job, log_text=log_text)

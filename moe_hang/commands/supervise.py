@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from moe_hang.analysis.diagnosis import Certainty, Diagnosis, pg_label
+from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict, pg_label
 from moe_hang.analysis.runs import Timings, WatchRun
 from moe_hang.commands.session import Phase, capture_frozen, diagnose_capture
 from moe_hang.evidence.model import Unreached
@@ -36,7 +36,6 @@ from moe_hang.runtime.monitor import (
     EventKind,
     Monitor,
     WatchEvent,
-    world_of,
 )
 from moe_hang.runtime.procs import is_alive
 
@@ -151,7 +150,7 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             if elsewhere:
                 where = "; ".join(f"{who(rs)} on node {h}" for h, rs in elsewhere.items())
                 if not held:
-                    notice(f"{who(sorted(event.heartbeats))} wait while {where} still move: "
+                    notice(f"{who(event.ranks())} wait while {where} still move: "
                            "a straggler there, not a hang (still watching)")
                 mon.hold()
                 recheck_at = time.monotonic() + peers.recheck_s()
@@ -173,6 +172,14 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             mon.hold()
             peers.next_round()
             continue
+        if rk == EventKind.FINAL and diag.verdict == Verdict.INCONCLUSIVE:
+            # --hang-after passed, but nothing here could see whether the ranks move (watched
+            # by sampling, on NCCL): time alone does not make that a hang
+            notice(f"{diag.summary} (not ended: nothing here can tell; still watching)")
+            mon.s.hang_after_s = 0.0
+            mon.hold()
+            peers.next_round()
+            continue
         if opts.keep_running and rk in FROZEN:
             notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
                    "(--keep-running)")
@@ -189,7 +196,7 @@ def capture_and_diagnose(event: WatchEvent, kind: EventKind, layout: RunLayout,
     """Capture this node's ranks while they are frozen, and diagnose them. A rank of this node
     is never blamed for waiting on another node's: those are unreached here."""
     alive = {r: is_alive(pid) for r, pid in event.rank_pids.items()}
-    capture_frozen(event, layout, say, native=opts.native)
+    capture_frozen(event, layout, say, native=opts.native, ask_probes=not event.sampled)
     say("analysing")
     return diagnose_watched(layout, event, alive, cmd, kind)
 
@@ -198,8 +205,8 @@ def diagnose_watched(layout: RunLayout, event: WatchEvent, alive: dict[int, bool
                      cmd: list[str], kind: EventKind | None = None) -> Diagnosis:
     """The diagnosis of what watch captured (``kind`` FINAL: a held stall, now a hang)."""
     timings = Timings()
-    world = world_of(event.heartbeats)
-    diag = diagnose_capture(layout, event, alive, world=world, ranks=sorted(event.heartbeats),
+    world = event.world_size()
+    diag = diagnose_capture(layout, event, alive, world=world, ranks=event.ranks(),
                             run=WatchRun(command=cmd, job_exit_code=event.returncode,
                                          detected=event.kind, timings=timings),
                             held=event.reason if kind == EventKind.FINAL else None,
@@ -214,12 +221,12 @@ def diagnose_watched(layout: RunLayout, event: WatchEvent, alive: dict[int, bool
 def other_nodes(event: WatchEvent) -> Unreached | None:
     """The ranks of a job that spans nodes that this node does not run (its ranks say
     WORLD_SIZE is more than they are); None on one node."""
-    world = world_of(event.heartbeats)
-    if not world or world <= len(event.heartbeats):
+    world, ranks = event.world_size(), event.ranks()
+    if not world or world <= len(ranks):
         return None
-    lw = next((hb.local_world for hb in event.heartbeats.values() if hb.local_world), None)
-    return Unreached(sorted(set(range(world)) - set(event.heartbeats)),
-                     local_world=lw or len(event.heartbeats))
+    lw = next((hb.local_world for hb in event.heartbeats.values() if hb.local_world),
+              event.local_world)
+    return Unreached(sorted(set(range(world)) - set(ranks)), local_world=lw or len(ranks))
 
 
 def _here(f: Frame) -> str:

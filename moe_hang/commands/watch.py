@@ -27,7 +27,7 @@ from moe_hang.analysis.diagnosis import (
     Diagnosis,
     exit_code_for,
 )
-from moe_hang.commands import multinode
+from moe_hang.commands import multinode, sampling
 from moe_hang.commands.session import (
     Interrupted,
     Phase,
@@ -44,7 +44,7 @@ from moe_hang.commands.supervise import (
 from moe_hang.errors import EXIT_OK, MoeHangError
 from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
-from moe_hang.runtime import launcher, rundir
+from moe_hang.runtime import launcher, rundir, shim
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent, WatchSettings, world_of
 from moe_hang.runtime.procs import is_alive, starting_child
@@ -65,6 +65,9 @@ def probe_env(layout: RunLayout, base: dict[str, str] | None = None) -> dict[str
     pp = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(PROBE_SITE) + (os.pathsep + pp if pp else "")
     env[probe.ENV_DIR] = str(layout.ranks_dir)
+    # a launch script that replaces PYTHONPATH would drop the probe: a torchrun first on PATH
+    # puts it back (runtime/shim.py says what still drops it; then watch samples the ranks)
+    env = shim.env_for(shim.install(layout.bin_dir), PROBE_SITE, env)
     # torchrun's --log-dir by environment: its logs stay in the run directory instead of an
     # empty /tmp/torchelastic_* tree left behind by every launch (a job's own flag still wins)
     env.setdefault("PET_LOG_DIR", str(layout.torchrun_dir))
@@ -189,10 +192,13 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
-                                         hang_after_s=opts.hang_after_s)
+                                         hang_after_s=opts.hang_after_s, watch_unprobed=True)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
-                    on_notice=lambda text: echo(f"[moe-hang] {text}"))
+                    on_notice=lambda text: echo(f"[moe-hang] {text}"),
+                    # one node: its ranks sampled when the probe is not in them; the nodes of
+                    # a multi-node job speak through their probes' heartbeats
+                    sampler=sampling.sampler(native=opts.native) if node is None else None)
                 peers = AloneOnNode() if node is None else multinode.NodePeers(node)
                 outcome, diag = supervise(
                     mon, peers, functools.partial(capture_and_diagnose, layout=layout, cmd=cmd,
@@ -227,7 +233,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                         and outcome.kind != EventKind.COMPLETED)
     if interrupted is not None:
         raise Interrupted(interrupted)
-    if not outcome.heartbeats:
+    if not outcome.heartbeats and not outcome.rank_pids:
         # not a distributed job (or it died before any rank started): pass its code through
         return WatchResult(None, _own_code(outcome.returncode), layout, outcome)
     if diag is None:

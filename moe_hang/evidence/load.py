@@ -161,6 +161,7 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             if info.exit_code is not None:
                 ev.exit_code = info.exit_code
             ev.progressed = info.progressed
+            ev.activity = info.activity
         if r in failures and ev.exit_code is None:
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:
@@ -179,7 +180,7 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
                    job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
                    root_cause_rank=torchrun_root_cause(log_text),
                    log_lines=notable_log_lines(log_text), artifacts=str(root),
-                   size_abort=gloo_size_abort(log_text))
+                   size_abort=gloo_size_abort(log_text), sampled=table.sampled)
     attach_run_ras(out, layout.root)  # NCCL RAS polls taken at capture, if any
     return out
 

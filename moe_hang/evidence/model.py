@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
 from moe_hang.evidence.ras import RasEvidence
 from moe_hang.evidence.stacks import (
@@ -236,12 +237,15 @@ class ProcessRecord:
     local_rank: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # allowlisted only
     note: str | None = None
+    activity: Activity | None = None  # its counters over the sampling window (evidence.activity)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"pid": self.pid, "host": self.host, "alive": self.alive,
                              "exit_code": self.exit_code}
         if self.progressed is not None:
             d["progressed"] = self.progressed
+        if self.activity is not None:
+            d["activity"] = self.activity.to_dict()
         if self.local_rank is not None:
             d["local_rank"] = self.local_rank
         if self.env:
@@ -264,7 +268,8 @@ class ProcessRecord:
                    local_rank=_int(data.get("local_rank")),
                    env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict)
                    else {},
-                   note=str(data["note"]) if data.get("note") else None)
+                   note=str(data["note"]) if data.get("note") else None,
+                   activity=Activity.parse(data.get("activity")))
 
 
 @dataclass
@@ -282,6 +287,8 @@ class ProcessTable:
     notes: list[str] = field(default_factory=list)
     orphans: list[tuple[int, int]] = field(default_factory=list)  # (rank, pid) of non-ranks
     probe_errors: dict[int, str] = field(default_factory=dict)
+    # watch found the ranks running without its probe and watched them by sampling
+    sampled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"world_size": self.world_size, "job": self.job,
@@ -296,6 +303,8 @@ class ProcessTable:
             d["orphans"] = [{"rank": r, "pid": p} for r, p in self.orphans]
         if self.probe_errors:
             d["probe_errors"] = {str(r): e for r, e in sorted(self.probe_errors.items())}
+        if self.sampled:
+            d["sampled"] = True
         return d
 
     @classmethod
@@ -322,7 +331,8 @@ class ProcessTable:
                    target_pid=_int(data.get("target_pid")),
                    notes=[str(n) for n in data.get("notes") or []], orphans=orphans,
                    probe_errors={int(k): str(v) for k, v in errs.items()
-                                 if _int(k) is not None} if isinstance(errs, dict) else {})
+                                 if _int(k) is not None} if isinstance(errs, dict) else {},
+                   sampled=data.get("sampled") is True)
 
 
 @dataclass
@@ -338,6 +348,7 @@ class RankEvidence:
     stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
     stack_error: str | None = None
     progressed: bool | None = None  # did it move between two samples?
+    activity: Activity | None = None  # its process's counters over the sampling window
     records: list[PostedRecord] = field(default_factory=list)  # the worker's posting log
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
@@ -383,3 +394,5 @@ class Evidence:
     held: str | None = None
     # NCCL's RAS reports of the job (--ras FILE, or polled live): None when there are none
     ras: RasEvidence | None = None
+    # watched by sampling: the probe was not in the ranks (their launch script dropped it)
+    sampled: bool = False

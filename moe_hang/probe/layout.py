@@ -171,6 +171,11 @@ class RunLayout:
         return self.root / "stacks"
 
     @property
+    def bin_dir(self) -> Path:
+        """watch's torchrun shim (runtime/shim.py), first on the job's PATH."""
+        return self.root / "bin"
+
+    @property
     def ras_dir(self) -> Path:
         """NCCL RAS reports taken at capture (``poll1.json``, ``poll2.json``: what RAS sent)."""
         return self.root / "ras"

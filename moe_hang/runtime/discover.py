@@ -275,3 +275,17 @@ def launcher_of(job: FoundJob) -> tuple[list[str], dict[str, str]]:
     keep = {k: v for k, v in raw.items()
             if k.startswith("PET_") or k in ("SLURM_JOB_ID", "SLURM_STEP_ID")}
     return cmd, keep
+
+
+# ----------------------------------------------------------------------------- watch
+# (added for watch by sampling, runtime/monitor.py: the ranks of a watched command whose
+# probe is not running, found exactly as diagnose finds them)
+
+
+def ranks_under(pid: int) -> list[RankProc]:
+    """The rank processes under ``pid`` (the watched command's tree), topmost per rank."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return []
+    return _ranks_under(root, socket.gethostname())

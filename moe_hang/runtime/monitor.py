@@ -19,11 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from moe_hang.evidence.activity import Activity
+from moe_hang.evidence.heartbeats import read_heartbeats
 from moe_hang.evidence.model import Heartbeat
 from moe_hang.evidence.stacks import collective_of
 from moe_hang.evidence.vocab import JobState, StrEnum, who
 from moe_hang.probe.layout import RankFiles
+from moe_hang.runtime import discover
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.procs import is_alive, main_thread_cpu
 
@@ -53,6 +57,12 @@ class WatchSettings:
     # a stall the command lives with (uncertain: a rank outside collectives may only be
     # slow) is reported again, as final, after this long; 0: never
     hang_after_s: float = 0.0
+    # ranks of the job that run this long with no heartbeat: the probe is not in them (the
+    # job's script replaced PYTHONPATH, ...): watch them by sampling (a probe beats within a
+    # second of its interpreter's start)
+    probe_grace_s: float = 5.0
+    # look for ranks that run without the probe (watch); repro's worker always has it
+    watch_unprobed: bool = False
 
 
 class EventKind(StrEnum):
@@ -102,20 +112,35 @@ class WatchEvent:
     # ranks left running after the agent died: did each move while we captured it?
     progressed: dict[int, bool] = field(default_factory=dict)
     stalled_for: float = 0.0  # resumed: how long nothing moved
+    # watched by sampling (no probe in the ranks): what the ranks were started with, and each
+    # rank's counters over the last sampling window
+    sampled: bool = False
+    world: int | None = None
+    local_world: int | None = None
+    activity: dict[int, Activity] = field(default_factory=dict)
+
+    def ranks(self) -> list[int]:
+        """Every rank seen: by its heartbeat, or by sampling."""
+        return sorted(set(self.heartbeats) | set(self.rank_pids))
+
+    def world_size(self) -> int | None:
+        return world_of(self.heartbeats) or self.world
 
 
-def read_heartbeats(probe_dir: Path) -> dict[int, Heartbeat]:
-    out: dict[int, Heartbeat] = {}
-    if not probe_dir.is_dir():
-        return out
-    for p in sorted(probe_dir.glob(f"rank*.{RankFiles.HEARTBEAT}")):
-        try:
-            hb = Heartbeat.parse(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue  # mid-rename or a rank that died writing: next poll
-        if hb is not None:
-            out[hb.rank] = hb
-    return out
+@dataclass(frozen=True)
+class RoundRank:
+    """What one sampling round saw of a rank (watch by sampling): read from its window as
+    ``diagnose`` reads it (commands/sampling.py)."""
+
+    moved: bool | None  # by its stacks, CPU and counters; None: nothing readable
+    fingerprint: Any = None  # its main thread's frames in the last sample
+    in_collective: bool = False
+    activity: Activity | None = None
+    error: str | None = None  # why its stack could not be read
+
+
+# pids by rank -> what a window over them saw (bounded: py-spy's own timeout)
+Sampler = Callable[[dict[int, int]], dict[int, RoundRank]]
 
 
 def onset_ns(heartbeats: dict[int, Heartbeat]) -> int | None:
@@ -166,8 +191,15 @@ class Monitor:
 
     def __init__(self, job: LaunchedJob, settings: WatchSettings, on_phase: Phase | None = None,
                  quick_check: Callable[[dict[int, Heartbeat]], bool] | None = None,
-                 on_notice: Phase | None = None):
+                 on_notice: Phase | None = None, sampler: Sampler | None = None):
         self.job, self.s = job, settings
+        self.sampler = sampler  # None: ranks without the probe are only said, not sampled
+        self.sampling = False
+        self.last_scan = -1e9
+        self.next_round = 0.0
+        self.rounds = 0
+        self.in_coll: set[int] = set()
+        self.sample_note = False
         self.say = on_phase or (lambda _s: None)
         self.notice = on_notice or self.say
         self.quick_check = quick_check
@@ -231,6 +263,13 @@ class Monitor:
             out.reason = f"torchrun exited with code {rc}"
             self._note_dead()
             return EventKind.COMPLETED if rc == 0 else EventKind.FAILED
+        if self.s.watch_unprobed:
+            if hbs and self.sampling:
+                self._leave_sampling(now)
+            elif not hbs:
+                kind = self._sampled(now)
+                if self.sampling:
+                    return kind
         world = self.s.world or _local_world_from(hbs)
         if world and len(hbs) >= world and out.t_up is None:
             out.t_up = time.time()
@@ -284,6 +323,133 @@ class Monitor:
             return EventKind.STALLED
         self._describe(hbs, world)
         return None
+
+    # ------------------------------------------------------------------ by sampling
+    # No heartbeat from ranks that run: the probe is not in them. Sample them instead, every
+    # round_s: a window of py-spy samples and counters (as diagnose takes), and the same
+    # stall rule as heartbeats: nothing moved for stall_s while a rank sits in a collective.
+
+    def round_s(self) -> float:
+        return max(1.0, self.s.stall_s / 2)
+
+    def _sampled(self, now: float) -> EventKind | None:
+        out = self.out
+        if now - self.last_scan >= self.s.refresh_s:
+            self.last_scan = now
+            found = discover.ranks_under(self.job.pid)
+            if not self.sampling:
+                if not found or time.time() - min(r.create_time for r in found) \
+                        < self.s.probe_grace_s:
+                    return None
+                self._enter_sampling(found, now)
+            for rp in found:
+                if out.rank_pids.get(rp.rank) != rp.pid:  # new, or restarted by torchrun
+                    out.rank_pids[rp.rank] = rp.pid
+                    out.dead_ranks.pop(rp.rank, None)
+                    self.job.tracker.add(rp.pid)
+                    self.ranks[rp.rank] = _Rank(moved_at=now)
+        if not self.sampling:
+            return None
+        for r, pid in out.rank_pids.items():
+            if r not in out.dead_ranks and not is_alive(pid):
+                # no heartbeat says how it left: torchrun's exit code will (a rank that failed
+                # makes it end the job)
+                out.dead_ranks[r] = time.time()
+        if now < self.next_round or self.sampler is None:
+            return None
+        live = {r: pid for r, pid in out.rank_pids.items() if r not in out.dead_ranks}
+        if not live:
+            return None
+        seen = self.sampler(live)
+        now = time.monotonic()
+        self.next_round = now + self.round_s()
+        return self._round(seen, now)
+
+    def _enter_sampling(self, found: list[discover.RankProc], now: float) -> None:
+        out = self.out
+        self.sampling, out.sampled, out.t_up = True, True, time.time()
+        out.world = next((r.world_size for r in found if r.world_size), None)
+        out.local_world = next((int(r.env["LOCAL_WORLD_SIZE"]) for r in found
+                                if r.env.get("LOCAL_WORLD_SIZE", "").isdigit()), None)
+        cleared = all(not r.probe_dir for r in found)
+        why = ("the job's script cleared the environment?" if cleared else
+               "the job's script replaced PYTHONPATH, or runs python -I, -E or -S?")
+        self.notice(f"the probe is not running in the ranks ({why}): watching by sampling "
+                    f"instead (stacks and counters every {self.round_s():g} s)"
+                    if self.sampler is not None else
+                    f"the probe is not running in the ranks ({why}): a job over several nodes "
+                    "is not watched by sampling, only its end is (keep watch's PYTHONPATH)")
+        self.ranks = {}
+        self.next_round = now
+
+    def _leave_sampling(self, now: float) -> None:
+        self.sampling = self.out.sampled = False
+        self.out.t_up = None  # set again once every rank's heartbeat is in
+        self.ranks = {}
+        self.notice("the probe started in the ranks after all: watching by heartbeats")
+
+    def _round(self, seen: dict[int, RoundRank], now: float) -> EventKind | None:
+        out = self.out
+        self.rounds += 1
+        moved_any = False
+        for r, rr in seen.items():
+            st = self.ranks.setdefault(r, _Rank(moved_at=now))
+            fp = json.dumps(rr.fingerprint, default=str)
+            moved = bool(rr.moved) or (st.fp != "" and rr.fingerprint is not None
+                                       and fp != st.fp)
+            if rr.fingerprint is not None:
+                st.fp = fp
+            if rr.activity is not None:
+                out.activity[r] = rr.activity
+            if moved:
+                st.moved_at = now
+                moved_any = True
+        self.in_coll = {r for r, rr in seen.items() if rr.in_collective}
+        if not self.sample_note and seen and all(rr.moved is None for rr in seen.values()):
+            err = next((rr.error for rr in seen.values() if rr.error), "nothing readable")
+            self.notice(f"cannot sample the ranks either ({err}): only the job's end is "
+                        "watched")
+            self.sample_note = True
+        if self.held_since is not None:
+            if moved_any:
+                out.stalled_for = now - self.held_since
+                self.held_since = None
+                return EventKind.RESUMED
+            if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
+                out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
+                              "(--hang-after)")
+                return EventKind.STALLED
+            return None
+        idle_for = now - self._idle_since()
+        waiting = sorted(r for r in self.in_coll if now - self.ranks[r].moved_at >= self.s.stall_s)
+        busy = sorted(r for r in seen if r not in waiting and now - self.ranks[r].moved_at
+                      < self.s.stall_s)
+        self._straggling(waiting, busy, idle_for)
+        idle_limit = self.s.idle_stall_s or max(30.0, 3 * self.s.stall_s)
+        if self.rounds >= 2 and ((self.in_coll and idle_for >= self.s.stall_s)
+                                 or idle_for >= idle_limit):
+            out.reason = (f"no progress on any rank for {idle_for:.1f} s (by sampling: stacks "
+                          "and counters)" + ("" if self.in_coll else
+                                             " (and no rank in a collective)"))
+            return EventKind.STALLED
+        text = f"sampling {len(seen)} ranks (no probe)"
+        if text != self.shown:
+            self.say(text)
+            self.shown = text
+        return None
+
+    def _straggling(self, waiting: list[int], busy: list[int], idle_for: float) -> None:
+        if self.s.straggler_notice and waiting and busy and idle_for < self.s.stall_s:
+            if not self.straggling:
+                def who(rs: list[int]) -> str:
+                    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+                self.notice(f"{who(busy)} still moving while {who(waiting)} "
+                            f"wait{'s' if len(waiting) == 1 else ''} in a collective: a "
+                            "straggler, not a hang (still watching)")
+                self.straggling = True
+        else:
+            self.straggling = False
 
     def _movement(self, hbs: dict[int, Heartbeat], now: float) -> bool:
         """Update when each rank last moved; True if any did in this poll."""

@@ -81,6 +81,90 @@ def main_thread_cpu(pid: int) -> float | None:
         return None
 
 
+# ----------------------------------------------------------------------------- counters
+# What a process did, readable without ptrace (docs/DESIGN.md §9): a rank blocked in a
+# collective that never completes does nothing; one that keeps completing them wakes its main
+# thread and drives its transport's syscalls every time.
+
+# torch's process-group threads name their backend (c10::setThreadName)
+_BACKEND_THREADS = (("pt_gloo", "gloo"), ("gloo_tcp", "gloo"), ("pt_nccl", "nccl"),
+                    ("pt_xccl", "xccl"))
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Cumulative counters of one process at one instant (``/proc``). None: not readable
+    (``/proc/PID/io`` needs the same rights as ptrace's read mode; a non-dumpable process
+    hides it)."""
+
+    at: float  # time.monotonic() of the reading
+    wakeups: int | None  # voluntary context switches of the main thread (/proc/PID/status)
+    preempted: int | None  # its involuntary ones
+    syscalls: int | None  # read + write syscalls of the whole process (syscr + syscw)
+    io_bytes: int | None  # bytes through them (rchar + wchar): files, pipes, sockets
+    # tid -> (syscalls, bytes) of each thread, to leave the tool's own threads out
+    threads_io: dict[int, tuple[int, int]] = field(default_factory=dict)
+    stopped: bool = False  # state T: SIGSTOP, job control (a tracing stop is "t")
+    backends: tuple[str, ...] = ()  # from its threads' names: gloo, nccl, xccl
+
+
+def _kv(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _io(path: str) -> tuple[int, int] | None:
+    try:
+        d = _kv(Path(path).read_text())
+        return int(d["syscr"]) + int(d["syscw"]), int(d["rchar"]) + int(d["wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def is_stopped(pid: int) -> bool:
+    """``pid`` is stopped (state T: SIGSTOP, job control), not merely sleeping."""
+    try:
+        return _kv(Path(f"/proc/{pid}/status").read_text()).get("State", "").startswith("T")
+    except OSError:
+        return False
+
+
+def read_counters(pid: int) -> Counters | None:
+    """The counters of ``pid`` now; None when it is gone."""
+    at = time.monotonic()
+    try:
+        status = _kv(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return None
+    try:
+        wakeups: int | None = int(status["voluntary_ctxt_switches"])
+        preempted: int | None = int(status["nonvoluntary_ctxt_switches"])
+    except (KeyError, ValueError):
+        wakeups = preempted = None
+    whole = _io(f"/proc/{pid}/io")
+    threads: dict[int, tuple[int, int]] = {}
+    backends: set[str] = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    for t in tids:
+        if not t.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+            backends.update(b for prefix, b in _BACKEND_THREADS if name.startswith(prefix))
+        if whole is not None and (io := _io(f"/proc/{pid}/task/{t}/io")) is not None:
+            threads[int(t)] = io
+    return Counters(at=at, wakeups=wakeups, preempted=preempted,
+                    syscalls=whole[0] if whole else None, io_bytes=whole[1] if whole else None,
+                    threads_io=threads, stopped=status.get("State", "").startswith("T"),
+                    backends=tuple(sorted(backends)))
+
+
 def create_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()

@@ -217,6 +217,17 @@ def _all_in_one(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1))), []
 
 
+def _progress_unseen(_: int) -> tuple[Evidence, list[int]]:
+    """diagnose on NCCL ranks in one all-reduce in every sample: their counters (zero) cannot
+    tell a collective that never completes from a new one each time."""
+    from moe_hang.evidence.activity import Activity
+
+    quiet = Activity(window_s=1.0, wakeups=8, syscalls=0, io_bytes=0, attaches=4,
+                     backends=("nccl",))
+    return _ev(*(_stuck(r, _in("all_reduce", 30), activity=quiet) for r in (0, 1)),
+               job=JobState.RUNNING), []
+
+
 # ------------------------------------------------- NCCL: RAS reports and recorder timing
 
 
@@ -344,6 +355,7 @@ CASES: dict[str, tuple[Case, bool]] = {
     "transport or hardware hang": (_transport, True),
     "launch counts differ in one RAS report": (_ras_one_poll, True),
     "one RAS report, nothing wrong in it": (_ras_clean, False),
+    "in matching collectives, progress unseen": (_progress_unseen, False),
     "all wait in matching collectives": (_all_in_one, False),
     "inconclusive": (_inconclusive, False),
 }
