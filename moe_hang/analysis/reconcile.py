@@ -56,7 +56,8 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
         op, site = v.stack.op, v.stack.callsite
         if v.state != RankState.EXITED or not op or op == "unknown" or site is None:
             continue
-        if v.current is not None and v.current.op == op and _same_line(
+        if v.current is not None and v.current.completed is False and v.current.op == op \
+                and _same_line(
                 callsite(v.current.frames) if v.current.frames else site, site):
             continue  # its own records already say where it was
         if v.ev.heartbeat is None or v.ev.heartbeat.pg_status is None:
