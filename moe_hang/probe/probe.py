@@ -60,7 +60,10 @@ ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
 FR_BUFFER = "2000"
-SAVE_EVERY_S = 5.0  # how often the recorder is saved while it moves (_save_recorder)
+# how often the recorder is saved while it moves (_save_recorder): at least this far apart,
+# and at least SAVE_COST_RATIO times what the last save cost (so it stays under 1 % of a core)
+SAVE_EVERY_S = 1.0
+SAVE_COST_RATIO = 100.0
 # Only these variables of a rank's environment ever reach a file: torchrun's, and the other
 # launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
 ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
@@ -133,6 +136,7 @@ class Probe:
         self._stopping = False
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
+        self._save_cost = 0.0  # seconds the last save took
 
     # -------------------------------------------------------------- files
 
@@ -216,11 +220,12 @@ class Probe:
     def _save_recorder(self, status: dict[str, Any] | None) -> None:
         """Every few seconds, while collectives complete, the recorder as it is now: gloo
         aborts a rank from a C++ thread (SIGABRT) before anything can dump it, and then this
-        is its history (the last seconds come from its heartbeat's counts and the stack it
+        is its history (the last moments come from its heartbeat's counts and the stack it
         died with). Without stack traces: a dump of 2000 entries costs tens of milliseconds,
-        stacks cost more (see README "Overhead")."""
+        so saves are spaced by what they cost (SAVE_COST_RATIO)."""
         now = time.monotonic()
-        if status is None or status == self._saved_status or now - self._saved_at < SAVE_EVERY_S:
+        every = max(SAVE_EVERY_S, SAVE_COST_RATIO * self._save_cost)
+        if status is None or status == self._saved_status or now - self._saved_at < every:
             return
         with self._calling_torch() as torch:
             if torch is None:
@@ -231,6 +236,7 @@ class Probe:
                 return
         write_atomic(self.files.fr_saved, raw)
         self._saved_status, self._saved_at = status, now
+        self._save_cost = time.monotonic() - now
 
     def _heartbeat(self) -> None:
         status = self._fr_status()

@@ -481,7 +481,7 @@ CASES: tuple[Case, ...] = (
          fix_require=("evaluate",),
          fix_forbid=EXPERT_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE
          + TRANSPORT_ADVICE,
-         basis=frozenset({"program_order", "history", "majority"}), timeout_s=150,
+         basis=frozenset({"program_order", "history", "majority", "source"}), timeout_s=150,
          note="rank C alone runs evaluate(model) between steps 1 and 2: its FSDP pre-forward "
               "all-gathers (every block, in order) pair silently with the other rank's step-2 "
               "training all-gathers (same blocks, same sizes); the ranks meet mismatched "
