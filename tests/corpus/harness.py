@@ -352,24 +352,25 @@ def _run_watch_nodes(case: Case, job: Path, env: dict[str, str], work: Path, out
         res.nodes.append(node)
     res.argv = res.nodes[0].argv
     deadline = time.monotonic() + case.timeout_s
-    for i, (node, proc) in enumerate(zip(res.nodes, procs, strict=True)):
+    for node, proc in zip(res.nodes, procs, strict=True):
         try:
             node.exit_code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             node.timed_out = res.timed_out = True
-            node.error = f"node {i}: timed out after {case.timeout_s:.0f} s"
+            node.error = f"timed out after {case.timeout_s:.0f} s"
     if res.timed_out:
-        res.error = "; ".join(n.error for n in res.nodes if n.error)
         kill_run(run_id, pgids)
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-        return
-    res.tool_leaked = describe(wait_gone(run_id, 5.0))
-    for i, node in enumerate(res.nodes):
+    else:
+        res.tool_leaked = describe(wait_gone(run_id, 5.0))
+    for node in res.nodes:
+        # a watcher that timed out may have written what it concluded so far: kept to be
+        # read, the run is a miss all the same
         node.diagnosis, err_text = _read_json(Path(node.stdout_path), Path(node.out_dir))
-        if node.diagnosis is None:
-            node.error = f"node {i}: exit {node.exit_code}: {err_text}; stderr: " + \
+        if node.diagnosis is None and node.error is None:
+            node.error = f"exit {node.exit_code}: {err_text}; stderr: " + \
                 Path(node.stderr_path).read_text(errors="replace")[-400:]
         log = Path(node.out_dir) / "job.log"
         node.job_log = str(log) if log.exists() else ""
@@ -377,7 +378,7 @@ def _run_watch_nodes(case: Case, job: Path, env: dict[str, str], work: Path, out
     res.exit_code, res.diagnosis = first.exit_code, first.diagnosis
     res.stdout_path, res.stderr_path = first.stdout_path, first.stderr_path
     res.out_dir = first.out_dir
-    errors = [n.error for n in res.nodes if n.error]
+    errors = [f"node {i}: {n.error}" for i, n in enumerate(res.nodes) if n.error]
     res.error = "; ".join(errors) if errors else None
 
 
@@ -539,7 +540,7 @@ def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
     per = []
     for node in outcome.nodes:
         view = CaseResult(argv=node.argv, exit_code=node.exit_code, diagnosis=node.diagnosis,
-                          error=node.error or (outcome.error if outcome.timed_out else None),
+                          error=node.error,
                           timed_out=node.timed_out, wall_s=outcome.wall_s,
                           tool_leaked=outcome.tool_leaked, survivors=outcome.survivors,
                           out_dir=node.out_dir, stdout_path=node.stdout_path,
