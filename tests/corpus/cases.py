@@ -93,7 +93,9 @@ class Case:
     lines: tuple[LineExpect, ...] = ()
     fix_forbid: tuple[str, ...] = ()
     fix_require: tuple[str, ...] = ()
-    fix_none: bool = False  # no advice at all may be given (a healthy job)
+    # a healthy job: no advice at all with a healthy verdict (a straggler's may point at the
+    # slow rank; fix_forbid still applies)
+    fix_none: bool = False
     summary_contains: str | None = None
     basis: frozenset[str] = frozenset()
     certainty: frozenset[str] = frozenset()

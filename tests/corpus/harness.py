@@ -611,10 +611,9 @@ def _score_one(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
     if exp.fix_forbid or exp.fix_require:
         parts = [f"says {s!r}" for s in bad] + [f"lacks {s!r}" for s in missing]
         checks["advice"] = OK if not parts else "; ".join(parts)
-    if exp.fix_none and fix.strip():
-        checks["advice"] = f"advises {fix[:80]!r} (none is called for)"
-    elif exp.fix_none:
-        checks["advice"] = OK
+    if exp.fix_none and verdict == "healthy":
+        checks["advice"] = OK if not fix.strip() else \
+            f"advises {fix[:80]!r} (none is called for)"
     if exp.summary_contains:
         checks["summary"] = OK if exp.summary_contains.lower() in summary.lower() else \
             f"lacks {exp.summary_contains!r}"

@@ -110,9 +110,12 @@ def test_a_two_node_run_is_right_only_when_every_node_is() -> None:
 
 
 def test_fix_none_is_a_miss_when_any_advice_is_given() -> None:
-    case = Case("healthy_fast", "healthy_fast.py", 2, frozenset({"healthy"}), fix_none=True)
+    case = Case("healthy_fast", "healthy_fast.py", 2, frozenset({"healthy", "straggler"}),
+                fix_none=True)
     quiet = harness.CaseResult(exit_code=0, diagnosis={"verdict": "healthy", "fix": ""})
     loud = harness.CaseResult(exit_code=0, diagnosis={"verdict": "healthy",
                                                       "fix": "Cast to one dtype."})
     assert harness.score(case, {}, False, quiet).ok
     assert not harness.score(case, {}, False, loud).ok
+    hint = harness.CaseResult(exit_code=0, diagnosis={"verdict": "straggler", "fix": "Look."})
+    assert harness.score(case, {}, False, hint).ok  # a straggler may point at the slow rank

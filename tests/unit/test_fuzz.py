@@ -109,6 +109,7 @@ def test_healthy_kinds_expect_no_advice_and_exit_0() -> None:
     for spec, t in DRAWS:
         if catalogue.kind(spec.kind).healthy:
             assert t.verdicts == truth.HEALTHY and t.fix_none and not t.lines
+            assert "post the collective" in t.fix_forbid
 
 
 def test_verdict_sets_are_the_corpus_ones() -> None:
@@ -206,3 +207,24 @@ def test_a_broadcast_receiver_leaves_once_the_root_posted() -> None:
     out = simulate([[bc, nxt], [Coll("world", "all_reduce", "f32x1", "swapped"), nxt],
                     [bc, nxt]], three)
     assert out.state == "hang" and out.at == {0: "stop", 1: "swapped", 2: "gather"}
+
+
+def test_gloo_broadcast_tree() -> None:
+    """gloo/broadcast.cc: 0 -> 1 in round 0; 0 -> 2 and 1 -> 3 in round 1; 0 -> 4, 1 -> 5..."""
+    from moe_hang.testing.fuzz.simulate import _tree
+
+    assert _tree(0, 4) == (None, [1, 2])
+    assert _tree(1, 4) == (0, [3]) and _tree(3, 4) == (1, [])
+    assert _tree(0, 3) == (None, [1, 2]) and _tree(1, 3) == (0, [])
+    assert _tree(0, 8) == (None, [1, 2, 4]) and _tree(3, 8) == (1, [7])
+    assert _tree(0, 2) == (None, [1])
+
+
+def test_a_broadcast_forwarder_waits_for_its_child() -> None:
+    """Measured (4 ranks): rank 3 raised before the broadcast; rank 1, which forwards to 3,
+    stays in it; ranks 0 and 2 leave it."""
+    four = lambda group, rank: (0, 1, 2, 3)  # noqa: E731
+    bc = Coll("world", "broadcast", "f32x1", "stop")
+    nxt = Coll("world", "all_gather", "inp", "inp")
+    out = simulate([[bc, nxt], [bc, nxt], [bc, nxt], [Stop("raise", "raise")]], four)
+    assert out.at == {0: "inp", 1: "stop", 2: "inp", 3: "raise"}

@@ -3,7 +3,7 @@ through the real CLI, score it against the generator's truth; print a line per r
 by fault kind and, last, ``accuracy: R/N runs fully right``.
 
     python scripts/fuzz.py --seed S [-n N] [--json OUT] [--workdir DIR] [--kind K ...]
-                           [--list] [--strict]
+                           [--list] [--strict] [--rescore REPORT]
 
 N counts runs: a job and its mirrored twin (the roles swapped) are two. Every miss is written
 as a self-contained corpus case under ``<workdir>/misses/``. Exit 0 when every run was scored
@@ -12,6 +12,7 @@ and no process outlived it (``--strict``: and every run was fully right), 1 othe
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=[k.name for k in catalogue.KINDS],
                     help="only the jobs of these fault kinds (the others are drawn and skipped)")
     ap.add_argument("--list", action="store_true", help="print what would run, run nothing")
+    ap.add_argument("--rescore", metavar="REPORT", help="score the runs of a saved JSON "
+                    "report again against the truth drawn now (runs nothing)")
     ap.add_argument("--strict", action="store_true", help="exit 1 unless every run is right")
     args = ap.parse_args(argv)
     if args.n < 1:
@@ -59,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             runs = min(len(t.roles()), args.n - count)
             count += runs
             print(f"{spec.name}: {describe(spec)} ({runs} run{'s' * (runs > 1)})")
+        return 0
+    if args.rescore:
+        again = runner.rescore(json.loads(Path(args.rescore).read_text()))
+        for i, r in enumerate(again, 1):
+            print(report.run_line(i, len(again), r))
+        print(report.table(again))
+        print(report.accuracy_line(again))
         return 0
     work = _workdir(args.workdir, args.seed)
     work.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,26 @@ def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
     return out
 
 
+def rescore(report: dict[str, Any]) -> list[Run]:
+    """The runs of a saved report scored again against the truth drawn now (after a fix of
+    the generator's truth: the job is drawn again from its seed and index, nothing runs)."""
+    harness = corpus_module("harness")
+    out: list[Run] = []
+    for saved in report.get("runs", []):
+        spec, t = draw(int(saved["spec"]["seed"]), int(saved["spec"]["index"]))
+        job = Path(saved["job"])
+        if job.exists() and job.read_text() != job_source(spec):
+            raise ValueError(f"{spec.name} is drawn differently now than when {job} was "
+                             "written: rescoring needs the generator that made the report")
+        case = to_case(spec, t, job)
+        envs = dict((mirrored, env) for env, mirrored in harness.runs_of(case, True))
+        mirrored = bool(saved["mirrored"])
+        score = harness.score(case, envs[mirrored], mirrored, harness.outcome_from_json(saved))
+        out.append(Run(spec, t, mirrored, job, case_source(spec, t, job.name), score,
+                       float(saved.get("wall_s") or 0.0)))
+    return out
+
+
 def left_behind(sid: str) -> list[str]:
     """Every process of session ``sid`` still alive (there must be none)."""
     harness = corpus_module("harness")

@@ -1,8 +1,9 @@
 """Where every rank of a generated job ends up, from what each one posts (gloo's semantics,
 measured on torch 2.13 CPU): a collective is the k-th one a rank posts on a group; it
-completes when every member posts its k-th with the same op and bytes, except a broadcast,
-which a receiver leaves as soon as the root posted it (the root, once every receiver has
-it); the same op with different bytes (and all_reduce against reduce_scatter) makes gloo
+completes when every member posts its k-th with the same op and bytes, except a broadcast:
+gloo's binomial tree (gloo/broadcast.cc; virtual rank 0 the root), in which a rank gets the
+data from its parent, then leaves once every child posted its receive, whoever else has not
+come; the same op with different bytes (and all_reduce against reduce_scatter) makes gloo
 abort; different ops wait for ever; a send waits for its recv.
 
 The answer is the ground truth's "which line": the marker each rank is stuck at, or the
@@ -39,6 +40,16 @@ class Outcome:
     why: str = ""
 
 
+def _tree(v: int, size: int) -> tuple[int | None, list[int]]:
+    """Parent and children of virtual rank ``v`` in gloo's binomial broadcast of ``size``:
+    in round i the ranks below 2**i send to their peer with bit i set."""
+    dim = max(1, (size - 1).bit_length())
+    high = v.bit_length() - 1  # the round v receives in (-1: the root)
+    parent = v ^ (1 << high) if v else None
+    children = [v | (1 << i) for i in range(high + 1, dim) if (v | (1 << i)) < size]
+    return parent, children
+
+
 class _Sim:
     def __init__(self, programs: Sequence[Sequence[Event]], members: Members) -> None:
         self.programs = programs
@@ -48,7 +59,8 @@ class _Sim:
         self.seq: list[dict[GroupKey, int]] = [{} for _ in range(self.world)]
         self.stuck: set[int] = set()  # posted a collective that can never complete
         self.aborts: list[dict[int, str]] = []
-        self.received: dict[Key, set[int]] = {}  # broadcast receivers that got it
+        self.received: dict[Key, set[int]] = {}  # broadcast: the members that have the data
+        self.passed: dict[Key, set[int]] = {}  # ... and those that left it
         self.unknown = ""
 
     def current(self, r: int) -> Event | None:
@@ -84,26 +96,8 @@ class _Sim:
         group = key[1]
         here = {m: e for m in group if self.key(m) == key
                 and isinstance(e := self.current(m), Coll)}
-        if ev.op == "broadcast" and r != group[0]:
-            root = here.get(group[0])
-            if root is None:
-                return False
-            if (root.op, root.tag) == (ev.op, ev.tag):
-                self.received.setdefault(key, set()).add(r)
-                self.advance(r)
-                return True
-            self.mismatch({group[0]: root, r: ev})
-            return False
-        if ev.op == "broadcast":  # the root: done once every receiver has it
-            others = set(group) - {r}
-            odd = {m: e for m, e in here.items() if (e.op, e.tag) != (ev.op, ev.tag)}
-            if odd:
-                self.mismatch({r: ev, **odd})
-                return False
-            if others <= self.received.get(key, set()):
-                self.advance(r)
-                return True
-            return False
+        if ev.op == "broadcast":
+            return self.step_broadcast(r, ev, key, here)
         if len(here) < len(group):
             return False
         if len({(e.op, e.tag) for e in here.values()}) == 1:
@@ -111,6 +105,36 @@ class _Sim:
                 self.advance(m)
             return True
         self.mismatch(here)
+        return False
+
+    def step_broadcast(self, r: int, ev: Coll, key: Key, here: dict[int, Coll]) -> bool:
+        group = key[1]
+        v = group.index(r)
+        got = self.received.setdefault(key, set())
+        passed = self.passed.setdefault(key, set())
+        odd = {m: e for m, e in here.items() if (e.op, e.tag) != (ev.op, ev.tag)}
+
+        def posted(m: int) -> bool:
+            return m in passed or (m in here and m not in odd)
+
+        parent, children = _tree(v, len(group))
+        if r not in got:
+            if parent is not None and group[parent] in odd:
+                self.mismatch({r: ev, group[parent]: odd[group[parent]]})
+                return False
+            if parent is None or (group[parent] in got and posted(group[parent])):
+                got.add(r)
+        if r not in got:
+            return False
+        kids = [group[c] for c in children]
+        bad = {k: odd[k] for k in kids if k in odd}
+        if bad:
+            self.mismatch({r: ev, **bad})
+            return False
+        if all(posted(k) for k in kids):
+            passed.add(r)
+            self.advance(r)
+            return True
         return False
 
     def step_p2p(self, r: int) -> bool:

@@ -189,8 +189,11 @@ def truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int],
     elif kind.name in ("early_exit", "sigkill"):
         basis, certainty = frozenset({"exited"}), frozenset({"definite"})
         summary = "SIGKILL" if kind.name == "sigkill" else None
+    if kind.healthy:  # a slow rank is none of the collective bugs
+        forbid = (*VARLEN, *ANCHOR, *TRANSPORT, *DTYPE, *PAD, *SKIP, *EXPERT, *LOOP, *GROUP,
+                  "post the collective", "same order")
     return Truth(verdicts(kind, primary.outcome), primary, twin,
-                 fix_forbid=() if kind.healthy else forbid,
+                 fix_forbid=forbid,
                  fix_require=() if kind.healthy else require,
                  fix_none=kind.healthy, summary_contains=summary, basis=basis,
                  certainty=certainty)
