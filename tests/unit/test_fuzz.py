@@ -228,3 +228,17 @@ def test_a_broadcast_forwarder_waits_for_its_child() -> None:
     nxt = Coll("world", "all_gather", "inp", "inp")
     out = simulate([[bc, nxt], [bc, nxt], [bc, nxt], [Stop("raise", "raise")]], four)
     assert out.at == {0: "inp", 1: "stop", 2: "inp", 3: "raise"}
+
+
+def test_diagnose_is_drawn_only_where_stacks_can_tell() -> None:
+    """A rank that skips a broadcast others could leave (gloo's tree) is told apart by the
+    recorder's sequence numbers only: such jobs run under watch."""
+    for spec, t in DRAWS:
+        if spec.mode == "diagnose" and not catalogue.kind(spec.kind).healthy:
+            assert all(rt.outcome.state == "hang" and not rt.outcome.partial
+                       for rt in t.roles()), spec.name
+            assert spec.kind not in ("op_swap", "order_swap", "extra") or spec.world >= 3
+    fam = families.build("plain", 4)
+    skip = truth.role_truth(fam, Plant("skip", "stop", 2, 4, "wrap"), catalogue.kind("skip"),
+                            frozenset({2}))
+    assert skip.outcome.partial and skip.env["FUZZ_AT_STOP"] == "0"

@@ -3,7 +3,8 @@ through the real CLI, score it against the generator's truth; print a line per r
 by fault kind and, last, ``accuracy: R/N runs fully right``.
 
     python scripts/fuzz.py --seed S [-n N] [--json OUT] [--workdir DIR] [--kind K ...]
-                           [--list] [--strict] [--rescore REPORT]
+                           [--family F ...] [--job I ...] [--list] [--strict]
+                           [--rescore REPORT]
 
 N counts runs: a job and its mirrored twin (the roles swapped) are two. Every miss is written
 as a self-contained corpus case under ``<workdir>/misses/``. Exit 0 when every run was scored
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import moe_hang.testing.fuzz.catalogue as catalogue
+import moe_hang.testing.fuzz.families as families
 import moe_hang.testing.fuzz.report as report
 import moe_hang.testing.fuzz.runner as runner
 from moe_hang.testing.fuzz.corpus import ROOT, corpus_module, describe
@@ -46,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kind", nargs="+", metavar="K",
                     choices=[k.name for k in catalogue.KINDS],
                     help="only the jobs of these fault kinds (the others are drawn and skipped)")
+    ap.add_argument("--family", nargs="+", metavar="F", choices=list(families.FAMILIES),
+                    help="only the jobs of these families")
+    ap.add_argument("--job", nargs="+", type=int, metavar="I",
+                    help="only these jobs of the seed (by index: to run a miss again)")
     ap.add_argument("--list", action="store_true", help="print what would run, run nothing")
     ap.add_argument("--rescore", metavar="REPORT", help="score the runs of a saved JSON "
                     "report again against the truth drawn now (runs nothing)")
@@ -53,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("-n must be at least 1")
-    kinds = set(args.kind) if args.kind else None
+    only = runner.Only(frozenset(args.kind) if args.kind else None,
+                       frozenset(args.family) if args.family else None,
+                       frozenset(args.job) if args.job else None)
     if args.list:
         count = 0
-        for spec, t in runner.jobs(args.seed, kinds):
+        for spec, t in runner.jobs(args.seed, only):
             if count >= args.n:
                 break
             runs = min(len(t.roles()), args.n - count)
@@ -87,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             miss_dirs.append(report.write_miss(r, misses))
 
     with runner.session() as sid:
-        runs = runner.run(args.seed, args.n, work, on_run, kinds)
+        runs = runner.run(args.seed, args.n, work, on_run, only)
         left = runner.left_behind(sid)
     total = round(time.monotonic() - t0, 1)
     out = Path(args.json) if args.json else work / "fuzz.json"

@@ -24,7 +24,13 @@ Mode = Literal["watch", "diagnose"]
 WORLD_WEIGHTS = {2: 4, 3: 2, 4: 3, 6: 1, 8: 1}
 TWO_NODES_P = 0.25
 DIAGNOSE_P = 0.3
-MODULE_SKIP_P = 0.5
+# kinds whose culprit and victims stand in exclusive branches (if / else, or an extra call
+# against none): stacks alone (diagnose, no recorder history) tell them apart by a majority
+# only, which two ranks do not have
+EXCLUSIVE = ("op_swap", "order_swap", "extra")
+# a skipped FSDP module or expert (the bug this tool is for), a skipped step (uneven
+# iterations), a skipped call
+SKIP_WEIGHTS = {"module": 2, "continue": 1, "wrap": 2}
 MAX_TRIES = 200
 
 
@@ -95,9 +101,10 @@ def _plant(rng: random.Random, fam: Family, kind: Kind) -> Plant | None:
     options = eligible_sites(fam, kind)
     if not options:
         return None
-    modules = [o for o in options if o[1] == "module"]
-    if modules and rng.random() < MODULE_SKIP_P:
-        options = modules  # FSDP's skipped module or expert: the bug this tool is for
+    if kind.name == "skip":  # how a skip is written, then where
+        ways = sorted({v for _, v in options})
+        way = rng.choices(ways, weights=[SKIP_WEIGHTS[w] for w in ways])[0]
+        options = [o for o in options if o[1] == way]
     site, variant = rng.choice(options)
     step = rng.choice((2, 3))
     module = 0
@@ -139,8 +146,12 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
             continue
         if not kind.healthy and "finished" in states:
             continue  # the fault does not show in this job
-        if mode == "diagnose" and states != {"hang"} and not kind.healthy:
-            continue  # nothing stays stuck to attach to
+        if mode == "diagnose" and not kind.healthy and (
+                states != {"hang"} or any(rt.outcome.partial for rt in t.roles())):
+            # nothing stays stuck to attach to, or the stacks cannot tell who skipped
+            mode = "watch"
+        if mode == "diagnose" and kind.name in EXCLUSIVE and world < 3:
+            mode = "watch"
         if kind.name == "busy" and mode == "diagnose":
             plant = Plant(plant.kind, plant.site, plant.step, plant.steps, plant.variant,
                           plant.module, 60.0)

@@ -59,13 +59,28 @@ def write_job(spec: JobSpec, jobs: Path) -> Path:
     return path
 
 
-def jobs(seed: int, kinds: set[str] | None = None) -> Iterator[tuple[JobSpec, Truth]]:
-    """Job 0, 1, 2, ... of ``seed`` (those of ``kinds`` only, when given)."""
+@dataclass(frozen=True)
+class Only:
+    """Which drawn jobs to run (None: any); the others are drawn and skipped, so a job is
+    the same job with or without a filter."""
+
+    kinds: frozenset[str] | None = None
+    families: frozenset[str] | None = None
+    indices: frozenset[int] | None = None
+
+    def keeps(self, spec: JobSpec) -> bool:
+        return (self.kinds is None or spec.kind in self.kinds) and \
+            (self.families is None or spec.family in self.families) and \
+            (self.indices is None or spec.index in self.indices)
+
+
+def jobs(seed: int, only: Only = Only()) -> Iterator[tuple[JobSpec, Truth]]:
+    """Job 0, 1, 2, ... of ``seed`` (those ``only`` keeps)."""
     i = 0
-    while True:
+    while only.indices is None or i <= max(only.indices):
         spec, t = draw(seed, i)
         i += 1
-        if kinds is None or spec.kind in kinds:
+        if only.keeps(spec):
             yield spec, t
 
 
@@ -86,12 +101,12 @@ def session() -> Iterator[str]:
 
 
 def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
-        kinds: set[str] | None = None) -> list[Run]:
+        only: Only = Only()) -> list[Run]:
     """``n`` runs from ``seed``, one at a time (a job, then its mirrored twin). Call it inside
     :func:`session`."""
     harness = corpus_module("harness")
     out: list[Run] = []
-    for spec, t in jobs(seed, kinds):
+    for spec, t in jobs(seed, only):
         if len(out) >= n:
             break
         job = write_job(spec, work / "jobs")

@@ -38,6 +38,9 @@ class Outcome:
     stopped: dict[int, str] = field(default_factory=dict)
     abort: dict[int, str] = field(default_factory=dict)
     why: str = ""
+    # a broadcast some members left while others are still in it (or never came): from
+    # stacks alone, which member skipped it cannot be told (the recorder's seqs tell)
+    partial: bool = False
 
 
 def _tree(v: int, size: int) -> tuple[int | None, list[int]]:
@@ -176,7 +179,8 @@ class _Sim:
             return Outcome("abort", at, stopped, self.aborts[0])
         if all(self.current(r) is None for r in range(self.world)):
             return Outcome("finished", at, stopped)
-        return Outcome("hang", at, stopped)
+        partial = any(left and not set(key[1]) <= left for key, left in self.passed.items())
+        return Outcome("hang", at, stopped, partial=partial)
 
 
 def simulate(programs: Sequence[Sequence[Event]], members: Members) -> Outcome:
