@@ -242,3 +242,27 @@ def test_diagnose_is_drawn_only_where_stacks_can_tell() -> None:
     skip = truth.role_truth(fam, Plant("skip", "stop", 2, 4, "wrap"), catalogue.kind("skip"),
                             frozenset({2}))
     assert skip.outcome.partial and skip.env["FUZZ_AT_STOP"] == "0"
+
+
+def test_the_table_counts_runs_by_kind_and_the_last_line_is_the_accuracy() -> None:
+    from types import SimpleNamespace
+
+    from moe_hang.testing.fuzz import report
+    from moe_hang.testing.fuzz.runner import Run
+
+    def run(i: int, ok: bool, mirrored: bool) -> Run:
+        spec, t = DRAWS[i]
+        checks = dict.fromkeys(harness.FIELDS, "n/a")
+        checks.update(run="ok", verdict="ok", exit="ok", culprit="ok" if ok else "[0]≠[1]",
+                      lines="ok", advice="ok")
+        score = SimpleNamespace(ok=ok, checks=checks, got={}, env={}, outcome=None)
+        return Run(spec, t, mirrored, Path("/tmp/x.py"), "Case()", score, 1.0)
+
+    runs = [run(0, True, False), run(0, False, True), run(1, True, False)]
+    assert report.accuracy_line(runs) == "accuracy: 2/3 runs fully right"
+    text = report.table(runs)
+    assert "a mirrored twin is a run of its own" in text
+    kind = DRAWS[0][0].kind
+    row = next(line for line in text.splitlines() if line.startswith(kind))
+    assert row.split()[1] == ("3" if DRAWS[1][0].kind == kind else "2")
+    assert report.markdown(runs).splitlines()[-1].startswith("| **all** | 3 | **2/3 (67 %)**")

@@ -4,7 +4,7 @@ by fault kind and, last, ``accuracy: R/N runs fully right``.
 
     python scripts/fuzz.py --seed S [-n N] [--json OUT] [--workdir DIR] [--kind K ...]
                            [--family F ...] [--job I ...] [--list] [--strict]
-                           [--rescore REPORT]
+                           [--rescore REPORT [--markdown]]
 
 N counts runs: a job and its mirrored twin (the roles swapped) are two. Every miss is written
 as a self-contained corpus case under ``<workdir>/misses/``. Exit 0 when every run was scored
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rescore", metavar="REPORT", help="score the runs of a saved JSON "
                     "report again against the truth drawn now (runs nothing)")
     ap.add_argument("--strict", action="store_true", help="exit 1 unless every run is right")
+    ap.add_argument("--markdown", action="store_true",
+                    help="with --rescore: print the table by fault kind as Markdown too")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("-n must be at least 1")
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(again, 1):
             print(report.run_line(i, len(again), r))
         print(report.table(again))
+        if args.markdown:
+            print(report.markdown(again))
         print(report.accuracy_line(again))
         return 0
     work = _workdir(args.workdir, args.seed)

@@ -65,6 +65,22 @@ def table(runs: Sequence[Run]) -> str:
     return "\n".join(rows)
 
 
+def markdown(runs: Sequence[Run]) -> str:
+    """The table by fault kind for the README (a mirrored twin is a run of its own)."""
+    rows = ["| fault kind | runs | fully right | verdict | exit | culprit | lines | advice |",
+            "|---|---|---|---|---|---|---|---|"]
+    for k in [k.name for k in KINDS]:
+        mine = [r for r in runs if r.spec.kind == k]
+        if mine:
+            rows.append(f"| {k} | {len(mine)} | {sum(r.ok for r in mine)}/{len(mine)} | "
+                        + " | ".join(_cell(mine, c) for c in COLUMNS) + " |")
+    right = sum(r.ok for r in runs)
+    pct = f" ({100 * right / len(runs):.0f} %)" if runs else ""
+    rows.append(f"| **all** | {len(runs)} | **{right}/{len(runs)}{pct}** | "
+                + " | ".join(_cell(runs, c) for c in COLUMNS) + " |")
+    return "\n".join(rows)
+
+
 def accuracy_line(runs: Sequence[Run]) -> str:
     return f"accuracy: {sum(r.ok for r in runs)}/{len(runs)} runs fully right"
 
