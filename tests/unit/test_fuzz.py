@@ -266,3 +266,13 @@ def test_the_table_counts_runs_by_kind_and_the_last_line_is_the_accuracy() -> No
     row = next(line for line in text.splitlines() if line.startswith(kind))
     assert row.split()[1] == ("3" if DRAWS[1][0].kind == kind else "2")
     assert report.markdown(runs).splitlines()[-1].startswith("| **all** | 3 | **2/3 (67 %)**")
+
+
+def test_a_broadcast_against_an_extra_all_reduce() -> None:
+    """Measured (4 ranks, a pipeline): rank 3 posts an extra all_reduce where the others
+    broadcast; rank 1 (which forwards to 3) stays in the broadcast, ranks 0 and 2 leave it
+    and wait in the next step's send and recv."""
+    fam = families.build("p2p", 4)
+    t = truth.role_truth(fam, Plant("extra", "metrics", 3, 5, "eval"), catalogue.kind("extra"),
+                         frozenset({3}))
+    assert t.outcome.at == {0: "send", 1: "stop", 2: "recv", 3: "extra"}

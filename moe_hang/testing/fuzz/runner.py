@@ -7,12 +7,13 @@ mirrored twin (the roles swapped through the environment) is a run of its own.""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,8 @@ def rescore(report: dict[str, Any]) -> list[Run]:
     for saved in report.get("runs", []):
         spec, t = draw(int(saved["spec"]["seed"]), int(saved["spec"]["index"]))
         job = Path(saved["job"])
-        if job.exists() and job.read_text() != job_source(spec):
+        same = json.loads(json.dumps(asdict(spec))) == saved["spec"]
+        if not same or (job.exists() and job.read_text() != job_source(spec)):
             raise ValueError(f"{spec.name} is drawn differently now than when {job} was "
                              "written: rescoring needs the generator that made the report")
         case = to_case(spec, t, job)

@@ -82,13 +82,15 @@ class _Sim:
             self.seq[r][ev.group] = self.seq[r].get(ev.group, 0) + 1
         self.pos[r] += 1
 
-    def mismatch(self, colls: dict[int, Coll]) -> None:
+    def mismatch(self, colls: dict[int, Coll], stick: set[int] | None = None) -> None:
+        """Different collectives at one seq: ``stick`` (default: all of them) can never
+        complete theirs; gloo aborts on the same op with other bytes."""
         ops = {e.op for e in colls.values()}
         if OPAQUE in ops:
             self.unknown = (f"a framework's collectives against {sorted(ops - {OPAQUE})} "
                             f"at {sorted(e.marker for e in colls.values())}")
             return
-        self.stuck.update(colls)
+        self.stuck.update(colls if stick is None else stick)
         if len(ops) == 1 or frozenset(ops) in ABORTING_OPS:
             self.aborts.append({m: e.marker for m, e in colls.items()})
 
@@ -107,7 +109,8 @@ class _Sim:
             for m in group:
                 self.advance(m)
             return True
-        self.mismatch(here)
+        # the members in a broadcast go by its tree (step_broadcast), the others wait
+        self.mismatch(here, {m for m, e in here.items() if e.op != "broadcast"})
         return False
 
     def step_broadcast(self, r: int, ev: Coll, key: Key, here: dict[int, Coll]) -> bool:
