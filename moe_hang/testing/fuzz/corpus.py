@@ -35,7 +35,7 @@ def corpus_module(name: str) -> ModuleType:
 def timeout_s(spec: JobSpec) -> float:
     """The hard limit of one run: generous on two shared cores (every rank imports torch)."""
     t = 120.0 + 15.0 * spec.world
-    t += 60.0 if spec.family.startswith("fsdp2") else 0.0
+    t += 60.0 if spec.build().fsdp else 0.0
     t += 60.0 if spec.launch == "two_nodes" else 0.0
     t += (spec.hang_after or 0.0) + spec.plant.seconds
     return t

@@ -56,7 +56,7 @@ class Family:
     sites: tuple[Site, ...]
     mesh: tuple[int, int] | None = None  # (dp, tp) of a 2-D mesh
     experts: bool = False
-    fsdp: bool = False
+    fsdp: bool = False  # FSDP2 (slower to start and to step: longer limits)
 
     def members(self, group: GroupKey, rank: int) -> tuple[int, ...]:
         if group in ("world", "log"):

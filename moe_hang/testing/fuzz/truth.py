@@ -6,7 +6,7 @@ mirrored twin, whose roles are swapped, is checked against its own ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from moe_hang.testing.fuzz.catalogue import Kind
 from moe_hang.testing.fuzz.events import Coll, Event
@@ -68,7 +68,6 @@ class Truth:
     summary_contains: str | None = None
     basis: frozenset[str] = frozenset()
     certainty: frozenset[str] = frozenset()
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def lines(self) -> tuple[LineTruth, ...]:
