@@ -276,3 +276,9 @@ def test_a_broadcast_against_an_extra_all_reduce() -> None:
     t = truth.role_truth(fam, Plant("extra", "metrics", 3, 5, "eval"), catalogue.kind("extra"),
                          frozenset({3}))
     assert t.outcome.at == {0: "send", 1: "stop", 2: "recv", 3: "extra"}
+
+
+def test_a_wrong_group_fix_names_the_group_only_where_the_group_is_seen() -> None:
+    for spec, t in DRAWS:
+        if spec.kind == "wrong_group":
+            assert ("group" in t.fix_require) == (spec.mode == "watch"), spec.name

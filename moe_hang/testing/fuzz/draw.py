@@ -155,6 +155,7 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
         if kind.name == "busy" and mode == "diagnose":
             plant = Plant(plant.kind, plant.site, plant.step, plant.steps, plant.variant,
                           plant.module, 60.0)
+        t = truth(fam, plant, kind, frozenset(culprits), frozenset(mirror), mode)
         stall, hang_after = _watch_options(rng, kind, plant)
         spec = JobSpec(seed, index, kind.name, family, world, mesh,
                        "two_nodes" if two_nodes else "torchrun", mode, plant, culprits,

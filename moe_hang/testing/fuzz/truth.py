@@ -145,8 +145,10 @@ def verdicts(kind: Kind, outcome: Outcome) -> frozenset[str]:
     return DESYNC if outcome.state == "abort" else DESYNC_OR_HANG
 
 
-def advice(family: Family, plant: Plant, kind: Kind) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(forbidden, required) substrings of the fix."""
+def advice(family: Family, plant: Plant, kind: Kind, mode: str = "watch"
+           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(forbidden, required) substrings of the fix. Under diagnose (stacks only) a culprit
+    that is past the collective shows no group: the fix cannot be required to name one."""
     module_skip = plant.kind == "skip" and plant.variant == "module"
     forbid: list[str] = [*VARLEN, *ANCHOR, *TRANSPORT]
     require: list[str] = []
@@ -164,7 +166,7 @@ def advice(family: Family, plant: Plant, kind: Kind) -> tuple[tuple[str, ...], t
         forbid += GROUP
     if plant.kind == "recv_no_send":
         require.append("send")
-    elif plant.kind == "wrong_group":
+    elif plant.kind == "wrong_group" and mode == "watch":
         require.append("group")
     elif plant.kind == "dtype":
         require.append("dtype")
@@ -174,11 +176,11 @@ def advice(family: Family, plant: Plant, kind: Kind) -> tuple[tuple[str, ...], t
 
 
 def truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int],
-          mirrored: frozenset[int]) -> Truth:
-    """``mirrored``: the twin's culprits (empty: no twin)."""
+          mirrored: frozenset[int], mode: str = "watch") -> Truth:
+    """``mirrored``: the twin's culprits (empty: no twin); ``mode``: watch or diagnose."""
     primary = role_truth(family, plant, kind, culprits)
     twin = role_truth(family, plant, kind, mirrored) if mirrored else None
-    forbid, require = advice(family, plant, kind)
+    forbid, require = advice(family, plant, kind, mode)
     summary: str | None = None
     basis: frozenset[str] = frozenset()
     certainty: frozenset[str] = frozenset()
