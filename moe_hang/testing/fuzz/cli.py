@@ -74,9 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec.name}: {describe(spec)} ({runs} run{'s' * (runs > 1)})")
         return 0
     if args.rescore:
-        again = runner.rescore(json.loads(Path(args.rescore).read_text()))
+        left_out: list[str] = []
+        again = runner.rescore(json.loads(Path(args.rescore).read_text()), left_out)
         for i, r in enumerate(again, 1):
             print(report.run_line(i, len(again), r))
+        if left_out:
+            print(f"left out (drawn differently now): {', '.join(left_out)}")
         print(report.table(again))
         if args.markdown:
             print(report.markdown(again))

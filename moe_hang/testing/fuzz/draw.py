@@ -152,6 +152,10 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
             mode = "watch"
         if mode == "diagnose" and kind.name in EXCLUSIVE and world < 3:
             mode = "watch"
+        if mode == "diagnose" and kind.name == "wrong_group" and len(culprits) == 1:
+            # the culprit and its partner wait at one line; only the group (a local the
+            # tool does not keep, or the recorder) tells them apart
+            mode = "watch"
         if kind.name == "busy" and mode == "diagnose":
             plant = Plant(plant.kind, plant.site, plant.step, plant.steps, plant.variant,
                           plant.module, 60.0)

@@ -125,9 +125,11 @@ def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
     return out
 
 
-def rescore(report: dict[str, Any]) -> list[Run]:
+def rescore(report: dict[str, Any], skipped: list[str] | None = None) -> list[Run]:
     """The runs of a saved report scored again against the truth drawn now (after a fix of
-    the generator's truth: the job is drawn again from its seed and index, nothing runs)."""
+    the generator's truth: the job is drawn again from its seed and index, nothing runs).
+    A run whose job is drawn differently now is left out, its name added to ``skipped``
+    (None: it is an error)."""
     harness = corpus_module("harness")
     out: list[Run] = []
     for saved in report.get("runs", []):
@@ -135,8 +137,11 @@ def rescore(report: dict[str, Any]) -> list[Run]:
         job = Path(saved["job"])
         same = json.loads(json.dumps(asdict(spec))) == saved["spec"]
         if not same or (job.exists() and job.read_text() != job_source(spec)):
-            raise ValueError(f"{spec.name} is drawn differently now than when {job} was "
-                             "written: rescoring needs the generator that made the report")
+            if skipped is None:
+                raise ValueError(f"{spec.name} is drawn differently now than when {job} was "
+                                 "written: rescoring needs the generator that made it")
+            skipped.append(spec.name + ("-mirrored" if saved["mirrored"] else ""))
+            continue
         case = to_case(spec, t, job)
         envs = dict((mirrored, env) for env, mirrored in harness.runs_of(case, True))
         mirrored = bool(saved["mirrored"])
