@@ -81,7 +81,7 @@ class LineExpect:
 @dataclass(frozen=True)
 class Case:
     name: str
-    job: str
+    job: str  # a file of tests/corpus/jobs/, or an absolute path (a generated job)
     nproc: int
     verdicts: frozenset[str]
     mode: str = "watch"  # watch | diagnose
@@ -93,6 +93,9 @@ class Case:
     lines: tuple[LineExpect, ...] = ()
     fix_forbid: tuple[str, ...] = ()
     fix_require: tuple[str, ...] = ()
+    # a healthy job: no advice at all with a healthy verdict (a straggler's may point at the
+    # slow rank; fix_forbid still applies)
+    fix_none: bool = False
     summary_contains: str | None = None
     basis: frozenset[str] = frozenset()
     certainty: frozenset[str] = frozenset()
@@ -103,6 +106,10 @@ class Case:
     # slow) until --hang-after (300 s by default): these cases wait less
     watch_opts: tuple[str, ...] = ()
     timeout_s: float = 120.0  # hard limit of the whole run
+    # watch: nnodes > 1 runs nnodes torchrun agents (c10d rendezvous, nproc/nnodes ranks
+    # each), each under its own watch, as srun starts them; every watcher's diagnosis is
+    # scored, and a field is right only when it is right on every node
+    nnodes: int = 1
     requires: tuple[str, ...] = ()  # importable modules the job needs (else skipped)
     # directories (relative to the repository root) put in front of the job's PYTHONPATH,
     # and searched first for ``requires`` and for a Site's module: a release of a package
@@ -128,12 +135,13 @@ class Expected:
     summary_contains: str | None
     basis: frozenset[str]
     certainty: frozenset[str]
+    fix_none: bool = False
 
 
 def expected_for(case: Case, env: Env) -> Expected:
     return Expected(case.verdicts, frozenset(case.culprits(env)), case.culprits_check,
                     case.lines, case.fix_forbid, case.fix_require, case.summary_contains,
-                    case.basis, case.certainty)
+                    case.basis, case.certainty, case.fix_none)
 
 
 # --- roles ---------------------------------------------------------------------------------
@@ -144,8 +152,8 @@ def rank(var: str) -> RankFn:
 
 
 def ranks(var: str) -> RankFn:
-    """The ranks in a comma-separated $var."""
-    return lambda env: frozenset(int(r) for r in env[var].split(","))
+    """The ranks in a comma-separated $var (empty: none)."""
+    return lambda env: frozenset(int(r) for r in env[var].split(",") if r.strip())
 
 
 def others(fn: RankFn, nproc: int) -> RankFn:
