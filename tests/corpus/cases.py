@@ -257,11 +257,13 @@ CASES: tuple[Case, ...] = (
               "its data loader (time.sleep); the rank that raised is the victim"),
     # 5. size mismatch
     Case("size_mismatch", "size_mismatch.py", 2, DESYNC,
-         env=culprit_env(1), mirror=culprit_env(0), culprits=every(2),
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(every(2), "allreduce", "rank+divergence"),),
          fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + DTYPE_ADVICE,
-         basis=frozenset({"ambiguous"}), fast=True,
-         note="16 vs 32 elements on two ranks: nothing says which is right, so both are named"),
+         basis=frozenset({"history"}), fast=True,
+         note="16 vs 32 elements on two ranks at step 3: one against one, but every earlier "
+              "step all-reduced 16 on both, so the rank that posted 32 broke the shape every "
+              "rank had kept (issue 18, case 4)"),
     Case("size_mismatch_majority", "size_mismatch_majority.py", 3, DESYNC,
          env=culprit_env(2), mirror=culprit_env(0), culprits=C,
          lines=(at(every(3), "allreduce", "rank+divergence"),),
