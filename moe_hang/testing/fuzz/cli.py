@@ -27,9 +27,7 @@ from moe_hang.testing.fuzz.corpus import ROOT, corpus_module, describe
 
 
 def _workdir(arg: str | None, seed: int) -> Path:
-    if arg:
-        return Path(arg)
-    base = ROOT / "runs" / f"fuzz-{seed}"
+    base = Path(arg).resolve() if arg else ROOT / "runs" / f"fuzz-{seed}"
     p, k = base, 1
     while p.exists():  # never write over an earlier run of the same seed
         k += 1
