@@ -326,3 +326,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+
+
+def relocated(src: Path, dst: Path, old: str, new: str) -> Path:
+    """A recorded capture whose source paths (``old``: the checkout it was recorded in) point
+    into ``new`` instead, wherever this checkout lies (the analysis reads the job's source to
+    order its lines)."""
+    import pickle
+    import shutil
+
+    def swap(x):
+        if isinstance(x, str):
+            return x.replace(old, new)
+        if isinstance(x, list):
+            return [swap(v) for v in x]
+        if isinstance(x, dict):
+            return {swap(k): swap(v) for k, v in x.items()}
+        return x
+
+    shutil.copytree(src, dst)
+    for p in dst.rglob("*"):
+        if p.suffix == ".pkl":
+            p.write_bytes(pickle.dumps(swap(pickle.loads(p.read_bytes()))))
+        elif p.is_file():
+            p.write_text(p.read_text().replace(old, new))
+    return dst

@@ -229,6 +229,20 @@ class Monitor:
                 return self.out
             time.sleep(self.s.poll_s)
 
+    def _while_held(self, now: float, moved: bool) -> EventKind | None:
+        """A stall the command lives with: "resumed" once a rank moves, reported again as a
+        stall once --hang-after has passed, else nothing."""
+        assert self.held_since is not None
+        if moved:
+            self.out.stalled_for = now - self.held_since
+            self.held_since = None
+            return EventKind.RESUMED
+        if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
+            self.out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
+                               "(--hang-after)")
+            return EventKind.STALLED
+        return None
+
     def hold(self) -> None:
         """Live with the stall just reported: report it again only once ``hang_after`` is up
         (:meth:`held_for`), or "resumed" when a rank moves."""
@@ -297,15 +311,7 @@ class Monitor:
             return None
         moved = self._movement(hbs, now)
         if self.held_since is not None:
-            if moved:
-                out.stalled_for = now - self.held_since
-                self.held_since = None
-                return EventKind.RESUMED
-            if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
-                out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
-                              "(--hang-after)")
-                return EventKind.STALLED
-            return None
+            return self._while_held(now, moved)
         pending = any(hb.has_pending() for hb in hbs.values())
         all_pending = len(hbs) >= (world or 0) and all(hb.pending for hb in hbs.values())
         if (self.s.desync_fast_path and not self.desync_seen and all_pending
@@ -411,15 +417,7 @@ class Monitor:
                         "watched")
             self.sample_note = True
         if self.held_since is not None:
-            if moved_any:
-                out.stalled_for = now - self.held_since
-                self.held_since = None
-                return EventKind.RESUMED
-            if self.s.hang_after_s and now - self.held_since >= self.s.hang_after_s:
-                out.reason = (f"no progress on any rank for {now - self.held_since:.0f} s "
-                              "(--hang-after)")
-                return EventKind.STALLED
-            return None
+            return self._while_held(now, moved_any)
         idle_for = now - self._idle_since()
         waiting = sorted(r for r in self.in_coll if now - self.ranks[r].moved_at >= self.s.stall_s)
         busy = sorted(r for r in seen if r not in waiting and now - self.ranks[r].moved_at

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+from conftest import relocated
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
@@ -356,29 +357,6 @@ def test_a_skipped_collective_is_not_called_a_wrong_group(fixtures):
     assert "same group" not in (d["fix"] or "") and "instead of" not in d["summary"]
 
 
-def _relocated(src, dst, old: str, new: str):
-    """A recorded capture whose source paths point into this checkout, wherever it lies
-    (the analysis reads the job's source to order its lines)."""
-    import pickle
-
-    def swap(x):
-        if isinstance(x, str):
-            return x.replace(old, new)
-        if isinstance(x, list):
-            return [swap(v) for v in x]
-        if isinstance(x, dict):
-            return {swap(k): swap(v) for k, v in x.items()}
-        return x
-
-    shutil.copytree(src, dst)
-    for p in dst.rglob("*"):
-        if p.suffix == ".pkl":
-            p.write_bytes(pickle.dumps(swap(pickle.loads(p.read_bytes()))))
-        elif p.is_file():
-            p.write_text(p.read_text().replace(old, new))
-    return dst
-
-
 @pytest.mark.parametrize("name, short, other", [("ddp_uneven_0", 1, 0), ("ddp_uneven_1", 0, 1)])
 def test_a_rank_that_ran_out_of_batches_left_the_loop(fixtures, tmp_path, name, short, other):
     """tests/corpus/jobs/ddp_uneven_batches.py and its mirror, recorded: the rank with one
@@ -386,7 +364,7 @@ def test_a_rank_that_ran_out_of_batches_left_the_loop(fixtures, tmp_path, name, 
     backward all-reduce; the advice says they ran different numbers of iterations."""
     from tests.conftest import ROOT
 
-    run = _relocated(fixtures / name, tmp_path / "run", "/work/refactor", str(ROOT))
+    run = relocated(fixtures / name, tmp_path / "run", "/work/refactor", str(ROOT))
     d = _diag(run)
     assert d["verdict"] == "desync" and d["culprit_ranks"] == [short], d["summary"]
     job = "tests/corpus/jobs/ddp_uneven_batches.py"
@@ -405,7 +383,7 @@ def test_a_rank_that_died_faster_than_its_heartbeat_is_placed_by_its_fatal_stack
     with (line 34) is the fresher evidence, in the summary and in its line."""
     from tests.conftest import ROOT
 
-    run = _relocated(fixtures / "ddp_uneven_stale_hb", tmp_path / "run", "/work/refactor",
+    run = relocated(fixtures / "ddp_uneven_stale_hb", tmp_path / "run", "/work/refactor",
                      str(ROOT))
     d = _diag(run)
     assert d["culprit_ranks"] == [0], d["summary"]

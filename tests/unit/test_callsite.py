@@ -7,10 +7,9 @@ SIGSEGV; ``_1``: its mirror, rank 0)."""
 from __future__ import annotations
 
 import io
-import shutil
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, relocated
 from rich.console import Console
 
 from moe_hang.analysis.rules import diagnose
@@ -29,16 +28,6 @@ RECORDED_AT = "/work/wt/cases"
 JOB = "tests/corpus/jobs/segv_rank.py"
 SEGV = 18  # `return ctypes.string_at(ptr)` in record_name
 RUNS = [("segv_rank_0", 1, 0), ("segv_rank_1", 0, 1)]
-
-
-def relocated(src: Path, dst: Path) -> Path:
-    from tests.conftest import ROOT
-
-    shutil.copytree(src, dst)
-    for p in dst.rglob("*"):
-        if p.is_file() and p.suffix != ".pkl":
-            p.write_text(p.read_text().replace(RECORDED_AT, str(ROOT)))
-    return dst
 
 
 @pytest.mark.parametrize("name, culprit, victim", RUNS)
@@ -77,7 +66,7 @@ def test_a_stack_of_library_frames_only_keeps_its_innermost():
 @pytest.mark.parametrize("name, culprit, victim", RUNS)
 def test_the_dead_ranks_line_and_next_command_are_the_jobs(fixtures, tmp_path, name, culprit,
                                                            victim):
-    d = diagnose(load_capture(relocated(fixtures / name, tmp_path / "run")))
+    d = diagnose(load_capture(relocated(fixtures / name, tmp_path / "run", RECORDED_AT, str(ROOT))))
     j = d.to_dict()
     assert j["verdict"] == "rank_died" and j["culprit_ranks"] == [culprit]
     ranks = {r["rank"]: r for r in j["ranks"]}

@@ -6,10 +6,8 @@ field of its own. Recorded: tests/corpus/jobs/dataloader_keyerror.py under ``moe
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
+from conftest import ROOT, relocated
 
 from moe_hang.analysis.rules import diagnose
 from moe_hang.evidence.errors import log_tracebacks, unwrap, with_original
@@ -23,17 +21,6 @@ ORIGINAL = "\"sample 37: missing 'labels' field\""
 WRAPPER = "KeyError: Caught KeyError in DataLoader worker process 0."
 GETITEM, LOOP = 23, 42  # the raise in Records.__getitem__; `for x, y in loader`
 RUNS = [("dataloader_keyerror_0", 1, 0), ("dataloader_keyerror_1", 0, 1)]
-
-
-def relocated(src: Path, dst: Path) -> Path:
-    """The recorded capture with its paths pointing into this checkout, wherever it lies."""
-    from tests.conftest import ROOT
-
-    shutil.copytree(src, dst)
-    for p in dst.rglob("*"):
-        if p.is_file() and p.suffix != ".pkl":
-            p.write_text(p.read_text().replace(RECORDED_AT, str(ROOT)))
-    return dst
 
 
 @pytest.mark.parametrize("name, culprit, victim", RUNS)
@@ -69,7 +56,8 @@ def test_the_probes_first_line_is_completed_from_the_log(fixtures, name, culprit
 @pytest.mark.parametrize("name, culprit, victim", RUNS)
 def test_the_verdict_names_the_original_error_and_its_line(fixtures, tmp_path, name, culprit,
                                                            victim):
-    d = diagnose(load_capture(relocated(fixtures / name, tmp_path / "run"))).to_dict()
+    run = relocated(fixtures / name, tmp_path / "run", RECORDED_AT, str(ROOT))
+    d = diagnose(load_capture(run)).to_dict()
     assert d["verdict"] == "crash" and d["culprit_ranks"] == [culprit]
     assert f"KeyError: {ORIGINAL}" in d["summary"], d["summary"]
     assert f"{JOB}:{GETITEM} __getitem__" in d["summary"], d["summary"]
