@@ -164,23 +164,30 @@ def _steps_run(mode: str, tmp: Path, steps: int, warmup: int = 5) -> float:
             with contextlib.suppress(OSError, ValueError):
                 detail = json.loads(proc.stdout)["summary"] + "\n" + detail
         raise RuntimeError(f"{mode} run failed: {detail}")
-    return float(json.loads(res.read_text().splitlines()[0])["steps_per_s"])
+    row = json.loads(res.read_text().splitlines()[0])
+    return float(row["steps_per_s"]), float(row.get("cpu_ms_per_step") or 0.0)
 
 
 def overhead(tmp: Path, rounds: int,
-             steps: int) -> tuple[float, float, float, list[list[float]]]:
-    per_round = []
+             steps: int) -> tuple[float, float, float, list[list[float]], list[float]]:
+    per_round, cpu_round = [], []
     for _ in range(rounds):  # interleaved, so drift in machine load hits every mode alike
-        per_round.append([_steps_run(m, tmp, steps)
-                          for m in ("plain", "recorder", "watch", "detail")])
+        got = [_steps_run(m, tmp, steps) for m in ("plain", "recorder", "watch", "detail")]
+        per_round.append([g[0] for g in got])
+        cpu_round.append([g[1] for g in got])
     ratio = [statistics.median(r[0] / r[i] for r in per_round) for i in (1, 2, 3)]
+    cpu = [statistics.median(r[i] / r[0] for r in cpu_round if r[0]) if any(r[0] for r in
+           cpu_round) else 0.0 for i in (1, 2, 3)]
     table("overhead (steps/s, healthy varlen model, 2 ranks; higher is faster)",
           ["round", "plain", "recorder only", "under watch", "DETAIL"],
           [[i + 1, *[f"{x:.2f}" for x in r]] for i, r in enumerate(per_round)])
     print(f"median slowdown: Flight Recorder alone {100 * (ratio[0] - 1):+.1f} %, "
           f"watch (recorder + probe + watcher) {100 * (ratio[1] - 1):+.1f} %, "
           f"TORCH_DISTRIBUTED_DEBUG=DETAIL {100 * (ratio[2] - 1):+.1f} %")
-    return round(ratio[1], 4), round(ratio[2], 4), round(ratio[0], 4), per_round
+    print(f"median CPU per step vs plain: recorder {100 * (cpu[0] - 1):+.1f} %, "
+          f"watch {100 * (cpu[1] - 1):+.1f} %, DETAIL {100 * (cpu[2] - 1):+.1f} %")
+    return (round(ratio[1], 4), round(ratio[2], 4), round(ratio[0], 4), per_round,
+            [round(x, 4) for x in cpu])
 
 
 # ----------------------------------------------------------------------------- 4. fix cost
@@ -234,8 +241,8 @@ def main() -> int:
         ttv, wall = time_to_verdict(tmp)
         diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8],
                                 samples=1 if args.quick else 3)
-        probe_ratio, detail_ratio, fr_ratio, rounds = overhead(tmp, 1 if args.quick else 5,
-                                                               20 if args.quick else 60)
+        probe_ratio, detail_ratio, fr_ratio, rounds, cpu = overhead(
+            tmp, 1 if args.quick else 5, 20 if args.quick else 60)
         costs = fix_cost(tmp, args.quick, 3 if args.quick else 10,
                          warmup=1 if args.quick else 3)
     finally:
@@ -246,6 +253,8 @@ def main() -> int:
         "pg_timeout_s": PG_TIMEOUT_S, "diagnose_s": diag, "probe_overhead_ratio": probe_ratio,
         "detail_overhead_ratio": detail_ratio, "recorder_overhead_ratio": fr_ratio,
         "overhead_rounds_steps_per_s": rounds,
+        # CPU per step of each mode over plain's (recorder, watch, detail): load-robust
+        "cpu_per_step_ratio": cpu,
         "overhead_columns": ["plain", "recorder", "watch", "detail"],
         "fix_cost": costs, "total_s": round(time.monotonic() - t0, 1),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},

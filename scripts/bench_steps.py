@@ -129,8 +129,10 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    cpu = 0.0  # the process's CPU seconds over the timed steps (every thread: the probe's too)
     for i in range(warmup + steps):
         x = batch(i)
+        c0 = time.process_time()
         dist.barrier()
         seq0 = group._get_sequence_number_for_group()
         t0 = time.perf_counter()
@@ -139,14 +141,15 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
         seq1 = group._get_sequence_number_for_group()
         if i >= warmup:
             times.append(dt)
+            cpu += time.process_time() - c0
             if nbytes is None:
                 nbytes = _fr_bytes(seq0, seq1, world)
     dist.barrier()
     with PeakRSS() as mem:  # one more step, untimed, for the memory high-water mark
         step(batch(warmup + steps))
     inp, wire = nbytes if nbytes is not None else (0, 0)
-    vals = torch.tensor([statistics.median(times), float(wire), mem.mb, float(inp)],
-                        dtype=torch.float64)
+    vals = torch.tensor([statistics.median(times), float(wire), mem.mb, float(inp),
+                         cpu / max(1, steps)], dtype=torch.float64)
     gathered = [torch.zeros_like(vals) for _ in range(world)]
     dist.all_gather(gathered, vals)
     rows = torch.stack(gathered)
@@ -157,7 +160,10 @@ def run_case(case: dict, mesh, rank: int, world: int, steps: int, warmup: int) -
                                else int(rows[:, 1].mean() / cfg.model.layers)),
             "input_bytes_per_step": (None if nbytes is None
                                      else int(rows[:, 3].mean() / cfg.model.layers)),
-            "peak_mem_mb": round(float(rows[:, 2].max()), 1)}
+            "peak_mem_mb": round(float(rows[:, 2].max()), 1),
+            # CPU a rank spends per step, all its threads: what the probe adds, whatever
+            # else the machine is doing (wall time on 2 shared cores is mostly noise)
+            "cpu_ms_per_step": round(float(rows[:, 4].mean()) * 1e3, 3)}
 
 
 def main() -> None:
