@@ -144,7 +144,8 @@ def diagnose_latency(tmp: Path, sizes: list[int], samples: int = 3) -> dict[str,
 # ----------------------------------------------------------------------------- 3. overhead
 
 
-def _steps_run(mode: str, tmp: Path, steps: int, warmup: int = 5) -> float:
+def _steps_run(mode: str, tmp: Path, steps: int, warmup: int = 5) -> tuple[float, float]:
+    """(steps per second, CPU milliseconds per step) of one run."""
     res = tmp / f"overhead-{mode}-{time.monotonic_ns()}.jsonl"
     case = json.dumps([{"fix": "varlen", "experts": 8, "topk": 2, "tokens": "256,768",
                         "hidden": 128, "ffn": 256}])
