@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     left = harness.any_tagged()
     print(table(scores))
-    print(f"processes of any corpus run alive at the end: {len(left)}"
+    print(f"processes of this corpus run alive at the end: {len(left)}"
           + (f" {left}" if left else ""))
     total = round(time.monotonic() - t0, 1)
     print(f"total {total} s", file=sys.stderr)

@@ -45,6 +45,9 @@ from cases import (
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = Path(__file__).resolve().parent / "jobs"
 RUN_ENV = "MOE_HANG_CORPUS_RUN"
+# every run id of this process starts with it: a corpus run and a fuzz run at once (or two
+# corpus runs) each check only their own processes
+SESSION = uuid.uuid4().hex[:12]
 MARKER_RE = re.compile(r"#\s*corpus:\s*([A-Za-z0-9_]+)\s*$")
 BIN = Path(sys.executable).parent
 
@@ -185,13 +188,14 @@ def tagged(run_id: str) -> list[psutil.Process]:
 
 
 def any_tagged() -> list[str]:
-    """Every live process carrying any corpus run id (none may be left after a run)."""
+    """Every live process carrying a run id of this session (none may be left after a
+    run)."""
     found = []
     me = os.getpid()
     for p in psutil.process_iter(["pid", "status"]):
         try:
             if p.pid != me and p.info["status"] != psutil.STATUS_ZOMBIE and \
-                    RUN_ENV in p.environ():
+                    p.environ().get(RUN_ENV, "").startswith(SESSION + "-"):
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -306,7 +310,7 @@ def run_case(case: Case, env: Env, work: Path) -> CaseResult:
     work.mkdir(parents=True)
     marks = work / "marks"
     marks.mkdir()
-    run_id = uuid.uuid4().hex
+    run_id = f"{SESSION}-{uuid.uuid4().hex}"
     full_env = case_env(case, env, marks, run_id)
     job = JOBS / case.job
     out_dir = work / "out"
