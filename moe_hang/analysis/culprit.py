@@ -5,9 +5,10 @@ dict order. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moe_hang.analysis.align import GroupDivergence
+from moe_hang.analysis.blocks import condition_of
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.mismatch import ROW
 from moe_hang.analysis.order import (
@@ -20,7 +21,7 @@ from moe_hang.analysis.order import (
     user_frames,
     who_skipped,
 )
-from moe_hang.analysis.timeline import RankViews, group_kind, site_key
+from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import SizeAbort
@@ -156,10 +157,58 @@ def _breaks_constant(sides: list[list[int]], have: dict[int, Collective],
     return None
 
 
+def _posted_before(c: Collective, views: RankViews) -> bool | None:
+    """The same collective was posted, and completed, in earlier steps: from ``c``'s line on
+    its kind of group; where the recorder kept no lines, the same op and sizes there. None
+    when no rank holds a completed collective of that kind of group (heartbeats alone, a
+    recorder that kept nothing): absence of history is not history."""
+    site = site_key(c)
+    seen = False
+    for v in views.values():
+        for by_seq in v.tl.by_pg.values():
+            for h in by_seq.values():
+                if h.completed is not True or (h.pg, h.seq) == (c.pg, c.seq) \
+                        or group_kind(h) != group_kind(c):
+                    continue
+                seen = True
+                hs = site_key(h)
+                if (hs == site) if hs is not None and site is not None else \
+                        (h.op, h.input_sizes) == (c.op, c.input_sizes):
+                    return True
+    return False if seen else None
+
+
+def _condition(c: Collective, v: RankView) -> str | None:
+    """The rank condition on the user path that posted ``c`` (the recorder's frames, else the
+    stack of the rank still blocked in it)."""
+    if c.frames or c.completed is not False or v.stack.op != c.op:
+        return condition_of(c)
+    return condition_of(replace(c, frames=list(v.stack.frames)))
+
+
+def extra_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
+    """``c`` runs under a rank condition (``if rank == 0:`` on its user path, read from the
+    source) and nothing like it was posted in earlier steps: an extra of the ranks that took
+    that branch, not a collective the others skipped."""
+    return _condition(c, views[waiter]) is not None and _posted_before(c, views) is False
+
+
+def skipped_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
+    """``c`` runs under a rank condition and every earlier step posted it: a rank that is not
+    in it took the other branch (``if not (bad_rank and step == 3): dist.broadcast(...)``) —
+    in a loop, line numbers cannot say that it went on to the next step."""
+    return _condition(c, views[waiter]) is not None and _posted_before(c, views) is True
+
+
 def _blame_absent(g: GroupDivergence, views: RankViews) -> Blame:
     """Members that never posted it: those further along skipped it (culprits); those behind
-    are held up earlier (this divergence is then a consequence)."""
+    are held up earlier (this divergence is then a consequence) — unless what the others
+    wait in is an extra of theirs, posted under a rank condition (then they are)."""
     waiter = next((r for r, c in g.have.items() if c.completed is not True), next(iter(g.have)))
+    if extra_by_source(g.have[waiter], views, waiter):
+        return Blame(sorted(g.have), CulpritBasis.SOURCE)
+    if skipped_by_source(g.have[waiter], views, waiter):
+        return Blame(sorted(g.absent), CulpritBasis.SOURCE)
     verdicts: dict[int, Ahead] = {a: further_along(a, g.have[waiter], views, waiter)
                                   for a in g.absent}
     ahead = sorted(a for a, v in verdicts.items() if v.side == "a")
@@ -175,6 +224,15 @@ def _blame_absent(g: GroupDivergence, views: RankViews) -> Blame:
 def blame_cycle(cycle: list[Edge], views: RankViews) -> Blame:
     """On a wait-for cycle, a rank that went past what its waiter waits in skipped it; when
     no edge tells, every rank on the cycle is named."""
+    ranks = sorted({e.waiter for e in cycle})
+    extras = sorted({e.waiter for e in cycle
+                     if e.coll is not None and extra_by_source(e.coll, views, e.waiter)})
+    if extras and len(extras) < len(ranks):  # what they wait in only they run
+        return Blame(extras, CulpritBasis.SOURCE)
+    skippers = sorted({e.on for e in cycle
+                       if e.coll is not None and skipped_by_source(e.coll, views, e.waiter)})
+    if skippers and len(skippers) < len(ranks):  # what the others wait in, they skipped
+        return Blame(skippers, CulpritBasis.SOURCE)
     ahead: list[int] = []
     confirmed = True
     basis = CulpritBasis.PROGRAM_ORDER
@@ -188,7 +246,6 @@ def blame_cycle(cycle: list[Edge], views: RankViews) -> Blame:
             ahead.append(e.on)
             confirmed &= verdict.confirmed
             basis = verdict.basis
-    ranks = sorted({e.waiter for e in cycle})
     if ahead and len(set(ahead)) < len(ranks):
         return Blame(sorted(set(ahead)), basis, confirmed)
     inv = cycle_inversion(cycle, views)

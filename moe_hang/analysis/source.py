@@ -160,16 +160,31 @@ _RANK_WORDS = re.compile(
     r"main_process\w*|process_index|local_process_index)\b")
 
 
+def _rank_names(tree: ast.Module) -> set[str]:
+    """Module-level names bound to something about the rank (``IS_MAIN = rank == 0``,
+    ``FAULTY = RANK in bad``): a condition on them is a condition on the rank."""
+    out: set[str] = set()
+    for st in tree.body:
+        if isinstance(st, ast.Assign) and _RANK_WORDS.search(ast.unparse(st.value)):
+            out.update(t.id for t in st.targets if isinstance(t, ast.Name))
+    return out
+
+
 def rank_condition(path: str, line: int) -> str | None:
     """``if rank == 0`` (its source) when ``line`` runs only under a condition on the rank —
-    an ``if`` whose test names the rank, the line in its body or ``else`` — else None."""
+    an ``if`` whose test names the rank (or a module-level name set from it), the line in
+    its body or ``else`` — else None."""
     tree = _tree(path)
     if tree is None:
         return None
+    names = _rank_names(tree)
     for _b, _i, field, st in reversed(_inner_statements(tree.body, line)):
-        if not isinstance(st, ast.If) or not _RANK_WORDS.search(ast.unparse(st.test)):
+        if not isinstance(st, ast.If):
             continue
         test = ast.unparse(st.test)
+        used = {n.id for n in ast.walk(st.test) if isinstance(n, ast.Name)}
+        if not _RANK_WORDS.search(test) and not used & names:
+            continue
         return f"if {test}" if field == "body" else f"if not ({test})"
     return None
 
