@@ -214,6 +214,14 @@ def advise_order(s: Situation) -> Advice:
                       f"({missed}): the ranks ran different numbers of iterations. Give each "
                       "the same count: equal data shards (DistributedSampler), or all-reduce "
                       "the count with MIN first.")
+    if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
+        # stacks alone: the same op at a later line; whether it was skipped or posted on
+        # another group, only the recorder's group names tell
+        return Advice(f"{who(s.culprits).capitalize()} went on to {now} without joining "
+                      f"{who(s.waiting())} in {the_missed}: {agree(s.culprits, 'it', 'they')} "
+                      "skipped it or posted it on another group. Make every rank post it, "
+                      "on the same group; `moe-hang watch` (Flight Recorder) names the "
+                      "groups.")
     return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")

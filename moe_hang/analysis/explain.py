@@ -75,8 +75,10 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
     del exits  # how each rank ended is in its own line of the report
     tail = ""
     if div.seq is None:
-        return f"Ranks wait in different collectives{where}{site}: " + "; ".join(parts) + tail \
-            + "."
+        ops = {c.op for c in div.per_rank.values() if c is not None}
+        what = (f"{ops.pop()} at different lines" if div.kind == MismatchKind.MISSING
+                and len(ops) == 1 else "different collectives")
+        return f"Ranks wait in {what}{where}{site}: " + "; ".join(parts) + tail + "."
     pg_name = pg_label(div.pg, div.pg_desc)
     tags = {r: c.tag for r, c in div.per_rank.items() if c is not None and c.tag}
     if div.kind == MismatchKind.MISSING and len(set(tags.values())) > 1:

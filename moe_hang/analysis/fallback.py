@@ -16,32 +16,48 @@ from moe_hang.evidence.stacks import Frame, callsite
 
 def stack_divergence(views: RankViews, waiting: list[int]
                      ) -> tuple[Divergence, list[int], CulpritBasis] | None:
-    """Without recorder data: ranks blocked in *different* collectives can never complete."""
+    """Without recorder data: ranks blocked in *different* collectives can never complete;
+    nor can ranks blocked in the same op at different lines of the same code, where one line
+    runs before the other (the ranks at the later line went past the earlier one without
+    joining it: skipped it, or posted it on another group)."""
     ops: dict[int, str] = {r: op for r in waiting
                            if (op := views[r].stack.op) is not None and op != "unknown"}
-    if len(set(ops.values())) < 2:
+    if not ops:
         return None
-    groups: dict[str, list[int]] = {}
-    for r, op in sorted(ops.items()):
-        groups.setdefault(op, []).append(r)
+    if len(set(ops.values())) > 1:
+        camps: dict[object, list[int]] = {}
+        for r, op in sorted(ops.items()):
+            camps.setdefault(op, []).append(r)
+        kind = MismatchKind.OP
+    else:
+        camps = {}
+        for r in sorted(ops):
+            cs = views[r].stack.callsite
+            camps.setdefault((cs.file, cs.line) if cs is not None else None, []).append(r)
+        if len(camps) < 2 or None in camps:
+            return None
+        kind = MismatchKind.MISSING
     per_rank: dict[int, RankCollective | None] = {
         r: RankCollective(op=op, pg="?", seq=None, source="stack",
                           callsite=views[r].stack.callsite)
         for r, op in ops.items()}
-    div = Divergence(pg="?", seq=None, kind=MismatchKind.OP, members=sorted(ops),
-                     per_rank=per_rank,
+    div = Divergence(pg="?", seq=None, kind=kind, members=sorted(ops), per_rank=per_rank,
                      phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
-    # the group behind every other in program order waits; the others went past it (skipped
-    # it). When the order does not decide that, every rank there is named.
-    def behind_all(op: str) -> bool:
-        mine = views[groups[op][0]].user_frames_outer_first()
+    # the camp behind every other in program order waits; the others went past it (skipped
+    # it). When the order does not decide that, every rank there is named — for different
+    # ops; for one op at different lines an undecided order proves nothing (two branches may
+    # post the same collective), so nothing is claimed.
+    def behind_all(key: object) -> bool:
+        mine = views[camps[key][0]].user_frames_outer_first()
         return all(program_order(mine, views[rs[0]].user_frames_outer_first()).side == "b"
-                   for o, rs in groups.items() if o != op)
+                   for k, rs in camps.items() if k != key)
 
-    behind = [op for op in groups if behind_all(op)]
+    behind = [k for k in camps if behind_all(k)]
     if len(behind) == 1:
-        return div, [r for op, rs in groups.items() if op != behind[0] for r in rs], \
+        return div, [r for k, rs in camps.items() if k != behind[0] for r in rs], \
             CulpritBasis.PROGRAM_ORDER
+    if kind == MismatchKind.MISSING:
+        return None
     return div, sorted(ops), CulpritBasis.AMBIGUOUS
 
 

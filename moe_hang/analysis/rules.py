@@ -16,7 +16,7 @@ from pathlib import Path
 from moe_hang.analysis.activity import Motion
 from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import blame_abort, blame_cycle, cycle_inversion
+from moe_hang.analysis.culprit import Blame, blame_abort, blame_cycle, cycle_inversion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -65,7 +65,7 @@ from moe_hang.analysis.nccl import (
 )
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
-from moe_hang.analysis.timeline import build_timeline, recorder_only, to_rc
+from moe_hang.analysis.timeline import build_timeline, group_kind, recorder_only, to_rc
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
     unreached_line,
@@ -128,6 +128,12 @@ def _cycle(f: Facts) -> Conclusion:
     culprits = set(b.culprits)
     for other in f.wait_cycles[1:]:
         culprits |= set(blame_cycle(other, f.views).culprits)
+    if redirected := _redirected(f):
+        # a rank that posted a line's collective on another group than every earlier call
+        # and its waiter did is the cause, wherever it sits on the cycle (on a mesh the
+        # ranks it went ahead with may be the ones the cycle passes through)
+        b = Blame(sorted({w.rank for w in redirected}), CulpritBasis.HISTORY)
+        culprits = set(b.culprits)
     p2p_only = all(e.coll is None for e in cyc)
     verdict = Verdict.HANG if p2p_only else Verdict.DESYNC
     # posting order alone (NCCL: both enqueued, kernels on two streams): it hung, and this
@@ -151,21 +157,32 @@ def _cycle(f: Facts) -> Conclusion:
     elif b.basis == CulpritBasis.CYCLE:
         text = ("The ranks post these collectives in opposite orders: post collectives on every "
                 "group in the same order on every rank.")
-    elif wrong := _wrong_groups(culprits, f):
+    elif wrong := (redirected or _wrong_groups(culprits, f)):
         w = wrong[0]
-        redirected = who(x.rank for x in wrong)
+        names = who(x.rank for x in wrong)
         used, meant = pg_label(w.used, w.used_desc), pg_label(w.meant, w.meant_desc)
         at = f" at {Path(w.site[0]).name}:{w.site[1]}" if w.site else ""
         held = f.views[w.rank]
+        mine = [e for e in f.wait_edges if e.waiter == w.rank]
         now = next((e.what for c in f.wait_cycles for e in c if e.waiter == w.rank), None)
-        waiters = sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
+        if any(e.coll is not None and (e.coll.pg, e.coll.seq) == (w.used, w.seq)
+               for e in mine):
+            # still in the redirected call: the group it went to has moved on without it
+            then = f" and waits in it for {who(sorted({e.on for e in mine}))}"
+        else:
+            then = f" and went on to {now} at {site_str(held.site)}" if now else ""
+        meant_kind = w.meant_desc if w.meant_desc not in ("", "undefined") else w.meant
+        # those held up by the redirect: waiting on a culprit in its op on the group meant
+        waiters = sorted({e.waiter for e in f.wait_edges if e.on in culprits and e.coll
+                          and e.coll.op == w.op and group_kind(e.coll) == meant_kind}
+                         - culprits) \
+            or sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
         # the redirect is the cause: it leads; the cycle is what it led to
-        summary = (f"{redirected.capitalize()} posted the {w.op}{at} on {used} instead of {meant}"
-                   + (f" and went on to {now} at {site_str(held.site)}" if now else "")
-                   + f"; {who(waiters)} "
+        summary = (f"{names.capitalize()} posted the {w.op}{at} on {used} instead of {meant}"
+                   + then + f"; {who(waiters)} "
                    + ("waits" if len(waiters) == 1 else "wait")
                    + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
-        text = (f"{redirected.capitalize()} passed {used} to the {w.op}{at} where the other "
+        text = (f"{names.capitalize()} passed {used} to the {w.op}{at} where the other "
                 f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
     elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
             and p2p.p2p is not None:
@@ -182,6 +199,10 @@ def _cycle(f: Facts) -> Conclusion:
     # show the group that a culprit skipped (not the one it is held up in)
     div = next((g.div for g in on_cycle if set(g.absent) & culprits),
                on_cycle[0].div if on_cycle else None)
+    if redirected:  # show the group it was meant for, where the others wait for it
+        kind = redirected[0].meant_desc or redirected[0].meant
+        div = next((g.div for g in f.divs if set(g.absent) & culprits
+                    and (g.div.pg_desc or g.div.pg) == kind), div)
     return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
 
 
@@ -204,6 +225,21 @@ def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
     div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.ORDER, inv.second.pg_desc,
                      sorted(inv.culprits + inv.others), per_rank, phase="order")
     return Conclusion(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
+
+
+def _redirected(f: Facts) -> list[WrongGroup]:
+    """Every rank some waiter waits on that posted what it waits in on another group — one
+    mistake (one line, one group used) on fewer than all the ranks waited on; else none."""
+    found: dict[int, WrongGroup] = {}
+    for e in f.wait_edges:
+        if e.coll is not None and e.on not in found and e.on in f.views and \
+                (w := wrong_group(e.on, e.coll, e.waiter, f.views)) is not None:
+            found[e.on] = w
+    waited_on = {e.on for e in f.wait_edges}
+    if not found or len({(w.site, w.used_desc or w.used) for w in found.values()}) != 1 \
+            or len(found) >= len(waited_on):
+        return []
+    return [found[r] for r in sorted(found)]
 
 
 def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
@@ -323,14 +359,20 @@ def _all_in_one(f: Facts) -> Conclusion:
     ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
            for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
-    summary = (f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes, and "
-               "it does not complete: the collective order is consistent, so the cause is "
-               "outside it.")
     stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
                      and a.stopped)
-    if stopped:
-        summary = summary.rstrip(".") + (f": {who(stopped)}'s process is stopped (SIGSTOP, job "
-                                         "control).")
+    if all(f.views[r].ev.fr is not None for r in f.waiting):
+        summary = (f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes, "
+                   "and it does not complete: the collective order is consistent, so the "
+                   "cause is outside it")
+    else:  # stacks (or heartbeats) alone show where each waits, not what it posted before
+        summary = (f"All {len(f.waiting)} ranks wait in {op}, and it does not complete"
+                   + ("" if stopped else
+                      "; without every rank's Flight Recorder dump their collective order "
+                      "and sizes cannot be compared (run it under `moe-hang watch`, whose "
+                      "probe keeps the recorder)"))
+    summary += (f": {who(stopped)}'s process is stopped (SIGSTOP, job control)." if stopped
+                else ".")
     nccl = any(v.ev.fr is not None and v.ev.fr.backend == "nccl" for v in f.views.values())
     text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
             "outside this job, a hung GPU)." if nccl else "")

@@ -128,7 +128,7 @@ def test_a_chatty_job_diagnosed_healthy_with_the_counters_quoted():
 def test_a_stopped_rank_is_still_a_hang_and_the_sentence_says_why():
     d = diagnose(load_capture(REC / "chatty_stop"))
     assert d.verdict == "hang" and d.rule == "all wait in matching collectives", d.summary
-    assert "the cause is outside it" in d.summary and "rank 1's process is stopped" in d.summary
+    assert "does not complete: rank 1's process is stopped (SIGSTOP" in d.summary, d.summary
 
 
 def test_cannot_tell_says_so_and_names_what_would_decide(tmp_path):

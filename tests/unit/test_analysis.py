@@ -352,6 +352,43 @@ def test_a_gather_on_the_wrong_mesh_dim_is_named_as_such(fixtures, name, wrong, 
     assert "post that too" not in d["fix"]
 
 
+@pytest.mark.parametrize("name, culprit, waiter, went_with",
+                         [("mesh8_redirect_0", 4, 0, "ranks 5-7"),
+                          ("mesh8_redirect_1", 0, 4, "ranks 1-3")])
+def test_a_redirect_on_a_bigger_mesh_names_the_rank_not_the_ones_it_went_with(
+        fixtures, tmp_path, name, culprit, waiter, went_with):
+    """A generated 2×4 mesh job (fuzz seed 699437, job 021) and its mirror: one rank posted
+    the data-parallel all-reduce on its tp group. The tp peers it went ahead with are on the
+    wait-for cycle too, yet only the redirect explains it: the culprit is that one rank,
+    still in the redirected call, and its dp peer waits for it."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-699437/jobs",
+                    str(fixtures / "fuzz699437_jobs"))
+    d = _diag(run)
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == [culprit], d["summary"]
+    assert d["summary"].startswith(
+        f"Rank {culprit} posted the all_reduce at fuzz699437_021_wrong_group_mesh2d.py:50 on "
+        f"mesh_tp instead of mesh_dp and waits in it for {went_with}; rank {waiter} waits for "
+        "it"), d["summary"]
+    assert "pass the same group" in d["fix"] and "post that too" not in d["fix"]
+
+
+@pytest.mark.parametrize("name, ahead, behind", [("mesh6_stacks_0", [3, 4, 5], [0, 1, 2]),
+                                                 ("mesh6_stacks_1", [0, 1, 2], [3, 4, 5])])
+def test_a_redirect_seen_in_stacks_alone_names_the_ranks_that_went_past(
+        fixtures, tmp_path, name, ahead, behind):
+    """`moe-hang diagnose` on a generated 2×3 mesh job without the probe (fuzz seed 699437,
+    job 011) and its mirror: one tp row posted the dp all-reduce on tp and went on to the
+    next all-reduce. py-spy shows one op at two lines of the loop: the row at the later line
+    went past the earlier; which group it used is for the recorder to say, so the advice
+    says both possibilities."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-699437/jobs",
+                    str(fixtures / "fuzz699437_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", ahead), d["summary"]
+    assert d["summary"].startswith("Ranks wait in all_reduce at different lines")
+    assert "skipped it or posted it on another group" in d["fix"], d["fix"]
+
+
 def test_a_skipped_collective_is_not_called_a_wrong_group(fixtures):
     d = _diag(fixtures / "op_mismatch")
     assert "same group" not in (d["fix"] or "") and "instead of" not in d["summary"]

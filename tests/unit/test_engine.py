@@ -317,6 +317,37 @@ def test_stacks_in_two_collectives_blame_only_what_program_order_decides(same_li
     assert d.culprit_basis == "ambiguous"
 
 
+@pytest.mark.parametrize("first", [0, 1])
+def test_one_op_at_two_lines_is_a_desync_only_where_one_line_runs_first(tmp_path, first):
+    """From stacks alone: every rank in all_reduce, at two lines. Where one runs before the
+    other in the same code, the ranks at the later line went past it (mirrored: the culprit
+    swaps); in exclusive branches the two calls may be the same collective, so nothing is
+    claimed — and no "matching order and sizes" either, which only a recorder could show."""
+    job = tmp_path / "train.py"
+    job.write_text("import torch.distributed as dist\n"
+                   "for step in range(5):\n"
+                   "    dist.all_reduce(a)\n"             # line 3
+                   "    dist.all_reduce(b)\n"             # line 4
+                   "    if dist.get_rank() == 0:\n"
+                   "        dist.all_reduce(c)\n"         # line 6
+                   "    else:\n"
+                   "        dist.all_reduce(c)\n")        # line 8
+
+    def rank(r: int, line: int) -> RankEvidence:
+        return RankEvidence(rank=r, alive=True, progressed=False, threads=_stack(
+            (TORCH, 3, "all_reduce"), (str(job), line, "<module>")))
+
+    lines = {first: 3, 1 - first: 4}
+    d = diagnose(_ev(*(rank(r, lines[r]) for r in (0, 1))))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis) == ("desync", [1 - first],
+                                                             "program_order"), d.summary
+    assert d.summary.startswith("Ranks wait in all_reduce at different lines")
+    assert "skipped it or posted it on another group" in d.fix
+    branches = diagnose(_ev(rank(0, 6), rank(1, 8)))
+    assert branches.verdict != "desync" and branches.culprit_ranks == [], branches.summary
+    assert "matching order" not in branches.summary
+
+
 @pytest.mark.parametrize("sleeper", [0, 1])
 def test_a_timeout_waiting_for_a_rank_outside_collectives_names_that_rank(sleeper):
     """gloo's timeout ended the waiting rank (a consequence, in a collective) while the other
