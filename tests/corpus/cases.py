@@ -367,10 +367,12 @@ CASES: tuple[Case, ...] = (
                 LineExpect(lambda env: frozenset({int(env["CULPRIT_RANK"]) ^ 1}),
                            Site(marker="group_allreduce"), "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
-         basis=frozenset({"program_order"}), timeout_s=150,
+         basis=frozenset({"program_order", "source"}), timeout_s=150,
          note="rank C skipped its pair's all-reduce and is in the global barrier with the "
               "other pair; its partner waits in the pair all-reduce. The default group's "
-              "majority (three ranks in the barrier) points at the partner: wrong"),
+              "majority (three ranks in the barrier) points at the partner: wrong. The "
+              "all-reduce runs under `if not (rank == skipper and step == 2)` and every "
+              "earlier step posted it: the source decides too"),
     # a short process-group timeout
     Case("pg_timeout_skip", "pg_timeout_skip.py", 3, DESYNC_OR_HANG | {"crash"},
          env=culprit_env(2), mirror=culprit_env(0), culprits=C,
