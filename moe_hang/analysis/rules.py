@@ -44,6 +44,7 @@ from moe_hang.analysis.failures import (
     left_early,
     monitored_barrier,
     outside_when_failed,
+    restarted,
     root_cause,
     timed_out_waiting,
 )
@@ -93,6 +94,10 @@ class Rule:
 
 
 def _finished(f: Facts) -> Conclusion:
+    if f.ev.restarts is not None:  # torchrun restarted the ranks: what the failed attempt did
+        text, advice = restarted(f.ev.restarts)
+        return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
+                          f"All {len(f.views)} ranks finished {text}.", advice)
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
                       f"All {len(f.views)} ranks finished; every collective matched.")
 

@@ -44,7 +44,7 @@ from moe_hang.commands.supervise import (
 from moe_hang.errors import EXIT_OK, MoeHangError
 from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
-from moe_hang.runtime import launcher, rundir, shim
+from moe_hang.runtime import coord, launcher, rundir, shim
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent, WatchSettings, world_of
 from moe_hang.runtime.procs import is_alive, starting_child
@@ -192,7 +192,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
-                                         hang_after_s=opts.hang_after_s, watch_unprobed=True)
+                                         hang_after_s=opts.hang_after_s, watch_unprobed=True,
+                                         max_restarts=coord.torchrun_max_restarts(cmd))
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"),

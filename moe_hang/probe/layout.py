@@ -13,6 +13,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
     ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
     stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
+    ranks/hold.json             multi-node watch: hold a rank that raised for the capture
     coord/verdict.json  coord/local-diagnosis.json  coord/analysis.json  .capture/  teardown/
                                                        (multi-node watch)
 """
@@ -113,6 +114,12 @@ class RankFiles:
     @property
     def pyspy_error(self) -> Path:
         return self._in_stacks("pyspy.err")
+
+    @property
+    def hold(self) -> Path:
+        """One for every rank: the watcher's order to hold a rank that raised until the
+        capture round is over (multi-node watch; ``{"watcher": pid, "limit_s": s}``)."""
+        return self.ranks_dir / "hold.json"
 
     def probe_files(self) -> tuple[Path, ...]:
         """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""

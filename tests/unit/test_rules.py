@@ -22,6 +22,7 @@ from moe_hang.evidence.model import (
     Evidence,
     RankError,
     RankEvidence,
+    Restarts,
     SizeAbort,
     Unreached,
 )
@@ -398,6 +399,23 @@ def test_a_node_alone_never_says_no_rank_raised(node: int) -> None:
     assert d.fix.startswith("Look at node vm-b:") and "moe-hang analyze" in d.fix
     assert d.verdict == "crash" and d.culprit_ranks == [] and d.certainty == "uncertain"
     assert [r.state for r in d.ranks if r.rank in ev.unreached.ranks] == ["unknown"] * 2
+
+
+@pytest.mark.parametrize("crashed", [1, 0], ids=["rank1", "mirrored"])
+def test_healthy_after_a_restart_says_what_the_failed_attempt_raised(crashed: int) -> None:
+    """Issue 18 case 8: torchrun restarted the ranks once; attempt 0's root cause in one
+    line (the peer's closed connection is a consequence, not named)."""
+    raised = RankError("ValueError", "corrupt shard 17", frames=[Frame("/job/x.py", 9, "load")],
+                       time=1.0, restart=0)
+    peer = RankError("RuntimeError", CONNECTION_CLOSED, time=2.0, restart=0)
+    ev = _ev(*(RankEvidence(rank=r, alive=False, exit_code=0) for r in (0, 1)),
+             job=JobState.COMPLETED,
+             restarts=Restarts(1, {crashed: raised, 1 - crashed: peer}))
+    d = diagnose(ev)
+    assert d.verdict == "healthy" and d.rule == "every rank finished"
+    assert d.summary == (f"All 2 ranks finished after 1 restart; attempt 0: rank {crashed} "
+                         "raised ValueError: corrupt shard 17 at /job/x.py:9 load."), d.summary
+    assert f"rank {crashed}" in d.fix
 
 
 def test_every_mismatch_kind_has_its_words_and_advice() -> None:

@@ -53,6 +53,7 @@ from moe_hang.runtime.coord.endpoint import (
     endpoint_from_rank_env,
     endpoint_from_torchrun,
     store_listener_pid,
+    torchrun_max_restarts,
 )
 from moe_hang.runtime.coord.heartbeats import (
     expected_nodes,
@@ -103,4 +104,5 @@ __all__ = [
     "store_listener_pid",
     "summarize_heartbeats",
     "to_heartbeats",
+    "torchrun_max_restarts",
 ]
