@@ -157,6 +157,10 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     cmd = _resolve(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
     plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
+    restarts = coord.torchrun_max_restarts(cmd)
+    # multi-node: a rank that raised is held for the round, unless the job is to keep running
+    # or torchrun would restart it (a held rank would keep the restart from happening)
+    hold_s = None if opts.keep_running or restarts else multinode.HOLD_S
     layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
@@ -184,7 +188,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 pump.start()
                 if plan is not None:
                     node = multinode.Node(plan, layout, lambda text: echo(f"[moe-hang] {text}"),
-                                          stall_s=opts.stall_s)
+                                          stall_s=opts.stall_s, hold_s=hold_s)
                     node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
                 # a slower poll than repro's: watch sits beside long jobs, and on a small
@@ -193,7 +197,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
                                          hang_after_s=opts.hang_after_s, watch_unprobed=True,
-                                         max_restarts=coord.torchrun_max_restarts(cmd))
+                                         max_restarts=restarts)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"),

@@ -101,6 +101,13 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
 
 
 def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
+    if ev.heartbeat is not None and ev.heartbeat.held and ev.error is not None \
+            and ev.error.frames:
+        # it raised and its probe holds it for the capture (multi-node watch): where it is
+        # now is the probe's wait; where it raised is its stack
+        ev.threads = [ThreadStack("MainThread", ev.error.frames, is_main=True)]
+        ev.stack_source = "exception traceback (held for the capture)"
+        return
     if files.pyspy.exists():
         try:
             ev.threads = parse_pyspy(json.loads(files.pyspy.read_text()))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _RANK_FILE = re.compile(r"rank(\d+)\.")
+HOLD = "hold.json"
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class RankFiles:
     def hold(self) -> Path:
         """One for every rank: the watcher's order to hold a rank that raised until the
         capture round is over (multi-node watch; ``{"watcher": pid, "limit_s": s}``)."""
-        return self.ranks_dir / "hold.json"
+        return self.ranks_dir / HOLD
 
     def probe_files(self) -> tuple[Path, ...]:
         """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""
@@ -224,6 +225,11 @@ class RunLayout:
     def teardown_dir(self) -> Path:
         """What the ranks and the job wrote after the capture."""
         return self.root / "teardown"
+
+    @property
+    def hold(self) -> Path:
+        """Multi-node watch: hold a rank that raised for the capture (``RankFiles.hold``)."""
+        return self.ranks_dir / HOLD
 
     def rank(self, r: int) -> RankFiles:
         return RankFiles(self.ranks_dir, r)

@@ -35,6 +35,7 @@ from moe_hang.commands.multinode.connect import (
 )
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
+    HOLD_S,
     MOVING_S,
     OFFER_S,
     Node,
@@ -56,6 +57,7 @@ __all__ = [
     "CONNECT_S",
     "FRESH_S",
     "HISTORY_PER_GROUP",
+    "HOLD_S",
     "MAX_USER_FRAMES",
     "MOVING_S",
     "OFFER_S",

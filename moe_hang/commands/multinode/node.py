@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
 MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
 OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
+# a rank that raised is held (its probe waits, bounded) until the round is over: a whole round
+# is bounded by its capture (30 s), verdict (20 s) and end (15 s) waits, plus the capture here
+HOLD_S = 90.0
 
 
 @dataclass
@@ -57,8 +60,10 @@ class Node:
     local ranks are up, summaries offered from the watch loop (no I/O there), and rounds."""
 
     def __init__(self, p: Plan, layout: RunLayout, notice: Callable[[str], None], *,
-                 stall_s: float = 10.0) -> None:
+                 stall_s: float = 10.0, hold_s: float | None = HOLD_S) -> None:
         self.plan, self.layout, self.notice = p, layout, notice
+        # None: a rank that raised ends at once (--keep-running; torchrun may restart it)
+        self.hold_s = hold_s
         # "moving" in a summary: moved this recently (well inside --stall, so that ranks that
         # just entered the collective the others wait in are not read as computing)
         self.moving_s = min(MOVING_S, stall_s / 2)
@@ -86,6 +91,10 @@ class Node:
         """After the job started. torch (for the store client) is imported here, in the main
         thread, while the job starts up: never half-way in a daemon thread at exit."""
         self.job = job
+        if self.hold_s:
+            # a rank that raised stays (bounded) until every node has captured and has the
+            # verdict: its exit would end its peers and launchers, the store's host with them
+            rundir.write_json(self.layout.hold, {"watcher": os.getpid(), "limit_s": self.hold_s})
         if self.plan.shared_dir is None:
             coord.preload_torch()
         self._thread = threading.Thread(target=self._run, name="moe-hang-multinode",
