@@ -36,6 +36,7 @@ from moe_hang.commands.session import (
 )
 from moe_hang.commands.supervise import (
     AloneOnNode,
+    Peers,
     WatchOptions,
     capture_and_diagnose,
     diagnose_watched,
@@ -173,6 +174,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     diag: Diagnosis | None = None
     pump: threading.Thread | None = None
     node: multinode.Node | None = None
+    spread: multinode.SpreadLater | None = None
     interrupted: str | None = None
     ended = False
     # SIGUSR1 is ours from the start: its default action would end the tool, not the job
@@ -204,7 +206,15 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     # one node: its ranks sampled when the probe is not in them; the nodes of
                     # a multi-node job speak through their probes' heartbeats
                     sampler=sampling.sampler(native=opts.native) if node is None else None)
-                peers = AloneOnNode() if node is None else multinode.NodePeers(node)
+                peers: Peers = AloneOnNode()
+                if node is not None:
+                    peers = multinode.NodePeers(node)
+                elif not coord.launches_torchrun(cmd):
+                    # srun, mpirun, a launcher of the job's own: spans nodes once its ranks'
+                    # world turns out larger than the ranks here
+                    spread = peers = multinode.SpreadLater(functools.partial(
+                        _join_spread, job=job, layout=layout, opts=opts, hold_s=hold_s,
+                        notice=lambda text: echo(f"[moe-hang] {text}")))
                 outcome, diag = supervise(
                     mon, peers, functools.partial(capture_and_diagnose, layout=layout, cmd=cmd,
                                                   say=say, opts=opts),
@@ -221,6 +231,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     ended = True
             finally:
                 gate.on = False
+                node = node or (spread.node if spread is not None else None)
                 if node is not None:
                     node.close()
                 # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
@@ -252,6 +263,26 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     if code == EXIT_OK:
         code = _own_code(outcome.returncode)
     return WatchResult(diag, code, layout, outcome)
+
+
+def _join_spread(mon: Monitor, *, job: LaunchedJob, layout: RunLayout, opts: WatchOptions,
+                 hold_s: float | None, notice: Callable[[str], None]) -> multinode.Node | None:
+    """A job not started by torchrun, its ranks up: this node's part of one that spans nodes
+    when their world is larger than the ranks here (through the store of their ``env://``
+    init); None on one node, or when the ranks name no store (then say what would do)."""
+    hbs = mon.out.heartbeats
+    world = world_of(hbs)
+    if mon.out.sampled or not world or world <= len(hbs):
+        return None
+    p = multinode.plan_from_ranks([hb.pid for hb in hbs.values() if hb.pid is not None])
+    if p is None:
+        notice(f"ranks {len(hbs)} of a world of {world} run here, and no MASTER_ADDR/"
+               "MASTER_PORT names their store: a verdict from this node's ranks only "
+               "(give every watcher --shared-dir DIR)")
+        return None
+    node = multinode.Node(p, layout, notice, stall_s=opts.stall_s, hold_s=hold_s)
+    node.attach(job)
+    return node
 
 
 def _own_code(rc: int | None) -> int:

@@ -38,7 +38,7 @@ BEAT_STALE_S = 1.0  # the probe beats every 0.25 s: silent this long, its rank h
 # nothing says how many ranks run on this node (no LOCAL_WORLD_SIZE: one srun or mpirun task
 # per node that starts its node's ranks itself): the ranks here are up once no new one joined
 # a group for this long and every process under the job that joined one has its heartbeat
-SETTLE_S = 2.0
+SETTLE_S = 1.0
 
 
 @dataclass

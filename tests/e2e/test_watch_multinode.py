@@ -364,3 +364,72 @@ def test_a_crash_gives_one_verdict_on_every_node(nodes: Nodes, tmp_path: Path, c
     assert verdicts[0]["request"] == verdicts[1]["request"]
     assert not verdicts[0]["local_only"] and not verdicts[1]["local_only"]
     assert sorted(verdicts[0]["captured"]) == ["0", "1"]
+
+
+# ----------------------------------------------------------------------------- no torchrun
+# (issue 19 item 3): srun or mpirun start the ranks; launch_like.py once per "node" stands in
+# for the launcher's daemon there. The watchers meet in the store rank 0's process hosts for
+# the ranks' env:// init (MASTER_ADDR:MASTER_PORT), or in --shared-dir
+
+
+def _launched(nodes: Nodes, tmp_path: Path, style: str, script: str, *opts: str,
+              **env: str) -> list[tuple[int, dict, str]]:
+    port = str(free_port())
+    launch = [PY, str(JOBS / "launch_like.py"), style, "2", port, script]
+    procs = [nodes.start([*_watch(tmp_path / f"node{i}", *opts), *launch],
+                         LAUNCH_NODE_RANK=str(i), LAUNCH_NNODES="2", **env)
+             for i in (0, 1)]
+    return nodes.results(procs)
+
+
+def _one_round(tmp_path: Path, res: list[tuple[int, dict, str]]) -> None:
+    own = ("artifacts", "command", "job_exit_code", "detected", "timings")
+    a, b = ({k: v for k, v in d.items() if k not in own} for _, d, _ in res)
+    assert a == b
+    verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+                for i in (0, 1)]
+    assert verdicts[0]["request"] == verdicts[1]["request"]
+    assert sorted(verdicts[0]["captured"]) == ["0", "1"] and not verdicts[0]["local_only"]
+    for _, _, err in res:
+        assert "one verdict for the job from nodes 0 (" in err, err[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("style, crash", [("slurm", 2), ("ompi", 1)],
+                         ids=["srun_crash_on_node1", "mpirun_crash_on_store_node"])
+def test_without_torchrun_through_the_ranks_store(nodes: Nodes, tmp_path: Path, style: str,
+                                                   crash: int) -> None:
+    """No torchrun, no --shared-dir: the watchers find MASTER_ADDR:MASTER_PORT in their ranks'
+    environment and meet in rank 0's store (keys of their own); a rank that raised on either
+    node gives one crash verdict on both."""
+    res = _launched(nodes, tmp_path, style, CRASH, CRASH_RANK=str(crash))
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    for _, d, err in res:
+        assert d["verdict"] == "crash" and d["culprit_ranks"] == [crash], (d["summary"],
+                                                                         err[-3000:])
+        assert d["summary"].startswith(f"Rank {crash} raised ValueError: corrupt shard 17")
+        assert {r["rank"] for r in d["ranks"]} == {0, 1, 2, 3}
+    _one_round(tmp_path, res)
+    assert [sorted(r for r, p in nodes.rank_dirs().items() if p.name == f"node{i}")
+            for i in (0, 1)] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(240)
+def test_without_torchrun_through_a_shared_dir(nodes: Nodes, tmp_path: Path) -> None:
+    """srun-like, --shared-dir: rank 3 skips its expert group's all-gather; both watchers print
+    the rank-3 desync, and nothing survives."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    res = _launched(nodes, tmp_path, "slurm", SCRIPT, "--shared-dir", str(shared))
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    for _, d, _ in res:
+        _assert_rank3_verdict(d)
+    _one_round(tmp_path, res)
+
+
+@pytest.mark.timeout(240)
+def test_without_torchrun_a_healthy_job_ends_by_itself(nodes: Nodes, tmp_path: Path) -> None:
+    """The same launch, nobody raises: both watchers let it finish and return its code."""
+    res = _launched(nodes, tmp_path, "slurm", CRASH, CRASH_RANK="-1", JOB_STEP_S="0.2")
+    assert [code for code, _, _ in res] == [0, 0], [err[-3000:] for _, _, err in res]
+    assert all(d["verdict"] == "healthy" for _, d, _ in res), [d["summary"] for _, d, _ in res]

@@ -32,6 +32,7 @@ from moe_hang.commands.multinode.connect import (
     open_channel,
     peers_for_diagnose,
     plan,
+    plan_from_ranks,
 )
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
@@ -40,9 +41,10 @@ from moe_hang.commands.multinode.node import (
     OFFER_S,
     Node,
     RoundOutcome,
+    block_of,
     unreached_ranks,
 )
-from moe_hang.commands.multinode.peers import NodePeers
+from moe_hang.commands.multinode.peers import NodePeers, SpreadLater
 from moe_hang.commands.multinode.requests import request_kind
 from moe_hang.commands.multinode.summaries import (
     HISTORY_PER_GROUP,
@@ -65,6 +67,8 @@ __all__ = [
     "NodePeers",
     "Plan",
     "RoundOutcome",
+    "SpreadLater",
+    "block_of",
     "capture_summary",
     "check_shared_dir",
     "history_of",
@@ -72,6 +76,7 @@ __all__ = [
     "open_channel",
     "peers_for_diagnose",
     "plan",
+    "plan_from_ranks",
     "raw_heartbeats",
     "request_kind",
     "unreached_ranks",

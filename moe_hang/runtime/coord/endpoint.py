@@ -87,6 +87,12 @@ def _torchrun_opts(argv: Sequence[str]) -> tuple[dict[str, str], set[str]] | Non
     return opts, flags
 
 
+def launches_torchrun(argv: Sequence[str]) -> bool:
+    """The command is torchrun itself (``torchrun ...``, ``python -m torch.distributed.run``):
+    its command line says whether the job spans nodes."""
+    return _torchrun_args(argv) is not None
+
+
 def torchrun_max_restarts(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """``--max-restarts`` of a torchrun command line (``PET_MAX_RESTARTS``; 0 by default, and
     for any other command)."""
