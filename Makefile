@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.moe-hang-installed
 PYTEST_ARGS ?=
+# make fuzz: N runs (a mirrored twin is a run) of generated jobs from seed SEED
+SEED ?= 1
+N ?= 200
 
-.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak corpus corpus-deps corpus-fast clean
+.PHONY: setup demo test test-fast test-matrix lint bench bench-quick soak corpus corpus-deps \
+	corpus-fast fuzz fuzz-smoke clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +62,16 @@ corpus: corpus-deps
 
 corpus-fast: setup
 	$(PY) -m pytest -q -m corpus tests/corpus $(PYTEST_ARGS)
+
+# generated jobs with planted faults through the real CLI (moe_hang/testing/fuzz): a line per
+# run, the table by fault kind, and last `accuracy: R/N runs fully right`; every family needs
+# torch only (no extra to install)
+fuzz: setup
+	$(PY) scripts/fuzz.py --seed $(SEED) -n $(N)
+
+# three generated runs through the CLI under pytest (not in `make test`: --fuzz)
+fuzz-smoke: setup
+	$(PY) -m pytest -q -m fuzz --fuzz tests/e2e/test_fuzz.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) scripts/bench.py

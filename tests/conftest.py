@@ -312,12 +312,17 @@ def fixtures() -> Path:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--matrix", action="store_true", default=False,
                      help="also run the full scenario matrix (make test-matrix)")
+    parser.addoption("--fuzz", action="store_true", default=False,
+                     help="also run the fault generator's smoke test (make fuzz-smoke)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--matrix"):
-        return
-    skip = pytest.mark.skip(reason="full matrix: run `make test-matrix`")
-    for item in items:
-        if "matrix" in item.keywords:
-            item.add_marker(skip)
+    opt_in = {"matrix": "full matrix: run `make test-matrix`",
+              "fuzz": "generated jobs: run `make fuzz-smoke`"}
+    for marker, reason in opt_in.items():
+        if config.getoption(f"--{marker}"):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_hang.analysis.blocks import EXTRA, Block, part, user_code
+from moe_hang.analysis.blocks import EXTRA, Block, conditional_block, part, user_code
 from moe_hang.analysis.blocks import identity as identity_of
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
@@ -114,10 +114,19 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
                 kind = MismatchKind.MISSING
         if kind is None:
             continue
+        if block is None and (cb := conditional_block(pg, seq, with_data, views)) is not None:
+            block, kind, seq = cb, MismatchKind.EXTRA, cb.start
+            present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
+            have = {r: c for r, c in present.items() if c is not None}
         first = next(iter(have.values()))
         per_rank = {r: to_rc(present.get(r), views[r]) for r in with_data}
         if block is not None:  # the block is what one side posted and the other never did
             per_rank.update(dict.fromkeys(block.lacking))
+            site = block.site
+            for r in block.having:  # its own line: not the one every step goes through
+                rc = per_rank.get(r)
+                if rc is not None and site is not None:
+                    rc.callsite = site
         phase = next((c.phase for c in have.values() if c.phase), None)
         if phase is None and any(c.frames and in_backward(c.frames) for c in have.values()):
             phase = "backward"

@@ -72,6 +72,9 @@ class Block:
     basis: CulpritBasis = CulpritBasis.AMBIGUOUS
     condition: str | None = None  # the rank condition on the extra's path, read from source
     counts: dict[int, int] = field(default_factory=dict)  # collectives like the block's, each
+    # the frames of what the same op is posted from otherwise (the other side's, or earlier
+    # steps'): the block's own line is its innermost user frame that is not among them
+    reference: list[Frame] = field(default_factory=list)
 
     @property
     def culprits(self) -> list[int]:
@@ -83,11 +86,15 @@ class Block:
 
     @property
     def site(self) -> Frame | None:
-        """The user line that posted the block (its first collective)."""
-        for f in self.items[0].frames if self.items else []:
-            if not is_library_frame(f):
-                return f
-        return None
+        """The user line that posted the block: its first collective's innermost user frame
+        that the same op's regular path does not share (an evaluation's ``model(x)``, not the
+        ``block(x)`` inside the model every forward runs through)."""
+        user = [f for f in (self.items[0].frames if self.items else [])
+                if not is_library_frame(f)]
+        shared = {(f.file, f.line, f.function) for f in self.reference}
+        own = [f for f in user if (f.file, f.line, f.function) not in shared]
+        best = own or user
+        return best[0] if best else None
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,8 @@ def part(pg: str, seq: int, camps: Sequence[list[int]], views: RankViews) -> Par
                       min(b.after for b in found))
     if first.decided is None:
         _decide(first, pg, views)
+    if first.items:  # and what the same op was posted from before, on this rank
+        first.reference = first.reference + _regular(pg, first.items[0], first.having[0], views)
     first.counts = _counts(pg, first, views)
     return Parting(first)
 
@@ -197,18 +206,65 @@ def _pair(pg: str, seq: int, a: list[int], b: list[int], views: RankViews) -> Pa
             _same_but_site(x, y) for x, y in zip(ta[i1:i2], tb[j1:j2], strict=True)):
         return Parting(benign=True)  # two code paths posting the same collectives
     if tag == "delete" and after:  # a has ta[i1:i2] that b lacks
-        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2], after))
+        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2], after,
+                             reference=_frames(tb)))
     if tag == "insert" and after:
-        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2], after))
+        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2], after,
+                             reference=_frames(ta)))
     if tag == "replace" and after and min(i2 - i1, j2 - j1) == 0:
         return Parting()
     # one camp's block is longer, and the rest lines up: the longer one has an extra run of
     # the same collective (a skipped expert's all-gather looks like the next expert's)
     if tag == "replace" and after and ia[i1:i2][-(j2 - j1):] == ib[j1:j2]:
-        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2 - (j2 - j1)], after))
+        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2 - (j2 - j1)], after,
+                             reference=_frames(tb)))
     if tag == "replace" and after and ib[j1:j2][-(i2 - i1):] == ia[i1:i2]:
-        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2 - (i2 - i1)], after))
+        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2 - (i2 - i1)], after,
+                             reference=_frames(ta)))
     return Parting()
+
+
+def _frames(t: list[Collective]) -> list[Frame]:
+    """The frames the other side posted its first collectives from."""
+    return [f for c in t[:4] for f in c.frames]
+
+
+def _regular(pg: str, first: Collective, r: int, views: RankViews) -> list[Frame]:
+    """The frames the rank posted the same op from before the block: its regular path."""
+    before = [c for s, c in sorted(views[r].tl.by_pg.get(pg, {}).items())
+              if s < first.seq and c.op == first.op and c.frames]
+    return [f for c in before[-64:] for f in c.frames if not is_library_frame(f)]
+
+
+def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> Block | None:
+    """Where the others' collectives up to ``seq`` cannot be compared (their recorder died
+    with them: only their counts and stacks are left), the source can still say what one
+    rank posted that the others did not: a run of collectives right before (or at) ``seq``
+    posted from code that runs under a rank condition, where no other rank posted from that
+    code (and none from a branch of the same condition)."""
+    for r in ranks:
+        entries = views[r].tl.by_pg.get(pg, {})
+        s = seq if seq in entries and _condition(entries[seq]) else seq - 1
+        run: list[Collective] = []
+        cond: str | None = None
+        while s in entries and (c := _condition(entries[s])) is not None:
+            run.insert(0, entries[s])
+            cond = cond or c
+            s -= 1
+        if not run:
+            continue
+        others = [q for q in ranks if q != r]
+        seen = [views[q].tl.by_pg.get(pg, {}).get(c.seq) for q in others for c in run]
+        if any(o is not None and (_condition(o) is not None
+                                  or user_code(o, views[q]) == user_code(c, views[r]))
+               for q in others for c in run
+               if (o := views[q].tl.by_pg.get(pg, {}).get(c.seq)) is not None):
+            continue  # another rank posted from that code too, or from a branch of it
+        if not any(o is None for o in seen):
+            continue  # the others' collectives are known there: the diff speaks for them
+        return Block(run[0].seq, [r], sorted(others), run, 0, EXTRA, CulpritBasis.SOURCE,
+                     cond, reference=_regular(pg, run[0], r, views))
+    return None
 
 
 def _same_but_site(x: Collective, y: Collective) -> bool:

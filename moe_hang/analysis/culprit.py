@@ -127,9 +127,16 @@ def _keeps_constant(c: Collective, views: RankViews) -> bool | None:
             and not (h.pg == c.pg and h.seq >= c.seq)]  # history: before this one
     # its own call site's history, else — a call site never used before — the op's on this
     # kind of group, whatever posted it: every rank kept one shape there
-    seen = {_signature(h) for h in done if site_key(h) == site} or {_signature(h) for h in done}
+    here = [h for h in done if site_key(h) == site] or done
+    seen = {_signature(h) for h in here}
     if len(seen) != 1:
-        return None
+        # other shapes earlier on (a warm-up, where no call site tells them apart): the
+        # steps right before this one, if they kept one shape
+        recent = {h.seq: _signature(h) for h in here if h.pg == c.pg}
+        last = [recent[s] for s in sorted(recent)[-3:]]
+        if len(last) < 3 or len(set(last)) != 1:
+            return None
+        seen = set(last)
     return _signature(c) in seen
 
 
@@ -139,7 +146,9 @@ def _breaks_constant(sides: list[list[int]], have: dict[int, Collective],
     always was in earlier steps, while the other's is just that."""
     if len(sides) != 2:
         return None
-    keeps = [_keeps_constant(have[rs[0]], views) for rs in sides]
+    # a side whose sizes are not known (a dead rank's) keeps or breaks nothing
+    keeps = [_keeps_constant(have[rs[0]], views) if have[rs[0]].input_sizes else None
+             for rs in sides]
     if keeps == [True, False]:
         return sides[1]
     if keeps == [False, True]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from moe_hang.analysis.timeline import RankViews
-from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 from moe_hang.evidence.model import SizeAbort
+from moe_hang.evidence.ops import SAME_SIZE_OPS
 from moe_hang.evidence.stacks import Frame, callsite
 from moe_hang.evidence.vocab import RankState
 
@@ -35,10 +36,10 @@ def _same_line(a: Frame | None, b: Frame | None) -> bool:
 
 
 def _own_sizes(theirs: list[list[int]], abort: SizeAbort | None) -> list[list[int]]:
-    """The aborted rank's own input sizes, from a peer's and gloo's byte counts: in an
-    all-gather it expected ``expected`` bytes from each peer because that is what it held
-    itself (every member holds the same shape, it assumed), and received ``received`` (other
-    ops exchange chunks of the buffer: their byte counts say nothing of one rank's sizes)."""
+    """The aborted rank's own input sizes, from its peers' and gloo's byte counts: it expected
+    ``expected`` bytes of each message because that is what its own buffer makes (every
+    member holds the same shape, it assumed — an all-gather's whole input, an all-reduce's
+    chunk of it), and received ``received`` from a peer whose buffer was that much bigger."""
     if abort is None or not abort.received or not abort.expected or len(theirs) != 1:
         return []
     (dims,) = theirs
@@ -56,39 +57,67 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
         op, site = v.stack.op, v.stack.callsite
         if v.state != RankState.EXITED or not op or op == "unknown" or site is None:
             continue
-        if v.current is not None and v.current.op == op and _same_line(
+        if v.current is not None and v.current.completed is False and v.current.op == op \
+                and _same_line(
                 callsite(v.current.frames) if v.current.frames else site, site):
             continue  # its own records already say where it was
-        if v.ev.heartbeat is None or v.ev.heartbeat.pg_status is None:
-            continue  # no count of its own to check a position against
+        counts = dict(v.tl.completed)
+        if not counts:
+            # no count of its own (it died before a heartbeat saw a collective): it took part
+            # in everything its peers completed, from the start; the default group is the
+            # only one every rank surely belongs to
+            counts = {DEFAULT_PG: -1}
         found: list[tuple[str, int, Collective]] = []
         seen: list[str] = []
-        for pg, done in v.tl.completed.items():
+        for pg, done in counts.items():
             # its count is a lower bound (a beat may lag the rank's last steps): the first
-            # collective from there on that its stack's op and line agree with
+            # collective from there on that its stack's op and line agree with. Its own
+            # records speak for themselves — unless they are a save older than its death
+            # (fr_saved): then it went past the last one it saved, which it completed
+            own = v.tl.by_pg.get(pg, {})
+            if own and v.ev.fr_saved:
+                done = max(done, max(own))
             last = max((s for pv in views.values() for s in pv.tl.by_pg.get(pg, {})),
                        default=done)
+            # in a loop the same op and line come every step: the rank took part in every
+            # collective its peers completed, so it died at the last candidate before the
+            # first one a peer could not complete (gloo may let the bigger sender through)
+            best: tuple[str, int, Collective] | None = None
             for n in range(done + 1, last + 1):
-                if n in v.tl.by_pg.get(pg, {}):
-                    break  # its own records reach this far: they speak for themselves
-                peer = next((c for q, pv in views.items() if q != r
-                             and (c := pv.tl.by_pg.get(pg, {}).get(n)) is not None), None)
-                if peer is None:
+                if n in own:
+                    break
+                here = [c for q, pv in views.items() if q != r
+                        and (c := pv.tl.by_pg.get(pg, {}).get(n)) is not None]
+                if not here:
                     continue
+                peer = here[0]
                 there = callsite(peer.frames) if peer.frames else None
                 if peer.op == op and (there is None or _same_line(there, site)):
-                    found.append((pg, n, peer))
-                    break
-                if len(seen) < 3:
+                    best = (pg, n, peer)
+                elif best is None and len(seen) < 3:
                     seen.append(f"{peer.op} at seq {n} of group {pg}"
                                 + (f" ({there.short()})" if there else ""))
+                if any(c.completed is not True for c in here):
+                    break  # the first collective a peer did not complete: no further
+            if best is not None:
+                found.append(best)
         if len(found) == 1:
             pg, n, peer = found[0]
+            # its sizes: only where every peer posted one shape and dtype there (with three
+            # ranks the bigger message came from one of them, and nothing says which; a
+            # float64 message is twice a float32 one of the same shape)
+            shapes = {(str(c.input_sizes), str(c.dtypes)) for q, pv in views.items() if q != r
+                      and (c := pv.tl.by_pg.get(pg, {}).get(n)) is not None}
+            one = len(shapes) == 1 and v.ev.exit_code == -6 and op in SAME_SIZE_OPS
             mine = replace(peer, seq=n, frames=list(v.stack.frames), completed=False,
                            source="reconciled", record_id=None,
-                           input_sizes=_own_sizes(peer.input_sizes, abort)
-                           if v.ev.exit_code == -6 and op == "all_gather" else [],
+                           input_sizes=_own_sizes(peer.input_sizes, abort) if one else [],
+                           dtypes=list(peer.dtypes) if len(shapes) == 1 else [],
                            output_sizes=[])
+            for c in v.tl.by_pg.get(pg, {}).values():  # it got past everything before it
+                if c.seq < n:
+                    c.completed = True
+            v.tl.completed[pg] = max(v.tl.completed.get(pg, -1), n - 1)
             v.tl.by_pg.setdefault(pg, {})[n] = mine
             v.tl.enqueued[pg] = max(v.tl.enqueued.get(pg, -1), n)
             v.tl.has_data = True

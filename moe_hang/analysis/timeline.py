@@ -79,7 +79,8 @@ def timeline(ev: RankEvidence) -> RankTimeline:
             enq[pg] = max(enq.get(pg, -1), st.enqueued)
             done[pg] = max(done.get(pg, -1), st.completed)
     hb = ev.heartbeat
-    if ev.fr is None and hb is not None and hb.pg_status is not None:
+    if (ev.fr is None or ev.fr_saved) and hb is not None and hb.pg_status is not None:
+        # the heartbeat is fresher than a saved recorder: its counts say how far the rank got
         names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
                  if e.get("process_group")}
         for pg_id, st in hb.pg_status.items():
@@ -97,7 +98,7 @@ def timeline(ev: RankEvidence) -> RankTimeline:
     for pg, coll in by_pg.items():
         if pg in done:
             for c in coll.values():
-                if c.completed is None:
+                if c.completed is None or (ev.fr_saved and c.completed is False):
                     c.completed = c.seq <= done[pg]
     _failed_in(ev, by_pg)
     return RankTimeline(by_pg, enq, done, has)

@@ -73,6 +73,14 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
             ev.fr = fr.load(files.fr)
         except Exception as exc:
             ev.fr_error = f"{type(exc).__name__}: {exc}"[:160]
+    elif files.fr_saved.exists():
+        # no dump at capture (gloo aborted it from a C++ thread): the recorder as its probe
+        # saved it a few seconds before; its heartbeat's counts say how far it got since
+        try:
+            ev.fr, ev.fr_saved = fr.load(files.fr_saved), True
+            ev.notes.append("its recorder as the probe last saved it (it left no dump)")
+        except Exception as exc:
+            ev.fr_error = f"saved recorder: {type(exc).__name__}: {exc}"[:160]
     if files.tokens.exists():
         bad = 0
         for line in files.tokens.read_text(errors="replace").splitlines():

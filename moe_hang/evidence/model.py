@@ -347,6 +347,7 @@ class RankEvidence:
     alive: bool | None = None  # None: unknown
     exit_code: int | None = None  # negative: killed by that signal (torchrun's convention)
     fr: FRDump | None = None
+    fr_saved: bool = False  # ``fr`` is the probe's periodic save, older than its heartbeat
     fr_error: str | None = None
     threads: list[ThreadStack] | None = None
     stack_source: str | None = None  # py-spy | faulthandler | fatal | probe

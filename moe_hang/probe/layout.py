@@ -7,6 +7,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     meta.json  config.json  processes.json  diagnosis.json  console.log  job.log
     reference.json  reference.log  torchrun/
     ranks/rank{R}.hb.json       heartbeat              ranks/rank{R}.fr.pkl      Flight Recorder
+    ranks/rank{R}.fr.saved.pkl  the recorder, saved every few seconds (what a SIGABRT leaves)
     ranks/rank{R}.tokens.jsonl  posted collectives     ranks/rank{R}.stack.txt   faulthandler
     ranks/rank{R}.fatal.txt     fatal-signal stack     ranks/rank{R}.error.json  exception
     ranks/rank{R}.groups.json   process groups         ranks/rank{R}.dump.json   dump marker
@@ -39,6 +40,7 @@ class RankFiles:
     # what follows ``ranks/rank{R}.``: RunLayout.files_of takes these
     HEARTBEAT = "hb.json"
     FR = "fr.pkl"
+    FR_SAVED = "fr.saved.pkl"  # the recorder as the probe saved it last (survives an abort)
     TOKENS = "tokens.jsonl"
     STACK = "stack.txt"
     FATAL = "fatal.txt"
@@ -67,6 +69,10 @@ class RankFiles:
     @property
     def fr(self) -> Path:
         return self._in_ranks(self.FR)
+
+    @property
+    def fr_saved(self) -> Path:
+        return self._in_ranks(self.FR_SAVED)
 
     @property
     def tokens(self) -> Path:

@@ -60,6 +60,10 @@ ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
 FR_BUFFER = "2000"
+# how often the recorder is saved while it moves (_save_recorder): at least this far apart,
+# and at least SAVE_COST_RATIO times what the last save cost (so it stays under 1 % of a core)
+SAVE_EVERY_S = 1.0
+SAVE_COST_RATIO = 100.0
 # Only these variables of a rank's environment ever reach a file: torchrun's, and the other
 # launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
 ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
@@ -132,6 +136,9 @@ class Probe:
         self._stopping = False
         self._held = False
         self._release = threading.Event()
+        self._saved_status: Any = None  # the recorder's status when it was last saved
+        self._saved_at = -1e9
+        self._save_cost = 0.0  # seconds the last save took
 
     # -------------------------------------------------------------- files
 
@@ -212,8 +219,30 @@ class Probe:
         finally:
             self._hb_lock.release()
 
+    def _save_recorder(self, status: dict[str, Any] | None) -> None:
+        """Every few seconds, while collectives complete, the recorder as it is now: gloo
+        aborts a rank from a C++ thread (SIGABRT) before anything can dump it, and then this
+        is its history (the last moments come from its heartbeat's counts and the stack it
+        died with). Without stack traces: a dump of 2000 entries costs tens of milliseconds,
+        so saves are spaced by what they cost (SAVE_COST_RATIO)."""
+        now = time.monotonic()
+        every = max(SAVE_EVERY_S, SAVE_COST_RATIO * self._save_cost)
+        if status is None or status == self._saved_status or now - self._saved_at < every:
+            return
+        with self._calling_torch() as torch:
+            if torch is None:
+                return
+            try:
+                raw = bytes(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+            except Exception:
+                return
+        write_atomic(self.files.fr_saved, raw)
+        self._saved_status, self._saved_at = status, now
+        self._save_cost = time.monotonic() - now
+
     def _heartbeat(self) -> None:
         status = self._fr_status()
+        self._save_recorder(status)
         self._beat += 1
         pending_somewhere = status is not None and any(
             s["enqueued"] > s["completed"] for s in status.values())

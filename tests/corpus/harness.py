@@ -150,11 +150,23 @@ def moe_hang_argv() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "moe_hang.cli"]
 
 
-def torchrun_argv(job: Path, nproc: int) -> list[str]:
+def _launcher() -> list[str]:
     exe = BIN / "torchrun"
-    launcher = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    return [*launcher, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun_argv(job: Path, nproc: int) -> list[str]:
+    return [*_launcher(), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
             "--master_port", str(free_port()), str(job)]
+
+
+def torchrun_node_argv(job: Path, nproc: int, nnodes: int, endpoint: str,
+                       rdzv_id: str) -> list[str]:
+    """One of ``nnodes`` agents of one job (c10d rendezvous: which agent gets which ranks is
+    torch's race), ``nproc // nnodes`` ranks each."""
+    return [*_launcher(), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc // nnodes),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", rdzv_id,
+            "--max_restarts", "0", str(job)]
 
 
 def tagged(run_id: str) -> list[psutil.Process]:
@@ -257,6 +269,7 @@ class CaseResult:
     stdout_path: str = ""
     stderr_path: str = ""
     job_log: str = ""
+    nodes: list[CaseResult] = field(default_factory=list)  # one per watcher (nnodes > 1)
 
 
 def case_env(case: Case, env: Env, marks: Path, run_id: str) -> dict[str, str]:
@@ -302,7 +315,9 @@ def run_case(case: Case, env: Env, work: Path) -> CaseResult:
     pgids: list[int] = []
     t0 = time.monotonic()
     try:
-        if case.mode == "watch":
+        if case.mode == "watch" and case.nnodes > 1:
+            _run_watch_nodes(case, job, full_env, work, out_dir, res, pgids, run_id)
+        elif case.mode == "watch":
             _run_watch(case, job, full_env, work, out_dir, res, pgids, run_id)
         else:
             _run_diagnose(case, job, full_env, work, out_dir, res, pgids, run_id)
@@ -311,7 +326,7 @@ def run_case(case: Case, env: Env, work: Path) -> CaseResult:
         res.survivors = kill_run(run_id, pgids)
     if res.diagnosis is None and res.error is None:
         res.error = "no diagnosis"
-    log = out_dir / "job.log"
+    log = Path(res.out_dir) / "job.log"
     if log.exists():
         res.job_log = str(log)
     return res
@@ -341,6 +356,60 @@ def _run_watch(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: 
     if res.diagnosis is None:
         res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
             Path(res.stderr_path).read_text(errors="replace")[-400:]
+
+
+def _run_watch_nodes(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: Path,
+                     res: CaseResult, pgids: list[int], run_id: str) -> None:
+    """``case.nnodes`` watchers, each in front of its own torchrun agent (as srun starts
+    them); the run's fields are node 0's, every node's result is in ``res.nodes``."""
+    stall = ["--stall", f"{case.stall:g}"] if case.stall is not None else []
+    endpoint = f"127.0.0.1:{free_port()}"
+    out_dir.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+    for i in range(case.nnodes):
+        node = CaseResult(out_dir=str(out_dir / f"node{i}"),
+                          stdout_path=str(work / f"stdout.node{i}.json"),
+                          stderr_path=str(work / f"stderr.node{i}.log"))
+        node.argv = [*moe_hang_argv(), "watch", "--json", "--out", node.out_dir, *stall,
+                     *case.watch_opts, "--",
+                     *torchrun_node_argv(job, case.nproc, case.nnodes, endpoint, run_id[:12])]
+        with open(node.stdout_path, "wb") as out, open(node.stderr_path, "wb") as err:
+            proc = subprocess.Popen(node.argv, stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
+                                    start_new_session=True)
+        pgids.append(proc.pid)
+        procs.append(proc)
+        res.nodes.append(node)
+    res.argv = res.nodes[0].argv
+    deadline = time.monotonic() + case.timeout_s
+    for node, proc in zip(res.nodes, procs, strict=True):
+        try:
+            node.exit_code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            node.timed_out = res.timed_out = True
+            node.error = f"timed out after {case.timeout_s:.0f} s"
+    if res.timed_out:
+        kill_run(run_id, pgids)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+    else:
+        res.tool_leaked = describe(wait_gone(run_id, 5.0))
+    for node in res.nodes:
+        # a watcher that timed out may have written what it concluded so far: kept to be
+        # read, the run is a miss all the same
+        node.diagnosis, err_text = _read_json(Path(node.stdout_path), Path(node.out_dir))
+        if node.diagnosis is None and node.error is None:
+            node.error = f"exit {node.exit_code}: {err_text}; stderr: " + \
+                Path(node.stderr_path).read_text(errors="replace")[-400:]
+        log = Path(node.out_dir) / "job.log"
+        node.job_log = str(log) if log.exists() else ""
+    first = res.nodes[0]
+    res.exit_code, res.diagnosis = first.exit_code, first.diagnosis
+    res.stdout_path, res.stderr_path = first.stdout_path, first.stderr_path
+    res.out_dir = first.out_dir
+    errors = [f"node {i}: {n.error}" for i, n in enumerate(res.nodes) if n.error]
+    res.error = "; ".join(errors) if errors else None
 
 
 def _run_diagnose(case: Case, job: Path, env: dict[str, str], work: Path, out_dir: Path,
@@ -494,6 +563,31 @@ def check_lines(expects: list[LineExpect], env: Env, job: Path,
 
 def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
           require_basis: bool = False) -> Score:
+    """Score one run; a multi-node run is scored on every node's diagnosis, and a field is
+    right only when it is right on every node."""
+    if not outcome.nodes:
+        return _score_one(case, env, mirrored, outcome, require_basis)
+    per = []
+    for node in outcome.nodes:
+        view = CaseResult(argv=node.argv, exit_code=node.exit_code, diagnosis=node.diagnosis,
+                          error=node.error,
+                          timed_out=node.timed_out, wall_s=outcome.wall_s,
+                          tool_leaked=outcome.tool_leaked, survivors=outcome.survivors,
+                          out_dir=node.out_dir, stdout_path=node.stdout_path,
+                          stderr_path=node.stderr_path, job_log=node.job_log)
+        per.append(_score_one(case, env, mirrored, view, require_basis))
+    checks: dict[str, str] = {}
+    for key in FIELDS:
+        values = [s.checks[key] for s in per]
+        bad = [f"node {i}: {v}" for i, v in enumerate(values) if v not in (OK, NOT_CHECKED)]
+        checks[key] = "; ".join(bad) if bad else (OK if OK in values else NOT_CHECKED)
+    got = dict(per[0].got)
+    got["nodes"] = [s.got for s in per]
+    return Score(case.name, mirrored, dict(env), per[0].expected, got, checks, outcome)
+
+
+def _score_one(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
+               require_basis: bool = False) -> Score:
     exp = expected_for(case, env)
     job = JOBS / case.job
     expected = describe_expected(case, exp, env, job)
@@ -507,7 +601,8 @@ def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
         # every field this case would have checked is a miss; the others stay n/a
         expected_fields = {"verdict": True, "exit": True, "culprit": exp.culprits_check,
                            "lines": bool(exp.lines),
-                           "advice": bool(exp.fix_forbid or exp.fix_require),
+                           "advice": bool(exp.fix_forbid or exp.fix_require
+                                          or exp.fix_none),
                            "summary": bool(exp.summary_contains),
                            "basis": bool(exp.basis) and (require_basis or case.require_basis),
                            "certainty": bool(exp.certainty)
@@ -547,6 +642,9 @@ def score(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
     if exp.fix_forbid or exp.fix_require:
         parts = [f"says {s!r}" for s in bad] + [f"lacks {s!r}" for s in missing]
         checks["advice"] = OK if not parts else "; ".join(parts)
+    if exp.fix_none and verdict == "healthy":
+        checks["advice"] = OK if not fix.strip() else \
+            f"advises {fix[:80]!r} (none is called for)"
     if exp.summary_contains:
         checks["summary"] = OK if exp.summary_contains.lower() in summary.lower() else \
             f"lacks {exp.summary_contains!r}"
@@ -578,6 +676,7 @@ def describe_expected(case: Case, exp: Expected, env: Env, job: Path) -> dict[st
     return {"verdicts": sorted(exp.verdicts), "culprits": sorted(exp.culprits),
             "culprits_checked": exp.culprits_check, "lines": lines,
             "fix_forbid": list(exp.fix_forbid), "fix_require": list(exp.fix_require),
+            "fix_none": exp.fix_none, "nnodes": case.nnodes,
             "summary_contains": exp.summary_contains,
             "culprit_basis": sorted(exp.basis), "certainty": sorted(exp.certainty),
             "mode": case.mode, "nproc": case.nproc, "stall": case.stall,
@@ -627,7 +726,8 @@ def new_workdir(base: str | None = None) -> Path:
 
 def outcome_from_json(run: Mapping[str, Any]) -> CaseResult:
     """The :class:`CaseResult` saved in a report's run (``score_to_json``), to score it again."""
-    return CaseResult(argv=list(run.get("argv") or []), exit_code=run.get("exit_code"),
+    return CaseResult(nodes=[outcome_from_json(n) for n in run.get("nodes") or []],
+                   argv=list(run.get("argv") or []), exit_code=run.get("exit_code"),
                    diagnosis=run.get("diagnosis"), error=run.get("error"),
                    timed_out=bool(run.get("timed_out")), wall_s=float(run.get("wall_s") or 0),
                    tool_leaked=list(run.get("tool_leaked") or []),
@@ -655,15 +755,21 @@ def rescore(report: Mapping[str, Any], require_basis: bool = False) -> list[Scor
     return out
 
 
+def _outcome_to_json(o: CaseResult) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "exit_code": o.exit_code, "wall_s": o.wall_s, "timed_out": o.timed_out,
+        "error": o.error, "tool_leaked": o.tool_leaked, "survivors": o.survivors,
+        "argv": o.argv, "out_dir": o.out_dir, "stdout": o.stdout_path,
+        "stderr": o.stderr_path, "job_log": o.job_log, "diagnosis": o.diagnosis}
+    if o.nodes:
+        out["nodes"] = [_outcome_to_json(n) for n in o.nodes]
+    return out
+
+
 def score_to_json(s: Score) -> dict[str, Any]:
-    o = s.outcome
     return {"case": s.case, "mirrored": s.mirrored, "label": s.label, "env": s.env,
             "ok": s.ok, "skipped": s.skipped, "checks": s.checks, "expected": s.expected,
-            "got": s.got, "exit_code": o.exit_code, "wall_s": o.wall_s,
-            "timed_out": o.timed_out, "error": o.error, "tool_leaked": o.tool_leaked,
-            "survivors": o.survivors, "argv": o.argv, "out_dir": o.out_dir,
-            "stdout": o.stdout_path, "stderr": o.stderr_path, "job_log": o.job_log,
-            "diagnosis": o.diagnosis}
+            "got": s.got, **_outcome_to_json(s.outcome)}
 
 
 def env_of(mapping: Mapping[str, str]) -> Env:

@@ -78,3 +78,44 @@ def test_a_field_left_unchecked_is_not_a_pass() -> None:
     assert s.checks["lines"] == s.checks["advice"] == harness.NO_EXPECTATION
     full = harness.score(case, dict(case.env), False, got)
     assert full.checks["lines"] != harness.NO_EXPECTATION
+
+
+def _raise_diagnosis(case: Case, env: harness.Env, culprits: list[int]) -> dict[str, object]:
+    """A diagnosis of raise_in_rank that is right on every field but the culprits."""
+    job = harness.JOBS / case.job
+    lines = harness.markers(job)
+    c = int(env["CULPRIT_RANK"])
+    ranks = [{"rank": r, "callsite": {"file": str(job),
+                                      "line": lines["raise" if r == c else "allreduce"]}}
+             for r in range(case.nproc)]
+    return {"verdict": "crash", "culprit_ranks": culprits, "fix": "", "ranks": ranks,
+            "summary": "rank raised ValueError", "culprit_basis": "exception",
+            "certainty": "definite"}
+
+
+def test_a_two_node_run_is_right_only_when_every_node_is() -> None:
+    case = next(c for c in CASES if c.name == "raise_in_rank")
+    env = dict(case.env)
+    right = _raise_diagnosis(case, env, [int(env["CULPRIT_RANK"])])
+    wrong = _raise_diagnosis(case, env, [0, 1])
+    both = harness.CaseResult(exit_code=3, nodes=[
+        harness.CaseResult(exit_code=3, diagnosis=right),
+        harness.CaseResult(exit_code=3, diagnosis=right)])
+    assert harness.score(case, env, False, both).ok
+    one = harness.CaseResult(exit_code=3, nodes=[
+        harness.CaseResult(exit_code=3, diagnosis=right),
+        harness.CaseResult(exit_code=3, diagnosis=wrong)])
+    s = harness.score(case, env, False, one)
+    assert not s.ok and s.checks["culprit"].startswith("node 1: ") and s.checks["lines"] == "ok"
+
+
+def test_fix_none_is_a_miss_when_any_advice_is_given() -> None:
+    case = Case("healthy_fast", "healthy_fast.py", 2, frozenset({"healthy", "straggler"}),
+                fix_none=True)
+    quiet = harness.CaseResult(exit_code=0, diagnosis={"verdict": "healthy", "fix": ""})
+    loud = harness.CaseResult(exit_code=0, diagnosis={"verdict": "healthy",
+                                                      "fix": "Cast to one dtype."})
+    assert harness.score(case, {}, False, quiet).ok
+    assert not harness.score(case, {}, False, loud).ok
+    hint = harness.CaseResult(exit_code=0, diagnosis={"verdict": "straggler", "fix": "Look."})
+    assert harness.score(case, {}, False, hint).ok  # a straggler may point at the slow rank

@@ -193,3 +193,32 @@ def test_a_position_its_own_stack_contradicts_is_never_used(tmp_path: Path):
     assert not any(c is not None and c.source == "reconciled"
                    for c in (d.first_divergence.per_rank.values()
                              if d.first_divergence else []))
+
+
+def test_a_saved_recorder_and_a_fresher_heartbeat_give_the_dead_rank_its_history(
+        tmp_path: Path):
+    """The probe saves the recorder every few seconds (rank{R}.fr.saved.pkl): what a rank
+    gloo aborted leaves. Its entries end a few collectives before the abort; its heartbeat
+    says how far it got since; its stack where it died: all three agree on seq 14."""
+    lora = str(tmp_path / "lora_experts.py")
+    Path(lora).write_text("\n" * 200)
+    x_gather = [Frame(TORCH, 9, "all_gather_into_tensor"), Frame(lora, 184, "forward")]
+    w_gather = [Frame(TORCH, 9, "all_gather_into_tensor"), Frame(lora, 187, "forward")]
+    other = [Frame(TORCH, 9, "all_reduce"), Frame(lora, 120, "forward")]
+    history = [_coll(s, "all_reduce", 1, other, True) for s in range(1, 14)]
+    saved = [_coll(s, "all_reduce", 1, [], s < 10) for s in range(1, 11)]  # no stacks
+    ranks = {
+        0: _rank(0, [*history, _coll(14, "all_gather", 401, x_gather, True),
+                     _coll(15, "all_gather", 401, w_gather, False)]),
+        1: RankEvidence(
+            rank=1, alive=False, exit_code=-signal.SIGABRT, fr=_dump(saved), fr_saved=True,
+            heartbeat=Heartbeat.parse({"rank": 1, "pg_status": {
+                "0": {"enqueued": 13, "completed": 13}}}),
+            fatal=("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call "
+                   f'first):\n  File "{TORCH}", line 9 in all_gather_into_tensor\n'
+                   f'  File "{lora}", line 184 in forward\n'))}
+    d = diagnose(Evidence(ranks=ranks, world_size=2, job=JobState.FAILED,
+                          size_abort=SizeAbort(received=401 * 8 * 4, expected=68 * 8 * 4)))
+    fd = d.first_divergence
+    assert fd is not None and (fd.seq, fd.kind) == (14, "size_mismatch"), d.summary
+    assert fd.per_rank[1] is not None and fd.per_rank[1].input_sizes == [[68, 8]]

@@ -1,0 +1,200 @@
+"""The ground truth of a generated job, from the generator: the verdicts a careful reader of
+the job accepts, the planted culprits, the line every rank is at (from :mod:`.simulate`, on
+the programs of :mod:`.plant`) and the advice that would be wrong for it. Ranks are named
+through environment variables (``FUZZ_AT_<MARKER>=0,2``: the ranks at that marker), so the
+mirrored twin, whose roles are swapped, is checked against its own ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_hang.testing.fuzz.catalogue import Kind
+from moe_hang.testing.fuzz.events import Coll, Event
+from moe_hang.testing.fuzz.families import Family
+from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, programs
+from moe_hang.testing.fuzz.simulate import Outcome, simulate
+
+# the corpus' verdict sets (tests/corpus/cases.py; a unit test keeps them equal)
+HEALTHY = frozenset({"healthy", "straggler"})
+STALLED = frozenset({"hang", "stalled", "stalled_outside_collectives"})
+DESYNC = frozenset({"desync"})
+DESYNC_OR_HANG = frozenset({"desync", "hang", "deadlock"})
+CRASH = frozenset({"crash"})
+RANK_DIED = frozenset({"rank_died"})
+
+# advice that is wrong where the job does not call for it (case-insensitive substrings)
+VARLEN = ("varlen", "VarlenDispatch", "DTensor.from_local", "3631")
+ANCHOR = ("anchor",)
+TRANSPORT = ("NCCL_DEBUG", "suspect the transport")
+DTYPE = ("cast to one dtype",)
+PAD = ("pad to a common size",)
+SKIP = ("skip a layer", "skip an expert", "expert or exchange", "dummy input")
+EXPERT = ("every expert",)
+LOOP = ("left the loop",)
+GROUP = ("same group",)
+
+WHERE_CODE = {"rank": "AT", "divergence": "DIV", "divergence?": "DIVQ",
+              "rank+divergence": "ATDIV"}
+CULPRITS_VAR = "CULPRIT_RANKS"
+
+
+@dataclass(frozen=True)
+class LineTruth:
+    """The ranks in ``$var`` are at ``marker``, checked as the corpus' ``where``."""
+
+    var: str
+    marker: str
+    where: str
+
+
+@dataclass(frozen=True)
+class RoleTruth:
+    """The truth for one role assignment: its environment and the lines it names."""
+
+    culprits: frozenset[int]
+    env: dict[str, str]
+    lines: frozenset[LineTruth]
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Truth:
+    verdicts: frozenset[str]
+    primary: RoleTruth
+    mirror: RoleTruth | None
+    fix_forbid: tuple[str, ...] = ()
+    fix_require: tuple[str, ...] = ()
+    fix_none: bool = False
+    summary_contains: str | None = None
+    basis: frozenset[str] = frozenset()
+    certainty: frozenset[str] = frozenset()
+
+    @property
+    def lines(self) -> tuple[LineTruth, ...]:
+        both = self.primary.lines | (self.mirror.lines if self.mirror else frozenset())
+        return tuple(sorted(both, key=lambda t: (t.marker, t.where)))
+
+    def roles(self) -> list[RoleTruth]:
+        return [self.primary] + ([self.mirror] if self.mirror else [])
+
+    def envs(self) -> list[dict[str, str]]:
+        """Each run's environment with every variable the lines name ('' where no rank
+        is): the primary's, then the mirrored twin's."""
+        names = sorted({t.var for t in self.lines})
+        return [{**dict.fromkeys(names, ""), **rt.env} for rt in self.roles()]
+
+
+def var(marker: str, where: str) -> str:
+    return f"FUZZ_{WHERE_CODE[where]}_{marker.upper()}"
+
+
+def _ranks(rs: set[int] | frozenset[int]) -> str:
+    return ",".join(str(r) for r in sorted(rs))
+
+
+def _shift(progs: list[list[Event]], culprit: int, waiter: int) -> tuple[str, str] | None:
+    """Where two ranks' default-group collectives first differ (a module's all-gather
+    skipped: the next one pairs silently with it): (culprit's marker, waiter's)."""
+    a = [e for e in progs[culprit] if isinstance(e, Coll) and e.group == "world"]
+    b = [e for e in progs[waiter] if isinstance(e, Coll) and e.group == "world"]
+    for x, y in zip(a, b, strict=False):
+        if (x.op, x.tag, x.ident) != (y.op, y.tag, y.ident):
+            return x.marker, y.marker
+    return None
+
+
+def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int]
+               ) -> RoleTruth:
+    progs = programs(family, plant, culprits)
+    out = simulate(progs, family.members)
+    env: dict[str, set[int]] = {}
+    lines: set[LineTruth] = set()
+    m: str | None
+
+    def put(ranks: set[int], marker: str, where: str) -> None:
+        t = LineTruth(var(marker, where), marker, where)
+        lines.add(t)
+        env.setdefault(t.var, set()).update(ranks)
+
+    if kind.healthy or out.state in ("finished", "unknown"):
+        pass
+    elif plant.kind == "skip" and plant.variant == "module":
+        waiter = min(set(range(family.world)) - culprits)
+        where = _shift(progs, min(culprits), waiter)
+        if where is not None:
+            put(set(culprits), where[0], "divergence?")
+            put(set(range(family.world)) - culprits, where[1], "divergence")
+    elif out.state == "abort":
+        for r, m in out.abort.items():
+            put({r}, m, "divergence" if r in culprits else "divergence?")
+    else:
+        for r, m in out.at.items():
+            if m is not None:
+                put({r}, m, "rank")
+    full = {CULPRITS_VAR: _ranks(culprits), **{k: _ranks(v) for k, v in env.items()}}
+    return RoleTruth(culprits, full, frozenset(lines), out)
+
+
+def verdicts(kind: Kind, outcome: Outcome) -> frozenset[str]:
+    if kind.healthy:
+        return HEALTHY
+    fixed = {"exception": CRASH, "early_exit": RANK_DIED, "sigkill": RANK_DIED,
+             "lock": STALLED}
+    if kind.name in fixed:
+        return fixed[kind.name]
+    return DESYNC if outcome.state == "abort" else DESYNC_OR_HANG
+
+
+def advice(family: Family, plant: Plant, kind: Kind, mode: str = "watch"
+           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(forbidden, required) substrings of the fix. Under diagnose (stacks only) a culprit
+    that is past the collective shows no group: the fix cannot be required to name one."""
+    module_skip = plant.kind == "skip" and plant.variant == "module"
+    forbid: list[str] = [*VARLEN, *ANCHOR, *TRANSPORT]
+    require: list[str] = []
+    if not (module_skip and family.experts):
+        forbid += EXPERT
+    if not module_skip:
+        forbid += SKIP
+    if plant.kind != "dtype":
+        forbid += DTYPE
+    if plant.kind != "size":
+        forbid += PAD
+    if plant.kind != "early_exit" and not (plant.kind == "skip" and plant.variant == "continue"):
+        forbid += LOOP
+    if plant.kind != "wrong_group":
+        forbid += GROUP
+    if plant.kind == "recv_no_send":
+        require.append("send")
+    elif plant.kind == "wrong_group" and mode == "watch":
+        require.append("group")
+    elif plant.kind == "dtype":
+        require.append("dtype")
+    elif module_skip and family.experts:
+        require.append("expert")
+    return tuple(forbid), tuple(require)
+
+
+def truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int],
+          mirrored: frozenset[int], mode: str = "watch") -> Truth:
+    """``mirrored``: the twin's culprits (empty: no twin); ``mode``: watch or diagnose."""
+    primary = role_truth(family, plant, kind, culprits)
+    twin = role_truth(family, plant, kind, mirrored) if mirrored else None
+    forbid, require = advice(family, plant, kind, mode)
+    summary: str | None = None
+    basis: frozenset[str] = frozenset()
+    certainty: frozenset[str] = frozenset()
+    if kind.name == "exception":
+        summary = EXCEPTIONS[plant.variant]
+        basis, certainty = frozenset({"exception"}), frozenset({"definite"})
+    elif kind.name in ("early_exit", "sigkill"):
+        basis, certainty = frozenset({"exited"}), frozenset({"definite"})
+        summary = "SIGKILL" if kind.name == "sigkill" else None
+    if kind.healthy:  # a slow rank is none of the collective bugs
+        forbid = (*VARLEN, *ANCHOR, *TRANSPORT, *DTYPE, *PAD, *SKIP, *EXPERT, *LOOP, *GROUP,
+                  "post the collective", "same order")
+    return Truth(verdicts(kind, primary.outcome), primary, twin,
+                 fix_forbid=forbid,
+                 fix_require=() if kind.healthy else require,
+                 fix_none=kind.healthy, summary_contains=summary, basis=basis,
+                 certainty=certainty)

@@ -1,0 +1,48 @@
+"""The probe saves the recorder every few seconds while collectives complete (what a rank gloo
+aborts from a C++ thread leaves behind): a real process with the probe injected the way watch
+injects it, a real gloo group, the saved file read back by the tool's own reader."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from moe_hang.commands.watch import probe_env
+from moe_hang.evidence import flight_recorder as fr
+from moe_hang.probe.layout import RunLayout
+
+JOB = textwrap.dedent("""\
+    import os, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    x = torch.ones(8)
+    t0 = time.time()
+    while time.time() - t0 < 7.0:
+        dist.all_reduce(x)
+        time.sleep(0.005)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_probe_saves_the_recorder_while_collectives_complete(tmp_path: Path):
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    env = probe_env(layout, dict(os.environ))
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    subprocess.run([sys.executable, str(job)], env=env, timeout=90, check=True,
+                   capture_output=True)
+    saved = layout.rank(0).fr_saved
+    assert saved.exists(), sorted(p.name for p in layout.ranks_dir.iterdir())
+    dump = fr.load(saved)
+    assert dump.entries and all(c.op == "all_reduce" for c in dump.entries)
+    assert dump.entries[-1].seq > 100  # saved after the loop had run a while
