@@ -211,7 +211,13 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     peers = multinode.NodePeers(node)
                 elif not coord.launches_torchrun(cmd):
                     # srun, mpirun, a launcher of the job's own: spans nodes once its ranks'
-                    # world turns out larger than the ranks here
+                    # world turns out larger than the ranks here. Whether it does shows only
+                    # once its ranks are up, and a rank may raise before that: it is held
+                    # from the start (on one node too: the capture then sees its peers in
+                    # place, and the watcher ends the job as it would have ended itself)
+                    if hold_s:
+                        rundir.write_json(layout.hold, {"watcher": os.getpid(),
+                                                        "limit_s": hold_s})
                     spread = peers = multinode.SpreadLater(functools.partial(
                         _join_spread, job=job, layout=layout, opts=opts, hold_s=hold_s,
                         notice=lambda text: echo(f"[moe-hang] {text}")))

@@ -395,14 +395,17 @@ def _one_round(tmp_path: Path, res: list[tuple[int, dict, str]]) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("style, crash", [("slurm", 2), ("ompi", 1)],
-                         ids=["srun_crash_on_node1", "mpirun_crash_on_store_node"])
+@pytest.mark.parametrize("style, crash, step_s", [("slurm", 2, "1.0"), ("ompi", 1, "1.0"),
+                                                 ("slurm", 1, "0")],
+                         ids=["srun_crash_on_node1", "mpirun_crash_on_store_node",
+                              "srun_crash_before_the_ranks_settle"])
 def test_without_torchrun_through_the_ranks_store(nodes: Nodes, tmp_path: Path, style: str,
-                                                   crash: int) -> None:
+                                                   crash: int, step_s: str) -> None:
     """No torchrun, no --shared-dir: the watchers find MASTER_ADDR:MASTER_PORT in their ranks'
     environment and meet in rank 0's store (keys of their own); a rank that raised on either
-    node gives one crash verdict on both."""
-    res = _launched(nodes, tmp_path, style, CRASH, CRASH_RANK=str(crash))
+    node gives one crash verdict on both — also one that raised right after the group was
+    made, before the watchers knew the job spans nodes (held from the start)."""
+    res = _launched(nodes, tmp_path, style, CRASH, CRASH_RANK=str(crash), JOB_STEP_S=step_s)
     assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
     for _, d, err in res:
         assert d["verdict"] == "crash" and d["culprit_ranks"] == [crash], (d["summary"],

@@ -56,12 +56,15 @@ class SpreadLater:
         self._peers: Peers = AloneOnNode()
         self._looked = False
 
-    def tick(self, mon: Monitor) -> bool:
+    def _decide(self, mon: Monitor) -> None:
         if not self._looked and mon.out.t_up is not None:
             self._looked = True
             node = self.join(mon)
             if node is not None:
                 self.node, self._peers = node, NodePeers(node)
+
+    def tick(self, mon: Monitor) -> bool:
+        self._decide(mon)
         return self._peers.tick(mon)
 
     def requested(self) -> bool:
@@ -78,6 +81,11 @@ class SpreadLater:
 
     def round(self, mon: Monitor, event: WatchEvent, kind: EventKind,
               capture: Callable[[], Diagnosis]) -> tuple[Diagnosis, EventKind]:
+        # the event may have come in the very poll the ranks came up in (a rank that raised
+        # early): decide first whether there are others to give it to
+        self._decide(mon)
+        if self.node is not None:
+            self._peers.tick(mon)  # registers this node before the round
         return self._peers.round(mon, event, kind, capture)
 
     def next_round(self) -> None:
