@@ -8,7 +8,8 @@ from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
 from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts
-from moe_hang.evidence.errors import monitored_barrier_laggards
+from moe_hang.evidence.errors import is_consequence, is_mismatch_report, monitored_barrier_laggards
+from moe_hang.evidence.model import Restarts
 from moe_hang.evidence.stacks import callsite, collective_of
 from moe_hang.evidence.vocab import RankState, agree, exit_desc, who
 
@@ -157,3 +158,38 @@ def consequences_only(f: Facts) -> Conclusion:
     return Conclusion(Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
                       Advice("Run it under `moe-hang watch` (or keep the Flight Recorder dumps: "
                              "TORCH_FR_BUFFER_SIZE) so the diverging collective is recorded."))
+
+
+def restarted(rs: Restarts) -> tuple[str, Advice]:
+    """torchrun restarted the worker group and the job then finished: "after 1 restart;
+    attempt 0: rank 1 raised ValueError: … at x.py:9 load" — the failed attempt's root cause
+    as the crash rule would name it (its earliest exception that is not a peer's consequence),
+    else its ranks' communication errors, else that nothing of it is on record."""
+    n = rs.count
+    after = f"after {n} restart{'s' if n > 1 else ''}"
+    errs = rs.errors
+    roots = {r: e for r, e in errs.items()
+             if not is_consequence(e) and not is_mismatch_report(e)}
+    if not errs:
+        return after + "; the failed attempt left no exception on record", Advice("")
+    attempt = next(iter(errs.values())).restart
+    label = f"attempt {attempt}" if attempt is not None else "the failed attempt"
+    if not roots:
+        failed = sorted(errs)
+        return (f"{after}; {label}: {who(failed)} failed with communication errors "
+                f"({error_text(errs[failed[0]], 80)})"), Advice("")
+    timed = all(e.time is not None for e in roots.values())
+    first = min(roots, key=lambda r: (roots[r].time or 0.0, r)) if timed or len(roots) == 1 \
+        else None
+    if first is None:
+        ranks = sorted(roots)
+        return (f"{after}; {label}: {who(ranks)} raised errors of their own ("
+                + "; ".join(f"rank {r}: {error_text(roots[r], 80)}" for r in ranks) + ")"), \
+            Advice("Fix each of these errors: torchrun restarted the job around them.")
+    err = roots[first]
+    site = callsite(err.frames)
+    at = f" at {site.short()}" if site else ""
+    return (f"{after}; {label}: rank {first} raised {error_text(err)}{at}",
+            Advice(f"torchrun restarted the ranks after the {err.type.rsplit('.', 1)[-1]} rank "
+                   f"{first} raised{at} in {label}: fix it, or each time it recurs costs a "
+                   "restart (and ends the job once --max-restarts are used up)."))

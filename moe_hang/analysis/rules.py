@@ -44,6 +44,7 @@ from moe_hang.analysis.failures import (
     left_early,
     monitored_barrier,
     outside_when_failed,
+    restarted,
     root_cause,
     timed_out_waiting,
 )
@@ -68,6 +69,8 @@ from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.timeline import build_timeline, group_kind, recorder_only, to_rc
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
+    failed_elsewhere,
+    failed_with_unknowns,
     unreached_line,
     unreached_reports,
     waiting_on_unreached,
@@ -91,6 +94,10 @@ class Rule:
 
 
 def _finished(f: Facts) -> Conclusion:
+    if f.ev.restarts is not None:  # torchrun restarted the ranks: what the failed attempt did
+        text, advice = restarted(f.ev.restarts)
+        return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
+                          f"All {len(f.views)} ranks finished {text}.", advice)
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
                       f"All {len(f.views)} ranks finished; every collective matched.")
 
@@ -499,6 +506,7 @@ RULES: tuple[Rule, ...] = (
          monitored_barrier),
     Rule("timed out waiting for a rank outside collectives",
          lambda f: bool(f.bad_exit) and bool(outside_when_failed(f)), timed_out_waiting),
+    Rule("failed, other nodes unknown", failed_with_unknowns, failed_elsewhere),
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),

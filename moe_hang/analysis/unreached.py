@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Verdict, pg_label
+from moe_hang.analysis.explain import error_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.model import Unreached
@@ -96,6 +97,38 @@ def waiting_on_unreached(f: Facts) -> Conclusion:
         Advice(f"Nothing here is to blame: the ranks wait for others whose watcher did not "
                f"answer. Run `moe-hang diagnose` {where} (or `moe-hang watch` there), then "
                "`moe-hang analyze` the captures together."))
+
+
+def failed_with_unknowns(f: Facts) -> bool:
+    """Known ranks failed, none of an error of its own, and ranks of other nodes are unknown:
+    the root cause may be theirs."""
+    un = f.ev.unreached
+    return bool(f.bad_exit) and un is not None and bool(un.ranks)
+
+
+def failed_elsewhere(f: Facts) -> Conclusion:
+    """The ranks here only failed as a consequence (a peer closed its connection); the ranks
+    that could have raised are on nodes nothing was heard from: never "no rank raised"."""
+    un = f.ev.unreached
+    assert un is not None
+    failed = sorted(f.bad_exit)
+    why = next((error_text(f.consequences[r], 120) for r in failed if r in f.consequences),
+               None)
+    where = _where(sorted(un.ranks), un)
+    one = where.startswith("on node ")
+    summary = (f"{who(failed).capitalize()} failed"
+               + (f" with communication errors ({why})" if why else "")
+               + f", and {'it' if len(failed) == 1 else 'none of them'} raised an error of "
+               f"its own; {who(un.ranks)} {where} {agree(un.ranks, 'is', 'are')} unknown (no "
+               f"answer from the watcher{'' if one else 's'} there): if a rank raised one, "
+               f"it is one of {agree(un.ranks, 'it', 'them')}.")
+    at = where.replace("on ", "at ", 1)
+    return Conclusion(
+        Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+        Advice(f"Look {at}: the verdict {'its watcher' if one else 'their watchers'} printed, "
+               f"{'its job log' if one else 'their job logs'}, or `moe-hang analyze` "
+               f"{'its run directory' if one else 'their run directories'} together with "
+               "this one."))
 
 
 def unreached_reports(un: Unreached | None, have: set[int]) -> list[RankReport]:

@@ -36,6 +36,7 @@ from moe_hang.commands.session import (
 )
 from moe_hang.commands.supervise import (
     AloneOnNode,
+    Peers,
     WatchOptions,
     capture_and_diagnose,
     diagnose_watched,
@@ -44,7 +45,7 @@ from moe_hang.commands.supervise import (
 from moe_hang.errors import EXIT_OK, MoeHangError
 from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
-from moe_hang.runtime import launcher, rundir, shim
+from moe_hang.runtime import coord, launcher, rundir, shim
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent, WatchSettings, world_of
 from moe_hang.runtime.procs import is_alive, starting_child
@@ -157,6 +158,10 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     cmd = _resolve(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
     plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
+    restarts = coord.torchrun_max_restarts(cmd)
+    # multi-node: a rank that raised is held for the round, unless the job is to keep running
+    # or torchrun would restart it (a held rank would keep the restart from happening)
+    hold_s = None if opts.keep_running or restarts else multinode.HOLD_S
     layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
@@ -169,6 +174,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     diag: Diagnosis | None = None
     pump: threading.Thread | None = None
     node: multinode.Node | None = None
+    spread: multinode.SpreadLater | None = None
     interrupted: str | None = None
     ended = False
     # SIGUSR1 is ours from the start: its default action would end the tool, not the job
@@ -184,7 +190,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 pump.start()
                 if plan is not None:
                     node = multinode.Node(plan, layout, lambda text: echo(f"[moe-hang] {text}"),
-                                          stall_s=opts.stall_s)
+                                          stall_s=opts.stall_s, hold_s=hold_s)
                     node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
                 # a slower poll than repro's: watch sits beside long jobs, and on a small
@@ -192,14 +198,29 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
-                                         hang_after_s=opts.hang_after_s, watch_unprobed=True)
+                                         hang_after_s=opts.hang_after_s, watch_unprobed=True,
+                                         max_restarts=restarts)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"),
                     # one node: its ranks sampled when the probe is not in them; the nodes of
                     # a multi-node job speak through their probes' heartbeats
                     sampler=sampling.sampler(native=opts.native) if node is None else None)
-                peers = AloneOnNode() if node is None else multinode.NodePeers(node)
+                peers: Peers = AloneOnNode()
+                if node is not None:
+                    peers = multinode.NodePeers(node)
+                elif not coord.launches_torchrun(cmd):
+                    # srun, mpirun, a launcher of the job's own: spans nodes once its ranks'
+                    # world turns out larger than the ranks here. Whether it does shows only
+                    # once its ranks are up, and a rank may raise before that: it is held
+                    # from the start (on one node too: the capture then sees its peers in
+                    # place, and the watcher ends the job as it would have ended itself)
+                    if hold_s:
+                        rundir.write_json(layout.hold, {"watcher": os.getpid(),
+                                                        "limit_s": hold_s})
+                    spread = peers = multinode.SpreadLater(functools.partial(
+                        _join_spread, job=job, layout=layout, opts=opts, hold_s=hold_s,
+                        notice=lambda text: echo(f"[moe-hang] {text}")))
                 outcome, diag = supervise(
                     mon, peers, functools.partial(capture_and_diagnose, layout=layout, cmd=cmd,
                                                   say=say, opts=opts),
@@ -216,6 +237,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     ended = True
             finally:
                 gate.on = False
+                node = node or (spread.node if spread is not None else None)
                 if node is not None:
                     node.close()
                 # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
@@ -247,6 +269,26 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     if code == EXIT_OK:
         code = _own_code(outcome.returncode)
     return WatchResult(diag, code, layout, outcome)
+
+
+def _join_spread(mon: Monitor, *, job: LaunchedJob, layout: RunLayout, opts: WatchOptions,
+                 hold_s: float | None, notice: Callable[[str], None]) -> multinode.Node | None:
+    """A job not started by torchrun, its ranks up: this node's part of one that spans nodes
+    when their world is larger than the ranks here (through the store of their ``env://``
+    init); None on one node, or when the ranks name no store (then say what would do)."""
+    hbs = mon.out.heartbeats
+    world = world_of(hbs)
+    if mon.out.sampled or not world or world <= len(hbs):
+        return None
+    p = multinode.plan_from_ranks([hb.pid for hb in hbs.values() if hb.pid is not None])
+    if p is None:
+        notice(f"ranks {len(hbs)} of a world of {world} run here, and no MASTER_ADDR/"
+               "MASTER_PORT names their store: a verdict from this node's ranks only "
+               "(give every watcher --shared-dir DIR)")
+        return None
+    node = multinode.Node(p, layout, notice, stall_s=opts.stall_s, hold_s=hold_s)
+    node.attach(job)
+    return node
 
 
 def _own_code(rc: int | None) -> int:

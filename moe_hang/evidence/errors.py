@@ -110,7 +110,7 @@ def with_original(recorded: RankError, logged: RankError | None) -> RankError:
     same = f"{recorded.type}: {recorded.message}".strip()
     if not same or not logged.wrapped_by.startswith(same):
         return recorded
-    return replace(logged, time=recorded.time, source=recorded.source)
+    return replace(logged, time=recorded.time, source=recorded.source, restart=recorded.restart)
 
 
 def log_tracebacks(text: str) -> dict[int, RankError]:

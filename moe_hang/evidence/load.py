@@ -21,6 +21,7 @@ from moe_hang.evidence.model import (
     ProcessTable,
     RankError,
     RankEvidence,
+    Restarts,
 )
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.stacks import (
@@ -108,6 +109,13 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
 
 
 def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
+    if ev.heartbeat is not None and ev.heartbeat.held and ev.error is not None \
+            and ev.error.frames:
+        # it raised and its probe holds it for the capture (multi-node watch): where it is
+        # now is the probe's wait; where it raised is its stack
+        ev.threads = [ThreadStack("MainThread", ev.error.frames, is_main=True)]
+        ev.stack_source = "exception traceback (held for the capture)"
+        return
     if files.pyspy.exists():
         try:
             ev.threads = parse_pyspy(json.loads(files.pyspy.read_text()))
@@ -137,6 +145,12 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
         ev.stack_source = "exception traceback"
 
 
+def _same_error(recorded: RankError, logged: RankError | None) -> bool:
+    """The job log's copy of an exception the probe recorded (its first line)."""
+    return logged is not None and logged.type.rsplit(".", 1)[-1] == recorded.type and \
+        logged.message.strip().startswith(recorded.message.strip()[:200])
+
+
 def _is_probe_thread(t: ThreadStack) -> bool:
     return any(is_tool_frame(f) for f in t.frames)
 
@@ -158,9 +172,22 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     failures = parse_torchrun_failures(log_text)
     log_errors = rank_errors_from_log(log_text)
     tracebacks = log_tracebacks(log_text)
-    ranks = {}
-    for r in sorted(set(rank_numbers(layout, table)) | set(tracebacks)):
-        ev = load_rank(layout, r)
+    ranks: dict[int, RankEvidence] = {}
+    loaded = {r: load_rank(layout, r)
+              for r in sorted(set(rank_numbers(layout, table)) | set(tracebacks))}
+    # torchrun restarted the worker group: what an earlier attempt raised is not the ranks'
+    # of now (each record says its attempt), and neither is the log's copy of it
+    attempt = max((e.heartbeat.restart or 0 for e in loaded.values() if e.heartbeat), default=0)
+    earlier: dict[int, RankError] = {}
+    for r, ev in loaded.items():
+        if ev.error is not None and ev.error.restart is not None and ev.error.restart < attempt:
+            earlier[r], ev.error = ev.error, None
+    for r in loaded:
+        if r in earlier and _same_error(earlier[r], tracebacks.get(r)):
+            tracebacks.pop(r)
+        if r in earlier and r in log_errors and log_errors[r].startswith(earlier[r].type):
+            log_errors.pop(r)
+        ev = loaded[r]
         info = table.ranks.get(r)
         if info is not None:
             ev.pid = info.pid if info.pid is not None else ev.pid
@@ -188,7 +215,8 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
                    job_exit_code=table.job_exit_code, agent_exit_code=table.agent_exit_code,
                    root_cause_rank=torchrun_root_cause(log_text),
                    log_lines=notable_log_lines(log_text), artifacts=str(root),
-                   size_abort=gloo_size_abort(log_text), sampled=table.sampled)
+                   size_abort=gloo_size_abort(log_text), sampled=table.sampled,
+                   restarts=Restarts(attempt, earlier) if attempt else None)
     attach_run_ras(out, layout.root)  # NCCL RAS polls taken at capture, if any
     return out
 

@@ -73,6 +73,8 @@ class Heartbeat:
     pending: list[dict[str, Any]] = field(default_factory=list)  # recorder entries, raw
     main_frame: list[list[Any]] | None = None  # the main thread, innermost first
     p2p: P2PCall | None = None  # the send/recv the main thread was inside, with its peer
+    restart: int | None = None  # torchrun's restart count of the worker group (0: first)
+    held: bool = False  # it raised, and its probe holds it for the capture (multi-node watch)
 
     @classmethod
     def parse(cls, data: Any) -> Heartbeat | None:
@@ -92,7 +94,8 @@ class Heartbeat:
             pending=[e for e in pending if isinstance(e, dict)] if isinstance(pending, list)
             else [],
             main_frame=list(frames) if isinstance(frames, list) else None,
-            p2p=_p2p(data.get("p2p")))
+            p2p=_p2p(data.get("p2p")), restart=_int(data.get("restart")),
+            held=data.get("held") is True)
 
     @property
     def phase(self) -> str | None:
@@ -212,6 +215,7 @@ class RankError:
     source: str = "probe"
     seen_at: int | None = None  # from the job log: the line its traceback starts on
     wrapped_by: str | None = None  # ``Type: message`` of the wrapper that re-raised it
+    restart: int | None = None  # torchrun's restart count of the attempt it ended (0: first)
 
     @classmethod
     def parse(cls, data: Any) -> RankError | None:
@@ -222,7 +226,7 @@ class RankError:
             frames = traceback_frames([str(x) for x in data["traceback"]])
         return cls(type=str(data.get("type") or "Error"), message=str(data.get("message", "")),
                    frames=frames, time=_float(data.get("time")),
-                   source=str(data.get("source", "probe")))
+                   source=str(data.get("source", "probe")), restart=_int(data.get("restart")))
 
 
 @dataclass
@@ -379,6 +383,16 @@ class Unreached:
 
 
 @dataclass
+class Restarts:
+    """torchrun restarted the worker group (``--max-restarts``): how many times, and what the
+    ranks of the last failed attempt recorded of their exceptions before it was replaced (its
+    number in each record: ``RankError.restart``)."""
+
+    count: int
+    errors: dict[int, RankError] = field(default_factory=dict)
+
+
+@dataclass
 class Evidence:
     ranks: dict[int, RankEvidence]
     world_size: int | None = None
@@ -397,3 +411,5 @@ class Evidence:
     ras: RasEvidence | None = None
     # watched by sampling: the probe was not in the ranks (their launch script dropped it)
     sampled: bool = False
+    # torchrun restarted the worker group: None when it never did
+    restarts: Restarts | None = None

@@ -14,6 +14,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
     ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
     stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
+    ranks/hold.json             multi-node watch: hold a rank that raised for the capture
     coord/verdict.json  coord/local-diagnosis.json  coord/analysis.json  .capture/  teardown/
                                                        (multi-node watch)
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _RANK_FILE = re.compile(r"rank(\d+)\.")
+HOLD = "hold.json"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,12 @@ class RankFiles:
     @property
     def pyspy_error(self) -> Path:
         return self._in_stacks("pyspy.err")
+
+    @property
+    def hold(self) -> Path:
+        """One for every rank: the watcher's order to hold a rank that raised until the
+        capture round is over (multi-node watch; ``{"watcher": pid, "limit_s": s}``)."""
+        return self.ranks_dir / HOLD
 
     def probe_files(self) -> tuple[Path, ...]:
         """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""
@@ -223,6 +231,11 @@ class RunLayout:
     def teardown_dir(self) -> Path:
         """What the ranks and the job wrote after the capture."""
         return self.root / "teardown"
+
+    @property
+    def hold(self) -> Path:
+        """Multi-node watch: hold a rank that raised for the capture (``RankFiles.hold``)."""
+        return self.ranks_dir / HOLD
 
     def rank(self, r: int) -> RankFiles:
         return RankFiles(self.ranks_dir, r)

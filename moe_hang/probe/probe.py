@@ -134,6 +134,8 @@ class Probe:
         self._torch_lock = threading.Lock()
         self._hb_lock = threading.Lock()
         self._stopping = False
+        self._held = False
+        self._release = threading.Event()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
         self._save_cost = 0.0  # seconds the last save took
@@ -260,6 +262,7 @@ class Probe:
             "progress": progress, "pg_status": status, "pending": self._pending,
             "main_frame": sample.main_frame(self._main_ident),
             "p2p": sample.p2p_call(self._main_ident),
+            "restart": _restart_count(), "held": self._held,
         }
         write_atomic(self.files.heartbeat, json.dumps(hb, default=str).encode())
 
@@ -325,6 +328,8 @@ class Probe:
                             if words and words[0] == "dump":
                                 self._requested = True
                                 self.dump(words[1] if len(words) > 1 else "", "request")
+                            elif words and words[0] == "release":
+                                self._release.set()
                 else:
                     time.sleep(self.interval)
                 self.heartbeat()
@@ -340,7 +345,7 @@ class Probe:
         err = {"type": type(exc).__name__,
                "message": (str(exc).strip().splitlines() or [""])[0][:500],
                "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
-               "time": time.time()}
+               "time": time.time(), "restart": _restart_count()}
         # the record first: it is small, and torchrun's SIGTERM may end us during the dump
         write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
@@ -353,9 +358,33 @@ class Probe:
             if not isinstance(value, (KeyboardInterrupt, SystemExit)):
                 with contextlib.suppress(Exception):
                     self.record_exception(value)
+                with contextlib.suppress(Exception):
+                    self.hold()
             previous(tp, value, tb)
 
         sys.excepthook = hook
+
+    def hold(self) -> None:
+        """Where the watcher said so (``ranks/hold.json``: multi-node watch), stay alive after
+        the exception was recorded, so that every node captures and prints one verdict before
+        this rank's exit makes its peers and its launcher tear the job (and the job's store)
+        down. Bounded: until the watcher writes ``release``, ends the job (SIGTERM ends the
+        rank as usual), is gone, or ``limit_s`` passed."""
+        try:
+            order = json.loads(self.files.hold.read_text())
+            limit, watcher = float(order["limit_s"]), str(order.get("watcher", ""))
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if limit <= 0:
+            return
+        self._held = True
+        with contextlib.suppress(Exception):
+            self.heartbeat()
+        deadline = time.monotonic() + limit
+        while not self._release.wait(0.25) and time.monotonic() < deadline:
+            if watcher.isdigit() and not _exists(int(watcher)):
+                break
+        self._held = False
 
     def start(self) -> None:
         self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
@@ -371,6 +400,22 @@ class Probe:
         if not self._requested:  # a requested dump is already on disk: keep it
             with contextlib.suppress(Exception):
                 self.dump("sigterm", "sigterm")
+
+
+def _restart_count() -> int | None:
+    """torchrun's restart count of this worker group (``--max-restarts``): 0 first."""
+    v = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(v) if v.isdigit() else None
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _at_exit(fn: Any) -> None:

@@ -35,6 +35,10 @@ Phase = Callable[[str], None]  # what a command shows as its live phase ("captur
 CPU_MOVING_S = 0.02
 CPU_MOVING_RATE = 0.02  # of one core
 BEAT_STALE_S = 1.0  # the probe beats every 0.25 s: silent this long, its rank holds the GIL
+# nothing says how many ranks run on this node (no LOCAL_WORLD_SIZE: one srun or mpirun task
+# per node that starts its node's ranks itself): the ranks here are up once no new one joined
+# a group for this long and every process under the job that joined one has its heartbeat
+SETTLE_S = 1.0
 
 
 @dataclass
@@ -63,6 +67,10 @@ class WatchSettings:
     probe_grace_s: float = 5.0
     # look for ranks that run without the probe (watch); repro's worker always has it
     watch_unprobed: bool = False
+    # torchrun's --max-restarts: a worker group it restarts after a failure is no failed job
+    max_restarts: int = 0
+    # ... and how long it may take to start the next attempt's ranks (a re-rendezvous)
+    restart_wait_s: float = 120.0
 
 
 class EventKind(StrEnum):
@@ -118,6 +126,8 @@ class WatchEvent:
     world: int | None = None
     local_world: int | None = None
     activity: dict[int, Activity] = field(default_factory=dict)
+    restarts: int = 0  # how many times torchrun restarted the worker group
+    held: list[int] = field(default_factory=list)  # ranks that raised, held for the capture
 
     def ranks(self) -> list[int]:
         """Every rank seen: by its heartbeat, or by sampling."""
@@ -213,6 +223,9 @@ class Monitor:
         self.straggling = False
         self.held_since: float | None = None  # a stall the command chose to wait out
         self.desync_seen = False
+        self.attempt = 0  # torchrun's restart count of the ranks watched now
+        self._joined: tuple[frozenset[int], float] = (frozenset(), 0.0)  # SETTLE_S
+        self._settle_scan = -1e9
 
     # ------------------------------------------------------------------ the loop
 
@@ -267,6 +280,11 @@ class Monitor:
             self.last_refresh = now
         rc = job.poll()
         hbs = read_heartbeats(self.s.probe_dir)
+        attempt = max((hb.restart or 0 for hb in hbs.values()), default=0)
+        if attempt > self.attempt:
+            self._restarted(attempt, now)
+        # a beat of an earlier attempt is stale: its rank is being replaced
+        hbs = {r: hb for r, hb in hbs.items() if (hb.restart or 0) >= self.attempt}
         out.heartbeats = hbs
         for r, hb in hbs.items():
             if hb.pid is not None:
@@ -284,7 +302,7 @@ class Monitor:
                 kind = self._sampled(now)
                 if self.sampling:
                     return kind
-        world = self.s.world or _local_world_from(hbs)
+        world = self.s.world or self._expected_here(hbs, now)
         if world and len(hbs) >= world and out.t_up is None:
             out.t_up = time.time()
             self.ranks = {r: _Rank(moved_at=now) for r in hbs}
@@ -295,6 +313,14 @@ class Monitor:
                 return EventKind.STARTUP_TIMEOUT
             self._describe(hbs, world)
             return None
+        # a rank raised and its probe holds it (multi-node watch): the job fails now, but is
+        # captured first, every rank still in place
+        held = sorted(r for r, hb in hbs.items() if hb.held and r not in out.dead_ranks
+                      and (pid := out.rank_pids.get(r)) is not None and is_alive(pid))
+        if held and not out.held:
+            out.held = held
+            out.reason, out.onset_ns = _raised(self.s.probe_dir, held)
+            return EventKind.FAILED
         # a rank died while the agent is still up: torchrun is tearing the job down. A rank
         # that finished (the others may still checkpoint or evaluate for minutes) is not that.
         for r, pid in out.rank_pids.items():
@@ -304,7 +330,11 @@ class Monitor:
                     self.abnormal.append(r)
                     self.failed_at = self.failed_at or now
         if self.failed_at is not None:
-            if now - self.failed_at > self.s.teardown_wait_s:
+            # torchrun restarts a failed worker group while it has restarts left: the next
+            # attempt's ranks (a new restart count in their heartbeats) are no failure
+            wait = (self.s.restart_wait_s if self.attempt < self.s.max_restarts
+                    else self.s.teardown_wait_s)
+            if now - self.failed_at > wait:
                 out.reason = (f"rank {min(self.abnormal)} exited and torchrun did not end "
                               "the job")
                 return EventKind.FAILED
@@ -329,6 +359,40 @@ class Monitor:
             return EventKind.STALLED
         self._describe(hbs, world)
         return None
+
+    def _restarted(self, attempt: int, now: float) -> None:
+        """torchrun restarted the worker group: watch the new attempt's ranks from scratch."""
+        out = self.out
+        self.notice(f"torchrun restarted the ranks (restart {attempt}"
+                    + (f" of {self.s.max_restarts}" if self.s.max_restarts >= attempt else "")
+                    + "): watching the new attempt")
+        self.attempt = out.restarts = attempt
+        self.failed_at, self.abnormal = None, []
+        out.dead_ranks.clear()
+        out.rank_pids.clear()
+        out.held = []
+        out.t_up, self.ranks = None, {}
+        self.desync_seen, self.held_since, self.straggling = False, None, False
+
+    def _expected_here(self, hbs: dict[int, Heartbeat], now: float) -> int | None:
+        """How many ranks this node runs: LOCAL_WORLD_SIZE, else WORLD_SIZE; where the world
+        is larger than the ranks here and nothing says how many run here, the ranks that have
+        joined once none joined for SETTLE_S and no process under the job that joined a group
+        lacks its heartbeat."""
+        n = _local_world_from(hbs)
+        if n is None or len(hbs) >= n or any(hb.local_world for hb in hbs.values()):
+            return n
+        seen = frozenset(hbs)
+        if seen != self._joined[0]:
+            self._joined = (seen, now)
+            return n
+        if now - self._joined[1] < SETTLE_S or now - self._settle_scan < self.s.refresh_s:
+            return n
+        self._settle_scan = now
+        beating = {hb.pid for hb in hbs.values()}
+        if any(rp.pid not in beating for rp in discover.ranks_under(self.job.pid)):
+            return n  # a rank without its heartbeat yet
+        return len(hbs)
 
     # ------------------------------------------------------------------ by sampling
     # No heartbeat from ranks that run: the probe is not in them. Sample them instead, every
@@ -546,12 +610,36 @@ class ProgressSample:
         return moved
 
 
+def _raised(probe_dir: Path, ranks: list[int]) -> tuple[str, int | None]:
+    """"rank 2 raised ValueError: corrupt shard 17" (its probe's record), and when."""
+    try:
+        err = json.loads(RankFiles(probe_dir, ranks[0]).error.read_text())
+        what = f"{err['type']}: {str(err.get('message', ''))[:100]}".rstrip(": ")
+        t = err.get("time")
+        when = int(float(t) * 1e9) if isinstance(t, (int, float)) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        what, when = "an exception", None
+    more = f" (and {who(ranks[1:])})" if len(ranks) > 1 else ""
+    return f"rank {ranks[0]} raised {what}{more}", when
+
+
+def _attempt_of(path: Path) -> int | None:
+    """The restart count an error record was written in (None: not said)."""
+    try:
+        v = json.loads(path.read_text()).get("restart")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) else None
+
+
 def _left_cleanly(files: RankFiles, hb: Heartbeat | None) -> bool:
     """The rank's interpreter shut down normally: the probe's last beat says ``exiting`` and it
-    left no exception and no fatal-signal dump (an abort or SIGKILL never says ``exiting``)."""
+    left no exception and no fatal-signal dump (an abort or SIGKILL never says ``exiting``);
+    an exception of an earlier attempt (torchrun restarted the workers) is not its own."""
     if hb is None or not hb.said_exiting:
         return False
-    if files.error.exists():
+    if files.error.exists() and not (
+            hb.restart and (a := _attempt_of(files.error)) is not None and a < hb.restart):
         return False
     try:
         return files.fatal.stat().st_size == 0

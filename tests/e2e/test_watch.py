@@ -228,3 +228,28 @@ def test_without_ptrace_watch_falls_back_to_the_probe(tmp_path):
     assert r[0]["stack_source"].startswith("faulthandler")
     assert r[0]["callsite"]["function"] == "dispatch"
     assert_no_survivors(str(JOBS / "skip_collective.py"))
+
+
+@pytest.mark.parametrize("crashed", [1, 0], ids=["rank1", "mirrored"])
+def test_healthy_after_a_restart_names_the_failed_attempt(tmp_path, crashed):
+    """Issue 18 case 8: ``torchrun --max-restarts 1``, rank ``crashed`` raised in attempt 0
+    and attempt 1 finished: healthy (exit 0), with attempt 0's root cause in one line; the
+    restarted worker group is watched, not read as a failed job."""
+    out, marks = tmp_path / "w", tmp_path / "marks"
+    marks.mkdir()
+    script = JOBS / "restart_once.py"
+    proc = run_cli("watch", "--stall", "3", "--out", str(out), "--json", "--",
+                   *torchrun_argv("restart_once.py", 2, "--max_restarts", "1"), timeout=200,
+                   env=job_env(JOB_MARKS=str(marks), CRASH_RANK=str(crashed)))
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    d = json.loads(proc.stdout)
+    assert proc.returncode == 0, (d["summary"], proc.stderr[-3000:])
+    line = line_of(script, "raise ValueError")
+    assert d["verdict"] == "healthy" and d["rule"] == "every rank finished"
+    assert d["summary"].startswith("All 2 ranks finished after 1 restart; attempt 0: rank "
+                                   f"{crashed} raised ValueError: corrupt shard 17 on rank "
+                                   f"{crashed} at "), d["summary"]
+    assert d["summary"].endswith(f"restart_once.py:{line} load_shard."), d["summary"]
+    assert d["culprit_ranks"] == [] and d["job_exit_code"] == 0
+    assert "torchrun restarted the ranks (restart 1 of 1)" in proc.stderr
+    assert_no_survivors(str(script))

@@ -29,6 +29,7 @@ from conftest import (
     assert_no_survivors,
     free_port,
     job_env,
+    line_of,
     moe_hang_argv,
     processes_with_env,
     run_cli,
@@ -290,3 +291,148 @@ def test_separate_hosts_the_store_gone_for_one(nodes: Nodes, tmp_path: Path) -> 
         else:
             assert d["culprit_ranks"] == [] and "Ranks 0, 1 wait in all_reduce" in \
                 d["summary"], d["summary"]
+
+
+# ----------------------------------------------------------------------------- a crash
+# (issue 19 item 4): one verdict, on every node, whichever node's watcher would end first
+
+
+CRASH = str(JOBS / "mn_crash.py")
+
+
+def _listening(port: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr[1] == port
+               for c in psutil.net_connections(kind="tcp"))
+
+
+def _crash_job(nodes: Nodes, tmp_path: Path, crash: int) -> list[subprocess.Popen[str]]:
+    """Two watched c10d agents; the first one's agent is up (and hosts the rendezvous store)
+    before the second starts, so it is node 0 (ranks 0, 1: torch orders the agents of one
+    host by pid)."""
+    port = free_port()
+    argv = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id",
+            f"crash{crash}", "--max_restarts", "0", CRASH]
+    first = nodes.start(_watch(tmp_path / "node0") + argv, CRASH_RANK=str(crash))
+    deadline = time.monotonic() + 90
+    while not _listening(port):
+        assert first.poll() is None and time.monotonic() < deadline, "node 0's store not up"
+        time.sleep(0.2)
+    return [first, nodes.start(_watch(tmp_path / "node1") + argv, CRASH_RANK=str(crash))]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("late", ["store_node", "other_node"])
+@pytest.mark.parametrize("crash", [2, 1], ids=["on_the_other_node", "on_the_store_node"])
+def test_a_crash_gives_one_verdict_on_every_node(nodes: Nodes, tmp_path: Path, crash: int,
+                                                 late: str) -> None:
+    """Global rank ``crash`` raises ValueError (rank 2: on the node without the store; its
+    mirror rank 1: on the store's node). The watcher of one node is held back (SIGSTOP for
+    3 s) right as the rank raises, so that the other would be first to end: either way both
+    print the same crash verdict naming that rank, from one round (never "no other node
+    reachable", never "no rank raised"): the node whose agent hosts the store ends its job
+    only once the other has the verdict."""
+    procs = _crash_job(nodes, tmp_path, crash)
+    wait_files(nodes.marks, f"hang.rank{crash}", 1, timeout=150, what=f"rank {crash} at step 2")
+    victim = procs[0 if late == "store_node" else 1]
+    os.kill(victim.pid, signal.SIGSTOP)
+    time.sleep(3.0)
+    os.kill(victim.pid, signal.SIGCONT)
+    res = nodes.results(procs)
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    dirs = nodes.rank_dirs()
+    assert [dirs[r].name for r in range(4)] == ["node0"] * 2 + ["node1"] * 2, dirs
+    line = line_of(Path(CRASH), "raise ValueError")
+    for _, d, err in res:
+        assert d["verdict"] == "crash" and d["culprit_ranks"] == [crash], (d["summary"],
+                                                                         err[-3000:])
+        assert d["rule"] == "root-cause exception" and d["certainty"] == "definite"
+        assert d["summary"].startswith(
+            f"Rank {crash} raised ValueError: corrupt shard 17 on node {crash // 2} at "), \
+            d["summary"]
+        assert f"mn_crash.py:{line} load_shard" in d["summary"]
+        assert "no rank raised" not in d["summary"]
+        assert "no other node reachable" not in err and "one verdict for the job" in err, \
+            err[-3000:]
+        # the store's host waited for the other node to have the verdict, and it had
+        assert "did not confirm in time" not in err
+    own = ("artifacts", "command", "job_exit_code", "detected", "timings")
+    a, b = ({k: v for k, v in d.items() if k not in own} for _, d, _ in res)
+    assert a == b
+    verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+                for i in (0, 1)]
+    assert verdicts[0]["request"] == verdicts[1]["request"]
+    assert not verdicts[0]["local_only"] and not verdicts[1]["local_only"]
+    assert sorted(verdicts[0]["captured"]) == ["0", "1"]
+
+
+# ----------------------------------------------------------------------------- no torchrun
+# (issue 19 item 3): srun or mpirun start the ranks; launch_like.py once per "node" stands in
+# for the launcher's daemon there. The watchers meet in the store rank 0's process hosts for
+# the ranks' env:// init (MASTER_ADDR:MASTER_PORT), or in --shared-dir
+
+
+def _launched(nodes: Nodes, tmp_path: Path, style: str, script: str, *opts: str,
+              **env: str) -> list[tuple[int, dict, str]]:
+    port = str(free_port())
+    launch = [PY, str(JOBS / "launch_like.py"), style, "2", port, script]
+    procs = [nodes.start([*_watch(tmp_path / f"node{i}", *opts), *launch],
+                         LAUNCH_NODE_RANK=str(i), LAUNCH_NNODES="2", **env)
+             for i in (0, 1)]
+    return nodes.results(procs)
+
+
+def _one_round(tmp_path: Path, res: list[tuple[int, dict, str]]) -> None:
+    own = ("artifacts", "command", "job_exit_code", "detected", "timings")
+    a, b = ({k: v for k, v in d.items() if k not in own} for _, d, _ in res)
+    assert a == b
+    verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+                for i in (0, 1)]
+    assert verdicts[0]["request"] == verdicts[1]["request"]
+    assert sorted(verdicts[0]["captured"]) == ["0", "1"] and not verdicts[0]["local_only"]
+    for _, _, err in res:
+        assert "one verdict for the job from nodes 0 (" in err, err[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("style, crash, step_s", [("slurm", 2, "1.0"), ("ompi", 1, "1.0"),
+                                                 ("slurm", 1, "0")],
+                         ids=["srun_crash_on_node1", "mpirun_crash_on_store_node",
+                              "srun_crash_before_the_ranks_settle"])
+def test_without_torchrun_through_the_ranks_store(nodes: Nodes, tmp_path: Path, style: str,
+                                                   crash: int, step_s: str) -> None:
+    """No torchrun, no --shared-dir: the watchers find MASTER_ADDR:MASTER_PORT in their ranks'
+    environment and meet in rank 0's store (keys of their own); a rank that raised on either
+    node gives one crash verdict on both — also one that raised right after the group was
+    made, before the watchers knew the job spans nodes (held from the start)."""
+    res = _launched(nodes, tmp_path, style, CRASH, CRASH_RANK=str(crash), JOB_STEP_S=step_s)
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    for _, d, err in res:
+        assert d["verdict"] == "crash" and d["culprit_ranks"] == [crash], (d["summary"],
+                                                                         err[-3000:])
+        assert d["summary"].startswith(f"Rank {crash} raised ValueError: corrupt shard 17")
+        assert {r["rank"] for r in d["ranks"]} == {0, 1, 2, 3}
+    _one_round(tmp_path, res)
+    assert [sorted(r for r, p in nodes.rank_dirs().items() if p.name == f"node{i}")
+            for i in (0, 1)] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(240)
+def test_without_torchrun_through_a_shared_dir(nodes: Nodes, tmp_path: Path) -> None:
+    """srun-like, --shared-dir: rank 3 skips its expert group's all-gather; both watchers print
+    the rank-3 desync, and nothing survives."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    res = _launched(nodes, tmp_path, "slurm", SCRIPT, "--shared-dir", str(shared))
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    for _, d, _ in res:
+        _assert_rank3_verdict(d)
+    _one_round(tmp_path, res)
+
+
+@pytest.mark.timeout(240)
+def test_without_torchrun_a_healthy_job_ends_by_itself(nodes: Nodes, tmp_path: Path) -> None:
+    """The same launch, nobody raises: both watchers let it finish and return its code."""
+    res = _launched(nodes, tmp_path, "slurm", CRASH, CRASH_RANK="-1", JOB_STEP_S="0.2")
+    assert [code for code, _, _ in res] == [0, 0], [err[-3000:] for _, _, err in res]
+    assert all(d["verdict"] == "healthy" for _, d, _ in res), [d["summary"] for _, d, _ in res]

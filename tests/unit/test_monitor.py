@@ -144,3 +144,54 @@ def test_a_rank_that_finished_first_does_not_end_the_job(tmp_path, clean):
         assert 1 in out.dead_ranks
     finally:
         job.terminate(grace=1.0)
+
+
+RAISE = ("from moe_hang.probe import probe\n"
+         "probe.install()\n"
+         "raise ValueError('corrupt shard 17')\n")
+
+
+def _raising_rank(probe_dir: Path, hold: dict | None) -> subprocess.Popen[bytes]:
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    if hold is not None:
+        (probe_dir / "hold.json").write_text(json.dumps(hold))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MOE_HANG_PROBE_DIR": str(probe_dir),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("MOE_HANG_PROBE_OWNER", None)
+    return subprocess.Popen([sys.executable, "-c", RAISE], env=env, cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_a_held_rank_is_a_failure_at_once_and_released_on_request(tmp_path):
+    """Multi-node watch's hold: the rank that raised stays, the monitor reports it as failed
+    with its exception while it still lives, and 'release' on its FIFO lets it end."""
+    popen = _raising_rank(tmp_path / "probe", {"watcher": os.getpid(), "limit_s": 30})
+    job = LaunchedJob(popen=popen, log_path=tmp_path / "job.log")
+    try:
+        out = watch(job, WatchSettings(probe_dir=tmp_path / "probe", world=1, stall_s=5.0,
+                                       poll_s=0.05, refresh_s=0.2))
+        assert out.kind == "failed" and out.held == [0]
+        assert out.reason == "rank 0 raised ValueError: corrupt shard 17"
+        assert popen.poll() is None  # held
+        fd = os.open(tmp_path / "probe" / "rank0.ctl", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"release\n")
+        os.close(fd)
+        assert popen.wait(timeout=10) == 1
+    finally:
+        job.terminate(grace=1.0)
+
+
+@pytest.mark.parametrize("hold", [None, "watcher_gone"])
+def test_a_rank_is_held_only_while_its_watcher_asks(tmp_path, hold):
+    """No hold.json (one node, --keep-running, torchrun may restart it): it ends at once; a
+    watcher that is gone holds nobody."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    popen = _raising_rank(tmp_path / "probe", None if hold is None else
+                          {"watcher": int(gone), "limit_s": 60})
+    try:
+        assert popen.wait(timeout=20) == 1
+    finally:
+        if popen.poll() is None:
+            popen.kill()

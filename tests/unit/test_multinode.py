@@ -234,3 +234,59 @@ def _end(p: subprocess.Popen[bytes]) -> None:
                 c.kill()  # a zombie until its parent goes: not waited for
     p.kill()
     p.wait(5)
+
+
+# ----------------------------------------------------------------------------- issue 19
+
+
+def test_a_remote_rank_that_raised_is_the_root_cause_anywhere(tmp_path: Path) -> None:
+    """Node 1's capture summary carries rank 2's exception record and that its probe holds
+    it: node 0, analysing with only that summary, names rank 2, at the line it raised."""
+    layout = RunLayout(tmp_path)
+    layout.ranks_dir.mkdir()
+    for r in (2, 3):
+        (layout.rank(r).heartbeat).write_text(json.dumps({
+            "rank": r, "pid": 100 + r, "host": "vm-1", "world": 4, "local_rank": r - 2,
+            "local_world": 2, "time": time.time(), "beat": 3, "held": r == 2,
+            "pg_status": {"0": {"enqueued": 9, "completed": 8 if r == 3 else 9}},
+            "main_frame": [["/job/mn_crash.py", 27, "<module>"]]}))
+    layout.rank(2).error.write_text(json.dumps({
+        "type": "ValueError", "message": "corrupt shard 17 on node 1", "time": 1.0,
+        "restart": None, "frames": [["/job/mn_crash.py", 17, "load_shard"],
+                                    ["/job/mn_crash.py", 27, "<module>"]]}))
+    s = multinode.capture_summary(layout, "1", "vm-1", moving={2: False, 3: False},
+                                  alive={2: True, 3: True})
+    back = NodeSummary.decode(s.encode())
+    assert back is not None
+    r2 = next(r for r in back.ranks if r.rank == 2)
+    assert r2.held and r2.error is not None and r2.error["type"] == "ValueError"
+    ev = Evidence(ranks={}, world_size=4)
+    assert multinode.merge_remote(ev, {"1": back}) == [2, 3]
+    assert ev.ranks[2].error is not None and ev.ranks[2].error.frames[0].line == 17
+    assert ev.ranks[2].stack_source == "exception traceback (held for the capture)"
+    d = diagnose(ev)
+    assert d.rule == "root-cause exception" and d.culprit_ranks == [2], d.summary
+    assert d.summary.startswith("Rank 2 raised ValueError: corrupt shard 17 on node 1 at ")
+
+
+def test_ranks_without_a_local_world_are_a_block() -> None:
+    assert multinode.block_of([2, 3]) == "1" and multinode.block_of([0, 1, 2, 3]) == "0"
+    assert multinode.block_of([1, 2]) is None and multinode.block_of([0, 2]) is None
+    assert multinode.block_of([]) is None
+
+
+def test_a_job_without_torchrun_plans_on_its_ranks_store() -> None:
+    """srun/mpirun: MASTER_ADDR:MASTER_PORT (here from the watcher's own environment: no
+    rank pid given), the run key from the port; nothing without them."""
+    p = multinode.plan_from_ranks([], {"MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+                                       "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"})
+    assert p is not None and p.endpoint is not None and p.shared_dir is None
+    assert (p.endpoint.host, p.endpoint.port) == ("node0", 29500)
+    assert p.run == "env-29500-slurm77.3"
+    assert multinode.plan_from_ranks([], {"MASTER_ADDR": "node0"}) is None
+    assert coord.launches_torchrun(["torchrun", "x.py"])
+    assert coord.launches_torchrun([sys.executable, "-m", "torch.distributed.run", "x.py"])
+    assert not coord.launches_torchrun(["srun", "python", "x.py"])
+    assert coord.torchrun_max_restarts(["torchrun", "--max-restarts=2", "x.py"]) == 2
+    assert coord.torchrun_max_restarts(["torchrun", "x.py"], {"PET_MAX_RESTARTS": "1"}) == 1
+    assert coord.torchrun_max_restarts(["python", "x.py", "--max-restarts", "3"], {}) == 0

@@ -22,6 +22,7 @@ from moe_hang.evidence.model import (
     Evidence,
     RankError,
     RankEvidence,
+    Restarts,
     SizeAbort,
     Unreached,
 )
@@ -191,6 +192,18 @@ def _consequences(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*closed, job=JobState.FAILED), []
 
 
+def _failed_unknowns(node: int) -> tuple[Evidence, list[int]]:
+    """Node ``node``'s ranks failed of a closed connection only; the other node's watcher did
+    not answer (its store's host had ended): its ranks are unknown, not "no rank raised"."""
+    mine = [2 * node, 2 * node + 1]
+    closed = [RankEvidence(rank=r, alive=False, exit_code=1,
+                           error=RankError("RuntimeError", CONNECTION_CLOSED)) for r in mine]
+    other = [r for r in range(4) if r not in mine]
+    ev = Evidence(ranks={r.rank: r for r in closed}, world_size=4, job=JobState.FAILED,
+                  unreached=Unreached(other, local_world=2, hosts={str(1 - node): "vm-b"}))
+    return ev, []
+
+
 def _moving(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*(RankEvidence(rank=r, alive=True, progressed=True, threads=_in("all_reduce", 30))
                  for r in (0, 1)), job=JobState.RUNNING), []
@@ -347,6 +360,7 @@ CASES: dict[str, tuple[Case, bool]] = {
     "launcher died": (_launcher_died, False),
     "monitored barrier names the laggards": (_monitored, True),
     "timed out waiting for a rank outside collectives": (_timed_out, True),
+    "failed, other nodes unknown": (_failed_unknowns, True),
     "failed with consequences only": (_consequences, False),
     "every rank moving": (_moving, False),
     "NCCL launch counts moving (RAS)": (_ras_moving, False),
@@ -370,6 +384,38 @@ def test_every_rule_has_a_case() -> None:
     names = [r.name for r in RULES]
     assert len(names) == len(set(names)), "two rules share a name"
     assert set(names) == set(CASES) | set(DUMP_CASES)
+
+
+@pytest.mark.parametrize("node", [0, 1], ids=["node0_alone", "node1_alone"])
+def test_a_node_alone_never_says_no_rank_raised(node: int) -> None:
+    """Issue 19 item 4: the node that could not reach the other says the other's ranks are
+    unknown and where their root cause would be (mirrored: either node alone)."""
+    ev, _ = _failed_unknowns(node)
+    d = diagnose(ev)
+    other = "ranks 0, 1" if node else "ranks 2, 3"
+    assert "no rank raised" not in d.summary
+    assert f"{other} on node vm-b are unknown" in d.summary, d.summary
+    assert "if a rank raised one, it is one of them" in d.summary
+    assert d.fix.startswith("Look at node vm-b:") and "moe-hang analyze" in d.fix
+    assert d.verdict == "crash" and d.culprit_ranks == [] and d.certainty == "uncertain"
+    assert [r.state for r in d.ranks if r.rank in ev.unreached.ranks] == ["unknown"] * 2
+
+
+@pytest.mark.parametrize("crashed", [1, 0], ids=["rank1", "mirrored"])
+def test_healthy_after_a_restart_says_what_the_failed_attempt_raised(crashed: int) -> None:
+    """Issue 18 case 8: torchrun restarted the ranks once; attempt 0's root cause in one
+    line (the peer's closed connection is a consequence, not named)."""
+    raised = RankError("ValueError", "corrupt shard 17", frames=[Frame("/job/x.py", 9, "load")],
+                       time=1.0, restart=0)
+    peer = RankError("RuntimeError", CONNECTION_CLOSED, time=2.0, restart=0)
+    ev = _ev(*(RankEvidence(rank=r, alive=False, exit_code=0) for r in (0, 1)),
+             job=JobState.COMPLETED,
+             restarts=Restarts(1, {crashed: raised, 1 - crashed: peer}))
+    d = diagnose(ev)
+    assert d.verdict == "healthy" and d.rule == "every rank finished"
+    assert d.summary == (f"All 2 ranks finished after 1 restart; attempt 0: rank {crashed} "
+                         "raised ValueError: corrupt shard 17 at /job/x.py:9 load."), d.summary
+    assert f"rank {crashed}" in d.fix
 
 
 def test_every_mismatch_kind_has_its_words_and_advice() -> None:

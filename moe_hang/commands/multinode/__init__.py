@@ -32,16 +32,19 @@ from moe_hang.commands.multinode.connect import (
     open_channel,
     peers_for_diagnose,
     plan,
+    plan_from_ranks,
 )
 from moe_hang.commands.multinode.node import (
     CONNECT_S,
+    HOLD_S,
     MOVING_S,
     OFFER_S,
     Node,
     RoundOutcome,
+    block_of,
     unreached_ranks,
 )
-from moe_hang.commands.multinode.peers import NodePeers
+from moe_hang.commands.multinode.peers import NodePeers, SpreadLater
 from moe_hang.commands.multinode.requests import request_kind
 from moe_hang.commands.multinode.summaries import (
     HISTORY_PER_GROUP,
@@ -56,6 +59,7 @@ __all__ = [
     "CONNECT_S",
     "FRESH_S",
     "HISTORY_PER_GROUP",
+    "HOLD_S",
     "MAX_USER_FRAMES",
     "MOVING_S",
     "OFFER_S",
@@ -63,6 +67,8 @@ __all__ = [
     "NodePeers",
     "Plan",
     "RoundOutcome",
+    "SpreadLater",
+    "block_of",
     "capture_summary",
     "check_shared_dir",
     "history_of",
@@ -70,6 +76,7 @@ __all__ = [
     "open_channel",
     "peers_for_diagnose",
     "plan",
+    "plan_from_ranks",
     "raw_heartbeats",
     "request_kind",
     "unreached_ranks",

@@ -67,6 +67,30 @@ def plan(cmd: Sequence[str], shared_dir: str | os.PathLike[str] | None,
     return Plan(ep, sd, coord.run_key(ep.run_id if ep else None, env))
 
 
+def plan_from_ranks(pids: Iterable[int], env: Mapping[str, str] | None = None) -> Plan | None:
+    """A job that spans nodes and was not started by torchrun (srun, mpirun, a launcher of the
+    job's own): the store its ranks' ``env://`` init uses, which rank 0's process hosts
+    (MASTER_ADDR:MASTER_PORT: read from a rank's environment, those two variables only, else
+    from this watcher's own). Its run key comes from the port, the same on every node."""
+    import psutil
+
+    e = os.environ if env is None else env
+    found: dict[str, str] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            penv = psutil.Process(pid).environ()
+            found = {k: penv[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in penv}
+            if len(found) == 2:
+                break
+    if len(found) < 2:
+        found = {k: e[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in e}
+    ep = coord.endpoint_from_rank_env(found)
+    if ep is None:
+        return None
+    ep.run_id = f"env-{ep.port}"
+    return Plan(ep, None, coord.run_key(ep.run_id, e))
+
+
 def open_channel(p: Plan, *, connect_s: float, stop: threading.Event | None = None
                  ) -> tuple[Channel | None, str | None]:
     """(channel, None) or (None, why not)."""

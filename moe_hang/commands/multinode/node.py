@@ -43,6 +43,13 @@ if TYPE_CHECKING:
 CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
 MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
 OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
+# a rank that raised is held (its probe waits, bounded) until the round is over: a whole round
+# is bounded by its capture (30 s), verdict (20 s) and end (15 s) waits, plus the capture here
+HOLD_S = 90.0
+# a round asked for while the channel is still being opened (a rank raised early): wait this
+# long for it rather than give a verdict of this node's ranks only
+READY_S = 15.0
+JOIN_S = 10.0  # closing: how long the background thread may take to leave a store connect
 
 
 @dataclass
@@ -57,8 +64,10 @@ class Node:
     local ranks are up, summaries offered from the watch loop (no I/O there), and rounds."""
 
     def __init__(self, p: Plan, layout: RunLayout, notice: Callable[[str], None], *,
-                 stall_s: float = 10.0) -> None:
+                 stall_s: float = 10.0, hold_s: float | None = HOLD_S) -> None:
         self.plan, self.layout, self.notice = p, layout, notice
+        # None: a rank that raised ends at once (--keep-running; torchrun may restart it)
+        self.hold_s = hold_s
         # "moving" in a summary: moved this recently (well inside --stall, so that ranks that
         # just entered the collective the others wait in are not read as computing)
         self.moving_s = min(MOVING_S, stall_s / 2)
@@ -73,6 +82,7 @@ class Node:
         self.last_round: GlobalVerdict | None = None  # the global verdict of the last round
         self.job: LaunchedJob | None = None
         self._up = threading.Event()
+        self._ready = threading.Event()  # the channel is open, or will not be
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -86,6 +96,10 @@ class Node:
         """After the job started. torch (for the store client) is imported here, in the main
         thread, while the job starts up: never half-way in a daemon thread at exit."""
         self.job = job
+        if self.hold_s:
+            # a rank that raised stays (bounded) until every node has captured and has the
+            # verdict: its exit would end its peers and launchers, the store's host with them
+            rundir.write_json(self.layout.hold, {"watcher": os.getpid(), "limit_s": self.hold_s})
         if self.plan.shared_dir is None:
             coord.preload_torch()
         self._thread = threading.Thread(target=self._run, name="moe-hang-multinode",
@@ -93,6 +107,12 @@ class Node:
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._connect()
+        finally:
+            self._ready.set()
+
+    def _connect(self) -> None:
         ch: Channel | None = None
         if self.plan.shared_dir is None:  # the store may appear after us: connect early
             ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
@@ -148,7 +168,8 @@ class Node:
             # where the ranks run (a watcher outside their container sees another name)
             self.host = next((str(hb["host"]) for hb in hbs.values() if hb.get("host")),
                              self.host)
-            self.node = coord.node_id_from_heartbeats(hbs) or coord.sanitize(self.host)
+            self.node = (coord.node_id_from_heartbeats(hbs) or block_of(self.local_ranks)
+                         or coord.sanitize(self.host))
             self._up.set()
         co = self.co
         if co is None:
@@ -203,6 +224,7 @@ class Node:
             self._closed.set()
             co = self.co
         if co is None:
+            self._join()
             return
         if final is not None:
             hbs = self._raw_heartbeats()
@@ -210,6 +232,16 @@ class Node:
                                            alive=dict.fromkeys(hbs, False), kind="periodic")
             co.publish_summary(s)
         co.close()
+        self._join()
+
+    def _join(self) -> None:
+        """The background thread may be inside a store connect (C++, GIL released): a thread
+        that comes back from one while the interpreter shuts down aborts the watcher
+        ("terminate called without an active exception"). Each attempt is bounded, and the
+        thread stops between attempts once closed."""
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(JOIN_S)
 
     def next_round(self) -> None:
         if self.co is not None:
@@ -276,6 +308,8 @@ class Node:
                   capture_local: Callable[[], Diagnosis]) -> RoundOutcome:
         """Capture here, the same on every node, one verdict; returns once this node may end
         its job (the store's host after every other node has the verdict)."""
+        if self.co is None and self._thread is not None:
+            self._ready.wait(READY_S)  # still connecting: a rank raised early in the job
         co = self.co
         req: CaptureRequest | None = None
         if co is not None:
@@ -357,6 +391,16 @@ class Node:
             self.notice(f"could not keep the capture apart from the teardown ({exc})")
         finally:
             shutil.rmtree(snap, ignore_errors=True)
+
+
+def block_of(ranks: list[int]) -> str | None:
+    """The node a block of consecutive global ranks is, counted in blocks of its size (no
+    launcher said how many ranks a node runs: srun or mpirun with one task per node that
+    starts its ranks); None for ranks that are no such block."""
+    n = len(ranks)
+    if not n or ranks != list(range(ranks[0], ranks[0] + n)) or ranks[0] % n:
+        return None
+    return str(ranks[0] // n)
 
 
 def unreached_ranks(world: int | None, known: Iterable[int]) -> list[int]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.commands.multinode.node import Node
+from moe_hang.commands.supervise import AloneOnNode, Peers
 from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent
 
 
@@ -41,3 +42,54 @@ class NodePeers:
 
     def completed(self, event: WatchEvent) -> None:
         self.node.close(final=dict.fromkeys(event.rank_pids, True))
+
+
+class SpreadLater:
+    """The other watchers of a job not started by torchrun (srun, mpirun, a launcher of the
+    job's own), whose command line does not say whether it spans nodes: a job on one node
+    until its ranks are up; then, where their world is larger than the ranks here, this
+    node's part of a job that spans nodes (``join``: the :class:`Node`, or None)."""
+
+    def __init__(self, join: Callable[[Monitor], Node | None]) -> None:
+        self.join = join
+        self.node: Node | None = None
+        self._peers: Peers = AloneOnNode()
+        self._looked = False
+
+    def _decide(self, mon: Monitor) -> None:
+        if not self._looked and mon.out.t_up is not None:
+            self._looked = True
+            node = self.join(mon)
+            if node is not None:
+                self.node, self._peers = node, NodePeers(node)
+
+    def tick(self, mon: Monitor) -> bool:
+        self._decide(mon)
+        return self._peers.tick(mon)
+
+    def requested(self) -> bool:
+        return self._peers.requested()
+
+    def moving_elsewhere(self) -> dict[str, list[int]]:
+        return self._peers.moving_elsewhere()
+
+    def recheck_s(self) -> float:
+        return self._peers.recheck_s()
+
+    def alone(self) -> bool:
+        return self._peers.alone()
+
+    def round(self, mon: Monitor, event: WatchEvent, kind: EventKind,
+              capture: Callable[[], Diagnosis]) -> tuple[Diagnosis, EventKind]:
+        # the event may have come in the very poll the ranks came up in (a rank that raised
+        # early): decide first whether there are others to give it to
+        self._decide(mon)
+        if self.node is not None:
+            self._peers.tick(mon)  # registers this node before the round
+        return self._peers.round(mon, event, kind, capture)
+
+    def next_round(self) -> None:
+        self._peers.next_round()
+
+    def completed(self, event: WatchEvent) -> None:
+        self._peers.completed(event)

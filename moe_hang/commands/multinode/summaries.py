@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from moe_hang.evidence.errors import unwrap
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.flight_recorder import load as load_dump
-from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
+from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
-from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
@@ -61,6 +63,7 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
         with contextlib.suppress(Exception):  # a dump cut short: the heartbeat is left
             if fr.exists():
                 r.history, r.fr_status = history_of(load_dump(fr))
+        r.error = error_of(layout.rank(r.rank).error)
     groups: dict[str, set[int]] = {}
     for p in layout.files_of(RankFiles.GROUPS):
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
@@ -68,6 +71,44 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
                 groups.setdefault(str(pg), set()).update(int(r) for r in rs)
     s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
     return s
+
+
+def error_of(path: Path) -> dict[str, Any] | None:
+    """A rank's exception record (``error.json``), compact: what the analysing node needs to
+    name it the root cause (type, first line, the innermost frames, time, attempt)."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    frames = [f"{f[0]}:{f[1]}:{f[2]}" for f in d.get("frames") or []
+              if isinstance(f, list) and len(f) >= 3][:MAX_USER_FRAMES * 2]
+    out: dict[str, Any] = {"type": str(d.get("type") or "Error"),
+                           "message": str(d.get("message", ""))[:500], "frames": frames}
+    for k in ("time", "restart"):
+        if isinstance(d.get(k), (int, float)):
+            out[k] = d[k]
+    return out
+
+
+def _error(r: RankSummary) -> RankError | None:
+    if not r.error:
+        return None
+    frames = [Frame(str(file), int(line), str(fn))
+              for file, line, fn in (coord.parse_frame(str(f)) for f in r.error.get("frames", []))]
+    return unwrap(RankError(type=str(r.error.get("type") or "Error"),
+                            message=str(r.error.get("message", "")), frames=frames,
+                            time=_num(r.error.get("time")), source="probe (remote summary)",
+                            restart=_whole(r.error.get("restart"))))
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _whole(v: Any) -> int | None:
+    return v if isinstance(v, int) else None
 
 
 def _fr_of(r: RankSummary) -> FRDump | None:
@@ -104,9 +145,14 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
                 # read as another group of the same number on this node
                 named = {str(e.get("pg_id")) for e in hb.pending} | {DEFAULT_PG}
                 hb.pg_status = {k: v for k, v in hb.pg_status.items() if k in named}
+            err = _error(r)
             ev.ranks[r.rank] = RankEvidence(
                 rank=r.rank, pid=r.pid, host=s.host, alive=r.state != RankState.EXITED,
                 exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
-                groups={k: list(v) for k, v in s.groups.items()} or None)
+                groups={k: list(v) for k, v in s.groups.items()} or None, error=err)
+            if r.held and err is not None and err.frames:
+                # held for the capture by its probe: where it raised is its stack
+                ev.ranks[r.rank].threads = [ThreadStack("MainThread", err.frames, is_main=True)]
+                ev.ranks[r.rank].stack_source = "exception traceback (held for the capture)"
             added.append(r.rank)
     return sorted(added)

@@ -52,7 +52,9 @@ from moe_hang.runtime.coord.endpoint import (
     StoreEndpoint,
     endpoint_from_rank_env,
     endpoint_from_torchrun,
+    launches_torchrun,
     store_listener_pid,
+    torchrun_max_restarts,
 )
 from moe_hang.runtime.coord.heartbeats import (
     expected_nodes,
@@ -93,6 +95,7 @@ __all__ = [
     "endpoint_from_torchrun",
     "expected_nodes",
     "key_prefix",
+    "launches_torchrun",
     "node_id_from_heartbeats",
     "parse_frame",
     "preload_torch",
@@ -103,4 +106,5 @@ __all__ = [
     "store_listener_pid",
     "summarize_heartbeats",
     "to_heartbeats",
+    "torchrun_max_restarts",
 ]

@@ -62,16 +62,11 @@ def _host_port(endpoint: str, default_port: int) -> tuple[str, int]:
     return ep, default_port
 
 
-def endpoint_from_torchrun(argv: Sequence[str],
-                           env: Mapping[str, str] | None = None) -> StoreEndpoint | None:
-    """The store of a job started as ``torchrun ...`` / ``python -m torch.distributed.run ...``
-    (also behind ``srun``): the rendezvous endpoint for ``--rdzv-backend c10d``,
-    ``--master-addr:--master-port`` for static rendezvous; ``PET_*`` variables fill in flags
-    not given. None when there is no TCPStore to use (not torchrun, ``--standalone``, etcd)."""
+def _torchrun_opts(argv: Sequence[str]) -> tuple[dict[str, str], set[str]] | None:
+    """torchrun's own options (name with ``_`` -> value) and flags, up to the script."""
     args = _torchrun_args(argv)
     if args is None:
         return None
-    e = os.environ if env is None else env
     opts: dict[str, str] = {}
     flags: set[str] = set()
     i = 0
@@ -89,6 +84,37 @@ def endpoint_from_torchrun(argv: Sequence[str],
         elif name in _TORCHRUN_FLAGS:
             flags.add(name)
         i += 1
+    return opts, flags
+
+
+def launches_torchrun(argv: Sequence[str]) -> bool:
+    """The command is torchrun itself (``torchrun ...``, ``python -m torch.distributed.run``):
+    its command line says whether the job spans nodes."""
+    return _torchrun_args(argv) is not None
+
+
+def torchrun_max_restarts(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """``--max-restarts`` of a torchrun command line (``PET_MAX_RESTARTS``; 0 by default, and
+    for any other command)."""
+    parsed = _torchrun_opts(argv)
+    if parsed is None:
+        return 0
+    e = os.environ if env is None else env
+    v = parsed[0].get("max_restarts") or e.get("PET_MAX_RESTARTS") or "0"
+    return int(v) if v.isdigit() else 0
+
+
+def endpoint_from_torchrun(argv: Sequence[str],
+                           env: Mapping[str, str] | None = None) -> StoreEndpoint | None:
+    """The store of a job started as ``torchrun ...`` / ``python -m torch.distributed.run ...``
+    (also behind ``srun``): the rendezvous endpoint for ``--rdzv-backend c10d``,
+    ``--master-addr:--master-port`` for static rendezvous; ``PET_*`` variables fill in flags
+    not given. None when there is no TCPStore to use (not torchrun, ``--standalone``, etcd)."""
+    parsed = _torchrun_opts(argv)
+    if parsed is None:
+        return None
+    e = os.environ if env is None else env
+    opts, flags = parsed
 
     def opt(name: str, default: str | None = None) -> str | None:
         return opts.get(name) or e.get(f"PET_{name.upper()}") or default

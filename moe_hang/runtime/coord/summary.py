@@ -119,6 +119,10 @@ class RankSummary:
     # (names, seqs, sizes, whether each completed) and the groups' status by name
     history: list[PendingCollective] = field(default_factory=list)
     fr_status: dict[str, list[int]] = field(default_factory=dict)  # name -> [enq, completed]
+    # a capture only: the exception the rank raised, as its probe recorded it (type, message,
+    # frames "file:line:function" innermost first, time, restart)
+    error: dict[str, Any] | None = None
+    held: bool = False  # it raised and its probe holds it for the capture
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
@@ -140,6 +144,10 @@ class RankSummary:
             d["history"] = [h.to_json(stacks) for h in self.history]
         if self.fr_status:
             d["fr_status"] = self.fr_status
+        if self.error:
+            d["error"] = self.error
+        if self.held:
+            d["held"] = True
         return d
 
     @classmethod
@@ -169,7 +177,9 @@ class RankSummary:
                             if isinstance(h, Mapping)],
                    fr_status={str(k): [int(x) for x in v][:2]
                               for k, v in (d.get("fr_status") or {}).items()
-                              if isinstance(v, (list, tuple)) and len(v) >= 2})
+                              if isinstance(v, (list, tuple)) and len(v) >= 2},
+                   error=dict(d["error"]) if isinstance(d.get("error"), Mapping) else None,
+                   held=d.get("held") is True)
 
 
 @dataclass

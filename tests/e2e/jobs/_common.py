@@ -17,7 +17,14 @@ def init(timeout_s: float = 60.0) -> tuple[int, int]:
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    kw = {}
+    if "RANK" not in os.environ:  # srun or mpirun (launch_like.py): the job names its rank
+        for r, w in (("SLURM_PROCID", "SLURM_NTASKS"),
+                     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+            if r in os.environ:
+                kw = {"rank": int(os.environ[r]), "world_size": int(os.environ[w])}
+                break
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s), **kw)
     return dist.get_rank(), dist.get_world_size()
 
 
