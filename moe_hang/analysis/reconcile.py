@@ -8,9 +8,13 @@ and its peers' recorders (what they posted at each seq). Its position is the one
 agree with: the peers' collective at seq ``completed + 1`` of a group, when that collective is
 the op its stack died in, posted from the same line. That entry is added to its timeline
 (``source="reconciled"``, its sizes from the byte counts where they say them), so the alignment
-meets it where it was. A position that contradicts the rank's own count or stack is never
-used; where nothing agrees, the disagreement is said (:class:`Disagreement`) and the verdict
-is less certain.
+meets it where it was. Its peers bound it too: every collective of a group needs every
+member, so it was alive for each one they completed but the last (gloo may let the bigger
+sender through), and died at the latest at the first one they could not complete — where a
+stale count leaves the line's earlier steps as candidates, those are ruled out, and the same
+op there from another line is the desync itself. A position that contradicts the rank's own
+count or stack's op is never used; where nothing agrees, the disagreement is said
+(:class:`Disagreement`) and the verdict is less certain.
 """
 
 from __future__ import annotations
@@ -57,8 +61,10 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
         op, site = v.stack.op, v.stack.callsite
         if v.state != RankState.EXITED or not op or op == "unknown" or site is None:
             continue
+        # (unless they are a save older than its death: a collective pending then has
+        # completed since, if its peers went past it)
         if v.current is not None and v.current.completed is False and v.current.op == op \
-                and _same_line(
+                and not v.ev.fr_saved and _same_line(
                 callsite(v.current.frames) if v.current.frames else site, site):
             continue  # its own records already say where it was
         counts = dict(v.tl.completed)
@@ -83,6 +89,7 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             # collective its peers completed, so it died at the last candidate before the
             # first one a peer could not complete (gloo may let the bigger sender through)
             best: tuple[str, int, Collective] | None = None
+            first_open: tuple[int, Collective] | None = None
             for n in range(done + 1, last + 1):
                 if n in own:
                     break
@@ -98,7 +105,19 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
                     seen.append(f"{peer.op} at seq {n} of group {pg}"
                                 + (f" ({there.short()})" if there else ""))
                 if any(c.completed is not True for c in here):
+                    first_open = (n, peer)
                     break  # the first collective a peer did not complete: no further
+            if first_open is not None:
+                n, peer = first_open
+                # every collective of a group needs every member: the peers' completing one
+                # after seq n-1 (the one gloo may have let through) says it was alive then
+                if best is not None and best[1] < n - 1:
+                    best = None
+                # still nothing: it died in the one its peers could not complete — the same
+                # op from another line is the desync itself (a rank-0 evaluation's
+                # all-gathers paired with the others' training ones until the shapes broke)
+                if best is None and peer.op == op:
+                    best = (pg, n, peer)
             if best is not None:
                 found.append(best)
         if len(found) == 1:

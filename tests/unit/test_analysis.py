@@ -389,6 +389,43 @@ def test_a_redirect_seen_in_stacks_alone_names_the_ranks_that_went_past(
     assert "skipped it or posted it on another group" in d["fix"], d["fix"]
 
 
+@pytest.mark.parametrize("name, evaluator, other", [("fsdp2_eval_stale_0", 0, 1),
+                                                     ("fsdp2_eval_stale_1", 1, 0)])
+def test_a_dead_ranks_stale_count_does_not_place_it_before_what_its_peer_completed(
+        fixtures, tmp_path, name, evaluator, other):
+    """tests/corpus/jobs/fsdp2_rank0_eval.py and its mirror, recorded where gloo aborted the
+    other rank before its heartbeat or its recorder's save saw more than step 0: its stack
+    (all-gather, backward line) matches many earlier seqs, but its peer completed every
+    collective up to the one it could not (each needed the dead rank). It died there — the
+    peer's forward all-gather met its backward one — so the evaluation's all-gathers, under a
+    rank condition, are what the evaluator alone posted."""
+    from tests.conftest import ROOT
+
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main", str(ROOT))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [evaluator], "source"), d["summary"]
+    assert d["summary"].startswith(f"Rank {evaluator} posted 4 all_gathers from evaluate() at "
+                                   f"{ROOT}/tests/corpus/jobs/fsdp2_rank0_eval.py:34 that "
+                                   f"rank {other} never posted"), d["summary"]
+    assert "Run it on every rank" in d["fix"], d["fix"]
+
+
+def test_a_saved_recorder_pending_in_a_collective_is_not_where_the_rank_died(fixtures,
+                                                                           tmp_path):
+    """tests/corpus/jobs/rank0_eval_collective.py mirrored (rank 1 evaluates), recorded where
+    the probe's last save of rank 1's recorder caught it inside step 1's all-reduce: gloo
+    aborted it later, in evaluate()'s all-reduce, which its peers (gone on to step 2's)
+    could not complete. It is placed there, and the majority names it."""
+    from tests.conftest import ROOT
+
+    run = relocated(fixtures / "eval_pending_save", tmp_path / "run", "/work/main", str(ROOT))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [1], "majority"), d["summary"]
+    assert "rank 1 all_reduce at" in d["summary"] and "evaluate" in d["summary"], d["summary"]
+
+
 def test_a_skipped_collective_is_not_called_a_wrong_group(fixtures):
     d = _diag(fixtures / "op_mismatch")
     assert "same group" not in (d["fix"] or "") and "instead of" not in d["summary"]

@@ -173,15 +173,19 @@ def test_an_aborted_rank_is_placed_where_its_count_and_stack_agree(tmp_path: Pat
     assert f"gloo aborted rank {aborted}" in d.summary
 
 
-def test_a_position_its_own_stack_contradicts_is_never_used(tmp_path: Path):
-    """The peers' next collective after the dead rank's count is from another line than the
-    one its stack died at: it is not placed there, and the disagreement is said."""
+@pytest.mark.parametrize("open_op", ["all_gather", "all_reduce"])
+def test_a_position_its_own_stack_contradicts_is_never_used(tmp_path: Path, open_op: str):
+    """The dead rank completed seq 1 and died in an all-gather at line 40; its peer waits in
+    seq 2 from line 30. Every collective needs every member, so it died in seq 2: the same op
+    from another line is the desync itself, and it is placed there with its own line. Where
+    the peer's open collective is another op, its stack contradicts that position: it is not
+    placed, and the disagreement is said."""
     lora = str(tmp_path / "job.py")
     Path(lora).write_text("\n" * 50)
     at30 = [Frame(TORCH, 9, "all_gather_into_tensor"), Frame(lora, 30, "step")]
     ranks = {
         0: _rank(0, [_coll(1, "all_gather", 4, at30, True),
-                     _coll(2, "all_gather", 4, at30, False)]),
+                     _coll(2, open_op, 4, at30, False)]),
         1: RankEvidence(rank=1, alive=False, exit_code=-signal.SIGABRT,
                         heartbeat=Heartbeat.parse({"rank": 1, "pg_status": {
                             "0": {"enqueued": 1, "completed": 1}}}),
@@ -189,10 +193,15 @@ def test_a_position_its_own_stack_contradicts_is_never_used(tmp_path: Path):
                                f'recent call first):\n  File "{TORCH}", line 9 in '
                                f'all_gather_into_tensor\n  File "{lora}", line 40 in step\n'))}
     d = diagnose(Evidence(ranks=ranks, world_size=2, job=JobState.FAILED))
-    assert any("disagree" in e for e in d.evidence), d.evidence
-    assert not any(c is not None and c.source == "reconciled"
-                   for c in (d.first_divergence.per_rank.values()
-                             if d.first_divergence else []))
+    placed = [c for c in (d.first_divergence.per_rank.values() if d.first_divergence else [])
+              if c is not None and c.source == "reconciled"]
+    if open_op == "all_gather":
+        assert d.first_divergence is not None and d.first_divergence.seq == 2, d.summary
+        assert [(c.op, c.callsite.line if c.callsite else None) for c in placed] == [
+            ("all_gather", 40)], d.summary
+    else:
+        assert any("disagree" in e for e in d.evidence), d.evidence
+        assert not placed
 
 
 def test_a_saved_recorder_and_a_fresher_heartbeat_give_the_dead_rank_its_history(
