@@ -222,7 +222,9 @@ def rank_view(ev: RankEvidence) -> RankView:
     sv, source = _threads(ev)
     if source and not ev.stack_source:
         ev.stack_source = source
-    exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True)
+    # a rank held alive after it raised has failed there: it is not waiting, nor moving
+    exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True) \
+        or (ev.held and ev.error is not None)
     pending = _pending(tl)
     current: Collective | None = pending[0] if pending else None
     state: RankState

@@ -115,6 +115,7 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
         # now is the probe's wait; where it raised is its stack
         ev.threads = [ThreadStack("MainThread", ev.error.frames, is_main=True)]
         ev.stack_source = "exception traceback (held for the capture)"
+        ev.held = True
         return
     if files.pyspy.exists():
         try:

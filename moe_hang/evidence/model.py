@@ -359,6 +359,9 @@ class RankEvidence:
     error: RankError | None = None  # a Python exception the rank recorded
     fatal: str | None = None  # faulthandler's fatal-signal text
     groups: dict[str, list[int]] | None = None  # pg name -> member ranks, from the probe
+    # it raised and its probe holds it alive for the capture (multi-node watch): to the
+    # analysis it has failed where it raised, whatever its process does meanwhile
+    held: bool = False
     notes: list[str] = field(default_factory=list)
 
 

@@ -348,6 +348,25 @@ def test_one_op_at_two_lines_is_a_desync_only_where_one_line_runs_first(tmp_path
     assert "matching order" not in branches.summary
 
 
+@pytest.mark.parametrize("leaver", [0, 1])
+def test_a_rank_held_after_it_raised_is_failed_not_moving(leaver):
+    """Multi-node watch holds a rank that raised (its probe waits in the exception hook for
+    the capture): its process is alive and its wait may look like motion, but it has failed
+    where it raised. Here it died of the connection its peer closed by leaving early: the
+    verdict is the clean exit, never 'every rank moving' (fuzz seed 699437, job 016)."""
+    raised = 1 - leaver
+    held = RankEvidence(
+        rank=raised, alive=True, progressed=True, held=True,
+        error=RankError("RuntimeError", "[pair.cc:537] Read error [127.0.0.1]:31639: "
+                        "Connection reset by peer", frames=[Frame(TORCH, 9, "broadcast"),
+                                                            Frame("/job/t.py", 30, "<module>")]),
+        threads=_stack((TORCH, 9, "broadcast"), ("/job/t.py", 30, "<module>")))
+    left = RankEvidence(rank=leaver, alive=False, exit_code=0)
+    d = diagnose(_ev(held, left, job="failed"))
+    assert (d.rule, d.verdict, d.culprit_ranks) == ("rank left early", "rank_died", [leaver]), \
+        d.summary
+
+
 @pytest.mark.parametrize("sleeper", [0, 1])
 def test_a_timeout_waiting_for_a_rank_outside_collectives_names_that_rank(sleeper):
     """gloo's timeout ended the waiting rank (a consequence, in a collective) while the other

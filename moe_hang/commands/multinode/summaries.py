@@ -154,5 +154,6 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
                 # held for the capture by its probe: where it raised is its stack
                 ev.ranks[r.rank].threads = [ThreadStack("MainThread", err.frames, is_main=True)]
                 ev.ranks[r.rank].stack_source = "exception traceback (held for the capture)"
+                ev.ranks[r.rank].held = True
             added.append(r.rank)
     return sorted(added)
