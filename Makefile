@@ -71,7 +71,7 @@ fuzz: setup
 
 # three generated runs through the CLI under pytest (not in `make test`: --fuzz)
 fuzz-smoke: setup
-	$(PY) -m pytest -q -m fuzz --fuzz tests/e2e/test_fuzz.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m fuzz --fuzz tests/e2e/test_fuzz_smoke.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) scripts/bench.py

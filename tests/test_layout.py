@@ -6,6 +6,7 @@ no module of analysis/ or evidence/ keeps state between calls."""
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,11 @@ def test_only_the_layout_spells_a_run_directory_file_name() -> None:
                    and any(n.value == f or n.value.endswith(("/" + f, "." + f))
                            for f in RUN_FILES))
     assert not bad, bad
+
+
+def test_test_files_have_unique_names() -> None:
+    """pytest imports test files by basename (no packages under tests/): two of one name
+    stop the whole suite at collection, where running one directory alone passes."""
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py")
+                    if "fixtures" not in p.parts)
+    assert not [n for n, k in names.items() if k > 1], names.most_common(3)
