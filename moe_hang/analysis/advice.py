@@ -136,6 +136,22 @@ def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None) -> Advice:
                   f"or remove the {op}.")
 
 
+def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | None,
+                     cond: str, skipped: bool) -> Advice:
+    """A collective that a rank condition in the source lets only some members of its group
+    post: the ranks it leaves out skipped it, or the ranks it lets in posted an extra."""
+    at = f" ({site.short()})" if site is not None else ""
+    if skipped:
+        return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'does', 'do')} not take "
+                      f"`{cond}`, so {agree(culprits, 'it', 'they')} never "
+                      f"{agree(culprits, 'posts', 'post')} the {what}{at} that rank {waiter} "
+                      "waits in: every member of a group must post its collectives — post it "
+                      "on every rank of the group, or on none.")
+    return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'posts', 'post')} the {what}"
+                  f"{at} under `{cond}`, which rank {waiter} does not take: run it on every "
+                  "rank, or outside the process group's collectives.")
+
+
 def _advise_extra(s: Situation, b: Block) -> Advice:
     """Collectives only some ranks posted: the code that posted them runs only there."""
     site = b.site

@@ -21,6 +21,7 @@ from moe_hang.analysis.order import (
     user_frames,
     who_skipped,
 )
+from moe_hang.analysis.source import excludes_ranks
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
@@ -178,7 +179,7 @@ def _posted_before(c: Collective, views: RankViews) -> bool | None:
     return False if seen else None
 
 
-def _condition(c: Collective, v: RankView) -> str | None:
+def condition_on(c: Collective, v: RankView) -> str | None:
     """The rank condition on the user path that posted ``c`` (the recorder's frames, else the
     stack of the rank still blocked in it)."""
     if c.frames or c.completed is not False or v.stack.op != c.op:
@@ -190,14 +191,17 @@ def extra_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
     """``c`` runs under a rank condition (``if rank == 0:`` on its user path, read from the
     source) and nothing like it was posted in earlier steps: an extra of the ranks that took
     that branch, not a collective the others skipped."""
-    return _condition(c, views[waiter]) is not None and _posted_before(c, views) is False
+    cond = condition_on(c, views[waiter])
+    return cond is not None and not excludes_ranks(cond) and _posted_before(c, views) is False
 
 
 def skipped_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
     """``c`` runs under a rank condition and every earlier step posted it: a rank that is not
     in it took the other branch (``if not (bad_rank and step == 3): dist.broadcast(...)``) —
-    in a loop, line numbers cannot say that it went on to the next step."""
-    return _condition(c, views[waiter]) is not None and _posted_before(c, views) is True
+    in a loop, line numbers cannot say that it went on to the next step. Or the condition
+    itself names the ranks that do not run it (``if rank != 3``)."""
+    cond = condition_on(c, views[waiter])
+    return cond is not None and (excludes_ranks(cond) or _posted_before(c, views) is True)
 
 
 def _blame_absent(g: GroupDivergence, views: RankViews) -> Blame:

@@ -14,9 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_hang.analysis.activity import Motion
-from moe_hang.analysis.advice import KIND_ADVICE, Advice, Situation, advise_p2p
+from moe_hang.analysis.advice import (
+    KIND_ADVICE,
+    Advice,
+    Situation,
+    advise_condition,
+    advise_p2p,
+)
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import Blame, blame_abort, blame_cycle, cycle_inversion
+from moe_hang.analysis.culprit import (
+    Blame,
+    blame_abort,
+    blame_cycle,
+    condition_on,
+    cycle_inversion,
+)
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -129,6 +141,24 @@ def _size_abort(f: Facts) -> Conclusion:
                       KIND_ADVICE[div.kind](_situation(f, div, b.culprits, b.basis)), div)
 
 
+def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | None:
+    """The advice where a rank condition set the culprits apart: those that skipped what their
+    waiter waits in (an edge on them), else those waiting in an extra of their own."""
+    for e in cyc:
+        if e.coll is None:
+            continue
+        cond = condition_on(e.coll, f.views[e.waiter])
+        if cond is None:
+            continue
+        what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
+        site = f.views[e.waiter].site
+        if e.on in culprits and e.waiter not in culprits:
+            return advise_condition(sorted(culprits), e.waiter, what, site, cond, True)
+        if e.waiter in culprits and e.on not in culprits:
+            return advise_condition(sorted(culprits), e.on, what, site, cond, False)
+    return None
+
+
 def _cycle(f: Facts) -> Conclusion:
     cyc = f.wait_cycles[0]
     b = blame_cycle(cyc, f.views)
@@ -194,6 +224,8 @@ def _cycle(f: Facts) -> Conclusion:
     elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
             and p2p.p2p is not None:
         text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site).text
+    elif b.basis == CulpritBasis.SOURCE and (cond := _cycle_condition(cyc, culprits, f)):
+        text = cond.text
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"

@@ -189,6 +189,27 @@ def rank_condition(path: str, line: int) -> str | None:
     return None
 
 
+def _excludes(e: ast.expr) -> bool:
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        return not _excludes(e.operand)
+    if isinstance(e, ast.Compare):
+        return all(isinstance(o, (ast.NotEq, ast.NotIn)) for o in e.ops)
+    if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.And):
+        return any(_excludes(v) for v in e.values)
+    return False
+
+
+def excludes_ranks(cond: str) -> bool:
+    """A condition from :func:`rank_condition` that every rank but the ones it names takes
+    (``if rank != 3``, the ``else`` of ``if rank == 0``): the named ranks skip what runs
+    under it; they are not the ones that run something extra."""
+    try:
+        e = ast.parse(cond.removeprefix("if "), mode="eval").body
+    except SyntaxError:
+        return False
+    return _excludes(e)
+
+
 def enclosing_loop(path: str, line: int) -> str | None:
     """The header of the innermost ``for``/``while`` loop whose body holds ``line``
     (``for expert in self.experts``), else None."""

@@ -389,6 +389,26 @@ def test_a_redirect_seen_in_stacks_alone_names_the_ranks_that_went_past(
     assert "skipped it or posted it on another group" in d["fix"], d["fix"]
 
 
+@pytest.mark.parametrize("name, skipper, waiter", [("subgroup_skip_3", 3, 2),
+                                                   ("subgroup_skip_2", 2, 3)])
+def test_a_rank_left_out_by_if_rank_ne_k_skipped_its_groups_collective(
+        fixtures, tmp_path, name, skipper, waiter):
+    """4 ranks in expert groups {0, 1}, {2, 3}; ``if rank != k: reduce_expert_grads(...)``
+    (fixtures/subgroup_skip_jobs, recorded under watch) and its mirror. In the group, one
+    rank posts the all-reduce and one does not: the condition names the rank that skips it,
+    so that rank is the culprit — not its peer, the one that took the branch every other
+    rank took."""
+    jobs = fixtures / "subgroup_skip_jobs"
+    run = relocated(fixtures / name, tmp_path / "run",
+                    "/work/main/tests/unit/fixtures/subgroup_skip_jobs", str(jobs))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [skipper], "source"), d["summary"]
+    assert d["fix"].startswith(f"Rank {skipper} does not take `if rank != {skipper}`, so it "
+                               "never posts the all_reduce group 2 ("), d["fix"]
+    assert f"that rank {waiter} waits in" in d["fix"]
+
+
 @pytest.mark.parametrize("name, evaluator, other", [("fsdp2_eval_stale_0", 0, 1),
                                                      ("fsdp2_eval_stale_1", 1, 0)])
 def test_a_dead_ranks_stale_count_does_not_place_it_before_what_its_peer_completed(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moe_hang.analysis.rules import diagnose
-from moe_hang.analysis.source import Order, left_loop, order
+from moe_hang.analysis.source import Order, excludes_ranks, left_loop, order, rank_condition
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
@@ -84,6 +84,29 @@ def test_program_order_comes_from_the_source(tmp_path):
     assert order(str(job), ln["D"], ln["BAR"]) is Order.A_FIRST
     assert order(str(job), ln["BAR"], ln["D"]) is Order.B_FIRST
     assert order(str(tmp_path / "gone.py"), 1, 2) is Order.UNKNOWN
+
+
+def test_a_rank_condition_says_whether_it_names_who_runs_or_who_skips(tmp_path):
+    """``if rank == 0`` names the ranks that run its body (an extra there); ``if rank != 3``
+    and an ``else`` name the ranks that skip it."""
+    job = _job(tmp_path, """\
+        if rank == 0:
+            evaluate()  # ONLY
+        else:
+            train()  # ELSE
+        if rank != 3:
+            reduce()  # NOT3
+        if not (bad_rank and step == 3):
+            broadcast()  # NOTBAD
+        if rank not in skip and step > 0:
+            gather()  # NOTIN
+        """)
+    got = {k: rank_condition(str(job), _line(job, f"# {k}"))
+           for k in ("ONLY", "ELSE", "NOT3", "NOTBAD", "NOTIN")}
+    assert got["ONLY"] == "if rank == 0" and got["NOT3"] == "if rank != 3"
+    assert {k: excludes_ranks(c) for k, c in got.items() if c} == {
+        "ONLY": False, "ELSE": True, "NOT3": True, "NOTBAD": True, "NOTIN": True}
+    assert excludes_ranks("if not (rank != 3)") is False
 
 
 def test_a_rank_past_a_loop_another_is_still_in_left_it(tmp_path):
