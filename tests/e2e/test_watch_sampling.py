@@ -57,7 +57,8 @@ def test_a_skip_is_diagnosed_by_sampling_when_the_script_drops_the_probe(tmp_pat
     assert not list((tmp_path / "w" / "ranks").glob("*.hb.json"))  # no probe: sampled
 
 
-@pytest.mark.parametrize("nproc", [2, 8])
+# 8 ranks in `make test-matrix` (30 s): `make test` keeps 2, and diagnose keeps 8
+@pytest.mark.parametrize("nproc", [2, pytest.param(8, marks=pytest.mark.matrix)])
 def test_the_healthy_version_of_the_same_script_exits_0(tmp_path, nproc):
     """A loop of small all-reduces: in an all-reduce in every sample, moving by its counters."""
     code, d, err = _watch(tmp_path, _script(tmp_path, "chatty.py", nproc=nproc), RUN_S="20")
