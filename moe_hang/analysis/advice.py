@@ -217,6 +217,16 @@ def advise_order(s: Situation) -> Advice:
     missed = _at(missed_at) if missed_at else _what(s, s.waiting())
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
+    # stacks alone, decided by the condition on the culprit's own path (fallback)
+    cond = _culprit_condition(s, culprit) if s.basis == CulpritBasis.SOURCE \
+        and s.div.seq is None else None
+    if cond is not None:
+        return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
+                      f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
+                      f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
+                      f"{missed}: every rank must post the same collectives in the same "
+                      "order — post the same ones, in the same order, on both sides of "
+                      "the condition, or move them out of it.")
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
                       f"{now} where {who(s.waiting())} posted "
@@ -242,6 +252,14 @@ def advise_order(s: Situation) -> Advice:
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
+
+
+def _culprit_condition(s: Situation, culprit: int) -> str | None:
+    """The rank condition (``if rank == 0:``) on the culprit's user path, outermost first."""
+    for f in reversed(s.frames.get(culprit, [])):
+        if not is_library_frame(f) and (c := rank_condition(f.file, f.line)) is not None:
+            return c
+    return None
 
 
 def _loop_left(s: Situation, culprit: int) -> str | None:
