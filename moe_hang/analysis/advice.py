@@ -17,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.source import enclosing_loop, left_loop, rank_condition
+from moe_hang.analysis.source import enclosing_loop, excludes_ranks, left_loop, rank_condition
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -217,16 +217,15 @@ def advise_order(s: Situation) -> Advice:
     missed = _at(missed_at) if missed_at else _what(s, s.waiting())
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
-    # stacks alone, decided by the condition on the culprit's own path (fallback)
-    cond = _culprit_condition(s, culprit) if s.basis == CulpritBasis.SOURCE \
-        and s.div.seq is None else None
-    if cond is not None:
+    # decided by a condition on the culprit's own path that names the ranks taking it
+    cond = _culprit_condition(s, culprit) if s.basis == CulpritBasis.SOURCE else None
+    if cond is not None and not excludes_ranks(cond):
         return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
                       f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
                       f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
                       f"{missed}: every rank must post the same collectives in the same "
-                      "order — post the same ones, in the same order, on both sides of "
-                      "the condition, or move them out of it.")
+                      "order — run that branch's collectives on every rank (or on none), or "
+                      "post the same ones, in the same order, on both sides of it.")
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
                       f"{now} where {who(s.waiting())} posted "

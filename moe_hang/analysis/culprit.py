@@ -60,6 +60,14 @@ def _two_sides(sides: list[list[int]], have: dict[int, Collective],
     if len(sides) != 2:
         return None
     ra, rb = sides
+    # a rank condition on one side's path decides first (``if rank == 0: evaluate()``
+    # posts an extra there; line numbers would call the other side "further along")
+    extra = [rs for rs in sides if extra_by_source(have[rs[0]], views, rs[0])]
+    if len(extra) == 1:
+        return Blame(extra[0], CulpritBasis.SOURCE)
+    kept = [rs for rs in sides if skipped_by_source(have[rs[0]], views, rs[0])]
+    if len(kept) == 1:  # what that side posts, the other side's condition left out
+        return Blame(rb if kept[0] is ra else ra, CulpritBasis.SOURCE)
     ahead = who_skipped(have[ra[0]], have[rb[0]], views, ra, rb)
     if ahead.side is None:
         return None

@@ -199,7 +199,11 @@ def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
         return view(main_thread(parse_faulthandler(ev.fatal))), "fatal"
     frames = ev.heartbeat.frames() if ev.heartbeat is not None else []
     if frames:
-        return view(ThreadStack("MainThread", frames, is_main=True)), "probe"
+        # the probe's sample of the main thread, which cannot tell on-CPU from waiting: the
+        # watcher's measure of the rank's movement does (a remote rank's summary has no
+        # py-spy stack; outside collectives, unmoving, it is idle — not unknown)
+        return view(ThreadStack("MainThread", frames, is_main=True,
+                                active=ev.progressed)), "probe"
     return StackView(RankState.UNKNOWN), None
 
 

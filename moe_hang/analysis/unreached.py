@@ -118,10 +118,10 @@ def failed_elsewhere(f: Facts) -> Conclusion:
     one = where.startswith("on node ")
     summary = (f"{who(failed).capitalize()} failed"
                + (f" with communication errors ({why})" if why else "")
-               + f", and {'it' if len(failed) == 1 else 'none of them'} raised an error of "
-               f"its own; {who(un.ranks)} {where} {agree(un.ranks, 'is', 'are')} unknown (no "
-               f"answer from the watcher{'' if one else 's'} there): if a rank raised one, "
-               f"it is one of {agree(un.ranks, 'it', 'them')}.")
+               + f", and {'it raised no' if len(failed) == 1 else 'none of them raised an'} "
+               f"error of its own; {who(un.ranks)} {where} {agree(un.ranks, 'is', 'are')} "
+               f"unknown (no answer from the watcher{'' if one else 's'} there): the cause is "
+               f"there (a rank that raised, died or was killed) or between the nodes.")
     at = where.replace("on ", "at ", 1)
     return Conclusion(
         Verdict.CRASH, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, assert_no_survivors
+from conftest import ROOT, assert_no_survivors, relocated
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
 from moe_hang.analysis.rules import diagnose
@@ -290,3 +290,30 @@ def test_a_job_without_torchrun_plans_on_its_ranks_store() -> None:
     assert coord.torchrun_max_restarts(["torchrun", "--max-restarts=2", "x.py"]) == 2
     assert coord.torchrun_max_restarts(["torchrun", "x.py"], {"PET_MAX_RESTARTS": "1"}) == 1
     assert coord.torchrun_max_restarts(["python", "x.py", "--max-restarts", "3"], {}) == 0
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("lock_two_nodes_0", 1), ("lock_two_nodes_1", 0)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_remote_rank_stuck_on_a_lock_is_idle_not_unknown(fixtures: Path, tmp_path: Path,
+                                                            run: str, culprit: int,
+                                                            analyst: str) -> None:
+    """Fuzz seed 8123057 job 006 (two nodes of one rank; one rank deadlocked on a thread lock
+    outside every collective, the other in the all-gather), mirrored, analysed from either
+    node: the remote rank's summary has the probe's sample of its main thread and "not
+    moving", no py-spy stack. It is idle at the lock, and the culprit — the live global
+    verdict said "not enough evidence: states known for rank 0 only"."""
+    capture = relocated(fixtures / run, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
+                        str(fixtures / "fuzz8123057_jobs"))
+    other = "node1" if analyst == "node0" else "node0"
+    ev = load_capture(capture / analyst, world=2, job="stalled")
+    summary = multinode.capture_summary(RunLayout(capture / other), "1", "vm-b",
+                                        moving={0: False, 1: False}, alive=None)
+    decoded = NodeSummary.decode(summary.encode())
+    assert decoded is not None
+    mine = set(ev.ranks)
+    assert multinode.merge_remote(ev, {"1": decoded}) == sorted({0, 1} - mine)
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.HANG, [culprit]), diag.summary
+    assert diag.rule == "stalled outside collectives"
+    assert f"Rank {culprit} is outside any collective" in diag.summary
+    assert "fuzz8123057_006_lock_plain.py:56 checkpoint_state" in diag.summary

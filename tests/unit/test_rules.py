@@ -395,10 +395,26 @@ def test_a_node_alone_never_says_no_rank_raised(node: int) -> None:
     other = "ranks 0, 1" if node else "ranks 2, 3"
     assert "no rank raised" not in d.summary
     assert f"{other} on node vm-b are unknown" in d.summary, d.summary
-    assert "if a rank raised one, it is one of them" in d.summary
+    assert ("the cause is there (a rank that raised, died or was killed) or between the "
+            "nodes") in d.summary
+    assert "none of them raised an error of its own" in d.summary
     assert d.fix.startswith("Look at node vm-b:") and "moe-hang analyze" in d.fix
     assert d.verdict == "crash" and d.culprit_ranks == [] and d.certainty == "uncertain"
     assert [r.state for r in d.ranks if r.rank in ev.unreached.ranks] == ["unknown"] * 2
+
+
+def test_a_node_of_one_rank_alone_says_it_raised_no_error() -> None:
+    """Fuzz seed 8123057 job 005 (one rank a node; the other node's rank SIGKILLed, its agent
+    and the store gone): "rank 0 … and it raised no error of its own" — it said "and it
+    raised an error of its own", the opposite of the evidence."""
+    closed = RankEvidence(rank=0, alive=False, exit_code=1,
+                          error=RankError("RuntimeError", CONNECTION_CLOSED))
+    ev = Evidence(ranks={0: closed}, world_size=2, job=JobState.FAILED,
+                  unreached=Unreached([1], local_world=1, hosts={"1": "vm-b"}))
+    d = diagnose(ev)
+    assert "Rank 0 failed with communication errors" in d.summary, d.summary
+    assert "and it raised no error of its own; rank 1 on node vm-b is unknown" in d.summary
+    assert (d.verdict, d.culprit_ranks, d.certainty) == ("crash", [], "uncertain")
 
 
 @pytest.mark.parametrize("crashed", [1, 0], ids=["rank1", "mirrored"])
