@@ -329,4 +329,23 @@ def blame_abort(div: Divergence, views: RankViews, abort: SizeAbort | None,
     least = minority(_sides(dict(sizes)))
     if least is not None:
         return Blame(least, CulpritBasis.MAJORITY)
+    if (odd := _known_side_history(div, views, sizes, sorted(entries))) is not None:
+        return odd
     return Blame(sorted(entries), CulpritBasis.AMBIGUOUS)
+
+
+def _known_side_history(div: Divergence, views: RankViews, sizes: dict[int, int],
+                        ranks: list[int]) -> Blame | None:
+    """One camp's sizes known (the survivors'), the aborted rank's not (gloo's byte counts of
+    a ring's chunks say nothing of its tensor): the known collective either is the shape
+    that collective always had — then the other side changed — or is not — then it did.
+    Likely, not definite: the unknown side is inferred, not seen."""
+    known = sorted(sizes)
+    unknown = [r for r in ranks if r not in sizes]
+    if not known or not unknown or len(set(sizes.values())) != 1 or div.seq is None:
+        return None
+    c = views[known[0]].tl.by_pg.get(div.pg, {}).get(div.seq)
+    keeps = _keeps_constant(c, views) if c is not None and c.input_sizes else None
+    if keeps is None:
+        return None
+    return Blame(unknown if keeps else known, CulpritBasis.HISTORY, confirmed=False)

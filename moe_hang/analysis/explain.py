@@ -163,6 +163,9 @@ def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = T
         return (f" ({who(culprits).capitalize()} {agree(culprits, 'is', 'are')} further along "
                 "by line numbers only: the "
                 "source was not readable here.)")
+    if basis == CulpritBasis.HISTORY and not confirmed and culprits:
+        return (" (Earlier steps decide: that collective always had one shape there; the "
+                "aborted rank's own size is not recorded, so this is likely, not certain.)")
     return ""
 
 

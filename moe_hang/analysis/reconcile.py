@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 from moe_hang.evidence.model import SizeAbort
-from moe_hang.evidence.ops import SAME_SIZE_OPS
 from moe_hang.evidence.stacks import Frame, callsite
 from moe_hang.evidence.vocab import RankState
 
@@ -127,7 +126,9 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             # float64 message is twice a float32 one of the same shape)
             shapes = {(str(c.input_sizes), str(c.dtypes)) for q, pv in views.items() if q != r
                       and (c := pv.tl.by_pg.get(pg, {}).get(n)) is not None}
-            one = len(shapes) == 1 and v.ev.exit_code == -6 and op in SAME_SIZE_OPS
+            # an all-gather sends its whole input; an all-reduce (ring) or reduce-scatter
+            # sends chunks, whose byte counts say nothing of the rank's whole tensor
+            one = len(shapes) == 1 and v.ev.exit_code == -6 and op == "all_gather"
             mine = replace(peer, seq=n, frames=list(v.stack.frames), completed=False,
                            source="reconciled", record_id=None,
                            input_sizes=_own_sizes(peer.input_sizes, abort) if one else [],

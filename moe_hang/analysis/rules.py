@@ -122,22 +122,25 @@ def _size_abort(f: Facts) -> Conclusion:
     detail = abort_detail(aborted, f.ev.size_abort)
     if desync_divs(f):
         out = _desync(f)
+        confirmed = True
         if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
             # the aborted rank left no recorder entry: the abort's byte counts may decide
             # (its side of this very collective: stronger than what earlier steps did)
             b = blame_abort(out.div, f.views, f.ev.size_abort, aborted)
             if b.basis != CulpritBasis.AMBIGUOUS:
-                out.culprits, out.basis = b.culprits, b.basis
+                out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
-        out.certainty = Certainty.DEFINITE
+        # the mismatch is certain; a culprit read off one side's history alone is likely
+        out.certainty = Certainty.DEFINITE if confirmed else Certainty.LIKELY
         return out
     b = blame_abort(div, f.views, f.ev.size_abort, aborted)
     reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-    return Conclusion(Verdict.DESYNC, b.culprits, b.basis, Certainty.DEFINITE, summary,
+    certainty = Certainty.DEFINITE if b.confirmed else Certainty.LIKELY
+    return Conclusion(Verdict.DESYNC, b.culprits, b.basis, certainty, summary,
                       KIND_ADVICE[div.kind](_situation(f, div, b.culprits, b.basis)), div)
 
 

@@ -292,16 +292,9 @@ def test_a_job_without_torchrun_plans_on_its_ranks_store() -> None:
     assert coord.torchrun_max_restarts(["python", "x.py", "--max-restarts", "3"], {}) == 0
 
 
-@pytest.mark.parametrize(("run", "culprit"), [("lock_two_nodes_0", 1), ("lock_two_nodes_1", 0)])
-@pytest.mark.parametrize("analyst", ["node0", "node1"])
-def test_a_remote_rank_stuck_on_a_lock_is_idle_not_unknown(fixtures: Path, tmp_path: Path,
-                                                            run: str, culprit: int,
-                                                            analyst: str) -> None:
-    """Fuzz seed 8123057 job 006 (two nodes of one rank; one rank deadlocked on a thread lock
-    outside every collective, the other in the all-gather), mirrored, analysed from either
-    node: the remote rank's summary has the probe's sample of its main thread and "not
-    moving", no py-spy stack. It is idle at the lock, and the culprit — the live global
-    verdict said "not enough evidence: states known for rank 0 only"."""
+def _two_node_view(fixtures: Path, tmp_path: Path, run: str, analyst: str) -> Evidence:
+    """What the analysing node holds in a capture round: its own capture, and the other
+    node's capture summary as it travels through the store."""
     capture = relocated(fixtures / run, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
                         str(fixtures / "fuzz8123057_jobs"))
     other = "node1" if analyst == "node0" else "node0"
@@ -312,7 +305,41 @@ def test_a_remote_rank_stuck_on_a_lock_is_idle_not_unknown(fixtures: Path, tmp_p
     assert decoded is not None
     mine = set(ev.ranks)
     assert multinode.merge_remote(ev, {"1": decoded}) == sorted({0, 1} - mine)
+    return ev
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("size_two_nodes_0", 0), ("size_two_nodes_1", 1)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_size_abort_on_the_other_node_is_the_same_desync_from_either_node(
+        fixtures: Path, tmp_path: Path, run: str, culprit: int, analyst: str) -> None:
+    """Fuzz seed 8123057 job 008 (FSDP2, two nodes of one rank; the faulty rank all-reduces 6
+    floats where every step had 4; gloo aborts its peer with SIGABRT), mirrored, from either
+    node. The dead rank's node sends its faulthandler stack and the job log's size abort with
+    its summary, and the survivor's recent collectives reach two steps back: a size desync
+    on both nodes (it was "rank 1 is gone, no exit code"), and the rank whose collective
+    broke the shape it always had is the likely culprit (gloo's byte counts are a ring
+    chunk's: they say nothing of the dead rank's tensor, so it was "ambiguous" or worse)."""
+    ev = _two_node_view(fixtures, tmp_path, run, analyst)
+    assert ev.size_abort is not None
     diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
+    assert diag.rule == "gloo size abort" and diag.certainty == Certainty.LIKELY
+    assert diag.summary.startswith("Ranks posted different sizes at seq 50 of default_pg")
+    assert "this is likely, not certain" in diag.summary
+    assert "pad to a common size" in diag.fix
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("lock_two_nodes_0", 1), ("lock_two_nodes_1", 0)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_remote_rank_stuck_on_a_lock_is_idle_not_unknown(fixtures: Path, tmp_path: Path,
+                                                            run: str, culprit: int,
+                                                            analyst: str) -> None:
+    """Fuzz seed 8123057 job 006 (two nodes of one rank; one rank deadlocked on a thread lock
+    outside every collective, the other in the all-gather), mirrored, analysed from either
+    node: the remote rank's summary has the probe's sample of its main thread and "not
+    moving", no py-spy stack. It is idle at the lock, and the culprit — the live global
+    verdict said "not enough evidence: states known for rank 0 only"."""
+    diag = diagnose(_two_node_view(fixtures, tmp_path, run, analyst))
     assert (diag.verdict, diag.culprit_ranks) == (Verdict.HANG, [culprit]), diag.summary
     assert diag.rule == "stalled outside collectives"
     assert f"Rank {culprit} is outside any collective" in diag.summary

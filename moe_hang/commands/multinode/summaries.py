@@ -12,15 +12,17 @@ from typing import Any
 from moe_hang.evidence.errors import unwrap
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.flight_recorder import load as load_dump
-from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence
+from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame
+from moe_hang.evidence.torchrun_log import gloo_size_abort
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
 
-HISTORY_PER_GROUP = 8  # a capture summary: each rank's last collectives per group
+HISTORY_PER_GROUP = 32  # a capture summary: each rank's last collectives per group (two steps
+# of an FSDP2 model with a few blocks: what "this collective always had this shape" needs)
 MAX_USER_FRAMES = 12
 
 
@@ -64,12 +66,19 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
             if fr.exists():
                 r.history, r.fr_status = history_of(load_dump(fr))
         r.error = error_of(layout.rank(r.rank).error)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            fatal = layout.rank(r.rank).fatal
+            if not r.held and fatal.exists():
+                r.fatal = fatal.read_text()[:coord.FATAL_CHARS] or None
     groups: dict[str, set[int]] = {}
     for p in layout.files_of(RankFiles.GROUPS):
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             for pg, rs in json.loads(p.read_text()).items():
                 groups.setdefault(str(pg), set()).update(int(r) for r in rs)
     s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if (abort := gloo_size_abort(layout.job_log.read_text(errors="replace"))) is not None:
+            s.size_abort = [abort.received, abort.expected]
     return s
 
 
@@ -155,5 +164,9 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
                 ev.ranks[r.rank].threads = [ThreadStack("MainThread", err.frames, is_main=True)]
                 ev.ranks[r.rank].stack_source = "exception traceback (held for the capture)"
                 ev.ranks[r.rank].held = True
+            if r.fatal and not ev.ranks[r.rank].held:
+                ev.ranks[r.rank].fatal = r.fatal  # where the signal ended it (faulthandler)
             added.append(r.rank)
+        if s.size_abort is not None and ev.size_abort is None:
+            ev.size_abort = SizeAbort(*s.size_abort)  # the dead rank's node logged it
     return sorted(added)

@@ -123,6 +123,9 @@ class RankSummary:
     # frames "file:line:function" innermost first, time, restart)
     error: dict[str, Any] | None = None
     held: bool = False  # it raised and its probe holds it for the capture
+    # a capture only: the stack faulthandler wrote when a fatal signal ended it (gloo's
+    # SIGABRT): where it died, and that it died of a signal its watcher could not hold
+    fatal: str | None = None
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
@@ -148,6 +151,8 @@ class RankSummary:
             d["error"] = self.error
         if self.held:
             d["held"] = True
+        if self.fatal:
+            d["fatal"] = self.fatal
         return d
 
     @classmethod
@@ -179,7 +184,17 @@ class RankSummary:
                               for k, v in (d.get("fr_status") or {}).items()
                               if isinstance(v, (list, tuple)) and len(v) >= 2},
                    error=dict(d["error"]) if isinstance(d.get("error"), Mapping) else None,
-                   held=d.get("held") is True)
+                   held=d.get("held") is True,
+                   fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None)
+
+
+FATAL_CHARS = 8000  # a faulthandler dump of every thread fits; a runaway one is cut
+
+
+def _pair(v: Any) -> list[int | None] | None:
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        return None
+    return [_int_or_none(x) for x in v]
 
 
 @dataclass
@@ -199,6 +214,9 @@ class NodeSummary:
     # process group name -> global member ranks, as this node's ranks know them (a capture
     # reads them from the probes' dumps): a rank only knows the groups it is a member of
     groups: dict[str, list[int]] = field(default_factory=dict)
+    # a capture only: gloo's size-mismatch abort in this node's job log, [received, expected]
+    # bytes (None where the log does not say): it names the collective a dead rank met
+    size_abort: list[int | None] | None = None
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"schema": SCHEMA, "node": self.node, "host": self.host,
@@ -210,6 +228,8 @@ class NodeSummary:
                 d[k] = v
         if self.groups:
             d["groups"] = self.groups
+        if self.size_abort is not None:
+            d["size_abort"] = self.size_abort
         return d
 
     @classmethod
@@ -226,7 +246,8 @@ class NodeSummary:
                    kind=str(d.get("kind", "periodic")),
                    request=None if d.get("request") is None else str(d["request"]),
                    note=None if d.get("note") is None else str(d["note"]),
-                   groups=_groups(d.get("groups")))
+                   groups=_groups(d.get("groups")),
+                   size_abort=_pair(d.get("size_abort")))
 
     def encode(self, stacks: bool = True) -> bytes:
         return encode(self.to_json(stacks))
