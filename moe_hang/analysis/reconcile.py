@@ -142,7 +142,9 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             v.tl.enqueued[pg] = max(v.tl.enqueued.get(pg, -1), n)
             v.tl.has_data = True
             v.current, v.site = mine, site
-        elif seen and not found:
+        elif seen and not found and v.ev.stack_source != "probe":
+            # (a stack from its last heartbeat is a sample up to a beat old, not where it
+            # died: peers that went past it contradict nothing — a SIGKILL leaves no other)
             out.append(Disagreement(r, f"rank {r} died in {op} at {site.short()}, but what "
                                        "its peers posted next after its last completed "
                                        f"collective is {'; '.join(seen[:3])}: its own count, "

@@ -389,6 +389,22 @@ def test_a_redirect_seen_in_stacks_alone_names_the_ranks_that_went_past(
     assert "skipped it or posted it on another group" in d["fix"], d["fix"]
 
 
+@pytest.mark.parametrize("name, killed", [("sigkill_stale_hb_0", 3), ("sigkill_stale_hb_1", 0)])
+def test_a_killed_ranks_last_heartbeat_contradicts_nothing(fixtures, tmp_path, name, killed):
+    """Fuzz seed 8123057 job 026 (FSDP2, 4 ranks; one SIGKILLed between the metrics
+    all-gather and the stop broadcast) and its mirror: its only stack is its last
+    heartbeat's sample, a backward reduce-scatter steps before; its peers completing what
+    came after is what a beat-old sample means, not a contradiction (it said "its own
+    records and its peers' disagree" and lowered the verdict to likely)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
+                    str(fixtures / "fuzz8123057_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["certainty"]) == (
+        "rank_died", [killed], "definite"), d["summary"]
+    assert d["summary"].startswith(f"Rank {killed} was killed by SIGKILL mid-step")
+    assert "disagree" not in d["summary"]
+
+
 @pytest.mark.parametrize("name, skipper, waiter", [("subgroup_skip_3", 3, 2),
                                                    ("subgroup_skip_2", 2, 3)])
 def test_a_rank_left_out_by_if_rank_ne_k_skipped_its_groups_collective(
