@@ -148,8 +148,10 @@ def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | 
                       "waits in: every member of a group must post its collectives — post it "
                       "on every rank of the group, or on none.")
     return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'posts', 'post')} the {what}"
-                  f"{at} under `{cond}`, which rank {waiter} does not take: run it on every "
-                  "rank, or outside the process group's collectives.")
+                  f"{at} under `{cond}`, which rank {waiter} does not take: every rank must "
+                  "post the same collectives in the same order — run that branch's "
+                  "collectives on every rank (or on none, or outside the process group's), "
+                  "or post the same ones, in the same order, on both sides of it.")
 
 
 def _advise_extra(s: Situation, b: Block) -> Advice:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.source import rank_condition
+from moe_hang.analysis.source import excludes_ranks, rank_condition
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ops import SAME_SIZE_OPS
@@ -251,8 +251,8 @@ def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> 
             run.insert(0, entries[s])
             cond = cond or c
             s -= 1
-        if not run:
-            continue
+        if not run or (cond is not None and excludes_ranks(cond)):
+            continue  # an `else` (or `!=`) branch: the ranks it names are the odd ones
         others = [q for q in ranks if q != r]
         seen = [views[q].tl.by_pg.get(pg, {}).get(c.seq) for q in others for c in run]
         if any(o is not None and (condition_of(o) is not None
@@ -288,7 +288,12 @@ def _decide(b: Block, pg: str, views: RankViews) -> None:
     if b.decided is None and _tagged_in_order(b, pg, views):
         b.decided, b.basis = SKIP, CulpritBasis.PROGRAM_ORDER
     cond = condition_of(b.items[0]) if b.items else None
-    if cond is not None and b.decided in (None, EXTRA):
+    if cond is not None and excludes_ranks(cond):
+        # posted under `if not (FAULTY ...)` / an `else`: every rank but the ones the
+        # condition names runs it — those lacking it took the singled-out branch
+        if b.decided is None:
+            b.decided, b.basis = SKIP, CulpritBasis.SOURCE
+    elif cond is not None and b.decided in (None, EXTRA):
         b.condition = cond
         if b.decided is None:
             b.decided, b.basis = EXTRA, CulpritBasis.SOURCE

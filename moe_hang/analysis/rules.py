@@ -78,6 +78,7 @@ from moe_hang.analysis.nccl import (
 )
 from moe_hang.analysis.order import Inversion
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.source import excludes_ranks
 from moe_hang.analysis.timeline import build_timeline, group_kind, recorder_only, to_rc
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
@@ -147,6 +148,7 @@ def _size_abort(f: Facts) -> Conclusion:
 def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | None:
     """The advice where a rank condition set the culprits apart: those that skipped what their
     waiter waits in (an edge on them), else those waiting in an extra of their own."""
+    found: list[tuple[int, Advice]] = []
     for e in cyc:
         if e.coll is None:
             continue
@@ -156,10 +158,13 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
         what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
         site = f.views[e.waiter].site
         if e.on in culprits and e.waiter not in culprits:
-            return advise_condition(sorted(culprits), e.waiter, what, site, cond, True)
-        if e.waiter in culprits and e.on not in culprits:
-            return advise_condition(sorted(culprits), e.on, what, site, cond, False)
-    return None
+            found.append((1, advise_condition(sorted(culprits), e.waiter, what, site, cond,
+                                              True)))
+        if e.waiter in culprits and e.on not in culprits and not excludes_ranks(cond):
+            # the branch the culprits took, named as such: clearer than the one they left
+            found.append((0, advise_condition(sorted(culprits), e.on, what, site, cond,
+                                              False)))
+    return min(found, key=lambda x: x[0])[1] if found else None
 
 
 def _cycle(f: Facts) -> Conclusion:

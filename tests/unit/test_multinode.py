@@ -344,3 +344,21 @@ def test_a_remote_rank_stuck_on_a_lock_is_idle_not_unknown(fixtures: Path, tmp_p
     assert diag.rule == "stalled outside collectives"
     assert f"Rank {culprit} is outside any collective" in diag.summary
     assert "fuzz8123057_006_lock_plain.py:56 checkpoint_state" in diag.summary
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("order_swap_two_nodes_0", 0),
+                                              ("order_swap_two_nodes_1", 1)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_the_rank_on_the_singled_out_branch_is_the_culprit_not_the_one_on_its_else(
+        fixtures: Path, tmp_path: Path, run: str, culprit: int, analyst: str) -> None:
+    """Fuzz seed 8123057 job 044 (FSDP2, two nodes of one rank): under `if FAULTY and step ==
+    FAULT_STEP:` the faulty rank gathers metrics before reducing the loss, its `else` reduces
+    first; mirrored, from either node. The all-reduce the other rank waits in runs under
+    `if not (...)` — every rank but the faulty one — so it is not an extra of that rank (it
+    was blamed, basis source); the faulty one is."""
+    diag = diagnose(_two_node_view(fixtures, tmp_path, run, analyst))
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
+    assert diag.culprit_basis == "source"
+    assert f"Rank {culprit} posts the " in diag.fix, diag.fix
+    assert "`if FAULTY and step == FAULT_STEP`" in diag.fix
+    assert "in the same order" in diag.fix
