@@ -53,6 +53,14 @@ def stack_divergence(views: RankViews, waiting: list[int]
         return all(program_order(mine, views[rs[0]].user_frames_outer_first()).side == "b"
                    for k, rs in camps.items() if k != key)
 
+    # a rank in a recv whose peer is inside a collective (py-spy --locals, or the probe,
+    # name the peer): the peer went on past the send it owed; a rank waiting on a peer that
+    # is itself in a recv is held up by it (a pipeline stalls stage by stage)
+    owed = {r: p2p.peer for r in ops if (p2p := views[r].stack.p2p) is not None
+            and p2p.op == "recv" and p2p.peer is not None}
+    peers = {q for q in owed.values() if q in ops and q not in owed}
+    if owed and peers and all(q in peers or q in owed for q in owed.values()):
+        return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
     behind = [k for k in camps if behind_all(k)]
     if len(behind) == 1:
         return div, [r for k, rs in camps.items() if k != behind[0] for r in rs], \

@@ -337,8 +337,15 @@ def _stack_desync(f: Facts) -> Conclusion:
         "Recorder dumps would name the group and sequence number)" if f.ev.sampled else
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
-    return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary,
-                      KIND_ADVICE[div.kind](_situation(f, div, culprits, basis)), div)
+    waiter = next((r for r in sorted(div.per_rank) if (p := f.views[r].stack.p2p) is not None
+                   and p.op == "recv" and p.peer in culprits), None)
+    if waiter is not None:  # a recv whose peer went on past the send it owed
+        p2p = f.views[waiter].stack.p2p
+        assert p2p is not None and p2p.peer is not None
+        advice = advise_p2p(waiter, "recv", p2p.peer, f.views[waiter].site)
+    else:
+        advice = KIND_ADVICE[div.kind](_situation(f, div, culprits, basis))
+    return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary, advice, div)
 
 
 def _outside(f: Facts) -> list[int]:

@@ -389,6 +389,23 @@ def test_a_redirect_seen_in_stacks_alone_names_the_ranks_that_went_past(
     assert "skipped it or posted it on another group" in d["fix"], d["fix"]
 
 
+@pytest.mark.parametrize("name, culprit, waiter", [("pipeline_unsent_0", 1, 2),
+                                                   ("pipeline_unsent_1", 0, 1)])
+def test_a_pipeline_stage_that_went_past_its_send_is_the_culprit_from_stacks(
+        fixtures, tmp_path, name, culprit, waiter):
+    """`diagnose` on a generated 4-stage send/recv pipeline (fuzz seed 8123057, job 067) and
+    its mirror: one stage skips its send and goes on to the loss all-reduce. py-spy's locals
+    name each recv's peer: the stage waited on that is inside a collective went past the
+    send it owed; the stages after it wait stage by stage. It named the two ranks in the
+    all-reduce, and 'post the collective at the recv's line'."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
+                    str(fixtures / "fuzz8123057_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    assert d["fix"].startswith(f"Rank {waiter}'s recv(src={culprit}) at "), d["fix"]
+    assert f"post the matching send(dst={waiter}) on rank {culprit}" in d["fix"]
+
+
 @pytest.mark.parametrize("name, killed", [("sigkill_stale_hb_0", 3), ("sigkill_stale_hb_1", 0)])
 def test_a_killed_ranks_last_heartbeat_contradicts_nothing(fixtures, tmp_path, name, killed):
     """Fuzz seed 8123057 job 026 (FSDP2, 4 ranks; one SIGKILLed between the metrics
