@@ -109,6 +109,13 @@ def blame(g: GroupDivergence, views: RankViews) -> Blame:
             else:
                 reps.append((c, [r]))
         sides = [rs for _, rs in reps]
+        if g.div.kind in (MismatchKind.SIZE, MismatchKind.DTYPE):
+            # a rank gloo aborted, placed here by its peers (reconcile) with nothing of its
+            # own tensor known, is no camp of its own: it would make the one rank that
+            # differs look like half a tie
+            known = [rs for rs in sides if not all(_unknown_shape(g.have[r]) for r in rs)]
+            if known and len(known) < len(sides):
+                sides = known
     least = minority(sides)
     if least is not None:
         return Blame(least, CulpritBasis.MAJORITY)
@@ -119,6 +126,10 @@ def blame(g: GroupDivergence, views: RankViews) -> Blame:
     if (odd := _breaks_constant(sides, g.have, views)) is not None:
         return Blame(odd, CulpritBasis.HISTORY)
     return Blame(sorted(g.have), CulpritBasis.AMBIGUOUS)
+
+
+def _unknown_shape(c: Collective) -> bool:
+    return c.source == "reconciled" and not c.input_sizes and not c.dtypes
 
 
 def _signature(c: Collective) -> tuple[object, ...]:

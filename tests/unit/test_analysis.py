@@ -406,6 +406,21 @@ def test_a_pipeline_stage_that_went_past_its_send_is_the_culprit_from_stacks(
     assert f"post the matching send(dst={waiter}) on rank {culprit}" in d["fix"]
 
 
+@pytest.mark.parametrize("name, culprit", [("dtype_abort_moe_0", 2), ("dtype_abort_moe_1", 1)])
+def test_an_aborted_rank_of_unknown_dtype_is_no_camp_of_its_own(fixtures, tmp_path, name,
+                                                               culprit):
+    """Fuzz seed 8123057 job 079 (FSDP2 MoE, 4 ranks; one all-gathers float64 where the others
+    gather float32; gloo aborts a peer, whose recorder dies with it) and its mirror: three
+    known dtypes, two of them float32 — the aborted rank, placed there by its peers with no
+    dtype of its own, made it "ranks 2, 3", a tie of two camps and a half."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
+                    str(fixtures / "fuzz8123057_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "majority"), d["summary"]
+    assert d["fix"].startswith("Cast to one dtype on every rank"), d["fix"]
+
+
 @pytest.mark.parametrize("name, killed", [("sigkill_stale_hb_0", 3), ("sigkill_stale_hb_1", 0)])
 def test_a_killed_ranks_last_heartbeat_contradicts_nothing(fixtures, tmp_path, name, killed):
     """Fuzz seed 8123057 job 026 (FSDP2, 4 ranks; one SIGKILLed between the metrics
