@@ -68,11 +68,14 @@ def killed(f: Facts) -> Conclusion:
     reports = f.reports(None)
     w = waits_text(f, reports)
     dead = f.ev.ranks[f.killed[0]]
+    one = len(f.killed) == 1
     if dead.exit_code is None:
-        how = "is gone (no process, no exception, no exit code) mid-step"
+        how = (f"{agree(f.killed, 'is', 'are')} gone (no process, no exception, no exit code) "
+               "mid-step")
     else:
-        how = f"was {exit_desc(dead.exit_code)} mid-step"
-    summary = f"{who(f.killed).capitalize()} {how}" + (f" while {w} waited for it." if w else ".")
+        how = f"{agree(f.killed, 'was', 'were')} {exit_desc(dead.exit_code)} mid-step"
+    summary = f"{who(f.killed).capitalize()} {how}" + (
+        f" while {w} waited for {'it' if one else 'them'}." if w else ".")
     kill9 = any(f.ev.ranks[r].exit_code in (-9, None) for r in f.killed)
     text = ("Find out why it died: SIGKILL with no message is usually the OOM killer (check "
             "`dmesg` / the node's memory); the others only wait for it." if kill9 else

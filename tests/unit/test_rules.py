@@ -463,3 +463,12 @@ def test_analyze_reads_the_same_evidence(tmp_path: Path) -> None:
     """The dump cases' evidence is what `analyze` itself diagnoses."""
     ev, _ = _all_completed(tmp_path)
     assert analyze_paths([tmp_path], force=False).rule == diagnose(ev).rule
+
+
+def test_ranks_gone_agree_in_number() -> None:
+    """Fuzz seed 8123057 job 089 said "Ranks 0, 1, 3 is gone … waited for it"."""
+    gone = [RankEvidence(rank=r, alive=False) for r in (0, 1)]
+    ev = _ev(*gone, _stuck(2, _in("all_reduce", 30)), _stuck(3, _in("all_reduce", 30)))
+    d = diagnose(ev)
+    assert d.summary.startswith("Ranks 0, 1 are gone (no process, no exception, no exit code)")
+    assert "waited for them." in d.summary
