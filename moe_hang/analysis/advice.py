@@ -110,6 +110,18 @@ def advise_size(s: Situation) -> Advice:
     sizes = "; ".join(f"rank {r}: {shape(c)}"
                       for r, c in sorted(s.div.per_rank.items()) if c is not None)
     op = next((c.op for c in s.div.per_rank.values() if c is not None), "the collective")
+    unknown = [r for r, c in sorted(s.div.per_rank.items()) if c is not None and not c.input_sizes]
+    # gloo aborted it before it could say: shape or dtype, its bytes differ
+    if unknown and any(c is not None and c.input_sizes for c in s.div.per_rank.values()):
+        known = "; ".join(f"rank {r}: {shape(c)} {'/'.join(c.dtypes)}".rstrip()
+                          for r, c in sorted(s.div.per_rank.items())
+                          if c is not None and c.input_sizes)
+        return Advice(f"Every rank must pass {op} the same number of bytes — the same shape "
+                      f"and dtype ({known}; {who(unknown)}: not recorded, gloo aborted "
+                      f"{agree(unknown, 'it', 'them')} first): check what {who(unknown)} "
+                      f"{agree(unknown, 'passes', 'pass')} there, then make the shapes equal "
+                      "(exchange the sizes first and send padded tensors) or give every rank "
+                      "the same dtype, whichever differs.")
     return Advice(f"Every rank must pass the same shape to {op} ({sizes}): pad to a common "
                   "size, or exchange the sizes first (all-gather them) and send padded "
                   "tensors.")

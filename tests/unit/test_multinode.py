@@ -326,7 +326,8 @@ def test_a_size_abort_on_the_other_node_is_the_same_desync_from_either_node(
     assert diag.rule == "gloo size abort" and diag.certainty == Certainty.LIKELY
     assert diag.summary.startswith("Ranks posted different sizes at seq 50 of default_pg")
     assert "this is likely, not certain" in diag.summary
-    assert "pad to a common size" in diag.fix
+    assert "the same number of bytes — the same shape and dtype" in diag.fix, diag.fix
+    assert "not recorded, gloo aborted it first" in diag.fix
 
 
 @pytest.mark.parametrize(("run", "culprit"), [("lock_two_nodes_0", 1), ("lock_two_nodes_1", 0)])
