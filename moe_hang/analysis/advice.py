@@ -203,6 +203,12 @@ def advise_order(s: Situation) -> Advice:
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
     if s.block is not None and s.block.decided == EXTRA:
         return _advise_extra(s, s.block)
+    if s.culprits and s.basis in (CulpritBasis.SOURCE, CulpritBasis.MAJORITY) \
+            and (taken := _culprit_condition(s, s.culprits[0])) is not None \
+            and not excludes_ranks(taken) and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
+        # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
+        # is the cause, whatever FSDP the others wait in
+        return _advise_branch(s, taken)
     if fsdp_unshard(frames):
         called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
         loop = enclosing_loop(called.file, called.line) if called is not None else None
@@ -234,12 +240,7 @@ def advise_order(s: Situation) -> Advice:
     # decided by a condition on the culprit's own path that names the ranks taking it
     cond = _culprit_condition(s, culprit) if s.basis == CulpritBasis.SOURCE else None
     if cond is not None and not excludes_ranks(cond):
-        return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
-                      f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
-                      f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
-                      f"{missed}: every rank must post the same collectives in the same "
-                      "order — run that branch's collectives on every rank (or on none), or "
-                      "post the same ones, in the same order, on both sides of it.")
+        return _advise_branch(s, cond)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
                       f"{now} where {who(s.waiting())} posted "
@@ -265,6 +266,21 @@ def advise_order(s: Situation) -> Advice:
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
+
+
+def _advise_branch(s: Situation, cond: str) -> Advice:
+    """The culprits took a branch under a rank condition that the others do not take."""
+    culprit = s.culprits[0]
+    missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
+    now_at = s.site(culprit)
+    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
+    now = _at(now_at) if now_at else _what(s, [culprit])
+    return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
+                  f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
+                  f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
+                  f"{missed}: every rank must post the same collectives in the same "
+                  "order — run that branch's collectives on every rank (or on none), or "
+                  "post the same ones, in the same order, on both sides of it.")
 
 
 def _culprit_condition(s: Situation, culprit: int) -> str | None:

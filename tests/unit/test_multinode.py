@@ -292,20 +292,37 @@ def test_a_job_without_torchrun_plans_on_its_ranks_store() -> None:
     assert coord.torchrun_max_restarts(["python", "x.py", "--max-restarts", "3"], {}) == 0
 
 
-def _two_node_view(fixtures: Path, tmp_path: Path, run: str, analyst: str) -> Evidence:
+def _two_node_view(fixtures: Path, tmp_path: Path, run: str, analyst: str, world: int = 2,
+                   recorded: str = "/work/main/runs/fuzz-8123057/jobs") -> Evidence:
     """What the analysing node holds in a capture round: its own capture, and the other
     node's capture summary as it travels through the store."""
-    capture = relocated(fixtures / run, tmp_path / "run", "/work/main/runs/fuzz-8123057/jobs",
+    capture = relocated(fixtures / run, tmp_path / "run", recorded,
                         str(fixtures / "fuzz8123057_jobs"))
     other = "node1" if analyst == "node0" else "node0"
-    ev = load_capture(capture / analyst, world=2, job="stalled")
+    ev = load_capture(capture / analyst, world=world, job="stalled")
     summary = multinode.capture_summary(RunLayout(capture / other), "1", "vm-b",
-                                        moving={0: False, 1: False}, alive=None)
+                                        moving=dict.fromkeys(range(world), False), alive=None)
     decoded = NodeSummary.decode(summary.encode())
     assert decoded is not None
     mine = set(ev.ranks)
-    assert multinode.merge_remote(ev, {"1": decoded}) == sorted({0, 1} - mine)
+    assert multinode.merge_remote(ev, {"1": decoded}) == sorted(set(range(world)) - mine)
     return ev
+
+
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_rank_only_checkpoint_is_advised_as_such_not_as_an_fsdp_skip(
+        fixtures: Path, tmp_path: Path, analyst: str) -> None:
+    """Fuzz seed 8123057 job 099 (FSDP2 MoE, two nodes of 4 ranks): rank 0 alone calls
+    save_checkpoint() under `if FAULTY and step == FAULT_STEP:` and waits in its barrier
+    while the others all-gather the next block's parameters. The culprit was right; the
+    advice was FSDP's "run a skipped block on a dummy input". The branch is the cause."""
+    ev = _two_node_view(fixtures, tmp_path, "checkpoint_two_nodes", analyst, world=8,
+                        recorded="/work/main/runs/fuzz-8123057-after/jobs")
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [0]), diag.summary
+    assert diag.fix.startswith("Rank 0 took `if FAULTY and step == FAULT_STEP`, a branch"), \
+        diag.fix
+    assert "save_checkpoint" in diag.fix and "dummy input" not in diag.fix
 
 
 @pytest.mark.parametrize(("run", "culprit"), [("size_two_nodes_0", 0), ("size_two_nodes_1", 1)])
