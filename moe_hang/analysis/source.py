@@ -160,12 +160,26 @@ _RANK_WORDS = re.compile(
     r"main_process\w*|process_index|local_process_index)\b")
 
 
+def _is_flag(e: ast.expr) -> bool:
+    """A test about the rank (``rank == 0``, ``RANK in bad``, ``not is_main``), or a name that
+    says it (``accelerator.is_main_process``) — not a value computed from it (``tokens = 0 if
+    rank == k else 4``, ``batches[rank::world]``): a condition on such a value is about the
+    data (``if tokens > 0:``), and says nothing of who was meant to run the branch."""
+    if isinstance(e, ast.Compare | ast.BoolOp):
+        return True
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        return _is_flag(e.operand)
+    return isinstance(e, ast.Name | ast.Attribute | ast.Call) and bool(
+        _RANK_WORDS.search(ast.unparse(e)))
+
+
 def _rank_names(tree: ast.Module) -> set[str]:
-    """Module-level names bound to something about the rank (``IS_MAIN = rank == 0``,
-    ``FAULTY = RANK in bad``): a condition on them is a condition on the rank."""
+    """Module-level names bound to a test of the rank (``IS_MAIN = rank == 0``, ``FAULTY =
+    RANK in bad``): a condition on them is a condition on the rank."""
     out: set[str] = set()
     for st in tree.body:
-        if isinstance(st, ast.Assign) and _RANK_WORDS.search(ast.unparse(st.value)):
+        if isinstance(st, ast.Assign) and _RANK_WORDS.search(ast.unparse(st.value)) \
+                and _is_flag(st.value):
             out.update(t.id for t in st.targets if isinstance(t, ast.Name))
     return out
 
