@@ -17,7 +17,13 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.source import enclosing_loop, excludes_ranks, left_loop, rank_condition
+from moe_hang.analysis.source import (
+    enclosing_loop,
+    excludes_ranks,
+    left_loop,
+    path_condition,
+    rank_condition,
+)
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -148,6 +154,12 @@ def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None) -> Advice:
                   f"or remove the {op}.")
 
 
+# what a branch under a rank condition that posts collectives must become
+_ONE_ORDER = ("every rank must post the same collectives in the same order — run that branch's "
+              "collectives on every rank (or on none, or outside the process group's), or post "
+              "the same ones, in the same order, on both sides of it.")
+
+
 def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | None,
                      cond: str, skipped: bool) -> Advice:
     """A collective that a rank condition in the source lets only some members of its group
@@ -160,10 +172,7 @@ def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | 
                       "waits in: every member of a group must post its collectives — post it "
                       "on every rank of the group, or on none.")
     return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'posts', 'post')} the {what}"
-                  f"{at} under `{cond}`, which rank {waiter} does not take: every rank must "
-                  "post the same collectives in the same order — run that branch's "
-                  "collectives on every rank (or on none, or outside the process group's), "
-                  "or post the same ones, in the same order, on both sides of it.")
+                  f"{at} under `{cond}`, which rank {waiter} does not take: " + _ONE_ORDER)
 
 
 def _advise_extra(s: Situation, b: Block) -> Advice:
@@ -204,7 +213,7 @@ def advise_order(s: Situation) -> Advice:
     if s.block is not None and s.block.decided == EXTRA:
         return _advise_extra(s, s.block)
     if s.culprits and s.basis in (CulpritBasis.SOURCE, CulpritBasis.MAJORITY) \
-            and (taken := _culprit_condition(s, s.culprits[0])) is not None \
+            and (taken := path_condition(s.frames.get(s.culprits[0], []))) is not None \
             and not excludes_ranks(taken) and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
@@ -238,7 +247,7 @@ def advise_order(s: Situation) -> Advice:
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
     # decided by a condition on the culprit's own path that names the ranks taking it
-    cond = _culprit_condition(s, culprit) if s.basis == CulpritBasis.SOURCE else None
+    cond = path_condition(s.frames.get(culprit, [])) if s.basis == CulpritBasis.SOURCE else None
     if cond is not None and not excludes_ranks(cond):
         return _advise_branch(s, cond)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
@@ -278,17 +287,7 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
     return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
                   f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
-                  f"{missed}: every rank must post the same collectives in the same "
-                  "order — run that branch's collectives on every rank (or on none), or "
-                  "post the same ones, in the same order, on both sides of it.")
-
-
-def _culprit_condition(s: Situation, culprit: int) -> str | None:
-    """The rank condition (``if rank == 0:``) on the culprit's user path, outermost first."""
-    for f in reversed(s.frames.get(culprit, [])):
-        if not is_library_frame(f) and (c := rank_condition(f.file, f.line)) is not None:
-            return c
-    return None
+                  f"{missed}: " + _ONE_ORDER)
 
 
 def _loop_left(s: Situation, culprit: int) -> str | None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.source import excludes_ranks, rank_condition
+from moe_hang.analysis.source import excludes_ranks, path_condition
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ops import SAME_SIZE_OPS
@@ -329,13 +329,7 @@ def _history(pg: str, before: int, views: RankViews) -> set[tuple[object, ...]]:
 def condition_of(c: Collective) -> str | None:
     """A rank condition (``if rank == 0:``) on the user path that posted ``c``, outermost
     first: the extra runs only where it holds."""
-    for f in reversed(c.frames):
-        if is_library_frame(f):
-            continue
-        cond = rank_condition(f.file, f.line)
-        if cond is not None:
-            return cond
-    return None
+    return path_condition(c.frames)
 
 
 def _counts(pg: str, b: Block, views: RankViews) -> dict[int, int]:

@@ -7,7 +7,7 @@ import signal
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.order import program_order
-from moe_hang.analysis.source import excludes_ranks, rank_condition
+from moe_hang.analysis.source import excludes_ranks, path_condition
 from moe_hang.analysis.timeline import RankViews, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -70,21 +70,12 @@ def stack_divergence(views: RankViews, waiting: list[int]
     # exclusive branches: a camp whose line runs under a rank condition that names the ranks
     # taking it (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or
     # one naming who skips (the ``else``), took the branch the rest of the job does not
-    cond = {k: _rank_condition(views[rs[0]].user_frames_outer_first())
+    cond = {k: path_condition(views[rs[0]].stack.frames)
             for k, rs in camps.items()}
     took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
     if took and len(took) < len(camps):
         return div, sorted(r for k in took for r in camps[k]), CulpritBasis.SOURCE
     return div, sorted(ops), CulpritBasis.AMBIGUOUS
-
-
-def _rank_condition(frames: list[Frame]) -> str | None:
-    """The rank condition on a stack's user path, outermost first (as for a recorder entry's
-    frames: the ``if rank == 0:`` around the call, not one inside the callee)."""
-    for f in frames:
-        if (c := rank_condition(f.file, f.line)) is not None:
-            return c
-    return None
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

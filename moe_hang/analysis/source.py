@@ -17,6 +17,8 @@ import os
 import re
 from enum import Enum
 
+from moe_hang.evidence.stacks import Frame, is_library_frame
+
 
 class Order(Enum):
     A_FIRST = "a"
@@ -200,6 +202,16 @@ def rank_condition(path: str, line: int) -> str | None:
         if not _RANK_WORDS.search(test) and not used & names:
             continue
         return f"if {test}" if field == "body" else f"if not ({test})"
+    return None
+
+
+def path_condition(frames: list[Frame]) -> str | None:
+    """The rank condition on a call path (frames innermost first, as py-spy and the recorder
+    give them), outermost user frame first: the ``if rank == 0:`` around the call, not one
+    inside the callee."""
+    for f in reversed(frames):
+        if not is_library_frame(f) and (c := rank_condition(f.file, f.line)) is not None:
+            return c
     return None
 
 
