@@ -15,7 +15,7 @@ from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame
-from moe_hang.evidence.torchrun_log import gloo_size_abort
+from moe_hang.evidence.torchrun_log import gloo_size_abort, read_job_log
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
@@ -76,9 +76,9 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
             for pg, rs in json.loads(p.read_text()).items():
                 groups.setdefault(str(pg), set()).update(int(r) for r in rs)
     s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        if (abort := gloo_size_abort(layout.job_log.read_text(errors="replace"))) is not None:
-            s.size_abort = [abort.received, abort.expected]
+    # the log's bounded tail, as the capture's own loader reads it (a long job's log is big)
+    if (abort := gloo_size_abort(read_job_log(layout.job_log))) is not None:
+        s.size_abort = [abort.received, abort.expected]
     return s
 
 
