@@ -181,8 +181,17 @@ def _posted_before(c: Collective, views: RankViews) -> bool | None:
     """The same collective was posted, and completed, in earlier steps: from ``c``'s line on
     its kind of group; where the recorder kept no lines, the same op and sizes there. None
     when no rank holds a completed collective of that kind of group (heartbeats alone, a
-    recorder that kept nothing): absence of history is not history."""
+    recorder that kept nothing): absence of history is not history. One scan of every
+    rank's history per question (a wait-for cycle asks it for each of its edges)."""
     site = site_key(c)
+    key = ("posted_before", site, group_kind(c), c.pg, c.seq, c.op, str(c.input_sizes))
+    if key in views.memo:
+        return views.memo[key]  # type: ignore[return-value]
+    views.memo[key] = answer = _scan_history(c, site, views)
+    return answer
+
+
+def _scan_history(c: Collective, site: object, views: RankViews) -> bool | None:
     seen = False
     for v in views.values():
         for by_seq in v.tl.by_pg.values():
