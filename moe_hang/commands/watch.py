@@ -11,10 +11,12 @@ grace period is killed, ranks included, even if the agent died first.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -25,8 +27,10 @@ from typing import IO, Any, Protocol, runtime_checkable
 from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import (
     Diagnosis,
+    Verdict,
     exit_code_for,
 )
+from moe_hang.analysis.runs import WatchRun
 from moe_hang.commands import multinode, sampling
 from moe_hang.commands.session import (
     Interrupted,
@@ -242,6 +246,9 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                     node.close()
                 # not ended: no interrupt, or its teardown itself failed (a further Ctrl-C is
                 # ignored by interruptible, so it cannot cut that teardown short)
+                if job is not None and not ended and interrupted is None \
+                        and (diag is None or diag.verdict == Verdict.HEALTHY):
+                    _launcher_exit(job, outcome, say)
                 if job is not None and not ended:
                     say("ending the job")
                     job.terminate(grace=3.0)
@@ -262,6 +269,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         say("analysing")
         alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
         diag = diagnose_watched(layout, outcome, alive, cmd)
+    if isinstance(diag.run, WatchRun) and diag.run.job_exit_code is None:
+        diag.run.job_exit_code = outcome.returncode  # the launcher's teardown ended after it
     if diag.timings is not None:
         diag.timings.wall_s = round(time.time() - t0, 3)
     save(layout, diag)
@@ -289,6 +298,25 @@ def _join_spread(mon: Monitor, *, job: LaunchedJob, layout: RunLayout, opts: Wat
     node = multinode.Node(p, layout, notice, stall_s=opts.stall_s, hold_s=hold_s)
     node.attach(job)
     return node
+
+
+# every rank gone, the launcher still up: how long its own teardown may take before watch ends
+# it (a torchrun agent leaves the rendezvous in a few seconds; when the agent that hosts the
+# store has gone first, the other one waits on it before it gives up)
+LAUNCHER_TEARDOWN_S = 20.0
+
+
+def _launcher_exit(job: LaunchedJob, outcome: WatchEvent, say: Phase) -> None:
+    """A job whose ranks have all exited: its exit code is the launcher's own, not the one of
+    ending it, so let its teardown finish (bounded)."""
+    if job.poll() is None and outcome.rank_pids \
+            and not any(is_alive(pid) for pid in outcome.rank_pids.values()):
+        say("every rank exited: waiting for the launcher's own exit")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.popen.wait(timeout=LAUNCHER_TEARDOWN_S)
+    rc = job.poll()
+    if rc is not None and outcome.returncode is None:
+        outcome.returncode = rc
 
 
 def _own_code(rc: int | None) -> int:
