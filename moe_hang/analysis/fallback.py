@@ -3,6 +3,7 @@ collectives, and gloo's size-mismatch abort read from the job log (pure)."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
@@ -146,3 +147,34 @@ def size_abort_divergence(views: RankViews,
                      pg_desc=ref.pg_desc if ref else "", members=sorted(per_rank),
                      per_rank=per_rank, phase=ref.phase if ref else None)
     return div, aborted
+
+
+def left_run_early(div: Divergence, views: RankViews, ranks: list[int]) -> list[int]:
+    """Of ``ranks`` (aborted at a line other than the one every other rank is at), those that
+    went on past a run the others are still in: in the others' own recorded order on that
+    group, collectives from their line are followed directly by one from this rank's line,
+    and never the other way round. Such a rank skipped the rest of the run (an expert it did
+    not call): it lacks the others' collective, rather than posting one of its own."""
+    def site(c: RankCollective | None) -> tuple[str, int] | None:
+        return (c.callsite.file, c.callsite.line) if c is not None and c.callsite else None
+
+    others = [r for r in div.per_rank if r not in ranks]
+    here = {site(div.per_rank[r]) for r in others}
+    if len(here) != 1 or None in here or div.seq is None:
+        return []
+    at = here.pop()
+    out = []
+    for r in ranks:
+        mine = site(div.per_rank.get(r))
+        if mine is None or mine == at:
+            continue
+        seen = []
+        for s in others:
+            hist = [cs for _, c in sorted(views[s].tl.by_pg.get(div.pg, {}).items())
+                    if c.seq < div.seq and (f := callsite(c.frames)) is not None
+                    for cs in [(f.file, f.line)]]
+            steps = set(itertools.pairwise(hist))
+            seen.append((at, mine) in steps and (mine, at) not in steps)
+        if seen and all(seen):
+            out.append(r)
+    return out

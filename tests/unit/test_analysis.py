@@ -533,3 +533,26 @@ def test_a_rank_that_died_faster_than_its_heartbeat_is_placed_by_its_fatal_stack
     assert f"rank 0 all_reduce at {job}:34" in d["summary"], d["summary"]
     r0 = next(r for r in d["ranks"] if r["rank"] == 0)
     assert r0["callsite"]["line"] == 34 and ":14" not in d["summary"]
+
+
+@pytest.mark.parametrize("name, skipper", [("fsdp2_moe_skip_abort_2", 2),
+                                           ("fsdp2_moe_skip_abort_3", 3)])
+def test_an_aborted_rank_that_left_the_expert_loop_early_lacks_the_others_all_gather(
+        fixtures, tmp_path, name, skipper):
+    """FSDP2 experts (fixtures/fsdp2_moe_skip_jobs, fuzz seed 31415 job 15, recorded under
+    watch, and its mirror): the skipper routed no token to one expert, so its other experts'
+    all-gathers paired silently with the others' and its head's all-gather (:60) met their
+    last expert's (:59); gloo aborted it. In the others' own order :59 runs straight into :60,
+    never back: the skipper went on past their run, so it never posted their collective and
+    the divergence's line is theirs (:59), not where the skipper died."""
+    jobs = fixtures / "fsdp2_moe_skip_jobs"
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-31415/jobs",
+                    str(jobs))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [skipper], "majority"), d["summary"]
+    per = d["first_divergence"]["per_rank"]
+    assert per[str(skipper)] is None
+    assert {per[str(r)]["callsite"]["line"] for r in range(4) if r != skipper} == {59}
+    assert f"rank {skipper} never posted it" in d["summary"]
+    assert "called fewer modules" in d["fix"] and ":59" in d["fix"]
