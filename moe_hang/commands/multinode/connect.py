@@ -23,6 +23,7 @@ from moe_hang.runtime.coord import (
     StoreChannel,
     StoreEndpoint,
 )
+from moe_hang.runtime.coord.relay import RELAY_KEY, open_relay
 
 FRESH_S = 30.0  # diagnose: an older periodic summary says nothing about now
 
@@ -135,6 +136,13 @@ def peers_for_diagnose(agent_cmdline: Sequence[str], agent_env: Mapping[str, str
     ch, why = open_channel(p, connect_s=connect_s)
     if ch is None:
         return {}, why
+    if isinstance(ch, StoreChannel):
+        # the watchers talk in their own store once they have met (coord.relay)
+        with contextlib.suppress(coord.ChannelGone):
+            relay = open_relay(ch.get(RELAY_KEY), p.run, connect_s=connect_s)
+            if relay is not None:
+                ch.close()
+                ch = relay
     try:
         co = Coordinator(ch, f"diagnose-{socket.gethostname()}-{os.getpid()}")
         sums = co.read_summaries()

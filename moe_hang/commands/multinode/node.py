@@ -31,7 +31,9 @@ from moe_hang.runtime.coord import (
     Coordinator,
     GlobalVerdict,
     NodeSummary,
+    StoreChannel,
 )
+from moe_hang.runtime.coord.relay import RELAY_KEY, Relay, local_address, open_relay
 from moe_hang.runtime.monitor import FROZEN, EventKind, Monitor, WatchEvent, world_of
 from moe_hang.runtime.procs import is_alive
 
@@ -49,6 +51,13 @@ HOLD_S = 90.0
 # a round asked for while the channel is still being opened (a rank raised early): wait this
 # long for it rather than give a verdict of this node's ranks only
 READY_S = 15.0
+# the store's node names the relay before its ranks are up; the others wait this long for it
+# once theirs are (none: no watcher there, and they stay on the job's store)
+RELAY_WAIT_S = 10.0
+RELAY_CONNECT_S = 5.0
+# a rank here died, its launcher is still tearing the node down: how long the capture waits
+# for the launcher's failure report (each rank's exit code)
+LAUNCHER_REPORT_S = 5.0
 JOIN_S = 10.0  # closing: how long the background thread may take to leave a store connect
 
 
@@ -89,6 +98,7 @@ class Node:
         self._last_offer = 0.0
         self._snapshot: int | None = None  # job.log's size when the ranks were captured
         self._run_info: RunInfo | None = None  # this node's own record (command, timings)
+        self._relay: Relay | None = None  # the watchers' own store, where this node serves it
 
     # ------------------------------------------------------------------ background
 
@@ -124,7 +134,11 @@ class Node:
                 if ch is not None:
                     ch.close()
                 return
-        pids = [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
+            if isinstance(ch, StoreChannel) and self._relay is None \
+                    and self.plan.endpoint is not None and self._hosts_store(self.plan.endpoint):
+                # name the relay early: the others look for it once their ranks are up
+                self._serve_relay(ch)
+        pids = self._pids()
         ep = self.plan.endpoint or _agent_endpoint(pids)
         if ch is None:
             if self.plan.endpoint is None and ep is not None:
@@ -134,7 +148,11 @@ class Node:
             ch, self.why_local = open_channel(self.plan, connect_s=0.0)
             if ch is None:
                 return
-        hosts = ep is not None and coord.store_listener_pid(ep.port, pids) is not None
+        hosts = ep is not None and self._hosts_store(ep)
+        if isinstance(ch, StoreChannel):
+            if hosts and self._relay is None:
+                self._serve_relay(ch)
+            ch = self._to_relay(ch, wait_s=0.0 if hosts else RELAY_WAIT_S)
         co = Coordinator(ch, self.node, self.host)
         co.register(self.local_ranks, hosts_store=hosts, world=self.world,
                     local_world=self.local_world)
@@ -145,6 +163,45 @@ class Node:
             self.publish_s = max(2.0, len(self.expected()) / 100)
             co.start(interval=1.0, publish_every_s=self.publish_s)
             self.co = co
+
+    def _pids(self) -> list[int]:
+        return [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
+
+    def _hosts_store(self, ep: coord.StoreEndpoint) -> bool:
+        return coord.store_listener_pid(ep.port, self._pids()) is not None
+
+    def _serve_relay(self, ch: StoreChannel) -> None:
+        """This node's agent hosts the job's store: serve the watchers' own (the relay) and
+        name it there. Without it (no address, a failed write) the watchers stay on the
+        job's store, as before."""
+        addr = local_address(ch.host, ch.port)
+        if addr is None:
+            return
+        try:
+            relay = Relay(addr)
+        except Exception:  # a server we cannot start is only a relay we do not have
+            return
+        try:
+            ch.put(RELAY_KEY, relay.spec())
+        except coord.ChannelGone:
+            relay.close()
+            return
+        self._relay = relay
+
+    def _to_relay(self, ch: StoreChannel, wait_s: float) -> Channel:
+        """The relay's channel when one is named in the job's store (waiting up to ``wait_s``
+        for the store's node to name it), the job's store's otherwise."""
+        try:
+            raw = ch.get(RELAY_KEY)
+            if raw is None and wait_s > 0 and ch.wait(RELAY_KEY, wait_s):
+                raw = ch.get(RELAY_KEY)
+        except coord.ChannelGone:
+            return ch
+        relay = open_relay(raw, self.plan.run, connect_s=RELAY_CONNECT_S)
+        if relay is None:
+            return ch
+        ch.close()
+        return relay
 
     def expected(self) -> list[str]:
         return coord.expected_nodes(self.world, self.local_world)
@@ -225,6 +282,8 @@ class Node:
             co = self.co
         if co is None:
             self._join()
+            if self._relay is not None:
+                self._relay.close()
             return
         if final is not None:
             hbs = self._raw_heartbeats()
@@ -233,6 +292,8 @@ class Node:
             co.publish_summary(s)
         co.close()
         self._join()
+        if self._relay is not None:
+            self._relay.close()
 
     def _join(self) -> None:
         """The background thread may be inside a store connect (C++, GIL released): a thread
@@ -317,6 +378,7 @@ class Node:
         local_kind = kind
 
         def capture() -> NodeSummary:
+            self._await_launcher_report(outcome)
             local = capture_local()
             self._run_info = local.run
             self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
@@ -369,6 +431,18 @@ class Node:
         self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
         rundir.write_json(self.layout.coord_verdict, gv.to_json())
         return RoundOutcome(diag, local_kind, gv)
+
+    def _await_launcher_report(self, outcome: WatchEvent) -> None:
+        """A rank here is gone and its launcher is not yet: torchrun writes each rank's exit
+        code (the signal that killed it) into its failure report as it exits, a moment later.
+        The capture waits for that (bounded) rather than call the rank gone without one."""
+        job = self.job
+        if job is None or job.poll() is not None \
+                or all(is_alive(pid) for pid in outcome.rank_pids.values()):
+            return
+        deadline = time.monotonic() + LAUNCHER_REPORT_S
+        while job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def finish(self, ended_after_verdict: bool) -> None:
         """After the job ended: where a verdict ended it, the run directory keeps the capture

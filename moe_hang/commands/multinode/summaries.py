@@ -15,7 +15,7 @@ from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame
-from moe_hang.evidence.torchrun_log import gloo_size_abort, read_job_log
+from moe_hang.evidence.torchrun_log import gloo_size_abort, parse_torchrun_failures, read_job_log
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
@@ -77,8 +77,16 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
                 groups.setdefault(str(pg), set()).update(int(r) for r in rs)
     s.groups = {pg: sorted(rs) for pg, rs in groups.items()}
     # the log's bounded tail, as the capture's own loader reads it (a long job's log is big)
-    if (abort := gloo_size_abort(read_job_log(layout.job_log))) is not None:
+    log_text = read_job_log(layout.job_log)
+    if (abort := gloo_size_abort(log_text)) is not None:
         s.size_abort = [abort.received, abort.expected]
+    # a rank that died: torchrun's failure report says of what (SIGKILL: -9), as this node's
+    # own capture reads it
+    failures = parse_torchrun_failures(log_text)
+    for r in s.ranks:
+        if r.exit_code is None and r.rank in failures \
+                and r.pid in (None, failures[r.rank][1]):
+            r.exit_code = failures[r.rank][0]
     return s
 
 
