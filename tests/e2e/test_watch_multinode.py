@@ -305,7 +305,8 @@ def _listening(port: int) -> bool:
                for c in psutil.net_connections(kind="tcp"))
 
 
-def _crash_job(nodes: Nodes, tmp_path: Path, crash: int) -> list[subprocess.Popen[str]]:
+def _crash_job(nodes: Nodes, tmp_path: Path, crash: int, **env: str
+               ) -> list[subprocess.Popen[str]]:
     """Two watched c10d agents; the first one's agent is up (and hosts the rendezvous store)
     before the second starts, so it is node 0 (ranks 0, 1: torch orders the agents of one
     host by pid)."""
@@ -313,12 +314,13 @@ def _crash_job(nodes: Nodes, tmp_path: Path, crash: int) -> list[subprocess.Pope
     argv = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id",
             f"crash{crash}", "--max_restarts", "0", CRASH]
-    first = nodes.start(_watch(tmp_path / "node0") + argv, CRASH_RANK=str(crash))
+    first = nodes.start(_watch(tmp_path / "node0") + argv, CRASH_RANK=str(crash), **env)
     deadline = time.monotonic() + 90
     while not _listening(port):
         assert first.poll() is None and time.monotonic() < deadline, "node 0's store not up"
         time.sleep(0.2)
-    return [first, nodes.start(_watch(tmp_path / "node1") + argv, CRASH_RANK=str(crash))]
+    return [first, nodes.start(_watch(tmp_path / "node1") + argv, CRASH_RANK=str(crash),
+                               **env)]
 
 
 @pytest.mark.timeout(300)
@@ -359,6 +361,31 @@ def test_a_crash_gives_one_verdict_on_every_node(nodes: Nodes, tmp_path: Path, c
     own = ("artifacts", "command", "job_exit_code", "detected", "timings")
     a, b = ({k: v for k, v in d.items() if k not in own} for _, d, _ in res)
     assert a == b
+    verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
+                for i in (0, 1)]
+    assert verdicts[0]["request"] == verdicts[1]["request"]
+    assert not verdicts[0]["local_only"] and not verdicts[1]["local_only"]
+    assert sorted(verdicts[0]["captured"]) == ["0", "1"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("crash", [1, 2], ids=["on_the_store_node", "on_the_other_node"])
+def test_a_rank_killed_on_the_store_node_still_gives_one_verdict(nodes: Nodes, tmp_path: Path,
+                                                                crash: int) -> None:
+    """Global rank ``crash`` is SIGKILLed at step 2. A killed rank cannot be held: on the
+    store's node (rank 1) its agent ends at once and takes the job's store with it. The
+    watchers talk in the relay the store node's watcher serves, so both still print one
+    verdict from one round naming that rank and the signal (before the relay: "no other node
+    reachable", ranks of the other node unknown). Mirrored: the rank on the other node."""
+    procs = _crash_job(nodes, tmp_path, crash, CRASH_HOW="sigkill")
+    res = nodes.results(procs)
+    assert [code for code, _, _ in res] == [3, 3], [err[-3000:] for _, _, err in res]
+    for _, d, err in res:
+        assert (d["verdict"], d["culprit_ranks"]) == ("rank_died", [crash]), (d["summary"],
+                                                                              err[-3000:])
+        assert d["summary"].startswith(f"Rank {crash} was killed by SIGKILL"), d["summary"]
+        assert "no other node reachable" not in err and "one verdict for the job" in err, \
+            err[-3000:]
     verdicts = [json.loads((tmp_path / f"node{i}" / "coord" / "verdict.json").read_text())
                 for i in (0, 1)]
     assert verdicts[0]["request"] == verdicts[1]["request"]

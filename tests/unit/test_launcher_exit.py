@@ -47,7 +47,7 @@ def test_a_launcher_whose_ranks_live_is_not_waited_for(tmp_path, monkeypatch):
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: rank.pid})
     try:
         watch_cmd._launcher_exit(job, outcome, lambda text: None)
-        assert outcome.returncode is None  # returned at once: a live rank is the job's, not teardown
+        assert outcome.returncode is None  # at once: a live rank is the job, not its teardown
     finally:
         rank.kill()
         rank.wait()
