@@ -154,20 +154,33 @@ def test_two_agents_one_capture_one_verdict(nodes: Nodes, tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(240)
-def test_three_agents_one_watcher_killed_mid_run(nodes: Nodes, tmp_path: Path) -> None:
-    """Three agents; the watcher of the node without rank 3 is SIGKILLed once the job runs
+@pytest.mark.parametrize("victim_rank", [4, 0], ids=["another_node", "the_store_node"])
+def test_three_agents_one_watcher_killed_mid_run(nodes: Nodes, tmp_path: Path,
+                                                 victim_rank: int) -> None:
+    """Three agents; the watcher of a node without rank 3 is SIGKILLed once the job runs
     (its agent and ranks run on, unwatched): the two others still agree on rank 3 and name
-    that node's ranks unknown, never guilty."""
+    that node's ranks unknown, never guilty. On the store's node (ranks 0, 1: its agent
+    started first) that watcher served the relay: the others go back to the job's store,
+    which its agent still hosts."""
     port = free_port()
-    procs = [nodes.start(_watch(tmp_path / f"node{i}") + _torchrun(3, f"127.0.0.1:{port}",
-                                                                    "mn3"))
-             for i in (0, 1, 2)]
+
+    def start(i: int) -> subprocess.Popen[str]:
+        return nodes.start(_watch(tmp_path / f"node{i}") + _torchrun(3, f"127.0.0.1:{port}",
+                                                                      "mn3"))
+
+    # the first agent up hosts the store and is node 0 (torch orders one host's agents by pid)
+    procs = [start(0)]
+    deadline = time.monotonic() + 90
+    while not _listening(port):
+        assert procs[0].poll() is None and time.monotonic() < deadline, "the store not up"
+        time.sleep(0.2)
+    procs += [start(1), start(2)]
     wait_files(nodes.marks, "hang.rank*", 6, timeout=120, what="6 ranks reaching 'hang'")
     deadline = time.monotonic() + 20
     while len(nodes.rank_dirs()) < 6 and time.monotonic() < deadline:
         time.sleep(0.1)
     dirs = nodes.rank_dirs()
-    victim_dir = dirs[4]  # ranks 4 and 5: not in the skipped expert group
+    victim_dir = dirs[victim_rank]  # ranks 4, 5 or 0, 1: not in the skipped expert group
     victim = procs[int(victim_dir.name[4:])]
     os.kill(victim.pid, signal.SIGKILL)  # the watcher only: its job is in another session
     lost = sorted(r for r, d in dirs.items() if d == victim_dir)
@@ -180,6 +193,8 @@ def test_three_agents_one_watcher_killed_mid_run(nodes: Nodes, tmp_path: Path) -
         assert [r[k]["state"] for k in lost] == ["unknown", "unknown"], err[-2000:]
         assert any(f"ranks {lost[0]}, {lost[1]} unknown" in e for e in d["evidence"]), \
             (d["evidence"], err[-3000:])
+        assert ("relay is gone" in err) == (victim_rank == 0), err[-3000:]
+        assert "no other node reachable" not in err, err[-3000:]
     assert res[0][1]["summary"] == res[1][1]["summary"]
 
 

@@ -55,6 +55,7 @@ READY_S = 15.0
 # once theirs are (none: no watcher there, and they stay on the job's store)
 RELAY_WAIT_S = 10.0
 RELAY_CONNECT_S = 5.0
+FALLBACK_S = 5.0  # the relay gone: how long to try the job's store again
 # a rank here died, its launcher is still tearing the node down: how long the capture waits
 # for the launcher's failure report (each rank's exit code)
 LAUNCHER_REPORT_S = 5.0
@@ -99,6 +100,9 @@ class Node:
         self._snapshot: int | None = None  # job.log's size when the ranks were captured
         self._run_info: RunInfo | None = None  # this node's own record (command, timings)
         self._relay: Relay | None = None  # the watchers' own store, where this node serves it
+        self._on_relay = False  # this node talks in the relay (not in the job's store)
+        self._hosts = False  # this node's job hosts the job's store
+        self._fallback: threading.Thread | None = None  # back to the job's store (_fall_back)
 
     # ------------------------------------------------------------------ background
 
@@ -148,13 +152,30 @@ class Node:
             ch, self.why_local = open_channel(self.plan, connect_s=0.0)
             if ch is None:
                 return
-        hosts = ep is not None and self._hosts_store(ep)
+        self._hosts = hosts = ep is not None and self._hosts_store(ep)
         if isinstance(ch, StoreChannel):
             if hosts and self._relay is None:
                 self._serve_relay(ch)
+            job_store = ch
             ch = self._to_relay(ch, wait_s=0.0 if hosts else RELAY_WAIT_S)
+            self._on_relay = ch is not job_store
+        self._start(ch)
+
+    def _fall_back(self, gone: str) -> None:
+        """The relay went while this node's job runs on: its watcher was killed alone (its
+        agent, and the job's store, may live). Back to the job's store, registered anew (the
+        others, losing the relay too, do the same); nothing if that store is gone as well."""
+        ch, _ = open_channel(self.plan, connect_s=FALLBACK_S, stop=self._closed)
+        if ch is None:
+            return
+        self.notice(f"the watchers' relay is gone ({gone[:120]}); back on "
+                    f"{self.plan.describe()}")
+        self._start(ch)
+
+    def _start(self, ch: Channel) -> None:
+        """Register on ``ch`` and start the coordinator's thread there."""
         co = Coordinator(ch, self.node, self.host)
-        co.register(self.local_ranks, hosts_store=hosts, world=self.world,
+        co.register(self.local_ranks, hosts_store=self._hosts, world=self.world,
                     local_world=self.local_world)
         with self._lock:
             if self._closed.is_set():
@@ -162,7 +183,9 @@ class Node:
                 return
             self.publish_s = max(2.0, len(self.expected()) / 100)
             co.start(interval=1.0, publish_every_s=self.publish_s)
-            self.co = co
+            old, self.co = self.co, co
+        if old is not None:
+            old.close()  # the relay's, gone
 
     def _pids(self) -> list[int]:
         return [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
@@ -231,6 +254,11 @@ class Node:
         co = self.co
         if co is None:
             return False
+        if co.gone and self._on_relay and self._fallback is None and not self._closed.is_set():
+            self._on_relay = False
+            self._fallback = threading.Thread(target=self._fall_back, args=(co.gone,),
+                                              name="moe-hang-fallback", daemon=True)
+            self._fallback.start()
         now = time.monotonic()
         if now - self._last_offer >= OFFER_S:
             self._last_offer = now
@@ -300,9 +328,9 @@ class Node:
         that comes back from one while the interpreter shuts down aborts the watcher
         ("terminate called without an active exception"). Each attempt is bounded, and the
         thread stops between attempts once closed."""
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(JOIN_S)
+        for t in (self._thread, self._fallback):
+            if t is not None and t is not threading.current_thread():
+                t.join(JOIN_S)
 
     def next_round(self) -> None:
         if self.co is not None:
