@@ -266,6 +266,20 @@ def advise_order(s: Situation) -> Advice:
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell
+        camps: dict[str, list[int]] = {}
+        for r in s.culprits:
+            camps.setdefault(_at(site) if (site := s.site(r)) else "?", []).append(r)
+        if len(camps) > 1:
+            # past it at different lines: which of them share the waiters' group (and so
+            # skipped it) the stacks do not say; some may be where they are because of it
+            where = "; ".join(f"{who(rs)} at {at}" for at, rs in camps.items())
+            return Advice(f"{who(s.waiting()).capitalize()} "
+                          f"{agree(s.waiting(), 'waits', 'wait')} in {the_missed}; "
+                          f"{who(s.culprits)} are past it ({where}): those of them in "
+                          f"{agree(s.waiting(), 'its', 'their')} group skipped it or posted "
+                          "it on another group, and the stacks do not say which ranks that "
+                          "group holds. Make every rank of the group post it there; "
+                          "`moe-hang watch` (Flight Recorder) names the groups.")
         return Advice(f"{who(s.culprits).capitalize()} went on to {now} without joining "
                       f"{who(s.waiting())} in {the_missed}: {agree(s.culprits, 'it', 'they')} "
                       "skipped it or posted it on another group. Make every rank post it, "
