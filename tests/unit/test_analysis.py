@@ -556,3 +556,27 @@ def test_an_aborted_rank_that_left_the_expert_loop_early_lacks_the_others_all_ga
     assert {per[str(r)]["callsite"]["line"] for r in range(4) if r != skipper} == {59}
     assert f"rank {skipper} never posted it" in d["summary"]
     assert "called fewer modules" in d["fix"] and ":59" in d["fix"]
+
+
+@pytest.mark.parametrize("name, waiter, at50, at53", [("mesh_skip_stacks_3", 2, [0], [1, 3]),
+                                                      ("mesh_skip_stacks_0", 1, [3], [0, 2])])
+def test_stacks_alone_ranks_past_a_group_collective_at_different_lines(
+        fixtures, tmp_path, name, waiter, at50, at53):
+    """A 2x2 mesh under diagnose, no probe (fixtures/mesh_skip_stacks_jobs, fuzz seed
+    20261202 job 18, and its mirror): the skipper left its tp all-reduce (:47) out; its tp
+    peer waits there, that peer's dp peer waits at :50, the other two at :53. The stacks show
+    who is past :47, not which of them shares the waiter's group: the advice says where each
+    is and that, never that all of them "went on to" one line."""
+    jobs = fixtures / "mesh_skip_stacks_jobs"
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-20261202/jobs",
+                    str(jobs))
+    d = _diag(run)
+    assert d["verdict"] == "desync" and d["culprit_ranks"] == sorted(at50 + at53), d["summary"]
+    fix = d["fix"]
+    assert fix.startswith(f"Rank {waiter} waits in the collective at "), fix
+    assert ":47 <module>" in fix.split(";")[0]
+    one = "rank" if len(at50) == 1 else "ranks"
+    assert f"{one} {', '.join(map(str, at50))} at " in fix and ":50 <module>" in fix, fix
+    assert f"ranks {', '.join(map(str, at53))} at " in fix and ":53 <module>" in fix, fix
+    assert "the stacks do not say which ranks that group holds" in fix
+    assert "went on to" not in fix
