@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from moe_hang.analysis.activity import Judgement, Motion, judge
@@ -95,11 +96,32 @@ def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
             for g, b in zip(divs, blames, strict=True)]
 
 
+def _held_behind(divs: list[GroupDivergence], blames: list[Blame],
+                 views: RankViews) -> list[Blame]:
+    """A rank missing from one group's collective while it waits in another group's that a
+    member present there has completed (and so posted first, and got past) has not reached
+    the first one yet: it is held up behind — a tree broadcast lets its root's direct
+    children go on while the others wait for a rank that never came (a rank idle on a lock)
+    — so that missing entry is a consequence, not a skip."""
+    def behind(a: int, present: Iterable[int]) -> bool:
+        c = views[a].current
+        if views[a].state != RankState.IN_COLLECTIVE or c is None or c.completed is not False:
+            return False
+        return any(p in views and views[p].tl.completed.get(c.pg, -1) >= c.seq
+                   for p in present)
+
+    return [replace(b, causal=False)
+            if g.div.kind == MismatchKind.MISSING and g.absent and b.causal
+            and all(behind(a, g.have) for a in g.absent) else b
+            for g, b in zip(divs, blames, strict=True)]
+
+
 def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
     disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
-    blames = _held_by_mismatch(divs, [blame(g, views) for g in divs], views)
+    blames = _held_behind(divs, _held_by_mismatch(divs, [blame(g, views) for g in divs], views),
+                          views)
     es = edges(views, divs)
     act = _activity(views)
     counted = {r for r, j in act.items() if j.motion == Motion.MOVING}

@@ -580,3 +580,26 @@ def test_stacks_alone_ranks_past_a_group_collective_at_different_lines(
     assert f"ranks {', '.join(map(str, at53))} at " in fix and ":53 <module>" in fix, fix
     assert "the stacks do not say which ranks that group holds" in fix
     assert "went on to" not in fix
+
+
+@pytest.mark.parametrize("name, locked, behind, ahead", [("mesh_lock_behind_1", 1, 3, 2),
+                                                         ("mesh_lock_behind_3", 3, 1, 0)])
+def test_a_rank_held_up_behind_a_broadcast_did_not_skip_its_next_collective(
+        fixtures, tmp_path, name, locked, behind, ahead):
+    """A 2x2 mesh under watch (fixtures/mesh_lock_jobs, fuzz seed 20261202 job 50, and its
+    mirror): one rank deadlocks on two locks of its own before the step's broadcast from rank
+    0. gloo's broadcast is a tree: the root's direct child got its data and went on to the
+    next step's tp all-reduce, where its tp peer never comes — that peer still waits in the
+    broadcast, for the locked rank. The peer completed nothing of the broadcast its tp partner
+    completed: it is behind, not past, so the tp "missing" is a consequence and the locked
+    rank, outside any collective, is the culprit (was: a desync blaming the peer)."""
+    jobs = fixtures / "mesh_lock_jobs"
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-20261202/jobs",
+                    str(jobs))
+    d = _diag(run)
+    assert d["verdict"] == "hang" and d["culprit_ranks"] == [locked], d["summary"]
+    assert d["summary"].startswith(f"Rank {locked} is outside any collective"), d["summary"]
+    assert ":57 checkpoint_state" in d["summary"]
+    ranks = {r["rank"]: r for r in d["ranks"]}
+    assert ranks[behind]["collective"]["op"] == "broadcast"
+    assert ranks[ahead]["collective"]["op"] == "all_reduce"
