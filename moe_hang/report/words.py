@@ -156,6 +156,10 @@ def where_now(r: RankReport, *, sizes: bool = True, why: str | None = None) -> s
         return f"in {collective_text(r.collective, sizes=sizes)}{at}"
     if r.state == RankState.EXITED:
         inside = library_frame(r)
+        if r.callsite and r.stack_source == "probe":
+            # a sample of its heartbeat while it ran, not where it died (a SIGKILL leaves
+            # no stack)
+            return exit_words(r.exit_code) + f" (last seen at {site_text(r.callsite)})"
         return exit_words(r.exit_code) + at + (f" (in {inside})" if inside else "")
     if r.state == RankState.IDLE and r.note and not r.callsite:
         return r.note  # from dumps alone: where it was instead, only a stack says

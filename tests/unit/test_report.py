@@ -723,3 +723,17 @@ def test_a_long_timeline_shows_the_diverging_column_and_its_neighbours():
     wide = render_text(d, ctx, width=400)
     assert "more sequence numbers" not in wide and " 1 " in next(
         line for line in wide.splitlines() if "▶40" in line)
+
+
+@pytest.mark.parametrize("source, want", [
+    ("probe", "killed by SIGKILL (last seen at train.py:31 <module>)"),
+    ("faulthandler (fatal signal)", "killed by SIGKILL at train.py:31 <module>")])
+def test_a_killed_ranks_line_from_a_heartbeat_sample_is_where_it_was_last_seen(source, want):
+    """A SIGKILL leaves no stack: the line of a killed rank whose stack is its heartbeat's
+    last sample (taken while it ran) is where it was last seen, not where it died."""
+    from moe_hang.analysis.diagnosis import RankReport
+    from moe_hang.report.words import where_now
+
+    r = RankReport(rank=1, state=RankState.EXITED, exit_code=-9, stack_source=source,
+                   callsite=Frame("train.py", 31, "<module>"))
+    assert where_now(r) == want
