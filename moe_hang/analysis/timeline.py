@@ -202,8 +202,9 @@ def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
         # the probe's sample of the main thread, which cannot tell on-CPU from waiting: the
         # watcher's measure of the rank's movement does (a remote rank's summary has no
         # py-spy stack; outside collectives, unmoving, it is idle — not unknown)
-        return view(ThreadStack("MainThread", frames, is_main=True,
-                                active=ev.progressed)), "probe"
+        # (with the send/recv it sampled the thread inside, and its peer)
+        return view(ThreadStack("MainThread", frames, is_main=True, active=ev.progressed,
+                                p2p=ev.heartbeat.p2p if ev.heartbeat else None)), "probe"
     return StackView(RankState.UNKNOWN), None
 
 

@@ -629,3 +629,27 @@ def test_a_rank_caught_in_its_interpreters_exit_has_left(fixtures, tmp_path, nam
     assert d["summary"].startswith(f"Rank {leaver} exited (its interpreter shut down normally)")
     assert {r["rank"]: r["state"] for r in d["ranks"]}[leaver] == "exited"
     assert "DistributedSampler" in d["fix"]
+
+
+def test_a_remote_rank_in_a_recv_is_seen_with_its_peer(fixtures, tmp_path):
+    """Two nodes × 3 ranks (fixtures/recv_two_nodes_jobs, fuzz seed 90210 job 1, under watch):
+    ranks 3-5 each recv from the rank before, under `if RANK > 0`, and rank 2 never sends;
+    ranks 0-2 wait in the next all-reduce. The analysing node holds ranks 0-2; ranks 3-5 come
+    from the other node's capture summary, which now carries the send/recv its probe sampled
+    each rank inside (gloo's recorder has no entry for it). Without it that node's ranks were
+    'idle', the round's verdict 'all wait in matching collectives' (uncertain), and the job
+    was watched on until the fuzz run timed out."""
+    from moe_hang.analysis.rules import diagnose
+    from moe_hang.commands.multinode.summaries import capture_summary, merge_remote
+    from moe_hang.probe.layout import RunLayout
+
+    run = relocated(fixtures / "recv_two_nodes", tmp_path / "run",
+                    "/work/main/runs/fuzz-90210/jobs", str(fixtures / "recv_two_nodes_jobs"))
+    there = capture_summary(RunLayout(run / "node0"), "1", "vm", moving=None, alive=None)
+    assert {r.rank: (r.p2p or {}).get("peer") for r in there.ranks} == {3: 2, 4: 3, 5: 4}
+    ev = load_capture(run / "node1", world=6)
+    merge_remote(ev, {"1": there})
+    d = diagnose(ev).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [2]), d["summary"]
+    assert d["fix"].startswith("Rank 3's recv(src=2) at "), d["fix"]
+    assert "post the matching send(dst=3) on rank 2" in d["fix"]

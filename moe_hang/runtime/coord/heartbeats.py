@@ -11,7 +11,7 @@ from typing import Any
 
 from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.coord.codec import _int_or_none
-from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective, RankSummary
+from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective, RankSummary, p2p_of
 
 # frames that are never the user's line (kept in step with moe_hang.stacks.is_library_frame)
 _TOOL_FILES = ("moe_hang/probe.py", "moe_hang/_probe_site/")
@@ -114,7 +114,7 @@ def summarize_heartbeats(hbs: Mapping[int, Mapping[str, Any]], *, node: str,
             phase=None if progress.get("phase") is None else str(progress.get("phase")),
             moving=mv,
             beat_time=hb.get("time") if isinstance(hb.get("time"), (int, float)) else None,
-            exit_code=code, held=hb.get("held") is True))
+            exit_code=code, held=hb.get("held") is True, p2p=p2p_of(hb.get("p2p"))))
     h = host or next((str(hb["host"]) for hb in hbs.values() if hb.get("host")),
                      socket.gethostname())
     return NodeSummary(node=node, host=h, ranks=ranks, world=world, local_world=local_world,
@@ -143,7 +143,7 @@ def to_heartbeats(summaries: Iterable[NodeSummary]) -> dict[int, dict[str, Any]]
                 "progress": progress, "pg_status": pg_status,
                 "pending": [p.to_fr_entry() for p in r.pending],
                 "main_frame": [_parse_frame(f) for f in r.stack] or None,
-                "state": r.state, "callsite": r.callsite, "held": r.held}
+                "state": r.state, "callsite": r.callsite, "held": r.held, "p2p": r.p2p}
     return out
 
 

@@ -126,6 +126,9 @@ class RankSummary:
     # a capture only: the stack faulthandler wrote when a fatal signal ended it (gloo's
     # SIGABRT): where it died, and that it died of a signal its watcher could not hold
     fatal: str | None = None
+    # the send/recv its main thread is inside, with its peer, as its probe sampled it
+    # (op, peer, tag, group): gloo's recorder has no entry for point-to-point
+    p2p: dict[str, Any] | None = None
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
@@ -153,6 +156,8 @@ class RankSummary:
             d["held"] = True
         if self.fatal:
             d["fatal"] = self.fatal
+        if self.p2p:
+            d["p2p"] = self.p2p
         return d
 
     @classmethod
@@ -185,7 +190,8 @@ class RankSummary:
                               if isinstance(v, (list, tuple)) and len(v) >= 2},
                    error=dict(d["error"]) if isinstance(d.get("error"), Mapping) else None,
                    held=d.get("held") is True,
-                   fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None)
+                   fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None,
+                   p2p=p2p_of(d.get("p2p")))
 
 
 FATAL_CHARS = 8000  # a faulthandler dump of every thread fits; a runaway one is cut
@@ -261,3 +267,14 @@ class NodeSummary:
             return cls.from_json(d)
         except (KeyError, TypeError, ValueError):
             return None
+
+
+def p2p_of(v: Any) -> dict[str, Any] | None:
+    """A point-to-point call as the probe writes it: op send or recv, the peer a rank number
+    (or None); anything else is no call."""
+    if not isinstance(v, Mapping) or v.get("op") not in ("send", "recv"):
+        return None
+    peer = v.get("peer")
+    return {"op": v["op"], "peer": peer if isinstance(peer, int) else None,
+            "tag": v.get("tag") if isinstance(v.get("tag"), int) else None,
+            "group": v.get("group") if isinstance(v.get("group"), (str, int)) else None}
