@@ -232,13 +232,10 @@ def rank_view(ev: RankEvidence) -> RankView:
         or (ev.held and ev.error is not None)
     pending = _pending(tl)
     current: Collective | None = pending[0] if pending else None
-    # its program is over: the probe's last beat came from the interpreter's exit (written
-    # by threading's exit hook, after the main module's code has ended), and its stack is in
-    # no collective — no frame left, or the module's last line at the start of finalization
-    # (torch's own teardown takes seconds); what a stale saved recorder still shows pending
-    # it went past on its way out
-    finishing = not exited and sv.state != RankState.IN_COLLECTIVE \
-        and said_exiting(ev.heartbeat)
+    # its program is over: the probe's last beat came from the interpreter's exit and its
+    # stack has no frame left (torch's own teardown takes seconds); what a stale saved
+    # recorder still shows pending it went past on its way out
+    finishing = not exited and sv.state == RankState.UNKNOWN and said_exiting(ev.heartbeat)
     exited = exited or finishing
     state: RankState
     if exited:
