@@ -19,7 +19,7 @@ from moe_hang.analysis.diagnosis import (
     TimelineCell,
 )
 from moe_hang.evidence.flight_recorder import Collective, entry_to_collective
-from moe_hang.evidence.model import PostedRecord, RankEvidence, said_exiting
+from moe_hang.evidence.model import PostedRecord, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import (
     Frame,
@@ -232,15 +232,10 @@ def rank_view(ev: RankEvidence) -> RankView:
         or (ev.held and ev.error is not None)
     pending = _pending(tl)
     current: Collective | None = pending[0] if pending else None
-    # its program is over: the probe's last beat came from the interpreter's exit and its
-    # stack has no frame left (torch's own teardown takes seconds); what a stale saved
-    # recorder still shows pending it went past on its way out
-    finishing = not exited and sv.state == RankState.UNKNOWN and said_exiting(ev.heartbeat)
-    exited = exited or finishing
     state: RankState
     if exited:
         state = RankState.EXITED
-        if ev.exit_code == 0 or finishing:
+        if ev.exit_code == 0:
             # finished cleanly: whatever its last heartbeat saw has long completed
             current, sv = None, StackView(RankState.UNKNOWN)
         elif current is None:
