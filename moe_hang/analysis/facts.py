@@ -78,41 +78,26 @@ def _evidence_lines(ev: Evidence) -> list[str]:
     return lines
 
 
-def _held_by_mismatch(divs: list[GroupDivergence], blames: list[Blame],
-                      views: RankViews) -> list[Blame]:
-    """A rank missing from one group's collective because it is blocked in another group's
-    mismatched one (posted by every member, different op/size/dtype: it can never complete)
-    is held up there: that missing entry is a consequence, not a second culprit."""
+def _consequences(divs: list[GroupDivergence], blames: list[Blame],
+                  views: RankViews) -> list[Blame]:
+    """A member missing from one group's collective because it is held up in another's is a
+    consequence there, not a second culprit: held in a mismatched one (posted by every
+    member, different op/size/dtype: it can never complete), or behind — waiting in another
+    group's collective that a member present at the divergence has completed (posted first
+    and got past: a tree broadcast lets its root's direct children go on while the others
+    wait for a rank that never came, a rank idle on a lock)."""
     never = {(g.div.pg, g.div.seq) for g in divs if g.div.kind != MismatchKind.MISSING}
 
-    def held(r: int) -> bool:
-        c = views[r].current
-        return (views[r].state == RankState.IN_COLLECTIVE and c is not None
-                and (c.pg, c.seq) in never)
-
-    return [replace(b, causal=False)
-            if g.div.kind == MismatchKind.MISSING and g.absent and b.causal
-            and all(held(a) for a in g.absent) else b
-            for g, b in zip(divs, blames, strict=True)]
-
-
-def _held_behind(divs: list[GroupDivergence], blames: list[Blame],
-                 views: RankViews) -> list[Blame]:
-    """A rank missing from one group's collective while it waits in another group's that a
-    member present there has completed (and so posted first, and got past) has not reached
-    the first one yet: it is held up behind — a tree broadcast lets its root's direct
-    children go on while the others wait for a rank that never came (a rank idle on a lock)
-    — so that missing entry is a consequence, not a skip."""
-    def behind(a: int, present: Iterable[int]) -> bool:
+    def held_up(a: int, present: Iterable[int]) -> bool:
         c = views[a].current
-        if views[a].state != RankState.IN_COLLECTIVE or c is None or c.completed is not False:
+        if views[a].state != RankState.IN_COLLECTIVE or c is None:
             return False
-        return any(p in views and views[p].tl.completed.get(c.pg, -1) >= c.seq
-                   for p in present)
+        return (c.pg, c.seq) in never or (c.completed is False and any(
+            p in views and views[p].tl.completed.get(c.pg, -1) >= c.seq for p in present))
 
     return [replace(b, causal=False)
             if g.div.kind == MismatchKind.MISSING and g.absent and b.causal
-            and all(behind(a, g.have) for a in g.absent) else b
+            and all(held_up(a, g.have) for a in g.absent) else b
             for g, b in zip(divs, blames, strict=True)]
 
 
@@ -120,8 +105,7 @@ def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
     disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
-    blames = _held_behind(divs, _held_by_mismatch(divs, [blame(g, views) for g in divs], views),
-                          views)
+    blames = _consequences(divs, [blame(g, views) for g in divs], views)
     es = edges(views, divs)
     act = _activity(views)
     counted = {r for r, j in act.items() if j.motion == Motion.MOVING}

@@ -163,18 +163,23 @@ def left_run_early(div: Divergence, views: RankViews, ranks: list[int]) -> list[
     if len(here) != 1 or None in here or div.seq is None:
         return []
     at = here.pop()
-    out = []
-    for r in ranks:
-        mine = site(div.per_rank.get(r))
-        if mine is None or mine == at:
-            continue
-        seen = []
-        for s in others:
-            hist = [cs for _, c in sorted(views[s].tl.by_pg.get(div.pg, {}).items())
-                    if c.seq < div.seq and (f := callsite(c.frames)) is not None
-                    for cs in [(f.file, f.line)]]
-            steps = set(itertools.pairwise(hist))
-            seen.append((at, mine) in steps and (mine, at) not in steps)
-        if seen and all(seen):
-            out.append(r)
-    return out
+    steps = []  # each other rank's line-to-line steps before the divergence, in its order
+    for s in others:
+        lines = [(f.file, f.line) for _, c in sorted(views[s].tl.by_pg.get(div.pg, {}).items())
+                 if c.seq < div.seq and (f := callsite(c.frames)) is not None]
+        steps.append(set(itertools.pairwise(lines)))
+    return [r for r in ranks if (mine := site(div.per_rank.get(r))) not in (None, at)
+            and steps and all((at, mine) in st and (mine, at) not in st for st in steps)]
+
+
+def mark_skipped(div: Divergence, culprits: list[int], basis: CulpritBasis,
+                 aborted: list[int], views: RankViews) -> bool:
+    """An aborted culprit at a line the others' own order puts after theirs skipped the rest
+    of their run (:func:`left_run_early`): it lacks their collective, whose line is the one
+    to show (its entry at the divergence becomes None). True when one did."""
+    if basis != CulpritBasis.MAJORITY or div.kind != MismatchKind.MISSING:
+        return False
+    skipped = left_run_early(div, views, [r for r in culprits if r in aborted])
+    for r in skipped:
+        div.per_rank[r] = None
+    return bool(skipped)

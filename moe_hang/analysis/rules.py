@@ -60,7 +60,7 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.fallback import left_run_early
+from moe_hang.analysis.fallback import mark_skipped
 from moe_hang.analysis.nccl import (
     counts_differ,
     frozen_mismatch,
@@ -116,19 +116,6 @@ def _finished(f: Facts) -> Conclusion:
                       f"All {len(f.views)} ranks finished; every collective matched.")
 
 
-def _skipped_by(div: Divergence, culprits: list[int], basis: CulpritBasis,
-                aborted: list[int], f: Facts) -> bool:
-    """An aborted culprit at a line the others' own order puts after theirs skipped the rest
-    of their run (:func:`left_run_early`): it lacks their collective, whose line is the one
-    to show. True when one did (``div`` changed)."""
-    if basis != CulpritBasis.MAJORITY or div.kind != MismatchKind.MISSING:
-        return False
-    skipped = left_run_early(div, f.views, [r for r in culprits if r in aborted])
-    for r in skipped:
-        div.per_rank[r] = None
-    return bool(skipped)
-
-
 def _size_abort(f: Facts) -> Conclusion:
     """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
     survivors' records reach it; else the abort itself does."""
@@ -145,7 +132,7 @@ def _size_abort(f: Facts) -> Conclusion:
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-        if out.div is not None and _skipped_by(out.div, out.culprits, out.basis, aborted, f):
+        if out.div is not None and mark_skipped(out.div, out.culprits, out.basis, aborted, f.views):
             out.summary = desync_summary(out.div, f.reports(out.div), out.culprits, {}) \
                 + culprit_clause(out.basis, out.culprits, confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
@@ -153,7 +140,7 @@ def _size_abort(f: Facts) -> Conclusion:
         out.certainty = Certainty.DEFINITE if confirmed else Certainty.LIKELY
         return out
     b = blame_abort(div, f.views, f.ev.size_abort, aborted)
-    _skipped_by(div, b.culprits, b.basis, aborted, f)
+    mark_skipped(div, b.culprits, b.basis, aborted, f.views)
     reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."

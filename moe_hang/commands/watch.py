@@ -11,12 +11,10 @@ grace period is killed, ranks included, even if the agent died first.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import functools
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -312,8 +310,7 @@ def _launcher_exit(job: LaunchedJob, outcome: WatchEvent, say: Phase) -> None:
     if job.poll() is None and outcome.rank_pids \
             and not any(is_alive(pid) for pid in outcome.rank_pids.values()):
         say("every rank exited: waiting for the launcher's own exit")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            job.popen.wait(timeout=LAUNCHER_TEARDOWN_S)
+        job.wait_exit(LAUNCHER_TEARDOWN_S)
     rc = job.poll()
     if rc is not None and outcome.returncode is None:
         outcome.returncode = rc

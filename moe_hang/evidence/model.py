@@ -94,7 +94,7 @@ class Heartbeat:
             pending=[e for e in pending if isinstance(e, dict)] if isinstance(pending, list)
             else [],
             main_frame=list(frames) if isinstance(frames, list) else None,
-            p2p=_p2p(data.get("p2p")), restart=_int(data.get("restart")),
+            p2p=parse_p2p(data.get("p2p")), restart=_int(data.get("restart")),
             held=data.get("held") is True)
 
     @property
@@ -129,7 +129,9 @@ class Heartbeat:
         return json.dumps([self.progress, status, self.main_frame], sort_keys=True, default=str)
 
 
-def _p2p(d: Any) -> P2PCall | None:
+def parse_p2p(d: Any) -> P2PCall | None:
+    """The send/recv the probe sampled a thread inside (its ``p2p`` record); None for
+    anything else."""
     if not isinstance(d, dict) or d.get("op") not in ("send", "recv"):
         return None
     return P2PCall(str(d["op"]), _int(d.get("peer")), _int(d.get("tag")),

@@ -82,6 +82,13 @@ class LaunchedJob:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    def wait_exit(self, timeout: float) -> int | None:
+        """Its exit code once it has exited by itself within ``timeout`` s; None if it is
+        still up then (nothing is sent to it)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=max(0.0, timeout))
+        return self.popen.poll()
+
     def refresh(self) -> None:
         self.tracker.add_tree(self.popen.pid)
 

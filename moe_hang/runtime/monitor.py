@@ -256,18 +256,6 @@ class Monitor:
             return EventKind.STALLED
         return None
 
-    def launcher_exit(self, within_s: float) -> int | None:
-        """Every rank is gone, the launcher not yet: give its own teardown ``within_s`` to end
-        (a torchrun agent leaves the rendezvous and exits in a few seconds), so that the
-        job's exit code is its own and not the one of ending it; None if it is still up."""
-        deadline = time.monotonic() + within_s
-        while (rc := self.job.poll()) is None and time.monotonic() < deadline:
-            time.sleep(self.s.poll_s)
-        if rc is not None:
-            self.out.returncode = rc
-            self._note_dead()
-        return rc
-
     def hold(self) -> None:
         """Live with the stall just reported: report it again only once ``hang_after`` is up
         (:meth:`held_for`), or "resumed" when a rank moves."""

@@ -308,20 +308,21 @@ class Node:
         with self._lock:
             self._closed.set()
             co = self.co
-        if co is None:
+        try:
+            if co is not None:
+                self._close_coordinator(co, final)
             self._join()
+        finally:
             if self._relay is not None:
                 self._relay.close()
-            return
+
+    def _close_coordinator(self, co: Coordinator, final: Mapping[int, bool] | None) -> None:
         if final is not None:
             hbs = self._raw_heartbeats()
             s = coord.summarize_heartbeats(hbs, node=self.node, host=self.host,
                                            alive=dict.fromkeys(hbs, False), kind="periodic")
             co.publish_summary(s)
         co.close()
-        self._join()
-        if self._relay is not None:
-            self._relay.close()
 
     def _join(self) -> None:
         """The background thread may be inside a store connect (C++, GIL released): a thread
@@ -465,12 +466,8 @@ class Node:
         code (the signal that killed it) into its failure report as it exits, a moment later.
         The capture waits for that (bounded) rather than call the rank gone without one."""
         job = self.job
-        if job is None or job.poll() is not None \
-                or all(is_alive(pid) for pid in outcome.rank_pids.values()):
-            return
-        deadline = time.monotonic() + LAUNCHER_REPORT_S
-        while job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        if job is not None and not all(is_alive(pid) for pid in outcome.rank_pids.values()):
+            job.wait_exit(LAUNCHER_REPORT_S)
 
     def finish(self, ended_after_verdict: bool) -> None:
         """After the job ended: where a verdict ended it, the run directory keeps the capture

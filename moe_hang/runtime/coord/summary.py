@@ -4,10 +4,12 @@ their :class:`PendingCollective` s."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.model import parse_p2p
 from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.coord.codec import SCHEMA, _int_or_none, decode, encode
 
@@ -270,11 +272,7 @@ class NodeSummary:
 
 
 def p2p_of(v: Any) -> dict[str, Any] | None:
-    """A point-to-point call as the probe writes it: op send or recv, the peer a rank number
-    (or None); anything else is no call."""
-    if not isinstance(v, Mapping) or v.get("op") not in ("send", "recv"):
-        return None
-    peer = v.get("peer")
-    return {"op": v["op"], "peer": peer if isinstance(peer, int) else None,
-            "tag": v.get("tag") if isinstance(v.get("tag"), int) else None,
-            "group": v.get("group") if isinstance(v.get("group"), (str, int)) else None}
+    """A point-to-point call as the probe writes it, checked (evidence.model.parse_p2p), in
+    the same form; None for anything else."""
+    call = parse_p2p(v)
+    return dataclasses.asdict(call) if call is not None else None
