@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -46,8 +47,10 @@ def test_a_launcher_whose_ranks_live_is_not_waited_for(tmp_path, monkeypatch):
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: rank.pid})
     try:
+        t0 = time.monotonic()
         watch_cmd._launcher_exit(job, outcome, lambda text: None)
-        assert outcome.returncode is None  # at once: a live rank is the job, not its teardown
+        assert time.monotonic() - t0 < 5.0  # at once: a live rank is the job, not its teardown
+        assert outcome.returncode is None
     finally:
         rank.kill()
         rank.wait()
@@ -59,7 +62,9 @@ def test_the_wait_is_bounded(tmp_path, monkeypatch):
     job = _launcher("import time; time.sleep(30)", tmp_path)
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: _gone_rank()})
     try:
+        t0 = time.monotonic()
         watch_cmd._launcher_exit(job, outcome, lambda text: None)
+        assert 0.4 < time.monotonic() - t0 < 5.0  # it waited, and no longer than its bound
         assert outcome.returncode is None
     finally:
         job.terminate(grace=1.0)
