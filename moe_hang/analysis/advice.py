@@ -230,6 +230,11 @@ def advise_order(s: Situation) -> Advice:
                 "token, so every rank posts the same all-gathers.",
                 "for expert in experts:  # every expert, every step, on every rank\n"
                 "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
+        if s.culprits and not fsdp_unshard(s.frames.get(s.culprits[0], [])) \
+                and (left := _loop_left(s, s.culprits[0])) is not None:
+            # not a module skipped inside the forward: the culprit is out of the loop
+            # that calls it (an iteration cut short by `continue`, or fewer of them)
+            return _advise_loop_left(s, left)
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; "
             f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
@@ -258,11 +263,7 @@ def advise_order(s: Situation) -> Advice:
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     loop = _loop_left(s, culprit)
     if loop is not None:
-        return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
-                      f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
-                      f"({missed}): the ranks ran different numbers of iterations. Give each "
-                      "the same count: equal data shards (DistributedSampler), or all-reduce "
-                      "the count with MIN first.")
+        return _advise_loop_left(s, loop)
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell
@@ -302,6 +303,19 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
                   f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
                   f"{missed}: " + _ONE_ORDER)
+
+
+def _advise_loop_left(s: Situation, loop: str) -> Advice:
+    """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
+    missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
+    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
+    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
+                  f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
+                  f"({missed}): the ranks ran different numbers of iterations, or "
+                  f"{who(s.culprits)} cut one short before its collectives (a `continue` "
+                  "or `break` on a rank's own data). Give each the same count: equal data "
+                  "shards (DistributedSampler), or all-reduce the count with MIN first; "
+                  "skip an update, never an iteration's collectives.")
 
 
 def _loop_left(s: Situation, culprit: int) -> str | None:

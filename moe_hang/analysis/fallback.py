@@ -62,18 +62,24 @@ def stack_divergence(views: RankViews, waiting: list[int]
     peers = {q for q in owed.values() if q in ops and q not in owed}
     if owed and peers and all(q in peers or q in owed for q in owed.values()):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
+    # a camp whose line runs under a rank condition that names the ranks taking it
+    # (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or one
+    # naming who skips (the ``else``), took a branch the rest of the job does not
+    cond = {k: path_condition(views[rs[0]].stack.frames)
+            for k, rs in camps.items()}
+    took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
     behind = [k for k in camps if behind_all(k)]
     if len(behind) == 1:
+        if took == behind:
+            # behind the others only because it is inside that branch (``if rank == 0:
+            # evaluate()``): the others went past the branch, not past a collective they
+            # owed; what it posts there is the extra
+            return div, sorted(camps[behind[0]]), CulpritBasis.SOURCE
         return div, [r for k, rs in camps.items() if k != behind[0] for r in rs], \
             CulpritBasis.PROGRAM_ORDER
     if kind == MismatchKind.MISSING:
         return None
-    # exclusive branches: a camp whose line runs under a rank condition that names the ranks
-    # taking it (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or
-    # one naming who skips (the ``else``), took the branch the rest of the job does not
-    cond = {k: path_condition(views[rs[0]].stack.frames)
-            for k, rs in camps.items()}
-    took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
+    # exclusive branches: neither is after the other; the camp that took the rank branch
     if took and len(took) < len(camps):
         return div, sorted(r for k in took for r in camps[k]), CulpritBasis.SOURCE
     return div, sorted(ops), CulpritBasis.AMBIGUOUS

@@ -627,3 +627,44 @@ def test_a_remote_rank_in_a_recv_is_seen_with_its_peer(fixtures, tmp_path):
     assert (d["verdict"], d["culprit_ranks"]) == ("desync", [2]), d["summary"]
     assert d["fix"].startswith("Rank 3's recv(src=2) at "), d["fix"]
     assert "post the matching send(dst=3) on rank 2" in d["fix"]
+
+
+@pytest.mark.parametrize("name, extra", [("extra_eval_stacks_2", 2), ("extra_eval_stacks_1", 1)])
+def test_stacks_alone_a_rank_behind_inside_its_own_branch_posted_the_extra(
+        fixtures, tmp_path, name, extra):
+    """FSDP2 + experts, 4 ranks, under diagnose without a probe (fixtures/extra_eval_stacks_jobs,
+    fuzz seed 90210 job 63, and its mirror): one rank runs `evaluate()` (an all-reduce) under
+    `if FAULTY and step == FAULT_STEP:`, the others went on to the logger's all-gather. The
+    evaluating rank is behind the others in program order only because it is inside a branch
+    they did not take: it is the culprit, not the three that "went past" (was: ranks 0, 1, 3
+    named by program order)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/fz90b/jobs",
+                    str(fixtures / "extra_eval_stacks_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [extra]), d["summary"]
+    assert d["fix"].startswith(f"Rank {extra} took `if FAULTY and step == FAULT_STEP`"), d["fix"]
+    assert ":40 evaluate" in d["fix"] and ":91 <module>" in d["fix"]
+
+
+@pytest.mark.parametrize("name, skipper, here, there", [
+    ("skip_step_two_nodes_3", 3, "node1", "node0"), ("skip_step_two_nodes_7", 7, "node0", "node1")])
+def test_a_rank_past_the_training_loop_gets_loop_advice_not_dummy_input(
+        fixtures, tmp_path, name, skipper, here, there):
+    """FSDP2, two nodes × 4 ranks under watch (fixtures/skip_step_two_nodes_jobs, fuzz seed
+    90210 job 75, and its mirror): one rank `continue`s past a whole step, so it is one
+    step's all-gathers short and reaches the final barrier while the others all-gather in the
+    last step's forward. It called no module the others called in a different order: it left
+    the loop. The advice says so (was: "run a skipped block on an empty or dummy input")."""
+    from moe_hang.commands.multinode.summaries import capture_summary, merge_remote
+    from moe_hang.probe.layout import RunLayout
+
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/fz90b/jobs",
+                    str(fixtures / "skip_step_two_nodes_jobs"))
+    remote = capture_summary(RunLayout(run / there), "1", "vm", moving=None, alive=None)
+    ev = load_capture(run / here, world=8)
+    merge_remote(ev, {"1": remote})
+    d = diagnose(ev).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
+    fix = d["fix"]
+    assert fix.startswith(f"Rank {skipper} left the loop at "), fix
+    assert "_skip_fsdp2.py:63 while" in fix and "dummy input" not in fix
