@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from moe_hang.analysis.activity import Judgement, Motion, judge
 from moe_hang.analysis.align import GroupDivergence, divergences
 from moe_hang.analysis.culprit import Blame, blame
+from moe_hang.analysis.departed import answered_all, as_departed, left_unanswered
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Divergence,
@@ -53,6 +54,9 @@ class Facts:
     stack_div: tuple[Divergence, list[int], CulpritBasis] | None = None  # from stacks alone
     size_abort: tuple[Divergence, list[int]] | None = None  # and the ranks gloo aborted
     evidence: list[str] = field(default_factory=list)
+    # its program ended after posting every collective the others wait in (they are only
+    # slower out of the last ones): gone, or still in its interpreter's exit
+    finishing: list[int] = field(default_factory=list)
     # a rank whose own count, stack and peers' records could not be made to agree
     disagreements: list[Disagreement] = field(default_factory=list)
     # what the counters say of each live rank that sat in a collective (analysis.activity)
@@ -103,6 +107,8 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
 
 def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
+    for r in left_unanswered(views):  # on its way out, short of what a peer waits in
+        views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
     blames = _consequences(divs, [blame(g, views) for g in divs], views)
@@ -141,14 +147,19 @@ def facts(ev: Evidence) -> Facts:
         or (code is None and not ev.ranks[r].error and not ev.ranks[r].fatal))]
     # finished while another rank still waits — or failed waiting for it (gloo closes the
     # connection of a rank that leaves: its peer then dies of "Connection closed by peer")
-    left = clean if waiting or bad_exit else []
+    # (not one that had posted all they wait in: they are only slower out of the last ones)
+    left = [r for r in clean if not answered_all(views, r)] if waiting or bad_exit else []
+    finishing = [r for r in views if waiting and r not in bad_exit and (
+        r in clean or (r in alive and said_exiting(ev.ranks[r].heartbeat)))
+        and answered_all(views, r)]
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,
               exited,
               alive, moving, waiting, agent_died, orphans_moving,
               evidence=_evidence_lines(ev) + [d.text for d in disagreements],
-              disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive})
+              disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive},
+              finishing=finishing)
     f.evidence.extend(f"rank {r}: in a collective in every sample; {j.numbers}: "
                       f"{str(j.motion).replace('_', ' ')} ({j.why})"
                       for r, j in sorted(f.activity.items()))

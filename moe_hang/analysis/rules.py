@@ -378,6 +378,22 @@ def _stalled_outside(f: Facts) -> Conclusion:
                       div)
 
 
+def _finishing(f: Facts) -> Conclusion:
+    """A rank's program ended, having posted every collective the others wait in: they are
+    returning from the last ones (a job finishing one rank at a time), not left waiting."""
+    done = f.finishing
+    waits = sorted({(pg_label(c.pg, c.pg_desc), c.seq) for r in f.waiting
+                    if (c := f.views[r].current) is not None})
+    upto = ", ".join(f"{pg} #{seq}" for pg, seq in waits)
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
+                      f"{who(done).capitalize()} finished after posting every collective "
+                      f"{who(f.waiting)} {agree(f.waiting, 'waits', 'wait')} in"
+                      f"{f' ({upto})' if upto else ''}: "
+                      f"{agree(f.waiting, 'it is', 'they are')} returning from "
+                      f"{agree(f.waiting, 'its', 'their')} last collectives, not left "
+                      "waiting.")
+
+
 def _straggler(f: Facts) -> Conclusion:
     culprits = sorted(f.moving)
     return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
@@ -560,6 +576,8 @@ RULES: tuple[Rule, ...] = (
          lambda f: bool(f.bad_exit) and bool(outside_when_failed(f)), timed_out_waiting),
     Rule("failed, other nodes unknown", failed_with_unknowns, failed_elsewhere),
     Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
+    Rule("finished, the others returning from what it posted",
+         lambda f: bool(f.finishing) and not f.left, _finishing),
     Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
          _all_moving),
     Rule("NCCL launch counts moving (RAS)", ras_moving, ras_all_moving),

@@ -125,6 +125,7 @@ class Probe:
         self.progress: dict[str, Any] = {}
         self._beat = 0
         self._last_status: Any = None
+        self._final_status: dict[str, Any] | None = None  # taken once, at interpreter exit
         self._stuck_since_beat: int | None = None
         self._pending: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -160,6 +161,12 @@ class Probe:
         watcher must see a rank on its way out there, not one still waiting in the collective
         of its last beat."""
         acquired = self._torch_lock.acquire(timeout=2.0)
+        if acquired:
+            # the recorder's counts as the program left them (torch is whole until the
+            # modules are torn down, and they outlive destroy_process_group): what this rank
+            # posted on each group, so that a peer's wait can be told from one it will
+            # never answer
+            self._final_status = self._read_status(self._torch())
         self._stopping = True
         if acquired:
             self._torch_lock.release()
@@ -170,13 +177,18 @@ class Probe:
 
     def _fr_status(self) -> dict[str, Any] | None:
         with self._calling_torch() as torch:
-            if torch is None:
-                return None
-            try:
-                raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
-                status = json.loads(raw).get("pg_status", {})
-            except Exception:
-                return None
+            return self._read_status(torch)
+
+    @staticmethod
+    def _read_status(torch: Any) -> dict[str, Any] | None:
+        """The recorder's counts per group (the caller holds the torch lock)."""
+        if torch is None:
+            return None
+        try:
+            raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
+            status = json.loads(raw).get("pg_status", {})
+        except Exception:
+            return None
         return {pg: {"enqueued": int(s.get("last_enqueued_collective", -1)),
                      "completed": int(s.get("last_completed_collective", -1)),
                      # -1 without start events (TORCH_NCCL_ENABLE_TIMING=1 gives them)
@@ -241,7 +253,7 @@ class Probe:
         self._save_cost = time.monotonic() - now
 
     def _heartbeat(self) -> None:
-        status = self._fr_status()
+        status = self._final_status if self._stopping else self._fr_status()
         self._save_recorder(status)
         self._beat += 1
         pending_somewhere = status is not None and any(

@@ -668,3 +668,44 @@ def test_a_rank_past_the_training_loop_gets_loop_advice_not_dummy_input(
     fix = d["fix"]
     assert fix.startswith(f"Rank {skipper} left the loop at "), fix
     assert "_skip_fsdp2.py:63 while" in fix and "dummy input" not in fix
+
+
+@pytest.mark.parametrize("name, finisher", [("finishing_two_nodes_0", 0),
+                                            ("finishing_two_nodes_1", 1)])
+def test_a_rank_that_finished_after_posting_what_its_peer_waits_in_did_not_leave_it(
+        fixtures, tmp_path, name, finisher):
+    """DDP on two nodes × 1 rank, healthy, one rank slower for a while (fixtures/
+    finishing_two_nodes_jobs, fuzz seed 90210 job 69, and its mirror): the faster rank
+    finished and is in its interpreter's exit while the other's last beat still shows it in
+    all-reduce #13. The finisher's exit beat counts 18 collectives posted on that group: it
+    left nobody waiting, the other is only slower out of the last ones — healthy, not
+    rank_died (which ended a healthy job)."""
+    from moe_hang.evidence.load import load_captures
+
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/fz69/jobs",
+                    str(fixtures / "finishing_two_nodes_jobs"))
+    d = diagnose(load_captures([run / "node0", run / "node1"])).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("healthy", []), d["summary"]
+    assert d["summary"].startswith(f"Rank {finisher} finished after posting every collective "
+                                   f"rank {1 - finisher} waits in (default_pg #13)"), d["summary"]
+
+
+@pytest.mark.parametrize("name, leaver", [("left_in_exit_two_nodes_5", 5),
+                                          ("left_in_exit_two_nodes_1", 1)])
+def test_a_rank_in_its_exit_short_of_what_the_others_wait_in_has_left(
+        fixtures, tmp_path, name, leaver):
+    """A 2x2x2 mesh on two nodes × 4 ranks (fixtures/left_in_exit_jobs, fuzz seed 20261202
+    job 66, and its mirror): one rank runs out of data and leaves (destroy_process_group,
+    exit) while the others wait in the next all-reduce. Captured in its interpreter's exit it
+    is still alive and its saved recorder is older than its end; its exit beat counts 6
+    collectives on the default group, where the others wait in the 7th: it left them (was:
+    "no rank raised an error of its own", culprit none)."""
+    from moe_hang.evidence.load import load_captures
+
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/fz66/jobs",
+                    str(fixtures / "left_in_exit_jobs"))
+    d = diagnose(load_captures([run / "node0", run / "node1"])).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("rank_died", [leaver]), d["summary"]
+    assert d["summary"].startswith(f"Rank {leaver} exited (its interpreter shut down normally)")
+    assert {r["rank"]: r["state"] for r in d["ranks"]}[leaver] == "exited"
+    assert "DistributedSampler" in d["fix"]

@@ -79,6 +79,29 @@ def test_the_probe_says_exiting_in_its_last_beat(tmp_path):
     assert hb["pending"] == [] and not hb["pg_status"]
 
 
+def test_the_last_beat_carries_what_the_rank_posted(tmp_path):
+    """The exit beat holds the recorder's final counts, taken before torch is torn down and
+    after destroy_process_group: what the rank posted on each group, so that a rank on its
+    way out can be told from one that left a peer waiting (analysis.departed)."""
+    code = ("import torch, torch.distributed as dist\n"
+            "from moe_hang.probe import probe\n"
+            "probe.install()\n"
+            "dist.init_process_group('gloo', rank=0, world_size=1,\n"
+            "                        init_method='tcp://127.0.0.1:0')\n"
+            "for _ in range(3):\n"
+            "    dist.all_reduce(torch.ones(4))\n"
+            "dist.destroy_process_group()\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MOE_HANG_PROBE_DIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT), "TORCH_FR_BUFFER_SIZE": "2000"}
+    env.pop("MOE_HANG_PROBE_OWNER", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    hb = json.loads((tmp_path / "rank0.hb.json").read_text())
+    assert hb["progress"]["phase"] == "exiting"
+    assert hb["pg_status"]["0"]["enqueued"] == 3, hb["pg_status"]
+
+
 HELPER_BUSY = ("import threading, time\n"
                "def burn():\n"
                "    end = time.time() + {s}\n"

@@ -20,6 +20,7 @@ from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import (
     Evidence,
+    Heartbeat,
     RankError,
     RankEvidence,
     Restarts,
@@ -110,6 +111,33 @@ def _killed(culprit: int) -> tuple[Evidence, list[int]]:
 def _left(culprit: int) -> tuple[Evidence, list[int]]:
     gone = RankEvidence(rank=culprit, alive=False, exit_code=0)
     return _ev(gone, _stuck(1 - culprit, _in("all_reduce", 30))), [culprit]
+
+
+def _exit_beat(rank: int, posted: int) -> Heartbeat:
+    """The probe's last beat at interpreter exit, with the recorder's final count."""
+    return Heartbeat(rank=rank, progress={"phase": "exiting"},
+                     pg_status={"0": PgStatus(posted, posted)})
+
+
+def _waiting_at(rank: int, seq: int) -> RankEvidence:
+    return RankEvidence(rank=rank, alive=True, progressed=False, fr=_fr(rank, [
+        (s, "all_reduce", [[8]], True) for s in range(1, seq)] + [
+        (seq, "all_reduce", [[8]], False)]))
+
+
+def _finishing(finisher: int) -> tuple[Evidence, list[int]]:
+    """The finisher's exit beat counts 5 all-reduces; the other waits in the 5th: it is only
+    slower out of it (a healthy job ending one rank at a time)."""
+    done = RankEvidence(rank=finisher, alive=False, exit_code=0,
+                        heartbeat=_exit_beat(finisher, 5))
+    return _ev(done, _waiting_at(1 - finisher, 5)), []
+
+
+def _left_short(culprit: int) -> tuple[Evidence, list[int]]:
+    """Still in its interpreter's exit (alive, no stack), its final count 4 while the other
+    waits in the 5th: it left without posting it."""
+    going = RankEvidence(rank=culprit, alive=True, heartbeat=_exit_beat(culprit, 4))
+    return _ev(going, _waiting_at(1 - culprit, 5)), [culprit]
 
 
 def _unknown(_: int) -> tuple[Evidence, list[int]]:
@@ -362,6 +390,7 @@ CASES: dict[str, tuple[Case, bool]] = {
     "timed out waiting for a rank outside collectives": (_timed_out, True),
     "failed, other nodes unknown": (_failed_unknowns, True),
     "failed with consequences only": (_consequences, False),
+    "finished, the others returning from what it posted": (_finishing, True),
     "every rank moving": (_moving, False),
     "NCCL launch counts moving (RAS)": (_ras_moving, False),
     "stalled outside collectives": (_stalled_outside, True),
@@ -378,6 +407,27 @@ DUMP_CASES: dict[str, Callable[[Path], tuple[Evidence, list[int]]]] = {
     "unmatched send/recv": _unmatched,
     "recorded collectives all completed": _all_completed,
 }
+
+
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_a_rank_in_its_exit_short_of_a_peers_wait_left_early(culprit: int) -> None:
+    """Its final count says it never posted the collective the other waits in: it left,
+    whatever a stale recorder of its own says (analysis.departed)."""
+    ev, culprits = _left_short(culprit)
+    d = diagnose(ev)
+    assert (d.rule, d.culprit_ranks) == ("rank left early", culprits), d.summary
+
+
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_without_final_counts_a_finished_rank_still_left_early(culprit: int) -> None:
+    """An exit beat without the recorder's counts (an older probe) claims nothing: the
+    finished rank is read as before, as having left the other waiting."""
+    ev, _ = _finishing(culprit)
+    hb = ev.ranks[culprit].heartbeat
+    assert hb is not None
+    hb.pg_status = None
+    d = diagnose(ev)
+    assert (d.rule, d.culprit_ranks) == ("rank left early", [culprit]), d.summary
 
 
 def test_every_rule_has_a_case() -> None:

@@ -1,0 +1,71 @@
+"""A rank caught on its way out: its program ended (the probe's last beat came from the
+interpreter's exit) while others still wait. Whether that is a job finishing or a rank that
+left early is decided by what it posted, never by timing: a rank that exits owes nothing if
+it posted every collective the others wait in (they are only slower to return from the last
+one); a rank that exits before posting the one a peer waits in, on a group it belongs to,
+has left that peer waiting for good (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moe_hang.analysis.timeline import RankView, RankViews, StackView
+from moe_hang.evidence.model import said_exiting
+from moe_hang.evidence.vocab import RankState
+
+
+def _waits(views: RankViews) -> list[tuple[str, int]]:
+    """(group, seq) of every collective a rank is blocked in."""
+    return [(v.current.pg, v.current.seq) for v in views.values()
+            if v.state == RankState.IN_COLLECTIVE and v.current is not None
+            and v.current.completed is False]
+
+
+def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(posted, completed) per group, when the rank's last beat came from its interpreter's
+    exit with the recorder's final counts (an older probe's had none: nothing is claimed)."""
+    hb = v.ev.heartbeat
+    if hb is None or not said_exiting(hb) or hb.pg_status is None:
+        return None
+    # the exit beat is the last word; a recorder dump taken before it may be older (at
+    # exit the beat has no pending entry to name a group by: its id is the name torch
+    # numbers groups by, and a group it cannot match is left out of every claim)
+    posted, done = dict(v.tl.enqueued), dict(v.tl.completed)
+    for pg, st in hb.pg_status.items():
+        posted[pg] = max(posted.get(pg, -1), st.enqueued)
+        done[pg] = max(done.get(pg, -1), st.completed)
+    return posted, done
+
+
+def left_unanswered(views: RankViews) -> list[int]:
+    """The live ranks on their way out whose count on some group is short of a collective
+    another rank waits in on that group (it is a member: the recorder has the group)."""
+    waits = _waits(views)
+    # a recorder saved before the exit may still show a collective pending: only a stack
+    # inside one says it is in one
+    return [r for r, v in views.items()
+            if v.state != RankState.EXITED and v.stack.op is None
+            and (counts := _final_counts(v)) is not None
+            and any(pg in counts[0] and counts[0][pg] < seq for pg, seq in waits)]
+
+
+def answered_all(views: RankViews, r: int) -> bool:
+    """Rank ``r``, gone or going, had posted every collective the others wait in, on groups
+    its final counts name: they are behind it (still returning from the last ones), not left
+    waiting by it. False wherever that is not known."""
+    waits = _waits(views)
+    counts = _final_counts(views[r])
+    if not waits or counts is None:
+        return False
+    posted, done = counts
+    # it saw the collective complete, or posted a later one on the group (a blocking
+    # collective returns only once done; the recorder marks completion a little late)
+    return all((pg in done and done[pg] >= seq) or (pg in posted and posted[pg] > seq)
+               for pg, seq in waits)
+
+
+def as_departed(v: RankView) -> RankView:
+    """The view of a rank that has left: exited, in no collective, at no line its stack
+    could show (what py-spy samples during the teardown is not where the program stopped)."""
+    return replace(v, state=RankState.EXITED, current=None, stack=StackView(RankState.UNKNOWN),
+                   site=None)
