@@ -37,16 +37,13 @@ def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:
     return posted, done
 
 
-def left_unanswered(views: RankViews) -> list[int]:
-    """The live ranks on their way out whose count on some group is short of a collective
-    another rank waits in on that group (it is a member: the recorder has the group)."""
-    waits = _waits(views)
-    # a recorder saved before the exit may still show a collective pending: only a stack
-    # inside one says it is in one
+def departing(views: RankViews) -> list[int]:
+    """The live ranks on their way out: the last beat came from the interpreter's exit, with
+    the recorder's final counts, and no stack shows them inside a collective (a recorder
+    saved before the exit may still show one pending: they went past it)."""
     return [r for r, v in views.items()
             if v.state != RankState.EXITED and v.stack.op is None
-            and (counts := _final_counts(v)) is not None
-            and any(pg in counts[0] and counts[0][pg] < seq for pg, seq in waits)]
+            and _final_counts(v) is not None]
 
 
 def answered_all(views: RankViews, r: int) -> bool:

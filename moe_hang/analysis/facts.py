@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from moe_hang.analysis.activity import Judgement, Motion, judge
 from moe_hang.analysis.align import GroupDivergence, divergences
 from moe_hang.analysis.culprit import Blame, blame
-from moe_hang.analysis.departed import answered_all, as_departed, left_unanswered
+from moe_hang.analysis.departed import answered_all, as_departed, departing
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
     Divergence,
@@ -107,7 +107,7 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
 
 def facts(ev: Evidence) -> Facts:
     views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
-    for r in left_unanswered(views):  # on its way out, short of what a peer waits in
+    for r in departing(views):  # gone, whatever its last recorder said: what it posted decides
         views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)
     divs = divergences(views, ev.world_size)
@@ -149,9 +149,7 @@ def facts(ev: Evidence) -> Facts:
     # connection of a rank that leaves: its peer then dies of "Connection closed by peer")
     # (not one that had posted all they wait in: they are only slower out of the last ones)
     left = [r for r in clean if not answered_all(views, r)] if waiting or bad_exit else []
-    finishing = [r for r in views if waiting and r not in bad_exit and (
-        r in clean or (r in alive and said_exiting(ev.ranks[r].heartbeat)))
-        and answered_all(views, r)]
+    finishing = [r for r in clean if waiting and answered_all(views, r)]
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,

@@ -108,12 +108,14 @@ class Rule:
 
 
 def _finished(f: Facts) -> Conclusion:
+    n = len(f.views)  # a node of a multi-node job may run one rank
+    every = f"All {n} ranks" if n != 1 else f"Rank {next(iter(f.views))}"
     if f.ev.restarts is not None:  # torchrun restarted the ranks: what the failed attempt did
         text, advice = restarted(f.ev.restarts)
         return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
-                          f"All {len(f.views)} ranks finished {text}.", advice)
+                          f"{every} finished {text}.", advice)
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.DEFINITE,
-                      f"All {len(f.views)} ranks finished; every collective matched.")
+                      f"{every} finished; every collective matched.")
 
 
 def _size_abort(f: Facts) -> Conclusion:
@@ -385,7 +387,8 @@ def _finishing(f: Facts) -> Conclusion:
     waits = sorted({(pg_label(c.pg, c.pg_desc), c.seq) for r in f.waiting
                     if (c := f.views[r].current) is not None})
     upto = ", ".join(f"{pg} #{seq}" for pg, seq in waits)
-    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
+    # uncertain: a claim about a job still running, which watch keeps watching
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
                       f"{who(done).capitalize()} finished after posting every collective "
                       f"{who(f.waiting)} {agree(f.waiting, 'waits', 'wait')} in"
                       f"{f' ({upto})' if upto else ''}: "
