@@ -8,7 +8,7 @@ import signal
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.order import program_order
-from moe_hang.analysis.source import excludes_ranks, path_condition
+from moe_hang.analysis.source import excludes_ranks, on_default_group, path_condition
 from moe_hang.analysis.timeline import RankViews, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -70,10 +70,12 @@ def stack_divergence(views: RankViews, waiting: list[int]
     took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
     behind = [k for k in camps if behind_all(k)]
     if len(behind) == 1:
-        if took == behind:
+        if took == behind and _on_every_rank(views[camps[behind[0]][0]].stack.callsite):
             # behind the others only because it is inside that branch (``if rank == 0:
-            # evaluate()``): the others went past the branch, not past a collective they
-            # owed; what it posts there is the extra
+            # evaluate()``), in a collective of every rank: the others went past the branch,
+            # not past a collective they owed; what it posts there is the extra. (On a group
+            # of its own — ``if rank in members: all_reduce(group=sub)`` — a member missing
+            # from it may be among those past it: the order decides, as below.)
             return div, sorted(camps[behind[0]]), CulpritBasis.SOURCE
         return div, [r for k, rs in camps.items() if k != behind[0] for r in rs], \
             CulpritBasis.PROGRAM_ORDER
@@ -83,6 +85,10 @@ def stack_divergence(views: RankViews, waiting: list[int]
     if took and len(took) < len(camps):
         return div, sorted(r for k in took for r in camps[k]), CulpritBasis.SOURCE
     return div, sorted(ops), CulpritBasis.AMBIGUOUS
+
+
+def _on_every_rank(site: Frame | None) -> bool:
+    return site is not None and on_default_group(site.file, site.line) is True
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

@@ -248,3 +248,29 @@ def enclosing_loop(path: str, line: int) -> str | None:
         if isinstance(st, ast.While) and field == "body":
             return f"while {ast.unparse(st.test)}"
     return None
+
+
+# the torch.distributed calls whose group is their ``group=`` (the default group without it)
+_COLLECTIVE_CALLS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "barrier", "monitored_barrier", "reduce", "gather",
+    "scatter", "all_to_all", "all_to_all_single", "all_gather_object", "broadcast_object_list"})
+
+
+def on_default_group(path: str, line: int) -> bool | None:
+    """Does the collective called at ``line`` run on the default group (every rank): a call
+    of :data:`_COLLECTIVE_CALLS` with no ``group=`` and no argument past its tensor and op?
+    None when the source does not say (no source, no such call, a positional group)."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and (n.func.attr if isinstance(n.func, ast.Attribute)
+                  else n.func.id if isinstance(n.func, ast.Name) else None) in _COLLECTIVE_CALLS]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    if any(k.arg in ("group", "process_group") or k.arg is None for k in call.keywords):
+        return False
+    return True if len(call.args) <= 2 else None

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from moe_hang.analysis.rules import diagnose
-from moe_hang.analysis.source import Order, excludes_ranks, left_loop, order, rank_condition
+from moe_hang.analysis.source import (
+    Order,
+    excludes_ranks,
+    left_loop,
+    on_default_group,
+    order,
+    rank_condition,
+)
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
@@ -418,3 +425,23 @@ def test_only_consequences_on_record_name_no_culprit():
     assert d.rule == "failed with consequences only", d.summary
     assert (d.verdict, d.culprit_ranks, d.certainty) == ("crash", [], "uncertain")
     assert "no rank raised an error of its own" in d.summary and "watch" in d.fix
+
+
+def test_the_source_says_whether_a_collective_runs_on_every_rank(tmp_path):
+    """``dist.all_reduce(x)`` is the default group's; ``group=`` (or a positional group, or
+    ``**kw``) is not known to be; a line with no collective call says nothing."""
+    job = _job(tmp_path, """\
+        dist.all_reduce(metrics)  # WORLD
+        dist.all_reduce(metrics, group=sub)  # SUB
+        dist.all_gather_into_tensor(out, mine,
+                                    group=LOG)  # SPLIT
+        dist.barrier()  # BAR
+        dist.all_reduce(x, dist.ReduceOp.SUM, sub)  # POS
+        dist.broadcast(x, 0, **kw)  # KW
+        y = x + 1  # NONE
+        """)
+    got = {k: on_default_group(str(job), _line(job, f"# {k}"))
+           for k in ("WORLD", "SUB", "SPLIT", "BAR", "POS", "KW", "NONE")}
+    assert got == {"WORLD": True, "SUB": False, "SPLIT": False, "BAR": True, "POS": None,
+                   "KW": False, "NONE": None}
+    assert on_default_group(str(tmp_path / "gone.py"), 1) is None

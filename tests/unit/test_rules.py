@@ -522,3 +522,32 @@ def test_ranks_gone_agree_in_number() -> None:
     d = diagnose(ev)
     assert d.summary.startswith("Ranks 0, 1 are gone (no process, no exception, no exit code)")
     assert "waited for them." in d.summary
+
+
+@pytest.mark.parametrize("lone", [0, 2])
+def test_stacks_alone_a_branch_of_every_rank_is_the_extra_a_subgroup_branch_is_not(
+        tmp_path: Path, lone: int) -> None:
+    """From stacks alone the ranks inside a rank branch are behind those past it. Where the
+    branch's collective is the default group's (``if rank == R: all_reduce(x)``), the ranks
+    inside it posted the extra; where it is a group's of its own (``if rank in members:
+    all_reduce(x, group=sub)``), its members would complete it together, so a member is
+    missing, among those past it: the order names them (fuzz 90210 job 63, both ways)."""
+    job = tmp_path / "train.py"
+    job.write_text("import torch.distributed as dist\n"
+                   "rank = dist.get_rank()\n"
+                   "if rank == R:\n"
+                   "    dist.all_reduce(x)  # line 4: every rank's\n"
+                   "if rank in members:\n"
+                   "    dist.all_reduce(x, group=sub)  # line 6: sub's\n"
+                   "dist.barrier()  # line 7\n")
+
+    def at(r: int, op: str, line: int) -> RankEvidence:
+        return _stuck(r, _stack((TORCH, 9, op), (str(job), line, "<module>")))
+
+    others = [r for r in range(3) if r != lone]
+    ev = _ev(at(lone, "all_reduce", 4), *(at(r, "barrier", 7) for r in others))
+    d = diagnose(ev)
+    assert (d.rule, d.culprit_ranks) == ("desync from stacks", [lone]), d.summary
+    ev = _ev(*(at(r, "all_reduce", 6) for r in others), at(lone, "barrier", 7))
+    d = diagnose(ev)
+    assert (d.rule, d.culprit_ranks) == ("desync from stacks", [lone]), d.summary
