@@ -14,7 +14,7 @@ import pytest
 
 from moe_hang.testing.fuzz import catalogue, families, truth
 from moe_hang.testing.fuzz.corpus import CORPUS, case_source, to_case
-from moe_hang.testing.fuzz.draw import draw
+from moe_hang.testing.fuzz.draw import draw, stacks_single_out
 from moe_hang.testing.fuzz.events import P2P, Coll, Stop
 from moe_hang.testing.fuzz.plant import Plant, programs
 from moe_hang.testing.fuzz.runner import job_source
@@ -239,6 +239,8 @@ def test_diagnose_is_drawn_only_where_stacks_can_tell() -> None:
                        for rt in t.roles()), spec.name
             assert spec.kind not in ("op_swap", "order_swap", "extra") or spec.world >= 3
             assert spec.kind != "wrong_group" or len(spec.culprits) > 1
+            assert spec.kind == "recv_no_send" or all(
+                stacks_single_out(rt) for rt in t.roles()), spec.name
     fam = families.build("plain", 4)
     skip = truth.role_truth(fam, Plant("skip", "stop", 2, 4, "wrap"), catalogue.kind("skip"),
                             frozenset({2}))
@@ -283,3 +285,13 @@ def test_a_wrong_group_fix_names_the_group_only_where_the_group_is_seen() -> Non
     for spec, t in DRAWS:
         if spec.kind == "wrong_group":
             assert ("group" in t.fix_require) == (spec.mode == "watch"), spec.name
+
+
+@pytest.mark.parametrize("seed, index", [(20261202, 18), (5550123, 3)])
+def test_a_mesh_skip_whose_culprit_shares_its_line_runs_under_watch(seed: int, index: int):
+    """A 2-D mesh where the skipper went past its tp all-reduce to the line where ranks that
+    skipped nothing are (seed 20261202 job 18, 5550123 job 3: both once drawn under diagnose,
+    where the stacks named every rank past it): only the recorder's groups tell them apart."""
+    spec, t = draw(seed, index)
+    assert (spec.kind, spec.family, spec.mode) == ("skip", "mesh2d", "watch")
+    assert not all(stacks_single_out(rt) for rt in t.roles())

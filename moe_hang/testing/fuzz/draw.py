@@ -17,7 +17,7 @@ import moe_hang.testing.fuzz.families as families
 from moe_hang.testing.fuzz.catalogue import Kind
 from moe_hang.testing.fuzz.families import Family
 from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, eligible_sites
-from moe_hang.testing.fuzz.truth import Truth, truth
+from moe_hang.testing.fuzz.truth import RoleTruth, Truth, truth
 
 Launch = Literal["torchrun", "two_nodes"]
 Mode = Literal["watch", "diagnose"]
@@ -120,6 +120,14 @@ def _plant(rng: random.Random, fam: Family, kind: Kind) -> Plant | None:
     return Plant(kind.name, site.name, step, step + 2, variant, module, seconds)
 
 
+def stacks_single_out(rt: RoleTruth) -> bool:
+    """No culprit is at a line a rank that is not one is also at (ranks that stopped are
+    at none): stacks alone can tell the culprits from the rest."""
+    at = rt.outcome.at
+    return not any(at.get(c) is not None and at.get(c) == m
+                   for c in rt.culprits for r, m in at.items() if r not in rt.culprits)
+
+
 def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
     """Job ``index`` of ``seed`` and its ground truth."""
     rng = random.Random(f"{seed}:{index}")
@@ -155,6 +163,13 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
         if mode == "diagnose" and kind.name == "wrong_group" and len(culprits) == 1:
             # the culprit and its partner wait at one line; only the group (a local the
             # tool does not keep, or the recorder) tells them apart
+            mode = "watch"
+        if mode == "diagnose" and kind.name != "recv_no_send" \
+                and not all(stacks_single_out(rt) for rt in t.roles()):
+            # a culprit stands where a rank that is not one stands (a mesh rank past its
+            # tp all-reduce, at the line its dp peers are at): their stacks are the same,
+            # and only the groups the recorder names tell them apart (a recv's peer is in
+            # py-spy's locals: that one stacks do tell)
             mode = "watch"
         if kind.name == "busy" and mode == "diagnose":
             plant = Plant(plant.kind, plant.site, plant.step, plant.steps, plant.variant,
