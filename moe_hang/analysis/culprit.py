@@ -325,8 +325,11 @@ def blame_abort(div: Divergence, views: RankViews, abort: SizeAbort | None,
     another line); on one line, by bytes — where the abort's byte ratio matches the two sizes
     the others posted, the aborted rank is the one that expected less."""
     entries = {r: c for r, c in div.per_rank.items() if c is not None}
-    sites = {r: (c.op, (c.callsite.file, c.callsite.line) if c.callsite else None)
-             for r, c in entries.items()}
+    # a rank whose line is not known (a recorder without frames, a stack without the main
+    # thread) is no camp of its own: it would make the ranks whose line is known look
+    # like the majority against it
+    sites = {r: (c.op, (c.callsite.file, c.callsite.line))
+             for r, c in entries.items() if c.callsite is not None}
     sides = _sides(dict(sites))
     if len(sides) > 1:
         least = minority(sides)

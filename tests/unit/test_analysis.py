@@ -709,3 +709,20 @@ def test_a_rank_in_its_exit_short_of_what_the_others_wait_in_has_left(
     assert d["summary"].startswith(f"Rank {leaver} exited (its interpreter shut down normally)")
     assert {r["rank"]: r["state"] for r in d["ranks"]}[leaver] == "exited"
     assert "DistributedSampler" in d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("dtype_abort_no_frames_1", 1),
+                                           ("dtype_abort_no_frames_2", 2)])
+def test_a_rank_whose_line_is_unknown_is_no_camp_in_a_size_abort(
+        fixtures, tmp_path, name, culprit):
+    """Three ranks, the culprit's all-reduce in Double (fixtures/dtype_abort_no_frames_jobs,
+    fuzz seed 5550123 job 43, and its mirror): gloo aborts a Float rank (it received 8 bytes
+    where it expected 4); the recorders carry no call-site frames (no torch._dynamo), and a
+    SIGTERMed survivor's stack may lack its main thread. A rank whose line is not known is
+    no camp by line of its own: the byte counts decide (was: that rank, alone "at another
+    line", named the culprit by majority)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-5550123/jobs",
+                    str(fixtures / "dtype_abort_no_frames_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    assert "Double" in d["fix"] and "Float" in d["fix"] and "dtype" in d["fix"], d["fix"]
