@@ -19,8 +19,10 @@ count or stack's op is never used; where nothing agrees, the disagreement is sai
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from moe_hang.analysis.align import members
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 from moe_hang.evidence.model import SizeAbort
@@ -52,6 +54,14 @@ def _own_sizes(theirs: list[list[int]], abort: SizeAbort | None) -> list[list[in
     return [[int(rows), *dims[1:]]] if rows.is_integer() and rows > 0 else []
 
 
+def _then(counts: dict[str, int], later: list[tuple[str, int]],
+          found: list[tuple[str, int, Collective]]) -> Iterator[tuple[str, int]]:
+    """The counted groups, then — while nothing was ``found`` in them — ``later``."""
+    yield from counts.items()
+    if not found:
+        yield from later
+
+
 def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
     """Place each rank that died inside a collective at the collective all its evidence
     agrees on (mutating its view); returns what could not be reconciled."""
@@ -74,7 +84,12 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             counts = {DEFAULT_PG: -1}
         found: list[tuple[str, int, Collective]] = []
         seen: list[str] = []
-        for pg, done in counts.items():
+        # a group its count does not name (its last beat came before its first collective
+        # there): searched from the start, only where the counted groups place it nowhere
+        uncounted = [(pg, -1) for pg, rs in members(views, None).items()
+                     if r in rs and pg not in counts
+                     and any(pg in pv.tl.by_pg for q, pv in views.items() if q != r)]
+        for pg, done in _then(counts, uncounted, found):
             # its count is a lower bound (a beat may lag the rank's last steps): the first
             # collective from there on that its stack's op and line agree with. Its own
             # records speak for themselves — unless they are a save older than its death

@@ -726,3 +726,22 @@ def test_a_rank_whose_line_is_unknown_is_no_camp_in_a_size_abort(
     d = _diag(run)
     assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
     assert "Double" in d["fix"] and "Float" in d["fix"] and "dtype" in d["fix"], d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("size_abort_uncounted_group_1", 1),
+                                           ("size_abort_uncounted_group_0", 0)])
+def test_an_aborted_rank_is_placed_in_a_group_its_last_beat_did_not_count(
+        fixtures, tmp_path, name, culprit):
+    """Two ranks, a logger group beside the default one (fixtures/size_abort_uncounted_group_
+    jobs, fuzz seed 5550123 job 53, and its mirror): at step 3 the culprit all-gathers 5 rows
+    on the logger group where it gathered 3 before; gloo aborts the other rank, whose last
+    beat came before its first collective on that group and whose saved recorder is empty.
+    Its stack (all_gather at :60) is placed at the survivor's open all-gather there, from the
+    group's start, and the shape history names the rank that changed (was: "never posted
+    it", culprit the aborted rank, "the evidence does not decide")."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-5550123/jobs",
+                    str(fixtures / "size_abort_uncounted_group_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    assert d["first_divergence"]["kind"] == "size_mismatch"
+    assert "pad to a common size" in d["fix"]
