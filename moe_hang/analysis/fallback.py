@@ -188,8 +188,10 @@ def mark_skipped(div: Divergence, culprits: list[int], basis: CulpritBasis,
                  aborted: list[int], views: RankViews) -> bool:
     """An aborted culprit at a line the others' own order puts after theirs skipped the rest
     of their run (:func:`left_run_early`): it lacks their collective, whose line is the one
-    to show (its entry at the divergence becomes None). True when one did."""
-    if basis != CulpritBasis.MAJORITY or div.kind != MismatchKind.MISSING:
+    to show (its entry at the divergence becomes None). True when one did. (Named by the
+    majority, or — two ranks — as the one past what the other waits in.)"""
+    if basis not in (CulpritBasis.MAJORITY, CulpritBasis.PROGRAM_ORDER) \
+            or div.kind != MismatchKind.MISSING:
         return False
     skipped = left_run_early(div, views, [r for r in culprits if r in aborted])
     for r in skipped:

@@ -745,3 +745,22 @@ def test_an_aborted_rank_is_placed_in_a_group_its_last_beat_did_not_count(
     assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
     assert d["first_divergence"]["kind"] == "size_mismatch"
     assert "pad to a common size" in d["fix"]
+
+
+@pytest.mark.parametrize("name, skipper", [("fsdp2_skip_block_abort_1", 1),
+                                           ("fsdp2_skip_block_abort_0", 0)])
+def test_two_ranks_the_aborted_one_past_the_others_run_lacks_their_collective(
+        fixtures, tmp_path, name, skipper):
+    """FSDP2, two ranks (fixtures/fsdp2_skip_block_abort_jobs, fuzz seed 5550123 job 71, and
+    its mirror): the skipper leaves block 0 out, so its blocks' all-gathers pair with the
+    other's earlier blocks (same sizes) until its head's meets the other's last block, where
+    gloo aborts it. Named as the one past what the other waits in (program order, no
+    majority of two), it lacks the other's block all-gather: that line is the one shown, and
+    its own head all-gather is not the divergence (was: its line :54 at the divergence)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-5550123/jobs",
+                    str(fixtures / "fsdp2_skip_block_abort_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
+    per = d["first_divergence"]["per_rank"]
+    assert per[str(skipper)] is None and per[str(1 - skipper)]["callsite"]["line"] == 53
+    assert f"rank {skipper} never posted it" in d["summary"]
