@@ -21,6 +21,7 @@ from moe_hang.analysis.source import (
     enclosing_loop,
     excludes_ranks,
     left_loop,
+    on_default_group,
     path_condition,
     rank_condition,
 )
@@ -218,7 +219,12 @@ def advise_order(s: Situation) -> Advice:
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken)
-    if fsdp_unshard(frames):
+    # FSDP's advice only where the collective the culprit lacks is FSDP's all-gather: not
+    # where the waiters' line calls a collective itself (a skipped broadcast is no module)
+    lacked = s.block.items[0].frames if s.block is not None and s.block.items else []
+    waited = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
+    direct = waited is not None and on_default_group(waited.file, waited.line) is not None
+    if fsdp_unshard(frames) and not direct and (not lacked or fsdp_unshard(lacked)):
         called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
         loop = enclosing_loop(called.file, called.line) if called is not None else None
         if called is not None and loop is not None and "expert" in loop.lower():

@@ -764,3 +764,18 @@ def test_two_ranks_the_aborted_one_past_the_others_run_lacks_their_collective(
     per = d["first_divergence"]["per_rank"]
     assert per[str(skipper)] is None and per[str(1 - skipper)]["callsite"]["line"] == 53
     assert f"rank {skipper} never posted it" in d["summary"]
+
+
+@pytest.mark.parametrize("name, skipper", [("fsdp2_skip_broadcast_3", 3),
+                                           ("fsdp2_skip_broadcast_2", 2)])
+def test_a_skipped_broadcast_in_an_fsdp_job_gets_no_module_advice(
+        fixtures, tmp_path, name, skipper):
+    """FSDP2, four ranks (fixtures/fsdp2_skip_broadcast_jobs, fuzz seed 5550123 job 88, and
+    its mirror): one rank skips the step's stop broadcast (`if not (FAULTY and ...)`) and
+    goes on into the next forward's all-gathers. What it lacks is a broadcast its waiters'
+    line calls itself, not a module FSDP gathers: no "dummy input" advice."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-5550123/jobs",
+                    str(fixtures / "fsdp2_skip_broadcast_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
+    assert "dummy input" not in d["fix"] and ":79 <module>" in d["fix"], d["fix"]
