@@ -380,3 +380,53 @@ def test_the_rank_on_the_singled_out_branch_is_the_culprit_not_the_one_on_its_el
     assert f"Rank {culprit} posts the " in diag.fix, diag.fix
     assert "`if FAULTY and step == FAULT_STEP`" in diag.fix
     assert "in the same order" in diag.fix
+
+
+def _monitor(t_up: float | None, sampled: bool, heartbeats: dict) -> Any:
+    from types import SimpleNamespace
+    return SimpleNamespace(out=SimpleNamespace(t_up=t_up, sampled=sampled,
+                                               heartbeats=heartbeats, rank_pids={}))
+
+
+def test_a_node_up_by_sampling_waits_for_its_ranks_heartbeats(fixtures: Path,
+                                                              tmp_path: Path) -> None:
+    """A loaded machine: the ranks are up before their probes, so the monitor samples them
+    (up, no heartbeats). The node is not named then (every watcher of the job would be its
+    host's name, and take the others' records for its own); once the probes' beats are in,
+    it is node 1 with ranks 2 and 3."""
+    from moe_hang.evidence.heartbeats import read_heartbeats
+
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    for r, hb in _heartbeats(fixtures).items():
+        if r // 2 == 1:
+            (layout.ranks_dir / f"rank{r}.hb.json").write_text(json.dumps(hb))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    plan = multinode.plan(["python", "train.py"], shared, env={})
+    assert plan is not None
+    node = multinode.Node(plan, layout, lambda _text: None)
+    assert not node.tick(_monitor(time.time(), True, {}))
+    assert (node.node, node.local_ranks, node.world) == ("", [], None)
+    node.tick(_monitor(time.time(), False, read_heartbeats(layout.ranks_dir)))
+    assert (node.node, node.local_ranks, node.world) == ("1", [2, 3], 4)
+
+
+def test_a_job_not_started_by_torchrun_is_judged_by_its_heartbeats_not_its_sampling() -> None:
+    """srun or mpirun: whether the job spans nodes is decided once, on the ranks' heartbeats;
+    ranks up by sampling (probes late) leave it open, or it would stay one node for good."""
+    from moe_hang.commands.multinode.peers import SpreadLater
+
+    looked: list[int] = []
+
+    def join(mon: Any) -> None:
+        looked.append(len(mon.out.heartbeats))
+        return None
+
+    spread = SpreadLater(join)  # type: ignore[arg-type]
+    spread.tick(_monitor(None, False, {}))
+    spread.tick(_monitor(time.time(), True, {}))
+    assert looked == []
+    spread.tick(_monitor(time.time(), False, {2: object(), 3: object()}))
+    spread.tick(_monitor(time.time(), False, {2: object(), 3: object()}))
+    assert looked == [2]

@@ -237,7 +237,9 @@ class Node:
         I/O). True when a capture request is waiting (another node's, or a diagnose)."""
         out = mon.out
         if not self._up.is_set():
-            if out.t_up is None:
+            # up by sampling is not up here: the ranks' heartbeats name this node and the
+            # world, and a probe that starts late (a loaded machine) brings them after all
+            if out.t_up is None or out.sampled:
                 return False
             hbs = self._raw_heartbeats()
             self.local_ranks = sorted(out.heartbeats)

@@ -57,7 +57,10 @@ class SpreadLater:
         self._looked = False
 
     def _decide(self, mon: Monitor) -> None:
-        if not self._looked and mon.out.t_up is not None:
+        # ranks up by sampling are not yet decided: their probes may start late (a loaded
+        # machine), and only their heartbeats say the world; the monitor leaves sampling and
+        # sets t_up again once every beat is in
+        if not self._looked and mon.out.t_up is not None and not mon.out.sampled:
             self._looked = True
             node = self.join(mon)
             if node is not None:
