@@ -55,6 +55,21 @@ class Situation:
         """The ranks the culprits leave waiting (every other member with an entry)."""
         return [r for r in sorted(self.div.per_rank) if r not in self.culprits]
 
+    def waited_site(self) -> Frame | None:
+        """The line the first waiting rank with one waits at."""
+        return next((site for r in self.waiting() if (site := self.site(r)) is not None), None)
+
+    def lacks_fsdp_unshard(self) -> bool:
+        """The collective the culprits lack is FSDP's pre-forward all-gather: FSDP's unshard
+        is in the frames, the waiters' line does not call a collective itself (a skipped
+        broadcast is no module), and the block the culprits lack, where known, is FSDP's."""
+        waited = self.waited_site()
+        if waited is not None and on_default_group(waited.file, waited.line) is not None:
+            return False
+        lacked = self.block.items[0].frames if self.block is not None and self.block.items \
+            else []
+        return fsdp_unshard(self.all_frames()) and (not lacked or fsdp_unshard(lacked))
+
 
 @dataclass
 class Advice:
@@ -200,7 +215,6 @@ def _advise_extra(s: Situation, b: Block) -> Advice:
 
 def advise_order(s: Situation) -> Advice:
     """A rank skipped (or reordered) a collective the others post."""
-    frames = s.all_frames()
     back = next((f for r in s.waiting() if (f := user_autograd_backward(s.frames.get(r, [])))),
                 None)
     if back is not None:
@@ -219,13 +233,8 @@ def advise_order(s: Situation) -> Advice:
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken)
-    # FSDP's advice only where the collective the culprit lacks is FSDP's all-gather: not
-    # where the waiters' line calls a collective itself (a skipped broadcast is no module)
-    lacked = s.block.items[0].frames if s.block is not None and s.block.items else []
-    waited = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
-    direct = waited is not None and on_default_group(waited.file, waited.line) is not None
-    if fsdp_unshard(frames) and not direct and (not lacked or fsdp_unshard(lacked)):
-        called = next((site for r in s.waiting() if (site := s.site(r)) is not None), None)
+    if s.lacks_fsdp_unshard():
+        called = s.waited_site()
         loop = enclosing_loop(called.file, called.line) if called is not None else None
         if called is not None and loop is not None and "expert" in loop.lower():
             return Advice(

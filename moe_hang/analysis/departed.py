@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moe_hang.analysis.timeline import RankView, RankViews, StackView
+from moe_hang.analysis.timeline import RankView, RankViews, StackView, beat_counts
 from moe_hang.evidence.model import said_exiting
 from moe_hang.evidence.vocab import RankState
 
@@ -31,9 +31,9 @@ def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:
     # exit the beat has no pending entry to name a group by: its id is the name torch
     # numbers groups by, and a group it cannot match is left out of every claim)
     posted, done = dict(v.tl.enqueued), dict(v.tl.completed)
-    for pg, st in hb.pg_status.items():
-        posted[pg] = max(posted.get(pg, -1), st.enqueued)
-        done[pg] = max(done.get(pg, -1), st.completed)
+    for pg, (enq, completed) in beat_counts(hb).items():
+        posted[pg] = max(posted.get(pg, -1), enq)
+        done[pg] = max(done.get(pg, -1), completed)
     return posted, done
 
 
@@ -46,19 +46,25 @@ def departing(views: RankViews) -> list[int]:
             and _final_counts(v) is not None]
 
 
-def answered_all(views: RankViews, r: int) -> bool:
-    """Rank ``r``, gone or going, had posted every collective the others wait in, on groups
-    its final counts name: they are behind it (still returning from the last ones), not left
-    waiting by it. False wherever that is not known."""
+def answered_all(views: RankViews, ranks: list[int]) -> set[int]:
+    """Those of ``ranks``, gone or going, that had posted every collective the others wait in,
+    on groups their final counts name: the others are behind them (still returning from the
+    last ones), not left waiting by them. A rank is left out wherever that is not known."""
     waits = _waits(views)
-    counts = _final_counts(views[r])
-    if not waits or counts is None:
-        return False
-    posted, done = counts
-    # it saw the collective complete, or posted a later one on the group (a blocking
-    # collective returns only once done; the recorder marks completion a little late)
-    return all((pg in done and done[pg] >= seq) or (pg in posted and posted[pg] > seq)
-               for pg, seq in waits)
+    if not waits:
+        return set()
+    out = set()
+    for r in ranks:
+        counts = _final_counts(views[r])
+        if counts is None:
+            continue
+        posted, done = counts
+        # it saw the collective complete, or posted a later one on the group (a blocking
+        # collective returns only once done; the recorder marks completion a little late)
+        if all((pg in done and done[pg] >= seq) or (pg in posted and posted[pg] > seq)
+               for pg, seq in waits):
+            out.add(r)
+    return out
 
 
 def as_departed(v: RankView) -> RankView:

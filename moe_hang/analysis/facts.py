@@ -148,8 +148,9 @@ def facts(ev: Evidence) -> Facts:
     # finished while another rank still waits — or failed waiting for it (gloo closes the
     # connection of a rank that leaves: its peer then dies of "Connection closed by peer")
     # (not one that had posted all they wait in: they are only slower out of the last ones)
-    left = [r for r in clean if not answered_all(views, r)] if waiting or bad_exit else []
-    finishing = [r for r in clean if waiting and answered_all(views, r)]
+    answered = answered_all(views, clean)
+    left = [r for r in clean if r not in answered] if waiting or bad_exit else []
+    finishing = [r for r in clean if waiting and r in answered]
     agent_died = ev.agent_exit_code is not None and ev.agent_exit_code < 0 and bool(alive)
     orphans_moving = agent_died and any(views[r].ev.progressed for r in alive)
     f = Facts(ev, views, divs, blames, es, cyc, root, conseq, mismatch, killed, left, bad_exit,

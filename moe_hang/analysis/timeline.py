@@ -19,7 +19,7 @@ from moe_hang.analysis.diagnosis import (
     TimelineCell,
 )
 from moe_hang.evidence.flight_recorder import Collective, entry_to_collective
-from moe_hang.evidence.model import PostedRecord, RankEvidence
+from moe_hang.evidence.model import Heartbeat, PostedRecord, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.stacks import (
     Frame,
@@ -54,6 +54,16 @@ def _posted(rec: PostedRecord) -> Collective:
         name=rec.name, phase=rec.phase, tag=rec.tag, autograd_fn=rec.autograd_fn)
 
 
+def beat_counts(hb: Heartbeat) -> dict[str, tuple[int, int]]:
+    """(posted, completed) per group from a heartbeat's recorder counts, by group name where a
+    pending entry names the group's id, else by the id (the name torch numbers groups by; a
+    beat at exit has no pending entry)."""
+    names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
+             if e.get("process_group")}
+    return {names.get(pg_id, pg_id): (st.enqueued, st.completed)
+            for pg_id, st in (hb.pg_status or {}).items()}
+
+
 def timeline(ev: RankEvidence) -> RankTimeline:
     by_pg: dict[str, dict[int, Collective]] = {}
     enq: dict[str, int] = {}
@@ -81,12 +91,9 @@ def timeline(ev: RankEvidence) -> RankTimeline:
     hb = ev.heartbeat
     if (ev.fr is None or ev.fr_saved) and hb is not None and hb.pg_status is not None:
         # the heartbeat is fresher than a saved recorder: its counts say how far the rank got
-        names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
-                 if e.get("process_group")}
-        for pg_id, st in hb.pg_status.items():
-            name = names.get(pg_id, pg_id)
-            enq[name] = max(enq.get(name, -1), st.enqueued)
-            done[name] = max(done.get(name, -1), st.completed)
+        for name, (posted, completed) in beat_counts(hb).items():
+            enq[name] = max(enq.get(name, -1), posted)
+            done[name] = max(done.get(name, -1), completed)
     for e in hb.pending if hb is not None else []:
         pending = entry_to_collective(e, source="heartbeat")
         if pending is not None:
