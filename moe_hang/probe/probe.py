@@ -351,12 +351,18 @@ class Probe:
     def record_exception(self, exc: BaseException) -> None:
         """The exception that ends a rank (type, first line, frames innermost first), plus a
         recorder dump: often the survivors' side of a peer's death or abort."""
-        import traceback
-
-        tb = traceback.extract_tb(exc.__traceback__)
+        # the frames straight from the traceback, not through the traceback module: that
+        # stats and reads every file of it (linecache; torch's are large), and on a loaded
+        # machine torchrun's SIGTERM has ended ranks half-way through, before the record was
+        # on disk (its line lost)
+        frames: list[list[Any]] = []
+        t = exc.__traceback__
+        while t is not None:
+            frames.append([t.tb_frame.f_code.co_filename, t.tb_lineno, t.tb_frame.f_code.co_name])
+            t = t.tb_next
         err = {"type": type(exc).__name__,
                "message": (str(exc).strip().splitlines() or [""])[0][:500],
-               "frames": [[f.filename, f.lineno, f.name] for f in reversed(tb)][:80],
+               "frames": frames[::-1][:80],
                "time": time.time(), "restart": _restart_count()}
         # the record first: it is small, and torchrun's SIGTERM may end us during the dump
         write_atomic(self.files.error, json.dumps(err).encode())

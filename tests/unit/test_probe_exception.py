@@ -1,0 +1,47 @@
+"""The probe's record of the exception that ends a rank: on disk before anything slow, so
+that torchrun's SIGTERM (a peer died, the job is torn down) cannot catch the rank before it
+(fuzz 4071993 job 14: a rank ended inside linecache, reading torch's sources for a traceback,
+and its line was lost)."""
+
+from __future__ import annotations
+
+import json
+import linecache
+from pathlib import Path
+
+import pytest
+
+from moe_hang.probe.probe import Probe
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _post() -> None:
+    raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")  # the raising line
+
+
+def _step() -> None:
+    _post()
+
+
+def test_the_exception_is_recorded_without_reading_any_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_source(*_args: object, **_kw: object) -> list[str]:
+        raise AssertionError("the record read a source file")
+
+    monkeypatch.setattr(linecache, "updatecache", no_source)
+    monkeypatch.setattr(linecache, "getlines", no_source)
+    monkeypatch.setattr(linecache, "checkcache", no_source)
+    monkeypatch.setattr(linecache, "lazycache", no_source)
+    probe = Probe(tmp_path, 3, 1.0)
+    try:
+        _step()
+    except RuntimeError as exc:
+        linecache.clearcache()
+        probe.record_exception(exc)
+    err = json.loads(probe.files.error.read_text())
+    assert (err["type"], err["message"]) == ("RuntimeError",
+                                             "Connection closed by peer [127.0.0.1]:1234")
+    (inner_file, inner_line, inner_fn), (_, _, outer_fn) = err["frames"][:2]
+    assert inner_file == __file__ and inner_fn == "_post" and outer_fn == "_step"
+    assert "the raising line" in Path(__file__).read_text().splitlines()[inner_line - 1]
