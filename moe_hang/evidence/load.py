@@ -136,14 +136,19 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
     # SIGTERM reaches it on the way out); only a dump we asked for while it lived is fresher
     raised = ev.error is not None and bool(ev.error.frames) and reason != "request"
     if files.stack.exists() and reason != "exception" and not raised:
-        threads = parse_faulthandler(files.stack.read_text(errors="replace"))
-        # the dumping thread is the probe's; the rank's own work is on the main thread
-        ev.threads = [t for t in threads if not _is_probe_thread(t)] or threads
+        ev.threads = dumped_threads(files.stack.read_text(errors="replace"))
         ev.stack_source = f"faulthandler ({reason or 'dump'})"
         return
     if ev.error is not None and ev.error.frames:
         ev.threads = [ThreadStack("MainThread", ev.error.frames, is_main=True)]
         ev.stack_source = "exception traceback"
+
+
+def dumped_threads(text: str) -> list[ThreadStack]:
+    """The threads of a probe's dump (``rank*.stack.txt``): the dumping thread is the
+    probe's, the rank's own work is on the main thread."""
+    threads = parse_faulthandler(text)
+    return [t for t in threads if not _is_probe_thread(t)] or threads
 
 
 def _same_error(recorded: RankError, logged: RankError | None) -> bool:

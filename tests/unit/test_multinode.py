@@ -430,3 +430,30 @@ def test_a_job_not_started_by_torchrun_is_judged_by_its_heartbeats_not_its_sampl
     spread.tick(_monitor(time.time(), False, {2: object(), 3: object()}))
     spread.tick(_monitor(time.time(), False, {2: object(), 3: object()}))
     assert looked == [2]
+
+
+@pytest.mark.parametrize("dump_at, reason, line", [(0.1, "sigterm", 55), (-0.1, "sigterm", 15),
+                                                   (0.1, "exception", 15)],
+                         ids=["dump_after_the_beat", "dump_before_the_beat",
+                              "dump_of_an_exception"])
+def test_a_capture_summary_takes_the_stack_of_a_dump_after_the_last_beat(
+        fixtures: Path, tmp_path: Path, dump_at: float, reason: str, line: int) -> None:
+    """A recorded rank (fuzz 4071993 job 44): its last beat sampled init_process_group, the
+    SIGTERM dump a tenth of a second later the step's all-reduce at line 55. The node's
+    summary says what its own capture says: the fresher dump's line. Not a dump older than
+    the beat, nor the dump of an exception (the excepthook's stack; its traceback decides)."""
+    src = fixtures / "multinode" / "sigterm_after_beat"
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    for name in ("rank1.hb.json", "rank1.stack.txt"):
+        (layout.ranks_dir / name).write_text(
+            (src / name).read_text().replace("@ROOT@", str(ROOT)))
+    beat = json.loads((layout.ranks_dir / "rank1.hb.json").read_text())["time"]
+    marker = json.loads((src / "rank1.dump.json").read_text())
+    (layout.ranks_dir / "rank1.dump.json").write_text(
+        json.dumps(marker | {"time": beat + dump_at, "reason": reason}))
+    s = multinode.capture_summary(layout, "1", "vm", moving=None, alive={1: False})
+    (r1,) = s.ranks
+    assert r1.callsite is not None
+    assert r1.callsite.endswith(f"fuzz4071993_044_sigkill_mesh2d.py:{line}:<module>")
+    assert r1.stack[-1] == r1.callsite

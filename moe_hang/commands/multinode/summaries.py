@@ -12,9 +12,10 @@ from typing import Any
 from moe_hang.evidence.errors import unwrap
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.flight_recorder import load as load_dump
+from moe_hang.evidence.load import dumped_threads
 from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
-from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame
+from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame, main_thread
 from moe_hang.evidence.torchrun_log import gloo_size_abort, parse_torchrun_failures, read_job_log
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
@@ -24,6 +25,7 @@ from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
 HISTORY_PER_GROUP = 32  # a capture summary: each rank's last collectives per group (two steps
 # of an FSDP2 model with a few blocks: what "this collective always had this shape" needs)
 MAX_USER_FRAMES = 12
+MAX_STACK_FRAMES = 24  # a summary's main-thread stack, as a heartbeat's sample is cut
 
 
 def history_of(dump: FRDump, per_group: int = HISTORY_PER_GROUP
@@ -66,6 +68,8 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
             if fr.exists():
                 r.history, r.fr_status = history_of(load_dump(fr))
         r.error = error_of(layout.rank(r.rank).error)
+        if not r.held and r.error is None:
+            _fresher_stack(r, layout.rank(r.rank))
         with contextlib.suppress(OSError, UnicodeDecodeError):
             fatal = layout.rank(r.rank).fatal
             if not r.held and fatal.exists():
@@ -88,6 +92,29 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
                 and r.pid in (None, failures[r.rank][1]):
             r.exit_code = failures[r.rank][0]
     return s
+
+
+def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
+    """The stack of a dump the probe wrote after the rank's last beat (torchrun's SIGTERM,
+    a dump asked for) in place of that beat's sample: a fast loop goes through several
+    collectives between two beats, and the capture's own loader reads the dump, so the
+    node's summary must say the same (fuzz 4071993 job 44: a beat from init_process_group,
+    a SIGTERM dump a tenth of a second later in the step's all-reduce)."""
+    try:
+        marker = json.loads(files.dump_marker.read_text())
+        text = files.stack.read_text(errors="replace")
+    except (OSError, ValueError):
+        return
+    t = marker.get("time") if isinstance(marker, dict) else None
+    if not isinstance(t, (int, float)) or marker.get("reason") == "exception" \
+            or (r.beat_time is not None and t <= r.beat_time):
+        return
+    main = main_thread(dumped_threads(text))
+    if main is None or not main.frames:
+        return
+    r.stack = [f"{f.file}:{f.line}:{f.function}" for f in main.frames][:MAX_STACK_FRAMES]
+    r.callsite = next((f"{f.file}:{f.line}:{f.function}" for f in main.frames
+                       if not is_library_frame(f)), None)
 
 
 def error_of(path: Path) -> dict[str, Any] | None:
