@@ -163,7 +163,7 @@ def facts(ev: Evidence) -> Facts:
                       f"{str(j.motion).replace('_', ' ')} ({j.why})"
                       for r, j in sorted(f.activity.items()))
     if not divs and len(waiting) >= 2:
-        f.stack_div = stack_divergence(views, waiting)
+        f.stack_div = stack_divergence(views, waiting, [r for r in alive if r not in waiting])
     if ev.size_abort is not None:
         f.size_abort = size_abort_divergence(views, ev)
     return f

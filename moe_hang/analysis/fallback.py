@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from collections.abc import Callable, Sequence
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.order import program_order
@@ -16,12 +17,13 @@ from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame, callsite
 
 
-def stack_divergence(views: RankViews, waiting: list[int]
+def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[int] = ()
                      ) -> tuple[Divergence, list[int], CulpritBasis] | None:
     """Without recorder data: ranks blocked in *different* collectives can never complete;
     nor can ranks blocked in the same op at different lines of the same code, where one line
     runs before the other (the ranks at the later line went past the earlier one without
-    joining it: skipped it, or posted it on another group)."""
+    joining it: skipped it, or posted it on another group). ``elsewhere``: live ranks not
+    waiting (computing, or seen moving) — any group collective may be waiting for them."""
     ops: dict[int, str] = {r: op for r in waiting
                            if (op := views[r].stack.op) is not None and op != "unknown"}
     if not ops:
@@ -62,6 +64,12 @@ def stack_divergence(views: RankViews, waiting: list[int]
     peers = {q for q in owed.values() if q in ops and q not in owed}
     if owed and peers and all(q in peers or q in owed for q in owed.values()):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
+    if elsewhere and not _every_camp_on_every_rank(views, camps, kind, behind_all):
+        # a rank still computing can hold up every one of them: the ranks at the later line
+        # completed the earlier collective on a group of their own (a 2-D mesh: the tp
+        # all-reduce of the other tp group), and wait in the next one for the busy rank,
+        # as the ranks at the earlier line do (fuzz seed 4071993 job 75) — a straggler
+        return None
     # a camp whose line runs under a rank condition that names the ranks taking it
     # (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or one
     # naming who skips (the ``else``), took a branch the rest of the job does not
@@ -85,6 +93,16 @@ def stack_divergence(views: RankViews, waiting: list[int]
     if took and len(took) < len(camps):
         return div, sorted(r for k in took for r in camps[k]), CulpritBasis.SOURCE
     return div, sorted(ops), CulpritBasis.AMBIGUOUS
+
+
+def _every_camp_on_every_rank(views: RankViews, camps: dict[object, list[int]],
+                              kind: MismatchKind, behind_all: Callable[[object], bool]) -> bool:
+    """Do the camps' collectives run on the default group, as the source says, so that no
+    rank can have completed one without every other rank? For one op at different lines,
+    the line behind the others is the one the ranks ahead went past; for different ops,
+    every camp's."""
+    keys = [k for k in camps if behind_all(k)] if kind == MismatchKind.MISSING else list(camps)
+    return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite) for k in keys)
 
 
 def _on_every_rank(site: Frame | None) -> bool:

@@ -94,6 +94,7 @@ from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.stacks import idle_in_backward
 from moe_hang.evidence.vocab import JobState, RankState, agree, spans, who
 
 
@@ -356,8 +357,16 @@ def _stack_desync(f: Facts) -> Conclusion:
 
 
 def _outside(f: Facts) -> list[int]:
-    """Waiting ranks that are not inside a collective (idle in a sleep, a lock, a read)."""
-    return sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
+    """Waiting ranks that are not inside a collective (idle in a sleep, a lock, a read).
+    Where no rank's stack shows a collective, ranks idle inside the autograd engine wait in
+    their backward's collectives (DDP's and FSDP's hooks post them there, on threads py-spy
+    does not show): the others are outside (fuzz seed 4071993 job 81: one rank deadlocked
+    on two locks before its forward, three idle in ``loss.backward()``)."""
+    out = sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
+    back = [r for r in out if idle_in_backward(f.views[r].stack)]
+    if len(out) == len(f.waiting) and 0 < len(back) < len(out):
+        return [r for r in out if r not in back]
+    return out
 
 
 def _stalled_outside(f: Facts) -> Conclusion:
@@ -369,9 +378,15 @@ def _stalled_outside(f: Facts) -> Conclusion:
     if all(recorder_only(f.views[r].ev) for r in culprits):
         return outside_recorded(f, culprits, w, div)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    back = [r for r in f.waiting if r not in culprits and idle_in_backward(f.views[r].stack)]
+    if back and not w:
+        sites = sorted({site_str(f.views[r].site) for r in back})
+        w = f"{who(back)}, idle inside backward at {', '.join(sites)},"
+    # one waiter only where the text names one rank ("ranks 1-3 in ..." is three)
+    one = w.startswith("rank ") and w.count("rank") == 1
     summary = (f"{who(culprits).capitalize()} {agree(culprits, 'is', 'are')} outside any "
                f"collective ({where}) while "
-               f"{w or 'the others'} wait{'s' if w.count('rank') == 1 else ''} for it.")
+               f"{w or 'the others'} wait{'s' if one else ''} for it.")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       summary,
                       Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
@@ -434,8 +449,9 @@ def _all_moving(f: Facts) -> Conclusion:
 
 def _all_in_one(f: Facts) -> Conclusion:
     reports = f.reports(None)
-    ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
-           for r in f.waiting}
+    ops = {c.op if (c := reports[r].collective) else (
+        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
+        for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
     stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
                      and a.stopped)
@@ -466,8 +482,9 @@ def _progress_unseen(f: Facts) -> Conclusion:
     """Every rank sat in the same kind of collective in every sample, and nothing shows
     whether it is one that never completes or a new one each time (docs/DESIGN.md §9)."""
     reports = f.reports(None)
-    ops = {c.op if (c := reports[r].collective) else (f.views[r].stack.op or "?")
-           for r in f.waiting}
+    ops = {c.op if (c := reports[r].collective) else (
+        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
+        for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
     whys: dict[str, list[int]] = {}
     for r in f.waiting:

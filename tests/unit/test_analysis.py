@@ -582,6 +582,49 @@ def test_stacks_alone_ranks_past_a_group_collective_at_different_lines(
     assert "went on to" not in fix
 
 
+@pytest.mark.parametrize("name, busy, tp_peer, dp_waiters", [("busy_mesh_stacks_0", 0, 1, [2, 3]),
+                                                            ("busy_mesh_stacks_2", 2, 3, [0, 1])])
+def test_stacks_alone_ranks_past_a_subgroup_collective_wait_for_a_busy_rank(
+        fixtures, tmp_path, name, busy, tp_peer, dp_waiters):
+    """A 2x2 mesh under diagnose, no probe (fixtures/busy_mesh_jobs, fuzz seed 4071993 job
+    75, and its mirror): one rank computes for 60 s before its tp all-reduce (:56). Its tp
+    peer waits there; the other tp pair completed its own tp all-reduce and waits at the dp
+    all-reduce (:59) for the busy rank and its peer. Being past a collective of a subgroup
+    is not skipping it while a rank still computes: a straggler (was: a desync naming the
+    two at :59, "make every rank post it, on the same group")."""
+    jobs = fixtures / "busy_mesh_jobs"
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-4071993-b/jobs",
+                    str(jobs))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("straggler", [busy]), d["summary"]
+    ranks = {r["rank"]: r for r in d["ranks"]}
+    assert ranks[tp_peer]["callsite"]["line"] == 56
+    assert {ranks[r]["callsite"]["line"] for r in dp_waiters} == {59}
+    assert "same group" not in d["fix"]
+
+
+@pytest.mark.parametrize("name, locked", [("lock_backward_stacks_0", 0),
+                                          ("lock_backward_stacks_1", 1)])
+def test_stacks_alone_ranks_idle_in_backward_wait_for_a_rank_outside_it(
+        fixtures, tmp_path, name, locked):
+    """DDP, 4 ranks, under diagnose without a probe (fixtures/lock_backward_jobs, fuzz seed
+    4071993 job 81, and its mirror): one rank deadlocks on two locks of its own before its
+    forward (:57 checkpoint_state); the other three sit idle in `loss.backward()` (:73), where
+    DDP's hooks all-reduce the gradients on a thread py-spy does not show. No stack is inside
+    a collective, yet the three in the autograd engine wait for the one outside it: a hang
+    with that rank as culprit (was: inconclusive, "all 4 ranks were in ?")."""
+    jobs = fixtures / "lock_backward_jobs"
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-4071993-b/jobs",
+                    str(jobs))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("hang", [locked]), d["summary"]
+    assert d["summary"].startswith(f"Rank {locked} is outside any collective"), d["summary"]
+    assert ":57 checkpoint_state" in d["summary"]
+    others = "1-3" if locked == 0 else "0, 2, 3"
+    assert f"ranks {others}, idle inside backward at " in d["summary"]
+    assert d["summary"].endswith(":73 <module>, wait for it."), d["summary"]
+
+
 @pytest.mark.parametrize("name, locked, behind, ahead", [("mesh_lock_behind_1", 1, 3, 2),
                                                          ("mesh_lock_behind_3", 3, 1, 0)])
 def test_a_rank_held_up_behind_a_broadcast_did_not_skip_its_next_collective(
