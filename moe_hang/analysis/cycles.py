@@ -1,0 +1,185 @@
+"""The conclusion where ranks wait for each other round a cycle: who closed it (the rank
+that skipped what its waiter waits in, posted on another group, or posted two groups'
+collectives in the other order), and what to change (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
+from moe_hang.analysis.conclusion import Conclusion
+from moe_hang.analysis.culprit import Blame, blame_cycle, condition_on, cycle_inversion
+from moe_hang.analysis.diagnosis import (
+    Certainty,
+    CulpritBasis,
+    Divergence,
+    MismatchKind,
+    Verdict,
+    pg_label,
+)
+from moe_hang.analysis.explain import culprit_clause, site_str
+from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.order import Inversion
+from moe_hang.analysis.source import excludes_ranks
+from moe_hang.analysis.timeline import group_kind, to_rc
+from moe_hang.analysis.waitfor import Edge
+from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
+from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.vocab import who
+
+
+def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | None:
+    """The advice where a rank condition set the culprits apart: those that skipped what their
+    waiter waits in (an edge on them), else those waiting in an extra of their own."""
+    found: list[tuple[int, Advice]] = []
+    for e in cyc:
+        if e.coll is None:
+            continue
+        cond = condition_on(e.coll, f.views[e.waiter])
+        if cond is None:
+            continue
+        what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
+        site = f.views[e.waiter].site
+        if e.on in culprits and e.waiter not in culprits:
+            found.append((1, advise_condition(sorted(culprits), e.waiter, what, site, cond,
+                                              True)))
+        if e.waiter in culprits and e.on not in culprits and not excludes_ranks(cond):
+            # the branch the culprits took, named as such: clearer than the one they left
+            found.append((0, advise_condition(sorted(culprits), e.on, what, site, cond,
+                                              False)))
+    return min(found, key=lambda x: x[0])[1] if found else None
+
+
+def cycle(f: Facts) -> Conclusion:
+    cyc = f.wait_cycles[0]
+    b = blame_cycle(cyc, f.views)
+    culprits = set(b.culprits)
+    for other in f.wait_cycles[1:]:
+        culprits |= set(blame_cycle(other, f.views).culprits)
+    if redirected := _redirected(f):
+        # a rank that posted a line's collective on another group than every earlier call
+        # and its waiter did is the cause, wherever it sits on the cycle (on a mesh the
+        # ranks it went ahead with may be the ones the cycle passes through)
+        b = Blame(sorted({w.rank for w in redirected}), CulpritBasis.HISTORY)
+        culprits = set(b.culprits)
+    p2p_only = all(e.coll is None for e in cyc)
+    verdict = Verdict.HANG if p2p_only else Verdict.DESYNC
+    # posting order alone (NCCL: both enqueued, kernels on two streams): it hung, and this
+    # order explains it, but another cause could too
+    certainty = Certainty.LIKELY if any(e.stream for e in cyc) else Certainty.DEFINITE
+    inv = cycle_inversion(cyc, f.views) if b.basis in (CulpritBasis.HISTORY,
+                                                       CulpritBasis.MAJORITY) else None
+    if inv is not None:
+        return _inverted(f, cyc, inv, verdict, certainty)
+    parts = [f"rank {e.waiter} waits in {e.what}"
+             + (f" at {site_str(f.views[e.waiter].site)}" if f.views[e.waiter].site else "")
+             + f" for rank {e.on}" for e in cyc]
+    summary = "Deadlock: " + "; ".join(parts) + "."
+    if len(f.wait_cycles) > 1:
+        summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
+    summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
+    if p2p_only and b.basis == CulpritBasis.CYCLE:
+        text = ("Each rank waits to receive before it sends: order the calls so one side sends "
+                "first (e.g. even ranks send then receive, odd ranks receive then send), or "
+                "post both with isend/irecv (dist.batch_isend_irecv) and wait on them.")
+    elif b.basis == CulpritBasis.CYCLE:
+        text = ("The ranks post these collectives in opposite orders: post collectives on every "
+                "group in the same order on every rank.")
+    elif wrong := (redirected or _wrong_groups(culprits, f)):
+        w = wrong[0]
+        names = who(x.rank for x in wrong)
+        used, meant = pg_label(w.used, w.used_desc), pg_label(w.meant, w.meant_desc)
+        at = f" at {Path(w.site[0]).name}:{w.site[1]}" if w.site else ""
+        held = f.views[w.rank]
+        mine = [e for e in f.wait_edges if e.waiter == w.rank]
+        now = next((e.what for c in f.wait_cycles for e in c if e.waiter == w.rank), None)
+        if any(e.coll is not None and (e.coll.pg, e.coll.seq) == (w.used, w.seq)
+               for e in mine):
+            # still in the redirected call: the group it went to has moved on without it
+            then = f" and waits in it for {who(sorted({e.on for e in mine}))}"
+        else:
+            then = f" and went on to {now} at {site_str(held.site)}" if now else ""
+        meant_kind = w.meant_desc if w.meant_desc not in ("", "undefined") else w.meant
+        # those held up by the redirect: waiting on a culprit in its op on the group meant
+        waiters = sorted({e.waiter for e in f.wait_edges if e.on in culprits and e.coll
+                          and e.coll.op == w.op and group_kind(e.coll) == meant_kind}
+                         - culprits) \
+            or sorted({e.waiter for c in f.wait_cycles for e in c} - culprits)
+        # the redirect is the cause: it leads; the cycle is what it led to
+        summary = (f"{names.capitalize()} posted the {w.op}{at} on {used} instead of {meant}"
+                   + then + f"; {who(waiters)} "
+                   + ("waits" if len(waiters) == 1 else "wait")
+                   + f" for {'it' if len(wrong) == 1 else 'them'} in {w.op} on {meant}.")
+        text = (f"{names.capitalize()} passed {used} to the {w.op}{at} where the other "
+                f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
+    elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
+            and p2p.p2p is not None:
+        text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site).text
+    elif b.basis == CulpritBasis.SOURCE and (cond := _cycle_condition(cyc, culprits, f)):
+        text = cond.text
+    else:
+        waiter = next(e.waiter for e in cyc if e.on in culprits)
+        them = "it" if len(culprits) == 1 else "them"
+        text = (f"{who(sorted(culprits)).capitalize()} went past what rank {waiter} waits in "
+                f"({next(e.what for e in cyc if e.on in culprits)} at "
+                f"{site_str(f.views[waiter].site)}): make {them} post that too, in the same "
+                "order.")
+    on_cycle = [g for g in f.divs if any(e.coll is not None and e.coll.pg == g.div.pg
+                                          for e in cyc)]
+    # show the group that a culprit skipped (not the one it is held up in)
+    div = next((g.div for g in on_cycle if set(g.absent) & culprits),
+               on_cycle[0].div if on_cycle else None)
+    if redirected:  # show the group it was meant for, where the others wait for it
+        kind = redirected[0].meant_desc or redirected[0].meant
+        div = next((g.div for g in f.divs if set(g.absent) & culprits
+                    and (g.div.pg_desc or g.div.pg) == kind), div)
+    return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+
+
+def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,
+              certainty: Certainty) -> Conclusion:
+    def name(c: Collective) -> str:
+        return f"{c.op} {pg_label(c.pg, c.pg_desc)}#{c.seq}"  # the lines: below the summary
+
+    why = ("as every rank did in earlier steps" if inv.basis == CulpritBasis.HISTORY
+           else f"{len(inv.others)} of {len(inv.others) + len(inv.culprits)} ranks")
+    summary = (f"{who(inv.culprits).capitalize()} posted {name(inv.first)} before "
+               f"{name(inv.second)}; {who(inv.others)} posted them the other way "
+               f"round ({why}): each waits for the other.")
+    text = (f"Make {who(inv.culprits)} post {inv.second.op} on "
+            f"{pg_label(inv.second.pg, inv.second.pg_desc)} before {inv.first.op} on "
+            f"{pg_label(inv.first.pg, inv.first.pg_desc)}, like the others: collectives on "
+            "every group in the same order on every rank.")
+    # what each side is held in: the culprits the one they posted first, the others theirs
+    per_rank = {r: to_rc(f.views[r].current, f.views[r]) for r in inv.culprits + inv.others}
+    div = Divergence(inv.second.pg, inv.second.seq, MismatchKind.ORDER, inv.second.pg_desc,
+                     sorted(inv.culprits + inv.others), per_rank, phase="order")
+    return Conclusion(verdict, inv.culprits, inv.basis, certainty, summary, Advice(text), div)
+
+
+def _redirected(f: Facts) -> list[WrongGroup]:
+    """Every rank some waiter waits on that posted what it waits in on another group — one
+    mistake (one line, one group used) on fewer than all the ranks waited on; else none."""
+    found: dict[int, WrongGroup] = {}
+    for e in f.wait_edges:
+        if e.coll is not None and e.on not in found and e.on in f.views and \
+                (w := wrong_group(e.on, e.coll, e.waiter, f.views)) is not None:
+            found[e.on] = w
+    waited_on = {e.on for e in f.wait_edges}
+    if not found or len({(w.site, w.used_desc or w.used) for w in found.values()}) != 1 \
+            or len(found) >= len(waited_on):
+        return []
+    return [found[r] for r in sorted(found)]
+
+
+def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
+    """Each culprit that posted what its waiter waits in on another group (all or none)."""
+    found = []
+    for r in sorted(culprits):
+        e = next((e for c in f.wait_cycles for e in c if e.on == r and e.coll is not None),
+                 None)
+        w = wrong_group(r, e.coll, e.waiter, f.views) if e is not None and e.coll else None
+        if w is None:
+            return []
+        found.append(w)
+    return found if len({(w.site, w.used_desc or w.used) for w in found}) == 1 else []

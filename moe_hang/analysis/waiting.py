@@ -1,0 +1,182 @@
+"""The conclusions where no collective diverged: ranks waiting for one outside any
+collective, a straggler, a job finishing one rank at a time, every rank moving, every rank in
+one collective that does not complete, and too little evidence to say (pure)."""
+
+from __future__ import annotations
+
+from moe_hang.analysis.activity import Motion
+from moe_hang.analysis.advice import Advice
+from moe_hang.analysis.conclusion import Conclusion
+from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
+from moe_hang.analysis.dumps_only import outside_recorded
+from moe_hang.analysis.explain import site_str, waits_text
+from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.timeline import recorder_only
+from moe_hang.evidence.stacks import idle_in_backward
+from moe_hang.evidence.vocab import RankState, agree, spans, who
+
+
+def outside_collectives(f: Facts) -> list[int]:
+    """Waiting ranks that are not inside a collective (idle in a sleep, a lock, a read).
+    Where no rank's stack shows a collective, ranks idle inside the autograd engine wait in
+    their backward's collectives (DDP's and FSDP's hooks post them there, on threads py-spy
+    does not show): the others are outside (fuzz seed 4071993 job 81: one rank deadlocked
+    on two locks before its forward, three idle in ``loss.backward()``)."""
+    out = sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
+    back = [r for r in out if idle_in_backward(f.views[r].stack)]
+    if len(out) == len(f.waiting) and 0 < len(back) < len(out):
+        return [r for r in out if r not in back]
+    return out
+
+
+def some_outside(f: Facts) -> bool:
+    """Some of the waiting ranks, not all, are outside any collective."""
+    return 0 < len(outside_collectives(f)) < len(f.waiting)
+
+
+def stalled_outside(f: Facts) -> Conclusion:
+    culprits = outside_collectives(f)
+    reports = f.reports(None)
+    w = waits_text(f, reports)
+    div = next((g.div for g in f.divs if set(g.absent) & set(culprits)), None)
+    site = f.views[culprits[0]].site
+    if all(recorder_only(f.views[r].ev) for r in culprits):
+        return outside_recorded(f, culprits, w, div)
+    where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    back = [r for r in f.waiting if r not in culprits and idle_in_backward(f.views[r].stack)]
+    if back and not w:
+        sites = sorted({site_str(f.views[r].site) for r in back})
+        w = f"{who(back)}, idle inside backward at {', '.join(sites)},"
+    # one waiter only where the text names one rank ("ranks 1-3 in ..." is three)
+    one = w.startswith("rank ") and w.count("rank") == 1
+    summary = (f"{who(culprits).capitalize()} {agree(culprits, 'is', 'are')} outside any "
+               f"collective ({where}) while "
+               f"{w or 'the others'} wait{'s' if one else ''} for it.")
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+                      summary,
+                      Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
+                             "reaches the collective the others wait in, they wait (slow I/O or "
+                             "a checkpoint resolves by itself; a stuck data loader does not)."),
+                      div)
+
+
+def finishing(f: Facts) -> Conclusion:
+    """A rank's program ended, having posted every collective the others wait in: they are
+    returning from the last ones (a job finishing one rank at a time), not left waiting."""
+    done = f.finishing
+    waits = sorted({(pg_label(c.pg, c.pg_desc), c.seq) for r in f.waiting
+                    if (c := f.views[r].current) is not None})
+    upto = ", ".join(f"{pg} #{seq}" for pg, seq in waits)
+    # uncertain: a claim about a job still running, which watch keeps watching
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
+                      f"{who(done).capitalize()} finished after posting every collective "
+                      f"{who(f.waiting)} {agree(f.waiting, 'waits', 'wait')} in"
+                      f"{f' ({upto})' if upto else ''}: "
+                      f"{agree(f.waiting, 'it is', 'they are')} returning from "
+                      f"{agree(f.waiting, 'its', 'their')} last collectives, not left "
+                      "waiting.")
+
+
+def straggler(f: Facts) -> Conclusion:
+    culprits = sorted(f.moving)
+    return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
+                      f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
+                      f"still computing while {who(f.waiting)} "
+                      f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
+                      "deadlocked.",
+                      Advice("Not a deadlock: a rank is still computing while the others wait. "
+                             "Look at what it computes (its stack); balance the work, or raise "
+                             "the timeout."))
+
+
+def all_moving(f: Facts) -> Conclusion:
+    # the counters first: they saw collectives complete, where a stack saw one collective
+    counted = sorted(r for r in f.alive
+                     if (j := f.activity.get(r)) is not None and j.motion == Motion.MOVING)
+    stacked = sorted(r for r in f.alive if r not in counted)
+    parts = []
+    if stacked:
+        parts.append("their stacks moved between samples" if not counted
+                     else f"{who(stacked)}'s stack moved between samples" if len(stacked) == 1
+                     else f"the stacks of {who(stacked)} moved between samples")
+    if counted:
+        ops = {f.views[r].stack.op or "a collective" for r in counted}
+        op = ops.pop() if len(ops) == 1 else "collectives"
+        one = len(counted) == 1
+        parts.append(f"{who(counted)} {'was' if one else 'were'} in {op} in every sample, a "
+                     f"new one each time: {'its main thread' if one else 'their main threads'}"
+                     f" kept waking and {'its process' if one else 'their processes'} kept "
+                     "moving data through syscalls (counters in the evidence)")
+    return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
+                      f"All {len(f.alive)} ranks are making progress: {'; '.join(parts)}. No "
+                      "hang right now.")
+
+
+def all_in_one(f: Facts) -> Conclusion:
+    reports = f.reports(None)
+    ops = {c.op if (c := reports[r].collective) else (
+        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
+        for r in f.waiting}
+    op = ops.pop() if len(ops) == 1 else "collectives"
+    stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
+                     and a.stopped)
+    if all(f.views[r].ev.fr is not None for r in f.waiting):
+        summary = (f"All {len(f.waiting)} ranks wait in {op} with matching order and sizes, "
+                   "and it does not complete: the collective order is consistent, so the "
+                   "cause is outside it")
+    else:  # stacks (or heartbeats) alone show where each waits, not what it posted before
+        summary = (f"All {len(f.waiting)} ranks wait in {op}, and it does not complete"
+                   + ("" if stopped else
+                      "; without every rank's Flight Recorder dump their collective order "
+                      "and sizes cannot be compared (run it under `moe-hang watch`, whose "
+                      "probe keeps the recorder)"))
+    summary += (f": {who(stopped)}'s process is stopped (SIGSTOP, job control)." if stopped
+                else ".")
+    nccl = any(v.ev.fr is not None and v.ev.fr.backend == "nccl" for v in f.views.values())
+    text = ("Suspect the transport or a device (NCCL_DEBUG=INFO shows the rings; a peer "
+            "outside this job, a hung GPU)." if nccl else "")
+    return Conclusion(Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                      Advice(text))
+
+
+def in_one(f: Facts) -> bool:
+    return bool(f.waiting) and len(f.waiting) == len(f.alive)
+
+
+def progress_unseen(f: Facts) -> Conclusion:
+    """Every rank sat in the same kind of collective in every sample, and nothing shows
+    whether it is one that never completes or a new one each time (docs/DESIGN.md §9)."""
+    reports = f.reports(None)
+    ops = {c.op if (c := reports[r].collective) else (
+        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
+        for r in f.waiting}
+    op = ops.pop() if len(ops) == 1 else "collectives"
+    whys: dict[str, list[int]] = {}
+    for r in f.waiting:
+        j = f.activity.get(r)
+        whys.setdefault(j.why if j is not None and j.motion != Motion.STUCK
+                        else "no counters" if j is None else "", []).append(r)
+    clauses = [f"{who(rs)}: {w}" for w, rs in whys.items() if w and w != "no counters"]
+    if "no counters" in whys:
+        clauses.append(f"{who(whys['no counters'])}: no counters were read")
+    summary = (f"All {len(f.waiting)} ranks were in {op} in every sample, and what their "
+               "processes did cannot tell one collective that never completes from a new one "
+               "each time (" + "; ".join(clauses) + ").")
+    text = ("Decide with the recorder: keep watch's probe in the ranks (the launch script "
+            "dropped it: let it keep PYTHONPATH, or call torchrun by name), or `moe-hang "
+            "diagnose PID --fr-dir DIR` with the job's own Flight Recorder dumps."
+            if f.ev.sampled else
+            "Decide with the recorder: run the job under `moe-hang watch -- <launch command>` "
+            "(its probe reads the Flight Recorder's sequence numbers), or pass `--fr-dir DIR` "
+            "with the job's own Flight Recorder dumps (TORCH_FR_BUFFER_SIZE, "
+            "TORCH_FR_DUMP_TEMP_FILE).")
+    return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN, summary,
+                      Advice(text))
+
+
+def inconclusive(f: Facts) -> Conclusion:
+    known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
+    return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
+                      "Not enough evidence to name a cause: "
+                      + (f"states known for rank {spans(known)} only." if known
+                         else "no stack or recorder data could be read."))
