@@ -85,8 +85,16 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
             # of its own — ``if rank in members: all_reduce(group=sub)`` — a member missing
             # from it may be among those past it: the order decides, as below.)
             return div, sorted(camps[behind[0]]), CulpritBasis.SOURCE
-        return div, [r for k, rs in camps.items() if k != behind[0] for r in rs], \
-            CulpritBasis.PROGRAM_ORDER
+        ahead = [k for k in camps if k != behind[0]]
+        past = [r for k in ahead for r in camps[k]]
+        if sorted(took, key=str) == sorted(ahead, key=str) \
+                and all(_on_every_rank(views[camps[k][0]].stack.callsite) for k in ahead):
+            # ahead of the others inside a branch only they took, in a collective of every
+            # rank (``if rank == 6 and step == 2: evaluate()`` at the loop's end, the others
+            # in the next step's forward: fuzz seed 7130418 job 2): what it posts there is the
+            # extra, and the branch, not the others' line, is what to change
+            return div, sorted(past), CulpritBasis.SOURCE
+        return div, past, CulpritBasis.PROGRAM_ORDER
     if kind == MismatchKind.MISSING:
         return None
     # exclusive branches: neither is after the other; the camp that took the rank branch

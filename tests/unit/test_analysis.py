@@ -689,6 +689,27 @@ def test_stacks_alone_a_rank_behind_inside_its_own_branch_posted_the_extra(
     assert ":40 evaluate" in d["fix"] and ":91 <module>" in d["fix"]
 
 
+@pytest.mark.parametrize("name, extra", [("extra_eval_end_stacks_6", 6),
+                                         ("extra_eval_end_stacks_4", 4)])
+def test_stacks_alone_a_rank_ahead_inside_its_own_branch_posted_the_extra(
+        fixtures, tmp_path, name, extra):
+    """FSDP2, 8 ranks, under diagnose without a probe (fixtures/extra_eval_end_jobs, fuzz
+    seed 7130418 job 2, and its mirror): one rank runs `evaluate()` (an all-reduce, :40) under
+    `if FAULTY and step == FAULT_STEP:` at the end of the step (:87); the others went on to
+    the next step's forward, whose FSDP all-gather (:56) waits for it. The evaluating rank is
+    ahead in program order and inside a branch only it took: the branch is the advice, not
+    FSDP's "call the same modules ... on a dummy input" (was: the culprit right, the advice
+    that of a module skip)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-7130418/jobs",
+                    str(fixtures / "extra_eval_end_jobs"))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [extra], "source"), d["summary"]
+    assert d["fix"].startswith(f"Rank {extra} took `if FAULTY and step == FAULT_STEP`"), d["fix"]
+    assert ":40 evaluate" in d["fix"] and ":56 Net.forward" in d["fix"], d["fix"]
+    assert "dummy" not in d["fix"]
+
+
 @pytest.mark.parametrize("name, skipper, here, there", [
     ("skip_step_two_nodes_3", 3, "node1", "node0"), ("skip_step_two_nodes_7", 7, "node0", "node1")])
 def test_a_rank_past_the_training_loop_gets_loop_advice_not_dummy_input(
