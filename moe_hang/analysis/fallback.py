@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.order import program_order
@@ -64,7 +64,9 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     peers = {q for q in owed.values() if q in ops and q not in owed}
     if owed and peers and all(q in peers or q in owed for q in owed.values()):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
-    if elsewhere and not _every_camp_on_every_rank(views, camps, kind, behind_all):
+    behind = [k for k in camps if behind_all(k)]
+    if elsewhere and not _on_every_rank_all(
+            views, camps, behind if kind == MismatchKind.MISSING else list(camps)):
         # a rank still computing can hold up every one of them: the ranks at the later line
         # completed the earlier collective on a group of their own (a 2-D mesh: the tp
         # all-reduce of the other tp group), and wait in the next one for the busy rank,
@@ -76,7 +78,6 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     cond = {k: path_condition(views[rs[0]].stack.frames)
             for k, rs in camps.items()}
     took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
-    behind = [k for k in camps if behind_all(k)]
     if len(behind) == 1:
         if took == behind and _on_every_rank(views[camps[behind[0]][0]].stack.callsite):
             # behind the others only because it is inside that branch (``if rank == 0:
@@ -87,8 +88,7 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
             return div, sorted(camps[behind[0]]), CulpritBasis.SOURCE
         ahead = [k for k in camps if k != behind[0]]
         past = [r for k in ahead for r in camps[k]]
-        if sorted(took, key=str) == sorted(ahead, key=str) \
-                and all(_on_every_rank(views[camps[k][0]].stack.callsite) for k in ahead):
+        if set(took) == set(ahead) and _on_every_rank_all(views, camps, ahead):
             # ahead of the others inside a branch only they took, in a collective of every
             # rank (``if rank == 6 and step == 2: evaluate()`` at the loop's end, the others
             # in the next step's forward: fuzz seed 7130418 job 2): what it posts there is the
@@ -103,13 +103,11 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     return div, sorted(ops), CulpritBasis.AMBIGUOUS
 
 
-def _every_camp_on_every_rank(views: RankViews, camps: dict[object, list[int]],
-                              kind: MismatchKind, behind_all: Callable[[object], bool]) -> bool:
-    """Do the camps' collectives run on the default group, as the source says, so that no
-    rank can have completed one without every other rank? For one op at different lines,
-    the line behind the others is the one the ranks ahead went past; for different ops,
-    every camp's."""
-    keys = [k for k in camps if behind_all(k)] if kind == MismatchKind.MISSING else list(camps)
+def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
+                       keys: list[object]) -> bool:
+    """Do these camps' collectives run on the default group, as the source says, so that no
+    rank can have completed one without every other rank? (For one op at different lines
+    the camp behind is the one to ask of: the ranks ahead went past its line.)"""
     return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite) for k in keys)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from moe_hang.analysis.activity import Motion
 from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
+from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Verdict, pg_label
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
@@ -114,9 +114,7 @@ def all_moving(f: Facts) -> Conclusion:
 
 def all_in_one(f: Facts) -> Conclusion:
     reports = f.reports(None)
-    ops = {c.op if (c := reports[r].collective) else (
-        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
-        for r in f.waiting}
+    ops = {_waits_in(f, reports, r) for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
     stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
                      and a.stopped)
@@ -139,6 +137,14 @@ def all_in_one(f: Facts) -> Conclusion:
                       Advice(text))
 
 
+def _waits_in(f: Facts, reports: dict[int, RankReport], r: int) -> str:
+    """The op a rank waits in: its recorded collective's, else its stack's ("backward" for a
+    rank idle in the autograd engine, "?" where nothing says)."""
+    if (c := reports[r].collective) is not None:
+        return c.op
+    return f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?")
+
+
 def in_one(f: Facts) -> bool:
     return bool(f.waiting) and len(f.waiting) == len(f.alive)
 
@@ -147,9 +153,7 @@ def progress_unseen(f: Facts) -> Conclusion:
     """Every rank sat in the same kind of collective in every sample, and nothing shows
     whether it is one that never completes or a new one each time (docs/DESIGN.md §9)."""
     reports = f.reports(None)
-    ops = {c.op if (c := reports[r].collective) else (
-        f.views[r].stack.op or ("backward" if f.views[r].stack.in_backward else "?"))
-        for r in f.waiting}
+    ops = {_waits_in(f, reports, r) for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
     whys: dict[str, list[int]] = {}
     for r in f.waiting:

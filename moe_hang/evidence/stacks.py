@@ -280,8 +280,8 @@ def in_backward(frames: list[Frame]) -> bool:
 def idle_in_backward(v: StackView) -> bool:
     """Idle in the autograd engine itself (not in a user ``backward`` nor a collective): the
     main thread waits for the engine, where the gradient hooks post their collectives."""
-    return (v.state == RankState.IDLE and v.in_backward and v.autograd_function is None
-            and bool(v.frames) and in_backward(v.frames[:1]))
+    return (v.state == RankState.IDLE and v.autograd_function is None
+            and in_backward(v.frames[:1]))
 
 
 def autograd_function(frames: list[Frame]) -> str | None:
