@@ -351,3 +351,12 @@ def relocated(src: Path, dst: Path, old: str, new: str) -> Path:
         elif p.is_file():
             p.write_text(p.read_text().replace(old, new))
     return dst
+
+
+def captured(ev):
+    """``ev`` as a capture made here stores it: with the facts of the job's source read now
+    (``moe_hang.capture.source``), as watch and diagnose do when they capture."""
+    from moe_hang.capture.source import record
+
+    record(ev)
+    return ev

@@ -25,6 +25,7 @@ from moe_hang.analysis.source import (
     path_condition,
     rank_condition,
 )
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -40,6 +41,7 @@ class Situation:
     reports: dict[int, RankReport]
     frames: dict[int, list[Frame]] = field(default_factory=dict)
     block: Block | None = None  # where one side posted collectives the other did not
+    src: SourceFacts = field(default_factory=SourceFacts)  # what the source said
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]
@@ -64,7 +66,8 @@ class Situation:
         is in the frames, the waiters' line does not call a collective itself (a skipped
         broadcast is no module), and the block the culprits lack, where known, is FSDP's."""
         waited = self.waited_site()
-        if waited is not None and on_default_group(waited.file, waited.line) is not None:
+        if waited is not None and on_default_group(self.src, waited.file, waited.line) \
+                is not None:
             return False
         lacked = self.block.items[0].frames if self.block is not None and self.block.items \
             else []
@@ -157,11 +160,12 @@ def advise_dtype(s: Situation) -> Advice:
                   f"({dtypes}).")
 
 
-def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None) -> Advice:
+def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None,
+               src: SourceFacts) -> Advice:
     """A send or recv whose other side the peer never posts: the peer of a recv posts a
     send, not another recv — under the same condition as the call that waits."""
     other, arg, back = ("send", "dst", "src") if op == "recv" else ("recv", "src", "dst")
-    cond = rank_condition(site.file, site.line) if site is not None else None
+    cond = rank_condition(src, site.file, site.line) if site is not None else None
     at = f" at {site.short()}" if site is not None else ""
     under = f" (it runs under `{cond}`)" if cond else ""
     return Advice(f"Rank {waiter}'s {op}({back}={peer}){at}{under} waits for a {other} rank "
@@ -228,14 +232,14 @@ def advise_order(s: Situation) -> Advice:
     if s.block is not None and s.block.decided == EXTRA:
         return _advise_extra(s, s.block)
     if s.culprits and s.basis in (CulpritBasis.SOURCE, CulpritBasis.MAJORITY) \
-            and (taken := path_condition(s.frames.get(s.culprits[0], []))) is not None \
+            and (taken := path_condition(s.src, s.frames.get(s.culprits[0], []))) is not None \
             and not excludes_ranks(taken) and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken)
     if s.lacks_fsdp_unshard():
         called = s.waited_site()
-        loop = enclosing_loop(called.file, called.line) if called is not None else None
+        loop = enclosing_loop(s.src, called.file, called.line) if called is not None else None
         if called is not None and loop is not None and "expert" in loop.lower():
             return Advice(
                 f"FSDP all-gathers a module's parameters when it is called; the loop at "
@@ -267,7 +271,8 @@ def advise_order(s: Situation) -> Advice:
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
     # decided by a condition on the culprit's own path that names the ranks taking it
-    cond = path_condition(s.frames.get(culprit, [])) if s.basis == CulpritBasis.SOURCE else None
+    cond = (path_condition(s.src, s.frames.get(culprit, [])) if s.basis == CulpritBasis.SOURCE
+            else None)
     if cond is not None and not excludes_ranks(cond):
         return _advise_branch(s, cond)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
@@ -346,7 +351,7 @@ def _loop_left(s: Situation, culprit: int) -> str | None:
             if (a.file, a.function) != (b.file, b.function):
                 return None
             if a.line != b.line:
-                loop = left_loop(a.file, a.line, b.line)
+                loop = left_loop(s.src, a.file, a.line, b.line)
                 at = f"{short_path(a.file)}:{loop}" if loop else None
                 break
         if at is None:

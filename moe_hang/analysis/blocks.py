@@ -244,10 +244,10 @@ def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> 
     code (and none from a branch of the same condition)."""
     for r in ranks:
         entries = views[r].tl.by_pg.get(pg, {})
-        s = seq if seq in entries and condition_of(entries[seq]) else seq - 1
+        s = seq if seq in entries and condition_of(entries[seq], views) else seq - 1
         run: list[Collective] = []
         cond: str | None = None
-        while s in entries and (c := condition_of(entries[s])) is not None:
+        while s in entries and (c := condition_of(entries[s], views)) is not None:
             run.insert(0, entries[s])
             cond = cond or c
             s -= 1
@@ -255,7 +255,7 @@ def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> 
             continue  # an `else` (or `!=`) branch: the ranks it names are the odd ones
         others = [q for q in ranks if q != r]
         seen = [views[q].tl.by_pg.get(pg, {}).get(c.seq) for q in others for c in run]
-        if any(o is not None and (condition_of(o) is not None
+        if any(o is not None and (condition_of(o, views) is not None
                                   or user_code(o, views[q]) == user_code(c, views[r]))
                for q in others for c in run
                if (o := views[q].tl.by_pg.get(pg, {}).get(c.seq)) is not None):
@@ -287,7 +287,7 @@ def _decide(b: Block, pg: str, views: RankViews) -> None:
             b.decided, b.basis = EXTRA, CulpritBasis.HISTORY  # never posted before
     if b.decided is None and _tagged_in_order(b, pg, views):
         b.decided, b.basis = SKIP, CulpritBasis.PROGRAM_ORDER
-    cond = condition_of(b.items[0]) if b.items else None
+    cond = condition_of(b.items[0], views) if b.items else None
     if cond is not None and excludes_ranks(cond):
         # posted under `if not (FAULTY ...)` / an `else`: every rank but the ones the
         # condition names runs it — those lacking it took the singled-out branch
@@ -326,10 +326,10 @@ def _history(pg: str, before: int, views: RankViews) -> set[tuple[object, ...]]:
     return out
 
 
-def condition_of(c: Collective) -> str | None:
+def condition_of(c: Collective, views: RankViews) -> str | None:
     """A rank condition (``if rank == 0:``) on the user path that posted ``c``, outermost
     first: the extra runs only where it holds."""
-    return path_condition(c.frames)
+    return path_condition(views.source, c.frames)
 
 
 def _counts(pg: str, b: Block, views: RankViews) -> dict[int, int]:

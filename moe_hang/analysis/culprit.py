@@ -207,19 +207,19 @@ def _scan_history(c: Collective, site: object, views: RankViews) -> bool | None:
     return False if seen else None
 
 
-def condition_on(c: Collective, v: RankView) -> str | None:
+def condition_on(c: Collective, v: RankView, views: RankViews) -> str | None:
     """The rank condition on the user path that posted ``c`` (the recorder's frames, else the
     stack of the rank still blocked in it)."""
     if c.frames or c.completed is not False or v.stack.op != c.op:
-        return condition_of(c)
-    return condition_of(replace(c, frames=list(v.stack.frames)))
+        return condition_of(c, views)
+    return condition_of(replace(c, frames=list(v.stack.frames)), views)
 
 
 def extra_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
     """``c`` runs under a rank condition (``if rank == 0:`` on its user path, read from the
     source) and nothing like it was posted in earlier steps: an extra of the ranks that took
     that branch, not a collective the others skipped."""
-    cond = condition_on(c, views[waiter])
+    cond = condition_on(c, views[waiter], views)
     return cond is not None and not excludes_ranks(cond) and _posted_before(c, views) is False
 
 
@@ -228,7 +228,7 @@ def skipped_by_source(c: Collective, views: RankViews, waiter: int) -> bool:
     in it took the other branch (``if not (bad_rank and step == 3): dist.broadcast(...)``) —
     in a loop, line numbers cannot say that it went on to the next step. Or the condition
     itself names the ranks that do not run it (``if rank != 3``)."""
-    cond = condition_on(c, views[waiter])
+    cond = condition_on(c, views[waiter], views)
     return cond is not None and (excludes_ranks(cond) or _posted_before(c, views) is True)
 
 
@@ -337,7 +337,7 @@ def blame_abort(div: Divergence, views: RankViews, abort: SizeAbort | None,
             return Blame(least, CulpritBasis.MAJORITY)
         if len(sides) == 2:
             ahead = program_order(_posted_from(sides[0][0], div, views),
-                                  _posted_from(sides[1][0], div, views))
+                                  _posted_from(sides[1][0], div, views), views.source)
             if ahead.side is not None:
                 return Blame(sides[0] if ahead.side == "a" else sides[1], ahead.basis,
                              ahead.confirmed)

@@ -35,7 +35,7 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
     for e in cyc:
         if e.coll is None:
             continue
-        cond = condition_on(e.coll, f.views[e.waiter])
+        cond = condition_on(e.coll, f.views[e.waiter], f.views)
         if cond is None:
             continue
         what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
@@ -114,7 +114,8 @@ def cycle(f: Facts) -> Conclusion:
                 f"ranks passed {meant}: pass the same group (the same mesh dim) on every rank.")
     elif (p2p := next((e for e in cyc if e.on in culprits and e.p2p is not None), None)) \
             and p2p.p2p is not None:
-        text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site).text
+        text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site,
+                          f.views.source).text
     elif b.basis == CulpritBasis.SOURCE and (cond := _cycle_condition(cyc, culprits, f)):
         text = cond.text
     else:

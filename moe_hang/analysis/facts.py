@@ -106,7 +106,7 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
 
 
 def facts(ev: Evidence) -> Facts:
-    views = RankViews((r, rank_view(e)) for r, e in sorted(ev.ranks.items()))
+    views = RankViews(((r, rank_view(e)) for r, e in sorted(ev.ranks.items())), ev.source)
     for r in departing(views):  # gone, whatever its last recorder said: what it posted decides
         views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)

@@ -53,7 +53,8 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     # post the same collective), so nothing is claimed.
     def behind_all(key: object) -> bool:
         mine = views[camps[key][0]].user_frames_outer_first()
-        return all(program_order(mine, views[rs[0]].user_frames_outer_first()).side == "b"
+        return all(program_order(mine, views[rs[0]].user_frames_outer_first(),
+                                 views.source).side == "b"
                    for k, rs in camps.items() if k != key)
 
     # a rank in a recv whose peer is inside a collective (py-spy --locals, or the probe,
@@ -75,11 +76,11 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     # a camp whose line runs under a rank condition that names the ranks taking it
     # (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or one
     # naming who skips (the ``else``), took a branch the rest of the job does not
-    cond = {k: path_condition(views[rs[0]].stack.frames)
+    cond = {k: path_condition(views.source, views[rs[0]].stack.frames)
             for k, rs in camps.items()}
     took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
     if len(behind) == 1:
-        if took == behind and _on_every_rank(views[camps[behind[0]][0]].stack.callsite):
+        if took == behind and _on_every_rank(views[camps[behind[0]][0]].stack.callsite, views):
             # behind the others only because it is inside that branch (``if rank == 0:
             # evaluate()``), in a collective of every rank: the others went past the branch,
             # not past a collective they owed; what it posts there is the extra. (On a group
@@ -108,11 +109,12 @@ def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
     """Do these camps' collectives run on the default group, as the source says, so that no
     rank can have completed one without every other rank? (For one op at different lines
     the camp behind is the one to ask of: the ranks ahead went past its line.)"""
-    return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite) for k in keys)
+    return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite, views)
+                              for k in keys)
 
 
-def _on_every_rank(site: Frame | None) -> bool:
-    return site is not None and on_default_group(site.file, site.line) is True
+def _on_every_rank(site: Frame | None, views: RankViews) -> bool:
+    return site is not None and on_default_group(views.source, site.file, site.line) is True
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

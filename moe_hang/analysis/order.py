@@ -21,6 +21,7 @@ from moe_hang.analysis.timeline import (
     site_key,
 )
 from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, is_library_frame
 
 
@@ -41,7 +42,7 @@ def user_frames(frames: list[Frame]) -> list[Frame]:
     return [f for f in reversed(frames) if not is_library_frame(f)]
 
 
-def program_order(fa: list[Frame], fb: list[Frame]) -> Ahead:
+def program_order(fa: list[Frame], fb: list[Frame], src: SourceFacts) -> Ahead:
     """Which of two user stacks (outermost frame first) is further along: at the deepest
     frame they share, the statement that runs later."""
     for x, y in zip(fa, fb, strict=False):
@@ -49,7 +50,7 @@ def program_order(fa: list[Frame], fb: list[Frame]) -> Ahead:
             return UNDECIDED
         if x.line == y.line:
             continue
-        o = order(x.file, x.line, y.line)
+        o = order(src, x.file, x.line, y.line)
         if o is Order.A_FIRST:
             return Ahead("b", CulpritBasis.PROGRAM_ORDER)
         if o is Order.B_FIRST:
@@ -89,7 +90,7 @@ def who_skipped(a: Collective, b: Collective, views: RankViews,
         return hist
     fa = user_frames(a.frames) or views[ra[0]].position
     fb = user_frames(b.frames) or views[rb[0]].position
-    return program_order(fa, fb)
+    return program_order(fa, fb, views.source)
 
 
 def further_along(r: int, waiting: Collective, views: RankViews,
@@ -98,7 +99,7 @@ def further_along(r: int, waiting: Collective, views: RankViews,
     waits in it)? "a": yes — it went past and skipped it; "b": it is behind, held up earlier.
     From the stacks' program order, else from the order the ranks posted collectives in."""
     fw = user_frames(waiting.frames) or views[waiter].position
-    by_code = program_order(views[r].position, fw)
+    by_code = program_order(views[r].position, fw, views.source)
     return by_code if by_code.side is not None else posted_past(r, waiting, views)
 
 

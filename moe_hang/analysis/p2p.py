@@ -138,7 +138,7 @@ def unmatched_outcome(f: Facts) -> Conclusion:
         summary = (f"Rank {spans(culprits)} never posted the {their} that {mine} waits for "
                    f"({where}, posted after collective #{e.seq}){last} went on to {past.op} "
                    f"{group}#{past.seq}" + (f" at {site_str(pat)}" if pat else "") + ".")
-        text = advise_p2p(u.waiter, e.op, culprits[0], at).text
+        text = advise_p2p(u.waiter, e.op, culprits[0], at, f.views.source).text
         return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
                           summary, Advice(text), p2p_divergence(u, f))
     pv = f.views[u.peer]

@@ -187,7 +187,7 @@ def _stack_desync(f: Facts) -> Conclusion:
     if waiter is not None:  # a recv whose peer went on past the send it owed
         p2p = f.views[waiter].stack.p2p
         assert p2p is not None and p2p.peer is not None
-        advice = advise_p2p(waiter, "recv", p2p.peer, f.views[waiter].site)
+        advice = advise_p2p(waiter, "recv", p2p.peer, f.views[waiter].site, f.views.source)
     else:
         advice = KIND_ADVICE[div.kind](_situation(f, div, culprits, basis))
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary, advice, div)
@@ -200,7 +200,7 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
         coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
     block = next((g.block for g in f.divs if g.div is div), None)
-    return Situation(div, culprits, basis, f.reports(div), frames, block)
+    return Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
 
 
 def _held(f: Facts) -> Conclusion:

@@ -21,6 +21,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.evidence.flight_recorder import Collective, entry_to_collective
 from moe_hang.evidence.model import Heartbeat, PostedRecord, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,
     StackView,
@@ -180,8 +181,11 @@ class RankViews(dict[int, RankView]):
     posting order, and the memos of :mod:`moe_hang.analysis.order`. It lives as long as the
     diagnosis: nothing outlives it."""
 
-    def __init__(self, views: Iterable[tuple[int, RankView]] = ()) -> None:
+    def __init__(self, views: Iterable[tuple[int, RankView]] = (),
+                 source: SourceFacts | None = None) -> None:
         super().__init__(views)
+        # what the source said of the capture's lines (nothing, where it was not read)
+        self.source = source if source is not None else SourceFacts()
         self._order: dict[int, list[Collective]] = {}
         self._keys: dict[int, list[PostingKey]] = {}
         self.memo: dict[tuple[object, ...], object] = {}  # order's answers, by question

@@ -25,7 +25,7 @@ from moe_hang.capture import dumps, pyspy, window
 from moe_hang.capture.ras_job import capture_ras
 from moe_hang.capture.window import progressed  # noqa: F401 - tests import it here
 from moe_hang.commands import identify
-from moe_hang.commands.session import Phase
+from moe_hang.commands.session import Phase, record_source
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence import identity, rankid
@@ -229,6 +229,7 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
                     ev.ranks[r].notes.append(
                         f"its child process {o.pid} (a forked worker) still holds its "
                         "connections, so the other ranks got no error and wait forever")
+        record_source(d, ev)
         diag = _with_other_nodes(ev, job, shared_dir, say) or diagnose(ev)
         _name_unidentified(diag, unknown)
         diag.artifacts = str(d.root) if out is not None else ""

@@ -14,11 +14,11 @@ from typing import Any
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import RunInfo
-from moe_hang.capture import dumps, pyspy
+from moe_hang.capture import dumps, pyspy, source
 from moe_hang.capture.ras_job import capture_ras
 from moe_hang.errors import Interrupted
 from moe_hang.evidence.load import load_capture
-from moe_hang.evidence.model import ProcessRecord, ProcessTable, Unreached
+from moe_hang.evidence.model import Evidence, ProcessRecord, ProcessTable, Unreached
 from moe_hang.evidence.torchrun_log import parse_torchrun_failures, read_job_log
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
@@ -26,7 +26,7 @@ from moe_hang.runtime.monitor import FROZEN, EventKind, Phase, ProgressSample, W
 from moe_hang.runtime.procs import defer_interrupt, is_alive
 
 __all__ = ["Interrupted", "Phase", "capture_frozen", "crash_onset", "diagnose_capture",
-           "interruptible", "save"]
+           "interruptible", "record_source", "save"]
 
 
 @contextlib.contextmanager
@@ -132,10 +132,18 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
     rundir.write_json(layout.processes, table.to_dict())
     ev = load_capture(layout.root, world=world, job=outcome.kind.job, log_text=log_text)
     ev.held, ev.unreached = held, unreached
+    record_source(layout, ev)
     diag = diagnose(ev)
     diag.run = run
     rundir.write_json(layout.diagnosis, diag.to_dict())
     return diag
+
+
+def record_source(layout: RunLayout, ev: Evidence) -> None:
+    """The capture is being made here, beside the job's files: what the source says of its
+    lines is read now and stored with it (``source.json``), so that the analysis — now, or
+    ``moe-hang analyze`` of this directory anywhere later — never opens a source file."""
+    rundir.write_json(layout.source, source.record(ev).to_dict())
 
 
 def save(layout: RunLayout, diag: Diagnosis) -> None:

@@ -24,6 +24,7 @@ from moe_hang.evidence.model import (
     Restarts,
 )
 from moe_hang.evidence.ras_files import attach_run_ras
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     ThreadStack,
     is_tool_frame,
@@ -224,7 +225,16 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
                    size_abort=gloo_size_abort(log_text), sampled=table.sampled,
                    restarts=Restarts(attempt, earlier) if attempt else None)
     attach_run_ras(out, layout.root)  # NCCL RAS polls taken at capture, if any
+    out.source = read_source(layout)
     return out
+
+
+def read_source(layout: RunLayout) -> SourceFacts | None:
+    """``source.json``: the source facts stored with the capture (None: none were)."""
+    try:
+        return SourceFacts.from_dict(json.loads(layout.source.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def load_captures(roots: list[Path]) -> Evidence:
@@ -259,6 +269,11 @@ def load_captures(roots: list[Path]) -> Evidence:
     polled = next((root for root, p in zip(roots, parts, strict=True) if p.ras), None)
     if polled is not None:
         attach_run_ras(out, Path(polled))
+    for p in parts:  # each node read its own ranks' source
+        if p.source is not None:
+            if out.source is None:
+                out.source = SourceFacts()
+            out.source.merge(p.source)
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
 from moe_hang.evidence.ras import RasEvidence
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,
     P2PCall,
@@ -418,3 +419,6 @@ class Evidence:
     sampled: bool = False
     # torchrun restarted the worker group: None when it never did
     restarts: Restarts | None = None
+    # what the job's source said of the capture's lines, read when it was made (None: not
+    # read — torch's own dumps, a capture from before: nothing of the source is known)
+    source: SourceFacts | None = None

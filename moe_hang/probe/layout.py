@@ -157,6 +157,11 @@ class RunLayout:
         return self.root / "diagnosis.json"
 
     @property
+    def source(self) -> Path:
+        """What the job's source says of the capture's lines, read when it was made."""
+        return self.root / "source.json"
+
+    @property
     def console_log(self) -> Path:
         return self.root / "console.log"
 

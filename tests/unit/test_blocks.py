@@ -9,8 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import captured
 
-from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.rules import diagnose as _diagnose
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence, SizeAbort
 from moe_hang.evidence.stacks import Frame
@@ -34,6 +35,11 @@ def main(rank, model, loader):
             evaluate(model, batch)   # only rank 0 evaluates
         dist.all_reduce(loss)        # loss
 """
+
+
+def diagnose(ev):
+    """The diagnosis of a capture made here (its source read, as watch does)."""
+    return _diagnose(captured(ev))
 
 
 def _line(src: str, needle: str) -> int:

@@ -7,22 +7,31 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import captured
 
-from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.rules import diagnose as _diagnose
 from moe_hang.analysis.source import (
     Order,
+    common_loop,
     excludes_ranks,
     left_loop,
     on_default_group,
     order,
     rank_condition,
 )
+from moe_hang.capture.source import read_facts
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
 
 TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def diagnose(ev):
+    """The diagnosis of a capture made here (its source read, as watch does)."""
+    return _diagnose(captured(ev))
 
 
 def _job(tmp_path: Path, body: str) -> Path:
@@ -33,6 +42,11 @@ def _job(tmp_path: Path, body: str) -> Path:
 
 def _line(path: Path, needle: str) -> int:
     return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if needle in ln)
+
+
+def _facts(path: Path, *lines: int) -> SourceFacts:
+    """What a capture stores of these lines of ``path`` (read where the file is)."""
+    return read_facts(Frame(str(path), n, "f") for n in lines)
 
 
 def _stack(*frames: tuple[str, int, str], active: bool = False,
@@ -86,11 +100,32 @@ def test_program_order_comes_from_the_source(tmp_path):
             barrier()  # BAR
         """)
     ln = {k: _line(job, f"# {k}") for k in ("A0", "B0", "B1", "A1", "D", "BAR")}
-    assert order(str(job), ln["A0"], ln["B1"]) is Order.EXCLUSIVE
-    assert order(str(job), ln["A0"], ln["B0"]) is Order.A_FIRST
-    assert order(str(job), ln["D"], ln["BAR"]) is Order.A_FIRST
-    assert order(str(job), ln["BAR"], ln["D"]) is Order.B_FIRST
-    assert order(str(tmp_path / "gone.py"), 1, 2) is Order.UNKNOWN
+    src = _facts(job, *ln.values())
+    assert order(src, str(job), ln["A0"], ln["B1"]) is Order.EXCLUSIVE
+    assert order(src, str(job), ln["A0"], ln["B0"]) is Order.A_FIRST
+    assert order(src, str(job), ln["D"], ln["BAR"]) is Order.A_FIRST
+    assert order(src, str(job), ln["BAR"], ln["D"]) is Order.B_FIRST
+    assert order(src, str(tmp_path / "gone.py"), 1, 2) is Order.UNKNOWN
+    assert order(SourceFacts(), str(job), ln["A0"], ln["B0"]) is Order.UNKNOWN  # not read
+
+
+def test_line_order_inside_a_loop_holds_for_one_iteration_only(tmp_path):
+    """In ``for step: all_reduce(a); all_gather(b)`` the all-reduce of step k+1 runs after
+    the all-gather of step k: the loop that holds both lines is named, so the caller knows
+    their order says nothing across iterations."""
+    job = _job(tmp_path, """\
+        for step in range(8):  # LOOP
+            dist.all_reduce(x)  # AR
+            if tokens:
+                dist.all_gather(out, x)  # AG
+        dist.barrier()  # BAR
+        """)
+    ln = {k: _line(job, f"# {k}") for k in ("LOOP", "AR", "AG", "BAR")}
+    src = _facts(job, *ln.values())
+    assert order(src, str(job), ln["AR"], ln["AG"]) is Order.A_FIRST
+    assert common_loop(src, str(job), ln["AR"], ln["AG"]) == ln["LOOP"]
+    assert common_loop(src, str(job), ln["AR"], ln["BAR"]) is None
+    assert common_loop(src, str(job), ln["LOOP"], ln["AR"]) is None  # the header: not inside
 
 
 def test_a_rank_condition_says_whether_it_names_who_runs_or_who_skips(tmp_path):
@@ -108,8 +143,9 @@ def test_a_rank_condition_says_whether_it_names_who_runs_or_who_skips(tmp_path):
         if rank not in skip and step > 0:
             gather()  # NOTIN
         """)
-    got = {k: rank_condition(str(job), _line(job, f"# {k}"))
-           for k in ("ONLY", "ELSE", "NOT3", "NOTBAD", "NOTIN")}
+    lines = {k: _line(job, f"# {k}") for k in ("ONLY", "ELSE", "NOT3", "NOTBAD", "NOTIN")}
+    src = _facts(job, *lines.values())
+    got = {k: rank_condition(src, str(job), n) for k, n in lines.items()}
     assert got["ONLY"] == "if rank == 0" and got["NOT3"] == "if rank != 3"
     assert {k: excludes_ranks(c) for k, c in got.items() if c} == {
         "ONLY": False, "ELSE": True, "NOT3": True, "NOTBAD": True, "NOTIN": True}
@@ -129,13 +165,14 @@ def test_a_rank_past_a_loop_another_is_still_in_left_it(tmp_path):
             poll()  # POLL
         """)
     ln = {k: _line(job, f"# {k}") for k in ("LOOP", "BWD", "IF", "VAL", "WHILE", "POLL")}
-    assert left_loop(str(job), ln["VAL"], ln["BWD"]) == ln["LOOP"]
-    assert left_loop(str(job), ln["IF"], ln["BWD"]) == ln["LOOP"]
-    assert left_loop(str(job), ln["BWD"], ln["VAL"]) is None  # behind, not past
-    assert left_loop(str(job), ln["WHILE"], ln["VAL"]) is None  # no loop holds VAL
-    assert left_loop(str(job), ln["VAL"], ln["LOOP"]) is None  # at the loop's own line
-    assert left_loop(str(job), ln["POLL"], ln["BWD"]) == ln["LOOP"]
-    assert left_loop(str(tmp_path / "gone.py"), 9, 3) is None
+    src = _facts(job, *ln.values())
+    assert left_loop(src, str(job), ln["VAL"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(src, str(job), ln["IF"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(src, str(job), ln["BWD"], ln["VAL"]) is None  # behind, not past
+    assert left_loop(src, str(job), ln["WHILE"], ln["VAL"]) is None  # no loop holds VAL
+    assert left_loop(src, str(job), ln["VAL"], ln["LOOP"]) is None  # at the loop's own line
+    assert left_loop(src, str(job), ln["POLL"], ln["BWD"]) == ln["LOOP"]
+    assert left_loop(src, str(tmp_path / "gone.py"), 9, 3) is None
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -440,8 +477,10 @@ def test_the_source_says_whether_a_collective_runs_on_every_rank(tmp_path):
         dist.broadcast(x, 0, **kw)  # KW
         y = x + 1  # NONE
         """)
-    got = {k: on_default_group(str(job), _line(job, f"# {k}"))
-           for k in ("WORLD", "SUB", "SPLIT", "BAR", "POS", "KW", "NONE")}
+    lines = {k: _line(job, f"# {k}") for k in ("WORLD", "SUB", "SPLIT", "BAR", "POS", "KW",
+                                                "NONE")}
+    src = _facts(job, *lines.values())
+    got = {k: on_default_group(src, str(job), n) for k, n in lines.items()}
     assert got == {"WORLD": True, "SUB": False, "SPLIT": False, "BAR": True, "POS": None,
                    "KW": False, "NONE": None}
-    assert on_default_group(str(tmp_path / "gone.py"), 1) is None
+    assert on_default_group(src, str(tmp_path / "gone.py"), 1) is None

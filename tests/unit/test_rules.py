@@ -10,12 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import make_fr_set
+from conftest import captured, make_fr_set
 
 from moe_hang.analysis.advice import KIND_ADVICE
 from moe_hang.analysis.diagnosis import MismatchKind
 from moe_hang.analysis.explain import KIND_PHRASE
-from moe_hang.analysis.rules import RULES, diagnose
+from moe_hang.analysis.rules import RULES
+from moe_hang.analysis.rules import diagnose as _diagnose
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import (
@@ -32,6 +33,11 @@ from moe_hang.evidence.vocab import JobState
 
 TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
 CONNECTION_CLOSED = "[pair.cc:534] Connection closed by peer [127.0.0.1]:5000"
+
+
+def diagnose(ev):
+    """The diagnosis of a capture made here (its source read, as watch does)."""
+    return _diagnose(captured(ev))
 
 
 def _stack(*frames: tuple[str, int, str], active: bool = False) -> list[ThreadStack]:

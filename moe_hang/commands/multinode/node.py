@@ -20,6 +20,7 @@ from moe_hang.analysis.runs import RunInfo, WatchRun
 from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_channel
 from moe_hang.commands.multinode.requests import reason_text, request_kind
 from moe_hang.commands.multinode.summaries import capture_summary, merge_remote, raw_heartbeats
+from moe_hang.commands.session import record_source
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import Unreached
 from moe_hang.evidence.vocab import RankState
@@ -389,6 +390,7 @@ class Node:
             ev.unreached = Unreached(unknown, local_world=self.local_world, hosts=hosts)
         if kind == EventKind.FINAL:
             ev.held = reason_text(req)
+        record_source(self.layout, ev)
         diag = diagnose(ev)
         self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
         rundir.write_json(self.layout.coord_analysis, diag.to_dict())

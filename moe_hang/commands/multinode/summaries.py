@@ -9,12 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from moe_hang.capture.source import record
 from moe_hang.evidence.errors import unwrap
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.flight_recorder import load as load_dump
-from moe_hang.evidence.load import dumped_threads
+from moe_hang.evidence.load import dumped_threads, load_capture, read_source
 from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame, main_thread
 from moe_hang.evidence.torchrun_log import gloo_size_abort, parse_torchrun_failures, read_job_log
 from moe_hang.evidence.vocab import RankState
@@ -91,7 +93,18 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
         if r.exit_code is None and r.rank in failures \
                 and r.pid in (None, failures[r.rank][1]):
             r.exit_code = failures[r.rank][0]
+    s.source = _source_of(layout)
     return s
+
+
+def _source_of(layout: RunLayout) -> dict[str, Any] | None:
+    """What the job's source says of this node's ranks' lines: read here, where the files
+    are (the analysing node may have none of them); as stored, where the capture has it."""
+    stored = read_source(layout)
+    if stored is None:
+        with contextlib.suppress(Exception):  # a capture cut short: its frames say less
+            stored = record(load_capture(layout.root))
+    return stored.to_dict() if stored is not None and stored.files else None
 
 
 def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
@@ -204,4 +217,8 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
             added.append(r.rank)
         if s.size_abort is not None and ev.size_abort is None:
             ev.size_abort = SizeAbort(*s.size_abort)  # the dead rank's node logged it
+        if s.source:  # what that node read of its ranks' source
+            if ev.source is None:
+                ev.source = SourceFacts()
+            ev.source.merge(SourceFacts.from_dict(s.source))
     return sorted(added)

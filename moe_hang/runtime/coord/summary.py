@@ -225,6 +225,9 @@ class NodeSummary:
     # a capture only: gloo's size-mismatch abort in this node's job log, [received, expected]
     # bytes (None where the log does not say): it names the collective a dead rank met
     size_abort: list[int | None] | None = None
+    # a capture only: what the job's source says of its ranks' lines, read on this node (the
+    # analysing node may not have the files): SourceFacts.to_dict()
+    source: dict[str, Any] | None = None
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"schema": SCHEMA, "node": self.node, "host": self.host,
@@ -238,6 +241,8 @@ class NodeSummary:
             d["groups"] = self.groups
         if self.size_abort is not None:
             d["size_abort"] = self.size_abort
+        if self.source:
+            d["source"] = self.source
         return d
 
     @classmethod
@@ -255,7 +260,8 @@ class NodeSummary:
                    request=None if d.get("request") is None else str(d["request"]),
                    note=None if d.get("note") is None else str(d["note"]),
                    groups=_groups(d.get("groups")),
-                   size_abort=_pair(d.get("size_abort")))
+                   size_abort=_pair(d.get("size_abort")),
+                   source=d["source"] if isinstance(d.get("source"), dict) else None)
 
     def encode(self, stacks: bool = True) -> bytes:
         return encode(self.to_json(stacks))

@@ -1,0 +1,227 @@
+"""Read the job's source for the lines of a capture, when the capture is made, into
+:class:`~moe_hang.evidence.source.SourceFacts` (docs/DESIGN.md §8): each line's statement path,
+the rank condition it runs under, whether the collective it calls runs on the default group.
+
+It reads files and parses them (``ast``), never runs them. It runs where the job's files are
+(the capturing machine, each node for its own ranks); the analysis then asks the records
+only. Library frames (torch, the interpreter's) are not read: only the job's own lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.source import LineFacts, SourceFacts, Step
+from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
+
+# files larger than this are not read (a generated file; nothing a person wrote to train)
+MAX_SOURCE_BYTES = 4 << 20
+
+
+def evidence_frames(ev: Evidence) -> Iterable[Frame]:
+    """Every frame the analysis may ask about: stacks, recorder and logged collectives,
+    heartbeats' samples and pending entries, exceptions."""
+    for r in ev.ranks.values():
+        for t in r.threads or []:
+            yield from t.frames
+        if r.fr is not None:
+            for c in r.fr.entries:
+                yield from c.frames
+            for p in r.fr.p2p:
+                yield from p.frames
+        for rec in r.records:
+            yield from rec.frames
+        for c in getattr(r, "posted_log", None) or []:
+            yield from c.frames
+        if r.heartbeat is not None:
+            yield from r.heartbeat.frames()
+        if r.error is not None:
+            yield from r.error.frames
+        if r.fatal:
+            from moe_hang.evidence.stacks import parse_faulthandler
+            for t in parse_faulthandler(r.fatal):
+                yield from t.frames
+
+
+def read_facts(frames: Iterable[Frame]) -> SourceFacts:
+    """The facts of every user line among ``frames`` whose file can be read here."""
+    wanted: dict[str, set[int]] = {}
+    for f in frames:
+        if f.line > 0 and not is_library_frame(f) and not is_stdlib_frame(f):
+            wanted.setdefault(f.file, set()).add(f.line)
+    out = SourceFacts()
+    for file, lines in wanted.items():
+        tree = _parse(file)
+        if tree is None:
+            continue
+        names, calls = _rank_names(tree), _collective_calls(tree)
+        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n)),
+                                        _rank_condition(tree, n, names),
+                                        _default_group(calls, n))
+                           for n in sorted(lines)}
+    return out
+
+
+def record(ev: Evidence) -> SourceFacts:
+    """Read the facts for ``ev``'s frames and attach them (merged over any it carries)."""
+    got = read_facts(evidence_frames(ev))
+    if ev.source is None:
+        ev.source = got
+    else:
+        ev.source.merge(got)
+    return ev.source
+
+
+def _parse(path: str) -> ast.Module | None:
+    try:
+        p = Path(path)
+        if not p.is_file() or p.stat().st_size > MAX_SOURCE_BYTES:
+            return None
+        return ast.parse(p.read_text(encoding="utf-8"), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+# ------------------------------------------------------------------------ statement paths
+
+
+def _path(body: list[ast.stmt], line: int) -> list[Step]:
+    out: list[Step] = []
+    block: list[ast.stmt] | None = body
+    key, fld = "module", "body"
+    while block:
+        for i, st in enumerate(block):
+            end = getattr(st, "end_lineno", st.lineno) or st.lineno
+            if st.lineno <= line <= end:
+                out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st)))
+                inner = _inner_block(st, line)
+                if inner is None:
+                    block = None
+                else:
+                    block, fld = inner
+                    key = f"{st.lineno}:{st.col_offset}:{fld}"
+                break
+        else:
+            break
+    return out
+
+
+def _header(st: ast.stmt) -> str | None:
+    if isinstance(st, (ast.For, ast.AsyncFor)):
+        return f"for {ast.unparse(st.target)} in {ast.unparse(st.iter)}"
+    if isinstance(st, ast.While):
+        return f"while {ast.unparse(st.test)}"
+    return None
+
+
+def _inner_block(st: ast.stmt, line: int) -> tuple[list[ast.stmt], str] | None:
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        sub = getattr(st, name, None)
+        if not isinstance(sub, list) or not sub:
+            continue
+        blocks: list[list[ast.stmt]] = [sub]
+        if name in ("handlers", "cases"):  # except handlers / match cases carry bodies
+            blocks = [getattr(h, "body", []) for h in sub]
+        for i, b in enumerate(blocks):
+            if b and b[0].lineno <= line <= (getattr(b[-1], "end_lineno", None) or line):
+                return b, f"{name}{i}" if name in ("handlers", "cases") else name
+    return None
+
+
+# ------------------------------------------------------------------------ rank conditions
+
+# names that say "which rank am I" in a condition (torch, torchrun, accelerate, Lightning, ...)
+_RANK_WORDS = re.compile(
+    r"\b(\w*rank\w*|RANK|is_main\w*|is_master\w*|is_global_zero|is_local_main\w*|"
+    r"main_process\w*|process_index|local_process_index)\b")
+
+
+def _is_flag(e: ast.expr) -> bool:
+    """A test about the rank (``rank == 0``, ``RANK in bad``, ``not is_main``), or a name that
+    says it (``accelerator.is_main_process``) — not a value computed from it (``tokens = 0 if
+    rank == k else 4``, ``batches[rank::world]``): a condition on such a value is about the
+    data (``if tokens > 0:``), and says nothing of who was meant to run the branch."""
+    if isinstance(e, ast.Compare | ast.BoolOp):
+        return True
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        return _is_flag(e.operand)
+    return isinstance(e, ast.Name | ast.Attribute | ast.Call) and bool(
+        _RANK_WORDS.search(ast.unparse(e)))
+
+
+def _rank_names(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a test of the rank (``IS_MAIN = rank == 0``, ``FAULTY =
+    RANK in bad``): a condition on them is a condition on the rank."""
+    out: set[str] = set()
+    for st in tree.body:
+        if isinstance(st, ast.Assign) and _RANK_WORDS.search(ast.unparse(st.value)) \
+                and _is_flag(st.value):
+            out.update(t.id for t in st.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _owners(body: list[ast.stmt], line: int) -> list[tuple[ast.stmt, str]]:
+    """Each compound statement holding ``line``, with the field of it that holds it."""
+    out: list[tuple[ast.stmt, str]] = []
+    block: list[ast.stmt] | None = body
+    while block:
+        for st in block:
+            end = getattr(st, "end_lineno", st.lineno) or st.lineno
+            if st.lineno <= line <= end:
+                inner = _inner_block(st, line)
+                if inner is None:
+                    block = None
+                else:
+                    block = inner[0]
+                    out.append((st, inner[1]))
+                break
+        else:
+            break
+    return out
+
+
+def _rank_condition(tree: ast.Module, line: int, names: set[str]) -> str | None:
+    """``if rank == 0`` (its source) when ``line`` runs only under a condition on the rank —
+    the innermost ``if`` whose test names the rank (or a module-level name set from it), the
+    line in its body or ``else``."""
+    for st, fld in reversed(_owners(tree.body, line)):
+        if not isinstance(st, ast.If):
+            continue
+        test = ast.unparse(st.test)
+        used = {n.id for n in ast.walk(st.test) if isinstance(n, ast.Name)}
+        if not _RANK_WORDS.search(test) and not used & names:
+            continue
+        return f"if {test}" if fld == "body" else f"if not ({test})"
+    return None
+
+
+# ------------------------------------------------------------------------ group=
+
+# the torch.distributed calls whose group is their ``group=`` (the default group without it)
+_COLLECTIVE_CALLS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "barrier", "monitored_barrier", "reduce", "gather",
+    "scatter", "all_to_all", "all_to_all_single", "all_gather_object", "broadcast_object_list"})
+
+
+def _collective_calls(tree: ast.Module) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and (n.func.attr if isinstance(n.func, ast.Attribute)
+                 else n.func.id if isinstance(n.func, ast.Name) else None) in _COLLECTIVE_CALLS]
+
+
+def _default_group(calls: list[ast.Call], line: int) -> bool | None:
+    """Does the collective called at ``line`` run on the default group (every rank): a call
+    of :data:`_COLLECTIVE_CALLS` with no ``group=`` and no argument past its tensor and op?
+    None when the source does not say (no such call, a positional group)."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1:
+        return None
+    call = here[0]
+    if any(k.arg in ("group", "process_group") or k.arg is None for k in call.keywords):
+        return False
+    return True if len(call.args) <= 2 else None

@@ -1,0 +1,112 @@
+"""What the job's source says about the lines of a capture, as it was read when the capture
+was made (``source.json`` in the run directory; docs/DESIGN.md §8) — pure records.
+
+The analysis never opens a source file: it asks these records, so a capture gives the same
+verdict on any machine, and one without them (torch's own dumps, an older capture) decides
+only what its collectives can. For each user line on a stack or in a recorder frame:
+
+- its *statement path*: the statements that hold it, outermost first, each as the block it
+  sits in (the statement owning that block and which of its fields: ``body``, ``orelse``,
+  ``handlers0`` ...), its index there, and what kind of statement it is (a loop's header
+  text too). Two lines of one file are ordered, exclusive or nested by comparing paths;
+- the rank condition it runs under (``if rank == 0``, ``if not (rank in bad)``), if any;
+- whether the collective called on it runs on the default group (no ``group=``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "moe-hang/source/v1"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement on a line's path: ``block`` names the block it sits in (the owning
+    statement's ``line:col:field``, ``module`` at the top), ``index`` its place there."""
+
+    block: str
+    index: int
+    field: str  # which field of the owning statement holds the block: body, orelse, ...
+    kind: str  # the statement's AST class: If, For, While, With, Try, Expr, ...
+    line: int  # where the statement starts
+    header: str | None = None  # a loop's header (``for expert in self.experts``)
+
+    def to_list(self) -> list[Any]:
+        return [self.block, self.index, self.field, self.kind, self.line, self.header]
+
+    @classmethod
+    def from_list(cls, d: Any) -> Step | None:
+        try:
+            block, index, fld, kind, line, header = d
+            return cls(str(block), int(index), str(fld), str(kind), int(line),
+                       None if header is None else str(header))
+        except (TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class LineFacts:
+    path: tuple[Step, ...]
+    rank_condition: str | None = None  # ``if rank == 0`` / ``if not (rank == 0)``
+    default_group: bool | None = None  # the collective called here runs on every rank
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
+        if self.rank_condition is not None:
+            d["rank_condition"] = self.rank_condition
+        if self.default_group is not None:
+            d["default_group"] = self.default_group
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> LineFacts | None:
+        if not isinstance(d, dict) or not isinstance(d.get("path"), list):
+            return None
+        steps = [s for s in (Step.from_list(x) for x in d["path"]) if s is not None]
+        cond = d.get("rank_condition")
+        dg = d.get("default_group")
+        return cls(tuple(steps), str(cond) if cond is not None else None,
+                   dg if isinstance(dg, bool) else None)
+
+
+@dataclass
+class SourceFacts:
+    """Per file (absolute path as the frames name it), per line: what the source said. A
+    file that could not be read is absent: nothing is known of its lines."""
+
+    files: dict[str, dict[int, LineFacts]] = field(default_factory=dict)
+
+    def line(self, file: str, line: int) -> LineFacts | None:
+        return self.files.get(file, {}).get(line)
+
+    def knows(self, file: str) -> bool:
+        return file in self.files
+
+    def merge(self, other: SourceFacts) -> None:
+        for f, lines in other.files.items():
+            self.files.setdefault(f, {}).update(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA,
+                "files": {f: {str(n): lf.to_dict() for n, lf in sorted(lines.items())}
+                          for f, lines in sorted(self.files.items())}}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SourceFacts:
+        """Tolerant: anything malformed is left out (nothing known of it)."""
+        out = cls()
+        files = d.get("files") if isinstance(d, dict) else None
+        if not isinstance(files, dict):
+            return out
+        for f, lines in files.items():
+            if not isinstance(lines, dict):
+                continue
+            got: dict[int, LineFacts] = {}
+            for n, lf in lines.items():
+                facts = LineFacts.from_dict(lf)
+                if facts is not None and str(n).isdigit():
+                    got[int(n)] = facts
+            out.files[str(f)] = got
+        return out

@@ -1,0 +1,79 @@
+"""The source facts a capture stores (``source.json``): read where the job's files are, when
+the capture is made; the analysis asks only them, so a capture gives the same verdict on any
+machine, with or without the job's files."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from moe_hang.analysis.rules import diagnose
+from moe_hang.analysis.source import Order, enclosing_loop, order, rank_condition
+from moe_hang.capture.source import read_facts
+from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.stacks import Frame
+
+JOB = """\
+import torch.distributed as dist
+
+for step in range(8):
+    dist.all_reduce(x)  # AR
+    if rank == 0:
+        evaluate()  # EVAL
+    for expert in experts:
+        y = expert(x)  # EXPERT
+"""
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if needle in ln)
+
+
+def test_facts_read_at_capture_travel_as_json(tmp_path: Path) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(JOB)
+    lines = {k: _line(JOB, f"# {k}") for k in ("AR", "EVAL", "EXPERT")}
+    src = read_facts(Frame(str(job), n, "<module>") for n in lines.values())
+    back = SourceFacts.from_dict(json.loads(json.dumps(src.to_dict())))
+    assert back == src
+    assert rank_condition(back, str(job), lines["EVAL"]) == "if rank == 0"
+    assert enclosing_loop(back, str(job), lines["EXPERT"]) == "for expert in experts"
+    assert order(back, str(job), lines["AR"], lines["EVAL"]) is Order.A_FIRST
+    # torch's own frames and unreadable files are not read
+    none = read_facts([Frame("/x/site-packages/torch/distributed/distributed_c10d.py", 5, "f"),
+                       Frame(str(tmp_path / "gone.py"), 3, "g")])
+    assert none.files == {}
+    assert SourceFacts.from_dict({"files": {"a.py": {"x": 1, "3": {"path": "bad"}}}}) \
+        == SourceFacts({"a.py": {}})
+
+
+@pytest.mark.parametrize("name", ["fsdp2_eval_stale_0", "subgroup_skip_3", "mesh6_stacks_0",
+                                  "extra_eval_stacks_2"])
+def test_the_analysis_opens_no_source_file(fixtures: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Stored facts alone: the verdict of a capture whose job files are gone is the one it
+    had where they were, and the analysis never opens a ``.py`` file."""
+    run = tmp_path / "run"
+    shutil.copytree(fixtures / name, run)
+    ev = load_capture(run)
+    assert ev.source is not None and ev.source.files
+    expected = diagnose(load_capture(run)).to_dict()
+    real_open = builtins.open
+
+    def guarded(file, *a, **kw):  # type: ignore[no-untyped-def]
+        if str(file).endswith(".py"):
+            raise AssertionError(f"the analysis opened {file}")
+        return real_open(file, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: (_ for _ in ()).throw(
+        AssertionError(f"the analysis read {self}")) if str(self).endswith(".py")
+        else Path.read_bytes(self).decode())
+    got = diagnose(ev).to_dict()
+    assert {k: got[k] for k in ("verdict", "culprit_ranks", "summary", "fix")} == \
+        {k: expected[k] for k in ("verdict", "culprit_ranks", "summary", "fix")}
