@@ -231,7 +231,7 @@ def advise_order(s: Situation) -> Advice:
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
     if s.block is not None and s.block.decided == EXTRA:
         return _advise_extra(s, s.block)
-    if s.culprits and s.basis in (CulpritBasis.SOURCE, CulpritBasis.MAJORITY) \
+    if s.culprits and s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) \
             and (taken := path_condition(s.src, s.frames.get(s.culprits[0], []))) is not None \
             and not excludes_ranks(taken) and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
@@ -271,8 +271,7 @@ def advise_order(s: Situation) -> Advice:
     now = _at(now_at) if now_at else _what(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
     # decided by a condition on the culprit's own path that names the ranks taking it
-    cond = (path_condition(s.src, s.frames.get(culprit, [])) if s.basis == CulpritBasis.SOURCE
-            else None)
+    cond = path_condition(s.src, s.frames.get(culprit, []))
     if cond is not None and not excludes_ranks(cond):
         return _advise_branch(s, cond)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it

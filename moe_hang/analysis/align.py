@@ -56,7 +56,10 @@ class GroupDivergence:
     # the same op from different code, and nothing lines the ranks up again: where each is
     # stuck (its user code); filled for identity mismatches
     identity: dict[int, object] = field(default_factory=dict)
-    block: Block | None = None  # one side posted collectives the other did not
+    # one side posted collectives the other did not: each way the diff reads (the ladder
+    # chooses), and the one chosen (``block``, set with the blame)
+    blocks: tuple[Block, ...] = ()
+    block: Block | None = None
 
 
 def blocked_elsewhere(v: RankView) -> bool:
@@ -67,8 +70,8 @@ def blocked_elsewhere(v: RankView) -> bool:
     return v.state in (RankState.IDLE, RankState.IN_COLLECTIVE) and v.ev.progressed is False
 
 
-def _first_in_group(pg: str, ranks: list[int], views: RankViews
-                    ) -> GroupDivergence | None:
+def _first_in_group(pg: str, ranks: list[int], views: RankViews,
+                    doubts: dict[str, int] | None = None) -> GroupDivergence | None:
     with_data = [r for r in ranks if r in views and views[r].tl.has_data]
     if len(with_data) < 2 and not any(views[r].tl.by_pg.get(pg) for r in with_data):
         return None
@@ -86,7 +89,7 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
                   if c is None and views[r].tl.enqueued.get(pg, -1) < seq]
         kind = mismatch_kind(list(have.values()))
         identity: dict[int, object] = {}
-        block: Block | None = None
+        blocks: tuple[Block, ...] = ()
         codes = {r: user_code(c, views[r]) for r, c in have.items()}
         known = {code for code in codes.values() if code is not None}
         if len(have) >= 2 and (len({c.op for c in have.values()}) > 1 or len(known) > 1):
@@ -98,15 +101,19 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
             got = part(pg, seq, list(camps.values()), views)
             if got.benign and kind is None:
                 continue  # two code paths posting the same collectives: they line up again
-            if got.block is not None:
-                block = got.block
-                kind = MismatchKind.EXTRA if block.decided == EXTRA else MismatchKind.MISSING
+            if got.blocks:
+                blocks = got.blocks
+                kind = MismatchKind.MISSING  # until the ladder reads it (settle)
             elif kind != MismatchKind.OP and all(c.completed is False for c in have.values()):
                 # stuck in the same op from different code: different collectives
                 kind = MismatchKind.MISSING
                 identity = {r: code for r, code in codes.items() if code is not None}
             elif kind is None:
-                continue  # went through, and nothing says the two were not one step
+                # went through, and nothing says the two were not one step — nor that they
+                # were: the steps the ranks agreed on end here
+                if doubts is not None:
+                    doubts.setdefault(pg, seq)
+                continue
         if kind is None and absent:
             stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]
@@ -114,34 +121,45 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews
                 kind = MismatchKind.MISSING
         if kind is None:
             continue
-        if block is None and (cb := conditional_block(pg, seq, with_data, views)) is not None:
-            block, kind, seq = cb, MismatchKind.EXTRA, cb.start
+        if not blocks and (cb := conditional_block(pg, seq, with_data, views)) is not None:
+            blocks, kind, seq = (cb,), MismatchKind.EXTRA, cb.start
             present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
             have = {r: c for r, c in present.items() if c is not None}
         first = next(iter(have.values()))
         per_rank = {r: to_rc(present.get(r), views[r]) for r in with_data}
-        if block is not None:  # the block is what one side posted and the other never did
-            per_rank.update(dict.fromkeys(block.lacking))
-            site = block.site
-            for r in block.having:  # its own line: not the one every step goes through
-                rc = per_rank.get(r)
-                if rc is not None and site is not None:
-                    rc.callsite = site
         phase = next((c.phase for c in have.values() if c.phase), None)
         if phase is None and any(c.frames and in_backward(c.frames) for c in have.values()):
             phase = "backward"
         div = Divergence(pg=pg, seq=seq, kind=kind, pg_desc=first.pg_desc,
                          members=ranks, per_rank=per_rank, phase=phase)
         t = min((c.time_created_ns or 0) for c in have.values())
-        return GroupDivergence(div, have, absent if not (identity or block) else [], t,
-                               identity, block)
+        return GroupDivergence(div, have, absent if not (identity or blocks) else [], t,
+                               identity, blocks)
     return None
 
 
-def divergences(views: RankViews, world: int | None) -> list[GroupDivergence]:
-    """Every group's first divergence, earliest first."""
+def settle(g: GroupDivergence) -> None:
+    """Once the ladder chose how a block reads (``g.block``): the divergence's kind, and each
+    side's entry — the block is what one side posted and the other never did."""
+    block = g.block
+    if block is None:
+        return
+    g.div.kind = MismatchKind.EXTRA if block.decided == EXTRA else MismatchKind.MISSING
+    g.div.per_rank.update(dict.fromkeys(block.lacking))
+    site = block.site
+    for r in block.having:  # its own line: not the one every step goes through
+        rc = g.div.per_rank.get(r)
+        if rc is not None and site is not None:
+            rc.callsite = site
+
+
+def divergences(views: RankViews, world: int | None,
+                doubts: dict[str, int] | None = None) -> list[GroupDivergence]:
+    """Every group's first divergence, earliest first. ``doubts``: filled with each group's
+    first seq where members posted one collective from different code that the diff could
+    not explain either way (it completed; the agreed steps end there)."""
     found = [g for pg, ranks in members(views, world).items()
-             if (g := _first_in_group(pg, ranks, views)) is not None]
+             if (g := _first_in_group(pg, ranks, views, doubts)) is not None]
     return sorted(found, key=lambda g: (g.time_ns, g.div.seq or 0, g.div.pg))
 
 

@@ -1,5 +1,6 @@
 """Where two ranks' sequences of collectives part, aligned the way ``diff`` aligns lines — by
-what they posted, not by their sequence numbers (docs/DESIGN.md §8). Pure, detection only.
+what they posted, not by their sequence numbers (docs/DESIGN.md §8.3). Pure, detection only:
+who deviated is :mod:`.ladder`'s to say.
 
 Up to a group's divergence every member posted the same collectives under the same sequence
 numbers. From there on, a rank that posted a block the others never posted (a rank-only
@@ -7,28 +8,26 @@ evaluation, a checkpoint, a logging all-reduce) or skipped one they all posted (
 got no token) is one block out of step with them: its later collectives pair with the others'
 *earlier* ones — silently while the shapes agree (FSDP's all-gathers of one layer look like the
 next's) — and the job breaks collectives later. Aligning the two sequences by content finds the
-block where it started, whatever broke afterwards.
+block where it started, whatever broke afterwards. A diff is not symmetric (one rank's extra
+all-reduce, or the other's skipped all-gather, can fit the same two sequences): both ways are
+read, and each reading goes to the ladder.
 
 A collective's *identity* here is what tells it apart across ranks: its op, its sizes where
 every member must agree, its dtypes, and the user code that posted it (the probe's tag, else
-the user frames of its stack). Whether a block is an *extra* on the ranks that have it or a
-*skip* on those that lack it: a strict majority decides; else earlier steps (a block every
-rank posted before is part of the program: its absence is the skip; one never seen before,
-posted under a rank condition, is the extra); else nothing decides, and both are named.
+the user frames of its stack).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.program import signature
 from moe_hang.analysis.source import excludes_ranks, path_condition
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.ops import SAME_SIZE_OPS
 from moe_hang.evidence.stacks import Frame, is_library_frame
 
 Identity = tuple[object, ...]
@@ -53,8 +52,7 @@ def user_code(c: Collective, v: RankView) -> tuple[object, ...] | None:
 
 def identity(c: Collective, v: RankView) -> Identity:
     """What must be equal for two ranks' entries to be the same collective."""
-    sizes = tuple(tuple(s) for s in c.input_sizes) if c.op in SAME_SIZE_OPS else ()
-    return (c.op, sizes, tuple(c.dtypes), user_code(c, v))
+    return (*signature(c), user_code(c, v))
 
 
 @dataclass
@@ -75,6 +73,9 @@ class Block:
     # the frames of what the same op is posted from otherwise (the other side's, or earlier
     # steps'): the block's own line is its innermost user frame that is not among them
     reference: list[Frame] = field(default_factory=list)
+    # what each side posted right where they part: the lacking side's first collective (the
+    # one after the block), the having side's after the block
+    lacking_next: Collective | None = None
 
     @property
     def culprits(self) -> list[int]:
@@ -99,10 +100,11 @@ class Block:
 
 @dataclass(frozen=True)
 class Parting:
-    """What two camps' tails from a divergent seq are: a block one has and the other lacks,
-    or two code paths that post the same collectives (``benign``), or neither."""
+    """What two camps' tails from a divergent seq are: blocks one has and the other lacks
+    (each way the diff reads), or two code paths that post the same collectives
+    (``benign``), or neither."""
 
-    block: Block | None = None
+    blocks: tuple[Block, ...] = ()
     benign: bool = False
 
 
@@ -112,81 +114,44 @@ def tail(pg: str, seq: int, r: int, views: RankViews) -> list[Collective]:
 
 def part(pg: str, seq: int, camps: Sequence[list[int]], views: RankViews) -> Parting:
     """The first difference, by content, between the camps' collectives from ``seq`` on
-    (each camp: ranks whose entry at ``seq`` is the same collective)."""
+    (each camp: ranks whose entry at ``seq`` is the same collective), against the largest
+    camp (ties: the first; its ranks decide nothing)."""
     if len(camps) < 2:
         return Parting()
-    ref = max(camps, key=len)  # the largest camp; ties: the first (its ranks decide nothing)
-    found: list[Block] = []
+    ref = max(camps, key=len)
+    found: list[tuple[Block, ...]] = []
     for camp in camps:
         if camp is ref:
             continue
-        got = _pair_both_ways(pg, seq, ref, camp, views)
-        if got.block is None:
-            return got
-        found.append(got.block)
-    # every other camp differs from the largest by a block: one verdict if they agree
-    first = found[0]
-    if len(found) > 1 and any(b.having != first.having and b.lacking != first.lacking
-                              for b in found[1:]):
-        return Parting()
-    if len(found) > 1:
-        first = Block(first.start, sorted({r for b in found for r in b.having}),
-                      sorted({r for b in found for r in b.lacking}), first.items,
-                      min(b.after for b in found))
-    if first.decided is None:
-        _decide(first, pg, views)
-    if first.items:  # and what the same op was posted from before, on this rank
-        first.reference = first.reference + _regular(pg, first.items[0], first.having[0], views)
-    first.counts = _counts(pg, first, views)
-    return Parting(first)
-
-
-def _pair_both_ways(pg: str, seq: int, a: list[int], b: list[int],
-                    views: RankViews) -> Parting:
-    """A diff is not symmetric where two readings fit the same sequences (one rank's extra
-    all-reduce, or the other's skipped all-gather): both are tried, and the one that keeps
-    the order earlier steps followed wins."""
-    one, two = _pair(pg, seq, a, b, views), _pair(pg, seq, b, a, views)
-    cands = [x.block for x in (one, two) if x.block is not None]
-    if not cands:
-        return one
-    follows = _followers(pg, seq, views)
-    if follows:
-        prev = _loose(_at(pg, seq - 1, (a + b)[0], views))
-        for blk in cands:  # the skipped block is what always came next; the others' is not
-            h, lk = _first_at(pg, blk.having, seq, views), _first_at(pg, blk.lacking, seq, views)
-            if h in follows.get(prev, ()) and lk not in follows.get(prev, ()):
-                blk.decided, blk.basis = SKIP, CulpritBasis.HISTORY
-                return Parting(blk)
-        for blk in cands:  # what the others posted is what always came next: an extra here
-            h, lk = _first_at(pg, blk.having, seq, views), _first_at(pg, blk.lacking, seq, views)
-            if lk in follows.get(prev, ()) and h not in follows.get(prev, ()):
-                blk.decided, blk.basis = EXTRA, CulpritBasis.HISTORY
-                return Parting(blk)
-    return Parting(cands[0])
-
-
-def _at(pg: str, seq: int, r: int, views: RankViews) -> Collective | None:
-    return views[r].tl.by_pg.get(pg, {}).get(seq)
-
-
-def _first_at(pg: str, ranks: list[int], seq: int,
-              views: RankViews) -> tuple[object, ...] | None:
-    c = _at(pg, seq, ranks[0], views)
-    return _loose(c) if c is not None else None
-
-
-def _followers(pg: str, before: int,
-               views: RankViews) -> dict[tuple[object, ...], set[tuple[object, ...]]]:
-    """In the agreed steps before ``before``: which collective came right after which."""
-    out: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
-    for v in views.values():
-        seqs = sorted(s for s in v.tl.by_pg.get(pg, {}) if s < before)
-        by = v.tl.by_pg[pg] if seqs else {}
-        for x, y in itertools.pairwise(seqs):
-            if y == x + 1:
-                out.setdefault(_loose(by[x]), set()).add(_loose(by[y]))
-    return out
+        one, two = _pair(pg, seq, ref, camp, views), _pair(pg, seq, camp, ref, views)
+        if one.benign and two.benign:
+            return Parting(benign=True)
+        got = tuple(b for x in (one, two) for b in x.blocks)
+        if not got:
+            return Parting()
+        found.append(got)
+    if len(found) == 1:
+        blocks = found[0]
+    else:  # every other camp differs from the largest by a block: one reading if they agree
+        firsts = [f[0] for f in found]
+        head = firsts[0]
+        if any(b.having != head.having and b.lacking != head.lacking for b in firsts[1:]):
+            return Parting()
+        blocks = (Block(head.start, sorted({r for b in firsts for r in b.having}),
+                        sorted({r for b in firsts for r in b.lacking}), head.items,
+                        min(b.after for b in firsts), lacking_next=head.lacking_next),)
+    out = []
+    seen: set[tuple[object, ...]] = set()
+    for b in blocks:
+        key = (tuple(b.having), tuple(b.lacking), b.start, len(b.items))
+        if key in seen:
+            continue
+        seen.add(key)
+        if b.items:  # and what the same op was posted from before, on this rank
+            b.reference = b.reference + _regular(pg, b.items[0], b.having[0], views)
+        b.counts = _counts(pg, b, views)
+        out.append(b)
+    return Parting(tuple(out))
 
 
 def _pair(pg: str, seq: int, a: list[int], b: list[int], views: RankViews) -> Parting:
@@ -203,25 +168,62 @@ def _pair(pg: str, seq: int, a: list[int], b: list[int], views: RankViews) -> Pa
     nxt = ops[1] if len(ops) > 1 else None
     after = nxt[2] - nxt[1] if nxt is not None and nxt[0] == "equal" else 0
     if tag == "replace" and i2 - i1 == j2 - j1 and after and all(
-            _same_but_site(x, y) for x, y in zip(ta[i1:i2], tb[j1:j2], strict=True)):
+            signature(x) == signature(y) for x, y in zip(ta[i1:i2], tb[j1:j2], strict=True)):
         return Parting(benign=True)  # two code paths posting the same collectives
+
+    def block(have: list[int], lack: list[int], items: list[Collective], t_have: list[Collective],
+              t_lack: list[Collective], at: int) -> Parting:
+        return Parting((Block(seq, sorted(have), sorted(lack), items, after,
+                              reference=_frames(t_lack),
+                              lacking_next=t_lack[at] if at < len(t_lack) else None),))
+
     if tag == "delete" and after:  # a has ta[i1:i2] that b lacks
-        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2], after,
-                             reference=_frames(tb)))
+        return block(a, b, ta[i1:i2], ta, tb, j1)
     if tag == "insert" and after:
-        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2], after,
-                             reference=_frames(ta)))
+        return block(b, a, tb[j1:j2], tb, ta, i1)
     if tag == "replace" and after and min(i2 - i1, j2 - j1) == 0:
         return Parting()
     # one camp's block is longer, and the rest lines up: the longer one has an extra run of
     # the same collective (a skipped expert's all-gather looks like the next expert's)
     if tag == "replace" and after and ia[i1:i2][-(j2 - j1):] == ib[j1:j2]:
-        return Parting(Block(seq, sorted(a), sorted(b), ta[i1:i2 - (j2 - j1)], after,
-                             reference=_frames(tb)))
+        return block(a, b, ta[i1:i2 - (j2 - j1)], ta, tb, j1)
     if tag == "replace" and after and ib[j1:j2][-(i2 - i1):] == ia[i1:i2]:
-        return Parting(Block(seq, sorted(b), sorted(a), tb[j1:j2 - (i2 - i1)], after,
-                             reference=_frames(ta)))
+        return block(b, a, tb[j1:j2 - (i2 - i1)], tb, ta, i1)
     return Parting()
+
+
+def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> Block | None:
+    """Where the others' collectives up to ``seq`` cannot be compared (their recorder died
+    with them: only their counts and stacks are left), the source can still say what one
+    rank posted that the others did not: a run of collectives right before (or at) ``seq``
+    posted from code that runs under a rank condition, where no other rank posted from that
+    code (and none from a branch of the same condition)."""
+    def cond_of(c: Collective) -> str | None:
+        return path_condition(views.source, c.frames)
+
+    for r in ranks:
+        entries = views[r].tl.by_pg.get(pg, {})
+        s = seq if seq in entries and cond_of(entries[seq]) else seq - 1
+        run: list[Collective] = []
+        cond: str | None = None
+        while s in entries and (c := cond_of(entries[s])) is not None:
+            run.insert(0, entries[s])
+            cond = cond or c
+            s -= 1
+        if not run or (cond is not None and excludes_ranks(cond)):
+            continue  # an `else` (or `!=`) branch: the ranks it names are the odd ones
+        others = [q for q in ranks if q != r]
+        seen = [views[q].tl.by_pg.get(pg, {}).get(c.seq) for q in others for c in run]
+        if any(o is not None and (cond_of(o) is not None
+                                  or user_code(o, views[q]) == user_code(c, views[r]))
+               for q in others for c in run
+               if (o := views[q].tl.by_pg.get(pg, {}).get(c.seq)) is not None):
+            continue  # another rank posted from that code too, or from a branch of it
+        if not any(o is None for o in seen):
+            continue  # the others' collectives are known there: the diff speaks for them
+        return Block(run[0].seq, [r], sorted(others), run, 0, condition=cond,
+                     reference=_regular(pg, run[0], r, views))
+    return None
 
 
 def _frames(t: list[Collective]) -> list[Frame]:
@@ -236,110 +238,18 @@ def _regular(pg: str, first: Collective, r: int, views: RankViews) -> list[Frame
     return [f for c in before[-64:] for f in c.frames if not is_library_frame(f)]
 
 
-def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> Block | None:
-    """Where the others' collectives up to ``seq`` cannot be compared (their recorder died
-    with them: only their counts and stacks are left), the source can still say what one
-    rank posted that the others did not: a run of collectives right before (or at) ``seq``
-    posted from code that runs under a rank condition, where no other rank posted from that
-    code (and none from a branch of the same condition)."""
-    for r in ranks:
-        entries = views[r].tl.by_pg.get(pg, {})
-        s = seq if seq in entries and condition_of(entries[seq], views) else seq - 1
-        run: list[Collective] = []
-        cond: str | None = None
-        while s in entries and (c := condition_of(entries[s], views)) is not None:
-            run.insert(0, entries[s])
-            cond = cond or c
-            s -= 1
-        if not run or (cond is not None and excludes_ranks(cond)):
-            continue  # an `else` (or `!=`) branch: the ranks it names are the odd ones
-        others = [q for q in ranks if q != r]
-        seen = [views[q].tl.by_pg.get(pg, {}).get(c.seq) for q in others for c in run]
-        if any(o is not None and (condition_of(o, views) is not None
-                                  or user_code(o, views[q]) == user_code(c, views[r]))
-               for q in others for c in run
-               if (o := views[q].tl.by_pg.get(pg, {}).get(c.seq)) is not None):
-            continue  # another rank posted from that code too, or from a branch of it
-        if not any(o is None for o in seen):
-            continue  # the others' collectives are known there: the diff speaks for them
-        return Block(run[0].seq, [r], sorted(others), run, 0, EXTRA, CulpritBasis.SOURCE,
-                     cond, reference=_regular(pg, run[0], r, views))
-    return None
-
-
-def _same_but_site(x: Collective, y: Collective) -> bool:
-    return (x.op, x.input_sizes, x.dtypes) == (y.op, y.input_sizes, y.dtypes)
-
-
-def _decide(b: Block, pg: str, views: RankViews) -> None:
-    """Extra on ``having``, or a skip on ``lacking``: a strict majority; else earlier steps;
-    else the source (a rank condition on the extra's path); else undecided."""
-    if len(b.having) != len(b.lacking):
-        minority = b.having if len(b.having) < len(b.lacking) else b.lacking
-        b.decided = EXTRA if minority is b.having else SKIP
-        b.basis = CulpritBasis.MAJORITY
-    else:
-        seen = _history(pg, b.start, views)
-        ids = [_loose(c) for c in b.items]
-        if seen and all(i in seen for i in ids):
-            b.decided, b.basis = SKIP, CulpritBasis.HISTORY  # a regular part of every step
-        elif seen and not any(i in seen for i in ids):
-            b.decided, b.basis = EXTRA, CulpritBasis.HISTORY  # never posted before
-    if b.decided is None and _tagged_in_order(b, pg, views):
-        b.decided, b.basis = SKIP, CulpritBasis.PROGRAM_ORDER
-    cond = condition_of(b.items[0], views) if b.items else None
-    if cond is not None and excludes_ranks(cond):
-        # posted under `if not (FAULTY ...)` / an `else`: every rank but the ones the
-        # condition names runs it — those lacking it took the singled-out branch
-        if b.decided is None:
-            b.decided, b.basis = SKIP, CulpritBasis.SOURCE
-    elif cond is not None and b.decided in (None, EXTRA):
-        b.condition = cond
-        if b.decided is None:
-            b.decided, b.basis = EXTRA, CulpritBasis.SOURCE
-
-
-def _tagged_in_order(b: Block, pg: str, views: RankViews) -> bool:
-    """The probe's tags (``layer1.expert2``) name each logical collective of a step, in the
-    order the program posts them: the block is one of them, and the lacking ranks posted the
-    one that follows it in its place — they went past it."""
-    if not b.items or not all(c.tag for c in b.items):
-        return False
-    nxt = tail(pg, b.start, b.having[0], views)[len(b.items):len(b.items) + 1]
-    here = tail(pg, b.start, b.lacking[0], views)[:1]
-    return bool(nxt and here and nxt[0].tag and nxt[0].tag == here[0].tag)
-
-
-def _loose(c: Collective | None) -> tuple[object, ...]:
-    """What a collective is, step after step: its op, its group's kind and the line that posted
-    it (sizes vary from step to step in a ragged job)."""
-    return (c.op, group_kind(c), site_key(c)) if c is not None else ()
-
-
-def _history(pg: str, before: int, views: RankViews) -> set[tuple[object, ...]]:
-    """What the ranks posted on this group before ``before``: the steps all members agreed
-    on."""
-    out: set[tuple[object, ...]] = set()
-    for v in views.values():  # before ``before`` every member posted the same: agreed steps
-        out.update(_loose(c) for s, c in v.tl.by_pg.get(pg, {}).items()
-                   if s < before and _loose(c)[2] is not None)
-    return out
-
-
-def condition_of(c: Collective, views: RankViews) -> str | None:
-    """A rank condition (``if rank == 0:``) on the user path that posted ``c``, outermost
-    first: the extra runs only where it holds."""
-    return path_condition(views.source, c.frames)
-
-
 def _counts(pg: str, b: Block, views: RankViews) -> dict[int, int]:
     """How many collectives like the block's first each rank posted from its start to the
     end of what lines up after it (a run of one expert's all-gathers, counted)."""
     if not b.items:
         return {}
-    like = _loose(b.items[0])
+
+    def like(c: Collective) -> tuple[object, ...]:
+        return (c.op, group_kind(c), site_key(c))
+
+    first = like(b.items[0])
     out = {}
     for r in b.having + b.lacking:
         n = (len(b.items) if r in b.having else 0) + b.after
-        out[r] = sum(1 for c in tail(pg, b.start, r, views)[:n] if _loose(c) == like)
+        out[r] = sum(1 for c in tail(pg, b.start, r, views)[:n] if like(c) == first)
     return out

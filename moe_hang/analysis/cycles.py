@@ -19,7 +19,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.order import Inversion
+from moe_hang.analysis.readings import Inversion
 from moe_hang.analysis.source import excludes_ranks
 from moe_hang.analysis.timeline import group_kind, to_rc
 from moe_hang.analysis.waitfor import Edge
@@ -52,10 +52,10 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
 
 def cycle(f: Facts) -> Conclusion:
     cyc = f.wait_cycles[0]
-    b = blame_cycle(cyc, f.views)
+    b = blame_cycle(cyc, f.ctx)
     culprits = set(b.culprits)
     for other in f.wait_cycles[1:]:
-        culprits |= set(blame_cycle(other, f.views).culprits)
+        culprits |= set(blame_cycle(other, f.ctx).culprits)
     if redirected := _redirected(f):
         # a rank that posted a line's collective on another group than every earlier call
         # and its waiter did is the cause, wherever it sits on the cycle (on a mesh the
@@ -67,7 +67,7 @@ def cycle(f: Facts) -> Conclusion:
     # posting order alone (NCCL: both enqueued, kernels on two streams): it hung, and this
     # order explains it, but another cause could too
     certainty = Certainty.LIKELY if any(e.stream for e in cyc) else Certainty.DEFINITE
-    inv = cycle_inversion(cyc, f.views) if b.basis in (CulpritBasis.HISTORY,
+    inv = cycle_inversion(cyc, f.ctx) if b.basis in (CulpritBasis.HISTORY,
                                                        CulpritBasis.MAJORITY) else None
     if inv is not None:
         return _inverted(f, cyc, inv, verdict, certainty)
@@ -116,7 +116,7 @@ def cycle(f: Facts) -> Conclusion:
             and p2p.p2p is not None:
         text = advise_p2p(p2p.waiter, p2p.p2p.op, p2p.on, f.views[p2p.waiter].site,
                           f.views.source).text
-    elif b.basis == CulpritBasis.SOURCE and (cond := _cycle_condition(cyc, culprits, f)):
+    elif cond := _cycle_condition(cyc, culprits, f):
         text = cond.text
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)

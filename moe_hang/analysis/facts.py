@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from moe_hang.analysis.activity import Judgement, Motion, judge
-from moe_hang.analysis.align import GroupDivergence, divergences
+from moe_hang.analysis.align import GroupDivergence, divergences, settle
 from moe_hang.analysis.culprit import Blame, blame
 from moe_hang.analysis.departed import answered_all, as_departed, departing
 from moe_hang.analysis.diagnosis import (
@@ -17,6 +17,8 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
+from moe_hang.analysis.ladder import Context
+from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews, rank_view
@@ -61,6 +63,12 @@ class Facts:
     disagreements: list[Disagreement] = field(default_factory=list)
     # what the counters say of each live rank that sat in a collective (analysis.activity)
     activity: dict[int, Judgement] = field(default_factory=dict)
+    # the program the ranks agreed on, learned from the steps before every divergence
+    program: Program = field(default_factory=Program)
+
+    @property
+    def ctx(self) -> Context:
+        return Context(self.views, self.program)
 
     def reports(self, div: Divergence | None) -> dict[int, RankReport]:
         """Every rank's report, showing its side of ``div``."""
@@ -110,8 +118,23 @@ def facts(ev: Evidence) -> Facts:
     for r in departing(views):  # gone, whatever its last recorder said: what it posted decides
         views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)
-    divs = divergences(views, ev.world_size)
-    blames = _consequences(divs, [blame(g, views) for g in divs], views)
+    doubts: dict[str, int] = {}
+    divs = divergences(views, ev.world_size, doubts)
+    size_abort = size_abort_divergence(views, ev) if ev.size_abort is not None else None
+    bounds: dict[str, int | None] = dict(doubts)
+    for g in divs:
+        if g.div.seq is not None:
+            b = bounds.get(g.div.pg)
+            bounds[g.div.pg] = g.div.seq if b is None else min(b, g.div.seq)
+    if size_abort is not None and size_abort[0].seq is not None:  # where the pairing broke
+        pg, seq = size_abort[0].pg, size_abort[0].seq
+        bounds[pg] = min(seq, b) if (b := bounds.get(pg)) is not None else seq
+    program = learn(views, bounds)
+    ctx = Context(views, program)
+    found = [blame(g, ctx) for g in divs]
+    for g in divs:
+        settle(g)
+    blames = _consequences(divs, found, views)
     es = edges(views, divs)
     act = _activity(views)
     counted = {r for r, j in act.items() if j.motion == Motion.MOVING}
@@ -158,14 +181,13 @@ def facts(ev: Evidence) -> Facts:
               alive, moving, waiting, agent_died, orphans_moving,
               evidence=_evidence_lines(ev) + [d.text for d in disagreements],
               disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive},
-              finishing=finishing)
+              finishing=finishing, program=program)
     f.evidence.extend(f"rank {r}: in a collective in every sample; {j.numbers}: "
                       f"{str(j.motion).replace('_', ' ')} ({j.why})"
                       for r, j in sorted(f.activity.items()))
     if not divs and len(waiting) >= 2:
-        f.stack_div = stack_divergence(views, waiting, [r for r in alive if r not in waiting])
-    if ev.size_abort is not None:
-        f.size_abort = size_abort_divergence(views, ev)
+        f.stack_div = stack_divergence(ctx, waiting, [r for r in alive if r not in waiting])
+    f.size_abort = size_abort
     return f
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import itertools
 import signal
 from collections.abc import Sequence
+from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
-from moe_hang.analysis.order import program_order
-from moe_hang.analysis.source import excludes_ranks, on_default_group, path_condition
+from moe_hang.analysis.ladder import Context, decide, position_order
+from moe_hang.analysis.readings import camp_readings
+from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import RankViews, to_rc
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -17,13 +19,16 @@ from moe_hang.evidence.ops import nbytes
 from moe_hang.evidence.stacks import Frame, callsite
 
 
-def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[int] = ()
+def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] = ()
                      ) -> tuple[Divergence, list[int], CulpritBasis] | None:
     """Without recorder data: ranks blocked in *different* collectives can never complete;
     nor can ranks blocked in the same op at different lines of the same code, where one line
     runs before the other (the ranks at the later line went past the earlier one without
     joining it: skipped it, or posted it on another group). ``elsewhere``: live ranks not
-    waiting (computing, or seen moving) — any group collective may be waiting for them."""
+    waiting (computing, or seen moving) — any group collective may be waiting for them.
+    Who deviated is the ladder's to say, from the stacks alone (no history: majority, the
+    source's rank conditions, the order of the lines within one iteration)."""
+    views = ctx.views
     ops: dict[int, str] = {r: op for r in waiting
                            if (op := views[r].stack.op) is not None and op != "unknown"}
     if not ops:
@@ -47,16 +52,6 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
         for r, op in ops.items()}
     div = Divergence(pg="?", seq=None, kind=kind, members=sorted(ops), per_rank=per_rank,
                      phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
-    # the camp behind every other in program order waits; the others went past it (skipped
-    # it). When the order does not decide that, every rank there is named — for different
-    # ops; for one op at different lines an undecided order proves nothing (two branches may
-    # post the same collective), so nothing is claimed.
-    def behind_all(key: object) -> bool:
-        mine = views[camps[key][0]].user_frames_outer_first()
-        return all(program_order(mine, views[rs[0]].user_frames_outer_first(),
-                                 views.source).side == "b"
-                   for k, rs in camps.items() if k != key)
-
     # a rank in a recv whose peer is inside a collective (py-spy --locals, or the probe,
     # name the peer): the peer went on past the send it owed; a rank waiting on a peer that
     # is itself in a recv is held up by it (a pipeline stalls stage by stage)
@@ -65,50 +60,45 @@ def stack_divergence(views: RankViews, waiting: list[int], elsewhere: Sequence[i
     peers = {q for q in owed.values() if q in ops and q not in owed}
     if owed and peers and all(q in peers or q in owed for q in owed.values()):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
-    behind = [k for k in camps if behind_all(k)]
+
+    def where(k: object) -> tuple[Frame, ...]:
+        return tuple(views[camps[k][0]].user_frames_outer_first())
+
+    behind = [k for k in camps if all(position_order(ctx, where(k), where(o)) is False
+                                      for o in camps if o != k)]
     if elsewhere and not _on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):
         # a rank still computing can hold up every one of them: the ranks at the later line
         # completed the earlier collective on a group of their own (a 2-D mesh: the tp
         # all-reduce of the other tp group), and wait in the next one for the busy rank,
-        # as the ranks at the earlier line do (fuzz seed 4071993 job 75) — a straggler
+        # as the ranks at the earlier line do — a straggler
         return None
-    # a camp whose line runs under a rank condition that names the ranks taking it
-    # (``if FAULTY:``, ``if rank == 0:``), where the others' lines run under none or one
-    # naming who skips (the ``else``), took a branch the rest of the job does not
-    cond = {k: path_condition(views.source, views[rs[0]].stack.frames)
-            for k, rs in camps.items()}
-    took = [k for k, c in cond.items() if c is not None and not excludes_ranks(c)]
-    if len(behind) == 1:
-        if took == behind and _on_every_rank(views[camps[behind[0]][0]].stack.callsite, views):
-            # behind the others only because it is inside that branch (``if rank == 0:
-            # evaluate()``), in a collective of every rank: the others went past the branch,
-            # not past a collective they owed; what it posts there is the extra. (On a group
-            # of its own — ``if rank in members: all_reduce(group=sub)`` — a member missing
-            # from it may be among those past it: the order decides, as below.)
-            return div, sorted(camps[behind[0]]), CulpritBasis.SOURCE
-        ahead = [k for k in camps if k != behind[0]]
-        past = [r for k in ahead for r in camps[k]]
-        if set(took) == set(ahead) and _on_every_rank_all(views, camps, ahead):
-            # ahead of the others inside a branch only they took, in a collective of every
-            # rank (``if rank == 6 and step == 2: evaluate()`` at the loop's end, the others
-            # in the next step's forward: fuzz seed 7130418 job 2): what it posts there is the
-            # extra, and the branch, not the others' line, is what to change
-            return div, sorted(past), CulpritBasis.SOURCE
-        return div, past, CulpritBasis.PROGRAM_ORDER
-    if kind == MismatchKind.MISSING:
-        return None
-    # exclusive branches: neither is after the other; the camp that took the rank branch
-    if took and len(took) < len(camps):
-        return div, sorted(r for k in took for r in camps[k]), CulpritBasis.SOURCE
-    return div, sorted(ops), CulpritBasis.AMBIGUOUS
+    readings = []
+    for x in camp_readings("?", None, list(camps.values()), {}, views):
+        # a branch under a rank condition only says "its extra" for a collective of every
+        # rank: on a group of its own (``if rank in members: all_reduce(group=sub)``) the
+        # members complete it together, and one missing may be among those past it
+        if not _on_every_rank_all(views, camps, [k for k, rs in camps.items()
+                                                 if rs[0] in x.culprits]):
+            x = replace(x, given={**x.given, CulpritBasis.SOURCE: None})
+        if kind == MismatchKind.MISSING:
+            # one op at two lines: two branches may post the very same collective (they
+            # pair), so only their order can say that one side went past the other's
+            x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None,
+                                  CulpritBasis.SOURCE: None})
+        readings.append(x)
+    d = decide(readings, ctx)
+    if d.basis == CulpritBasis.AMBIGUOUS:
+        if kind == MismatchKind.MISSING:
+            return None  # one op at two lines in no known order proves nothing
+        return div, sorted(ops), CulpritBasis.AMBIGUOUS
+    return div, d.culprits, d.basis
 
 
 def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
-                       keys: list[object]) -> bool:
+                       keys: Sequence[object]) -> bool:
     """Do these camps' collectives run on the default group, as the source says, so that no
-    rank can have completed one without every other rank? (For one op at different lines
-    the camp behind is the one to ask of: the ranks ahead went past its line.)"""
+    rank can have completed one without every other rank?"""
     return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite, views)
                               for k in keys)
 
@@ -216,7 +206,7 @@ def mark_skipped(div: Divergence, culprits: list[int], basis: CulpritBasis,
     of their run (:func:`left_run_early`): it lacks their collective, whose line is the one
     to show (its entry at the divergence becomes None). True when one did. (Named by the
     majority, or — two ranks — as the one past what the other waits in.)"""
-    if basis not in (CulpritBasis.MAJORITY, CulpritBasis.PROGRAM_ORDER) \
+    if basis not in (CulpritBasis.MAJORITY, CulpritBasis.PROGRAM_ORDER, CulpritBasis.HISTORY) \
             or div.kind != MismatchKind.MISSING:
         return False
     skipped = left_run_early(div, views, [r for r in culprits if r in aborted])

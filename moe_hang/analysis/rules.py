@@ -125,7 +125,7 @@ def _size_abort(f: Facts) -> Conclusion:
         if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
             # the aborted rank left no recorder entry: the abort's byte counts may decide
             # (its side of this very collective: stronger than what earlier steps did)
-            b = blame_abort(out.div, f.views, f.ev.size_abort, aborted)
+            b = blame_abort(out.div, f.ctx, f.ev.size_abort, aborted)
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
@@ -136,7 +136,7 @@ def _size_abort(f: Facts) -> Conclusion:
         # the mismatch is certain; a culprit read off one side's history alone is likely
         out.certainty = Certainty.DEFINITE if confirmed else Certainty.LIKELY
         return out
-    b = blame_abort(div, f.views, f.ev.size_abort, aborted)
+    b = blame_abort(div, f.ctx, f.ev.size_abort, aborted)
     mark_skipped(div, b.culprits, b.basis, aborted, f.views)
     reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}

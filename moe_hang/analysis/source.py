@@ -82,8 +82,16 @@ def order(src: SourceFacts, path: str, line_a: int, line_b: int) -> Order:
 
 
 def common_loop(src: SourceFacts, path: str, line_a: int, line_b: int) -> int | None:
-    """The line of the innermost loop whose body holds both lines, else None: there each
-    runs again after the other, so their order says nothing across iterations."""
+    """The line of the innermost loop whose body holds both lines (not one of them its
+    header, nor its ``else``), else None: there each runs again after the other, so their
+    order says nothing across iterations."""
+    step = loop_step(src, path, line_a, line_b)
+    return step.line if step is not None else None
+
+
+def loop_step(src: SourceFacts, path: str, line_a: int, line_b: int) -> Step | None:
+    """The innermost loop whose body holds both lines (its statement, with the collective
+    calls its body shows), else None."""
     got = _paths(src, path, line_a, line_b)
     if got is None:
         return None
@@ -92,11 +100,20 @@ def common_loop(src: SourceFacts, path: str, line_a: int, line_b: int) -> int | 
     for k, (sa, sb) in enumerate(zip(pa, pb, strict=False)):
         if sa != sb:
             break
-        # both lines in this loop's body (not one of them its header, nor its ``else``)
         if sa.kind in _LOOPS and len(pa) > k + 1 and len(pb) > k + 1 \
                 and pa[k + 1].field == pb[k + 1].field == "body":
-            found = sa.line
+            found = sa
     return found
+
+
+def function_step(src: SourceFacts, path: str, line: int) -> Step | None:
+    """The function whose body holds the line (its ``def``, with the collective calls its
+    body shows), else None (module level)."""
+    lf = src.line(path, line)
+    if lf is None:
+        return None
+    return next((s for s in reversed(lf.path[:-1])
+                 if s.kind in ("FunctionDef", "AsyncFunctionDef")), None)
 
 
 def in_loop(src: SourceFacts, path: str, line: int) -> bool:

@@ -59,7 +59,7 @@ def read_facts(frames: Iterable[Frame]) -> SourceFacts:
         if tree is None:
             continue
         names, calls = _rank_names(tree), _collective_calls(tree)
-        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n)),
+        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         _rank_condition(tree, n, names),
                                         _default_group(calls, n))
                            for n in sorted(lines)}
@@ -89,7 +89,10 @@ def _parse(path: str) -> ast.Module | None:
 # ------------------------------------------------------------------------ statement paths
 
 
-def _path(body: list[ast.stmt], line: int) -> list[Step]:
+_REPEATED = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _path(body: list[ast.stmt], line: int, calls: list[ast.Call]) -> list[Step]:
     out: list[Step] = []
     block: list[ast.stmt] | None = body
     key, fld = "module", "body"
@@ -97,7 +100,11 @@ def _path(body: list[ast.stmt], line: int) -> list[Step]:
         for i, st in enumerate(block):
             end = getattr(st, "end_lineno", st.lineno) or st.lineno
             if st.lineno <= line <= end:
-                out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st)))
+                inside = tuple(sorted({c.lineno for c in calls
+                                       if st.lineno < c.lineno <= end})) \
+                    if isinstance(st, _REPEATED) else ()
+                out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st),
+                                inside, end))
                 inner = _inner_block(st, line)
                 if inner is None:
                     block = None

@@ -32,16 +32,23 @@ class Step:
     kind: str  # the statement's AST class: If, For, While, With, Try, Expr, ...
     line: int  # where the statement starts
     header: str | None = None  # a loop's header (``for expert in self.experts``)
+    # a loop's or a function's: the lines in its body that call a collective of
+    # torch.distributed by name (what the source shows; calls through other code are not)
+    calls: tuple[int, ...] = ()
+    end: int = 0  # where the statement ends
 
     def to_list(self) -> list[Any]:
-        return [self.block, self.index, self.field, self.kind, self.line, self.header]
+        return [self.block, self.index, self.field, self.kind, self.line, self.header,
+                list(self.calls), self.end]
 
     @classmethod
     def from_list(cls, d: Any) -> Step | None:
         try:
-            block, index, fld, kind, line, header = d
+            block, index, fld, kind, line, header, *more = d
+            calls = tuple(int(x) for x in more[0]) if more else ()
+            end = int(more[1]) if len(more) > 1 else int(line)
             return cls(str(block), int(index), str(fld), str(kind), int(line),
-                       None if header is None else str(header))
+                       None if header is None else str(header), calls, end)
         except (TypeError, ValueError):
             return None
 

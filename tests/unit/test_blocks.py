@@ -82,26 +82,29 @@ def test_a_rank_only_evaluation_is_an_extra_on_that_rank(tmp_path: Path, evaluat
         return [Frame(FSDP, 9, "_pre_forward"), Frame(path, line, fn), *outer]
 
     bwd = [Frame(FSDP, 9, "post_backward"), Frame(path, at["backward"], "main")]
-    step0 = [_coll(1, "all_gather", 16, fwd(at["forward"]), True),
-             _coll(2, "all_gather", 32, fwd(at["forward"]), True),
-             _coll(3, "reduce_scatter", 64, bwd, True),
-             _coll(4, "all_reduce", 1, [Frame(TORCH, 9, "all_reduce"),
-                                        Frame(path, at["loss"], "main")], True)]
-    ev_extra = [_coll(5, "all_gather", 16, fwd(at["eval"], "evaluate"), True),
-                _coll(6, "all_gather", 32, fwd(at["eval"], "evaluate"), True),
-                _coll(7, "all_gather", 16, fwd(at["forward"]), True),
-                _coll(8, "all_gather", 32, fwd(at["forward"]), False)]
-    plain = [_coll(5, "all_gather", 16, fwd(at["forward"]), True),
-             _coll(6, "all_gather", 32, fwd(at["forward"]), True),
-             _coll(7, "reduce_scatter", 64, bwd, True),
-             _coll(8, "all_reduce", 1, [Frame(TORCH, 9, "all_reduce"),
-                                        Frame(path, at["loss"], "main")], False)]
+    def step(s: int) -> list[Collective]:  # one training step's four collectives
+        return [_coll(s + 1, "all_gather", 16, fwd(at["forward"]), True),
+                _coll(s + 2, "all_gather", 32, fwd(at["forward"]), True),
+                _coll(s + 3, "reduce_scatter", 64, bwd, True),
+                _coll(s + 4, "all_reduce", 1, [Frame(TORCH, 9, "all_reduce"),
+                                               Frame(path, at["loss"], "main")], True)]
+
+    step0 = step(0) + step(4)  # two steps agreed: the program is known
+    ev_extra = [_coll(9, "all_gather", 16, fwd(at["eval"], "evaluate"), True),
+                _coll(10, "all_gather", 32, fwd(at["eval"], "evaluate"), True),
+                _coll(11, "all_gather", 16, fwd(at["forward"]), True),
+                _coll(12, "all_gather", 32, fwd(at["forward"]), False)]
+    plain = [_coll(9, "all_gather", 16, fwd(at["forward"]), True),
+             _coll(10, "all_gather", 32, fwd(at["forward"]), True),
+             _coll(11, "reduce_scatter", 64, bwd, True),
+             _coll(12, "all_reduce", 1, [Frame(TORCH, 9, "all_reduce"),
+                                         Frame(path, at["loss"], "main")], False)]
     other = 1 - evaluator
     ranks = {evaluator: _rank(evaluator, step0 + ev_extra), other: _rank(other, step0 + plain)}
     d = diagnose(Evidence(ranks=ranks, world_size=2))
     fd = d.first_divergence
     assert d.verdict == "desync" and d.culprit_ranks == [evaluator], d.summary
-    assert fd is not None and (fd.seq, fd.kind) == (5, "extra_collective")
+    assert fd is not None and (fd.seq, fd.kind) == (9, "extra_collective")
     assert d.culprit_basis == "history"
     assert f"Rank {evaluator} posted 2 all_gathers from evaluate() at" in d.summary
     assert f"that rank {other} never posted" in d.summary and "if rank == 0" in d.summary

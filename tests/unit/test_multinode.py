@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, assert_no_survivors, relocated
+from conftest import ROOT, assert_no_survivors, captured, relocated
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
 from moe_hang.analysis.rules import diagnose
@@ -59,7 +59,7 @@ def _global(summaries: dict[str, NodeSummary], unknown: list[int]) -> tuple[Any,
     if unknown:
         ev.unreached = Unreached(unknown, local_world=2,
                                  hosts={n: s.host for n, s in summaries.items()} | {"1": "vm-1"})
-    return diagnose(ev), ev
+    return diagnose(captured(ev)), ev  # each node reads its ranks' source, as a capture does
 
 
 def test_summaries_of_both_nodes_name_the_rank_that_skipped(fixtures: Path) -> None:
@@ -376,7 +376,9 @@ def test_the_rank_on_the_singled_out_branch_is_the_culprit_not_the_one_on_its_el
     was blamed, basis source); the faulty one is."""
     diag = diagnose(_two_node_view(fixtures, tmp_path, run, analyst))
     assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
-    assert diag.culprit_basis == "source"
+    # its order across the two groups breaks every earlier step's (history, the strongest
+    # rung); the advice names the branch that did it
+    assert diag.culprit_basis == "history"
     assert f"Rank {culprit} posts the " in diag.fix, diag.fix
     assert "`if FAULTY and step == FAULT_STEP`" in diag.fix
     assert "in the same order" in diag.fix

@@ -177,10 +177,10 @@ def _desync(culprit: int) -> tuple[Evidence, list[int]]:
 
 
 def _stack_desync(culprit: int) -> tuple[Evidence, list[int]]:
-    """No recorder: the culprit's stack is in a barrier at line 40, the others in the
-    all-reduce at line 30 (unreadable source: by line numbers, the barrier is further on)."""
+    """No recorder: the culprit's stack is in a barrier at line 40, the two others in the
+    all-reduce at line 30 (no source: the majority names the one that differs)."""
     ranks = [_stuck(r, _in("barrier", 40) if r == culprit else _in("all_reduce", 30))
-             for r in range(2)]
+             for r in range(3)]
     return _ev(*ranks), [culprit]
 
 

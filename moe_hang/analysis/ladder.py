@@ -1,0 +1,284 @@
+"""Who deviated: the one decision every divergence goes through (docs/DESIGN.md §8.4) — pure.
+
+A divergence has *readings*: each says which ranks deviated from the program the others
+followed, and how (an edit: they skipped a block, posted an extra one, posted a different
+collective, swapped two, used another group, or — a member absent — are only held up before
+it). The readings of one divergence are weighed by one ladder of evidence, strongest first;
+the first rung that singles out one reading decides, and names itself as the basis:
+
+1. ``history`` — the program the ranks agreed on (:mod:`.program`): the reading whose
+   culprits broke what always followed, or the shape a collective always had, while the
+   others kept it;
+2. ``majority`` — its culprits are a strict minority of the ranks that posted there;
+3. ``source`` — a rank condition in the source (``if rank == 0:``) puts the culprits' own
+   collective in a branch only they take, or leaves out the one they lack;
+4. ``program_order`` — the culprits' line comes after the others' within one iteration (the
+   source's statement order where no loop repeats both, or the probe's step and tag).
+
+Where no rung singles one out, the verdict names every candidate (``ambiguous``). Never by rank
+number or dict order. Byte counts are not a rung: they are what places a rank gloo aborted
+(:mod:`.reconcile`), before any reading is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.program import Program, fine_key
+from moe_hang.analysis.program import same as same_collective
+from moe_hang.analysis.source import (
+    Order,
+    excludes_ranks,
+    function_step,
+    in_loop,
+    loop_step,
+    order,
+    path_condition,
+)
+from moe_hang.analysis.timeline import RankViews
+from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.evidence.vocab import StrEnum
+
+
+class Edit(StrEnum):
+    SKIP = "skip"  # the culprits lack ``block``, which the others posted
+    EXTRA = "extra"  # the culprits posted ``block``, which the others never did
+    CHANGE = "change"  # at one position the culprits posted ``mine``, the others ``theirs``
+    SWAP = "swap"  # the culprits posted two collectives in the other order
+    GROUP = "group"  # the culprits posted it on another group
+    BEHIND = "behind"  # the culprits never got to it: held up earlier (a consequence)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One explanation of a divergence: ``culprits`` deviated from what ``others`` did."""
+
+    culprits: tuple[int, ...]
+    others: tuple[int, ...]
+    edit: Edit
+    mine: Collective | None = None  # the culprits' first collective where they deviate
+    theirs: Collective | None = None  # the others' collective there (the program's)
+    prev: Collective | None = None  # the last collective both sides agreed on before it
+    # where the two sides came to it from different places (a rank absent from a group's
+    # collective: what it posted before its own, on any group): the others' predecessor
+    prev_theirs: Collective | None = None
+    # ``prev`` is what each side posted right before, on any group (its posting order), not
+    # the group's previous seq
+    posted_order: bool = False
+    block: tuple[Collective, ...] = ()  # SKIP: what the culprits lack; EXTRA: what they added
+    # the two sides' sequences line up again after the block (a diff): what the block is in
+    # the program (regular or never seen) then tells a skip from an extra — for a rank only
+    # absent, it may as well be behind
+    realigned: bool = False
+    # where each side is, user frames outermost first (its stack, else what it posted)
+    at_mine: tuple[Frame, ...] = ()
+    at_theirs: tuple[Frame, ...] = ()
+    # every culprit camp's first collective where it deviates (``mine`` is the first's),
+    # and where each camp is (``at_mine`` is the first's)
+    mines: tuple[Collective, ...] = ()
+    at_mines: tuple[tuple[Frame, ...], ...] = ()
+    # an answer some evidence gives outright for a rung (the probe's step order, the order
+    # ranks posted two groups' collectives in): basis -> True / False / None (it abstains)
+    given: dict[CulpritBasis, bool | None] = field(default_factory=dict, hash=False,
+                                                   compare=False)
+
+
+@dataclass(frozen=True)
+class Decision:
+    culprits: list[int]
+    basis: CulpritBasis
+    reading: Reading | None  # the reading chosen (None: ambiguous)
+    confirmed: bool = True  # False: likely only (an inferred side, a stale record)
+
+
+@dataclass(frozen=True)
+class Context:
+    views: RankViews
+    program: Program
+
+
+Rung = Callable[[Reading, Context], bool | None]
+
+
+def _frames(c: Collective | None) -> list[Frame]:
+    return list(c.frames) if c is not None else []
+
+
+def _condition(ctx: Context, frames: Sequence[Frame]) -> str | None:
+    return path_condition(ctx.views.source, list(frames)) if frames else None
+
+
+def history(r: Reading, ctx: Context) -> bool | None:
+    """The culprits broke what the agreed steps always did, the others kept it."""
+    if CulpritBasis.HISTORY in r.given:
+        return r.given[CulpritBasis.HISTORY]
+    p = ctx.program
+    if r.edit == Edit.BEHIND:
+        return None
+    regular = [p.regular(c) for c in r.block] if r.realigned else []
+    if r.edit == Edit.EXTRA and regular:
+        # an extra is what no agreed step ever posted (a block every step posts is not one)
+        if all(x is True for x in regular):
+            return False
+        if all(x is False for x in regular):
+            return True
+    # the program's own step: what it posts at this seq, a step on from the agreed run
+    exp = p.expected(r.theirs) if r.theirs is not None else None
+    if exp is not None and r.mine is not None and r.theirs is not None \
+            and (r.mine.pg, r.mine.seq) == (r.theirs.pg, r.theirs.seq):
+        ok_theirs, ok_mine = same_collective(r.theirs, exp), same_collective(r.mine, exp)
+        if ok_theirs and not ok_mine:
+            return True
+        if ok_mine and not ok_theirs:
+            return False
+    mines = r.mines or ((r.mine,) if r.mine is not None else ())
+    follow = [p.follows(r.prev, m, r.posted_order) for m in mines]
+    mine = (False if follow and all(x is False for x in follow)
+            else True if any(x is True for x in follow) else None)
+    theirs = p.follows(r.prev_theirs or r.prev, r.theirs, r.posted_order)
+    fm = fine_key(r.mine) if r.mine is not None else None
+    one_path = fm is not None and r.theirs is not None and fm == fine_key(r.theirs)
+    # what always followed: the others' next kept it, the culprits' broke it
+    if not one_path:
+        if theirs is True and mine is False:
+            return True
+        if mine is True and theirs is False:
+            return False
+    if r.edit == Edit.SKIP and regular:
+        if all(x is True for x in regular):
+            return True  # a regular part of every step: its absence is the skip
+        if all(x is False for x in regular):
+            return False
+    if r.mine is not None and r.theirs is not None and r.mine.op == r.theirs.op:
+        # one collective, two shapes: the side that kept the shape it always had is right
+        km, kt = p.keeps_shape(r.mine), p.keeps_shape(r.theirs)
+        if kt is True and km is False:
+            return True
+        if km is True and kt is False:
+            return False
+    return None
+
+
+def majority(r: Reading, ctx: Context) -> bool | None:
+    """The culprits are a strict minority of the ranks the divergence involves."""
+    if CulpritBasis.MAJORITY in r.given:
+        return r.given[CulpritBasis.MAJORITY]
+    if not r.others or r.edit == Edit.BEHIND:
+        return None
+    return len(r.culprits) < len(r.others)
+
+
+def source(r: Reading, ctx: Context) -> bool | None:
+    """A rank condition in the source: a block under a condition that names who runs it
+    (``if rank == 0:``) is those ranks' extra; under one that names who does not (``if rank
+    != 3:``, an ``else``) it is the skip of the ranks it leaves out. At one position: the
+    side whose own collective runs in a branch only it takes deviated."""
+    if CulpritBasis.SOURCE in r.given:
+        return r.given[CulpritBasis.SOURCE]
+    if r.edit == Edit.BEHIND:
+        return None
+    if r.edit in (Edit.SKIP, Edit.EXTRA) and r.block:
+        cond = _condition(ctx, _frames(r.block[0]) or
+                          (r.at_theirs if r.edit == Edit.SKIP else r.at_mine))
+        if cond is None:
+            return None
+        excludes = excludes_ranks(cond)
+        return excludes if r.edit == Edit.SKIP else not excludes
+    cond_mine = _condition(ctx, _frames(r.mine) or r.at_mine)
+    cond_theirs = _condition(ctx, _frames(r.theirs) or r.at_theirs)
+    took = cond_mine is not None and not excludes_ranks(cond_mine)
+    other_took = cond_theirs is not None and not excludes_ranks(cond_theirs)
+    if took and not other_took:
+        return True  # only the culprits take the branch their collective is in
+    if other_took and not took:
+        return False
+    return None
+
+
+def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame]) -> bool | None:
+    """Is ``fa`` (user frames outermost first) further along than ``fb``: at the deepest
+    frame both share, the later statement. Where a loop repeats both lines (a loop holding
+    them, or one around a frame they share), either may be ahead: the later line within one
+    iteration (it skipped what lies between), or the earlier one a lap on (it skipped what
+    lies from the later line round to it) — the reading that skips fewer of the collectives
+    the source shows there wins (gloo stops a rank at the first collective it cannot
+    complete, so a rank that lapped the other skipped every one on its way); None where
+    they tie or nothing is known."""
+    src = ctx.views.source
+    repeated = False
+    for x, y in zip(fa, fb, strict=False):
+        if (x.file, x.function) != (y.file, y.function):
+            return None
+        if x.line == y.line:
+            repeated = repeated or in_loop(src, x.file, x.line)
+            continue
+        o = order(src, x.file, x.line, y.line)
+        if o not in (Order.A_FIRST, Order.B_FIRST):
+            return None
+        x_later = o is Order.B_FIRST
+        region = loop_step(src, x.file, x.line, y.line)
+        if region is None and not repeated:
+            return x_later  # within one run of this code: the later line is ahead
+        if region is None:
+            region = function_step(src, x.file, x.line)
+        if region is None:
+            return None
+        first, later = (y.line, x.line) if x_later else (x.line, y.line)
+        within = {first} | {c for c in region.calls if first < c < later}
+        lap = {later} | {c for c in region.calls if c > later or c < first}
+        if len(within) == len(lap):
+            return None
+        later_ahead = len(within) < len(lap)
+        return x_later if later_ahead else not x_later
+    return None
+
+
+def program_order(r: Reading, ctx: Context) -> bool | None:
+    """The culprits went past the others' collective (their line runs later, within one
+    iteration); or, absent, they are behind it."""
+    if CulpritBasis.PROGRAM_ORDER in r.given:
+        return r.given[CulpritBasis.PROGRAM_ORDER]
+    if r.edit in (Edit.EXTRA, Edit.SWAP, Edit.GROUP):
+        return None
+    fb = [f for f in r.at_theirs if not is_library_frame(f)]
+    answers = []
+    for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
+        fa = [f for f in at_mine if not is_library_frame(f)]
+        ahead = position_order(ctx, fa, fb) if fa and fb else None
+        answers.append(None if ahead is None else (not ahead) if r.edit == Edit.BEHIND
+                       else ahead)
+    if any(a is False for a in answers):
+        return False
+    return True if answers and all(a is True for a in answers) else None
+
+
+LADDER: tuple[tuple[CulpritBasis, Rung], ...] = (
+    (CulpritBasis.HISTORY, history),
+    (CulpritBasis.MAJORITY, majority),
+    (CulpritBasis.SOURCE, source),
+    (CulpritBasis.PROGRAM_ORDER, program_order),
+)
+
+
+def decide(readings: Sequence[Reading], ctx: Context) -> Decision:
+    """Rung by rung, strongest first: a rung that says yes to one reading still standing and
+    to no other decides; a reading it says no to is out (unless it would say no to all).
+    Where no rung decides, every candidate is named."""
+    alive = list(readings)
+    for basis, rung in LADDER:
+        votes = [rung(r, ctx) for r in alive]
+        yes = [r for r, v in zip(alive, votes, strict=True) if v is True]
+        if yes and len({r.culprits for r in yes}) == 1:
+            # one reading, or several that blame the same ranks (a skip of one collective
+            # and an extra of the next read the same two sequences): the first says how
+            return Decision(sorted(yes[0].culprits), basis, yes[0])
+        left = [r for r, v in zip(alive, votes, strict=True) if v is not False]
+        if left and len(left) < len(alive):
+            alive = left
+            if len(alive) == 1:
+                return Decision(sorted(alive[0].culprits), basis, alive[0])
+    named = sorted({c for r in alive if r.edit != Edit.BEHIND for c in r.culprits})
+    return Decision(named, CulpritBasis.AMBIGUOUS, None)

@@ -1,0 +1,234 @@
+"""The program every rank agreed on, learned from the steps they agreed on (docs/DESIGN.md
+§8.3) — pure.
+
+Up to a group's first divergence every member posted the same collectives under the same
+sequence numbers: that stretch is the job's own program, as it ran. From it: which collective
+follows which (a training loop repeats: what came after X before comes after X again), which
+collectives are a regular part of it, and what shape each always had. A rank whose next
+collective is not what always followed its last one, while the others' is, deviated.
+
+A collective is known at two grains: *fine* — its op, its group's kind and the user call path
+that posted it (every user frame, outermost first: an evaluation's forward is another path
+than training's, though FSDP posts both from the same module line); *coarse* — its op, its
+group's kind, its sizes and dtypes (where no frames were recorded). A question is answered at
+the finest grain both collectives have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from moe_hang.analysis.timeline import RankViews, group_kind
+from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.ops import SAME_SIZE_OPS
+from moe_hang.evidence.stacks import is_library_frame
+
+Key = tuple[object, ...]
+
+
+def user_path(c: Collective) -> tuple[tuple[str, int], ...]:
+    """The user frames that posted ``c``, outermost first (the probe's step name where the
+    collective came from its posting log)."""
+    if c.source == "probe" and c.name:
+        return (("probe", hash(c.name)),)
+    return tuple((f.file, f.line) for f in reversed(c.frames) if not is_library_frame(f))
+
+
+def fine_key(c: Collective) -> Key | None:
+    path = user_path(c)
+    if c.tag:
+        return (c.op, group_kind(c), "tag", c.tag)
+    return (c.op, group_kind(c), path) if path else None
+
+
+def signature(c: Collective) -> Key:
+    """What must be equal for two ranks' entries of one collective to pair: op, sizes (where
+    every member holds the same), dtypes."""
+    sizes = tuple(tuple(s) for s in c.input_sizes) if c.op in SAME_SIZE_OPS else ()
+    return (c.op, sizes, tuple(c.dtypes))
+
+
+def coarse_key(c: Collective) -> Key:
+    return (group_kind(c), *signature(c))
+
+
+@dataclass
+class Program:
+    """What the agreed steps showed (see the module doc)."""
+
+    follows_fine: dict[Key, set[Key]] = field(default_factory=dict)
+    follows_coarse: dict[Key, set[Key]] = field(default_factory=dict)
+    # across groups, in each rank's posting order (one group's next is the next seq)
+    across_fine: dict[Key, set[Key]] = field(default_factory=dict)
+    across_coarse: dict[Key, set[Key]] = field(default_factory=dict)
+    # how often each key was seen followed by anything (per map): "never followed by x" is
+    # evidence only for a key seen followed more than once (once is one step: the boundary
+    # of the first step, a phase seen for the first time, say nothing)
+    seen_after: dict[tuple[str, Key], int] = field(default_factory=dict)
+    # per group: the agreed run (one member's, the longest) and its period where the last
+    # two periods repeat exactly — a training step: what comes at each seq is then known
+    runs: dict[str, list[Collective]] = field(default_factory=dict)
+    periods: dict[str, int] = field(default_factory=dict)
+    seen_fine: set[Key] = field(default_factory=set)
+    seen_coarse: set[Key] = field(default_factory=set)
+    # per fine key (else per op and group kind): every signature it was posted with
+    shapes: dict[Key, set[Key]] = field(default_factory=dict)
+    steps: int = 0  # agreed collectives learned from
+    # the kinds of group whose agreed run repeats a collective: a whole step was seen, so
+    # what it never posted is not part of it (before that, "never seen" says nothing)
+    repeats: set[str] = field(default_factory=set)
+
+    def learn(self, run: list[Collective]) -> None:
+        """One member's agreed collectives of one group, in sequence order (consecutive)."""
+        keys = [fine_key(c) or coarse_key(c) for c in run]
+        if run and len(set(keys)) < len(keys):
+            self.repeats.add(group_kind(run[0]))
+        for c in run:
+            fk = fine_key(c)
+            if fk is not None:
+                self.seen_fine.add(fk)
+            self.seen_coarse.add(coarse_key(c))
+            self.shapes.setdefault((c.op, group_kind(c)), set()).add(signature(c))
+            if fk is not None:
+                self.shapes.setdefault(fk, set()).add(signature(c))
+            self.steps += 1
+        for a, b in pairwise(run):
+            if b.seq != a.seq + 1:
+                continue
+            self._add(self.follows_fine, self.follows_coarse, "within", a, b)
+
+    def learn_period(self, run: list[Collective]) -> None:
+        """Keep the longest consecutive agreed run of a group, and the smallest period its
+        last two periods repeat with."""
+        if not run:
+            return
+        pg = run[0].pg
+        tail = [run[-1]]
+        for c in reversed(run[:-1]):  # the consecutive stretch that ends the run
+            if c.seq != tail[-1].seq - 1:
+                break
+            tail.append(c)
+        tail.reverse()
+        if len(tail) <= len(self.runs.get(pg, [])):
+            return
+        self.runs[pg] = tail
+        keys = [same_key(c) for c in tail]
+        n = len(keys)
+        for p in range(1, n // 2 + 1):
+            # every period but the first one or two (a warm-up) repeats the next exactly
+            start = n - max(2, n // p - 1) * p
+            if all(keys[i] == keys[i + p] for i in range(max(0, start), n - p)):
+                self.periods[pg] = p
+                return
+        self.periods.pop(pg, None)
+
+    def expected(self, c: Collective | None) -> Collective | None:
+        """What the program posts on ``c``'s group at ``c``'s seq, a period on from the
+        agreed run (None: the run has no period, or ``c`` is not past it)."""
+        if c is None or c.pg not in self.periods:
+            return None
+        run, p = self.runs[c.pg], self.periods[c.pg]
+        j = c.seq - run[-1].seq
+        if j < 1:
+            return None
+        return run[len(run) - p + (j - 1) % p]
+
+    def learn_order(self, order: list[Collective]) -> None:
+        """One rank's agreed collectives of every group, in the order it posted them: what
+        follows what across groups (the step's all-gathers, then its all-reduce on another
+        group)."""
+        for a, b in pairwise(order):
+            self._add(self.across_fine, self.across_coarse, "across", a, b)
+
+    def _add(self, fine: dict[Key, set[Key]], coarse: dict[Key, set[Key]], where: str,
+             a: Collective, b: Collective) -> None:
+        fa, fb = fine_key(a), fine_key(b)
+        if fa is not None and fb is not None:
+            fine.setdefault(fa, set()).add(fb)
+            self.seen_after[(where, fa)] = self.seen_after.get((where, fa), 0) + 1
+        ca = coarse_key(a)
+        coarse.setdefault(ca, set()).add(coarse_key(b))
+        self.seen_after[(where, ca)] = self.seen_after.get((where, ca), 0) + 1
+
+    def follows(self, prev: Collective | None, nxt: Collective | None,
+                posted: bool = False) -> bool | None:
+        """Did ``nxt`` come right after ``prev`` in the agreed steps — on its group (the next
+        seq), or, ``posted``, in the order a rank posted them whatever the group? None:
+        nothing learned after ``prev`` (no history there, or it never was a regular step)."""
+        if prev is None or nxt is None:
+            return None
+        within = prev.pg == nxt.pg and not posted
+        where = "within" if within else "across"
+        fine = self.follows_fine if within else self.across_fine
+        coarse = self.follows_coarse if within else self.across_coarse
+        fp, fn = fine_key(prev), fine_key(nxt)
+        if fp is not None and fn is not None and fp in fine:
+            return True if fn in fine[fp] else (
+                False if self.seen_after.get((where, fp), 0) > 1 else None)
+        cp = coarse_key(prev)
+        if cp in coarse:
+            return True if coarse_key(nxt) in coarse[cp] else (
+                False if self.seen_after.get((where, cp), 0) > 1 else None)
+        return None
+
+    def regular(self, c: Collective) -> bool | None:
+        """Was ``c`` posted in the agreed steps (by its path, else its shape)? None: nothing
+        learned on its kind of group."""
+        if group_kind(c) not in self.repeats:
+            return None
+        fk = fine_key(c)
+        if fk is not None and any(k[1] == fk[1] for k in self.seen_fine):
+            return fk in self.seen_fine
+        return coarse_key(c) in self.seen_coarse
+
+    def keeps_shape(self, c: Collective) -> bool | None:
+        """Does ``c`` have the one signature its collective (its path, else its op on this
+        kind of group) had in every agreed step? None: no history, or it varied (ragged
+        sizes: history cannot tell)."""
+        fk = fine_key(c)
+        seen = self.shapes.get(fk) if fk is not None else None
+        if seen is None:
+            seen = self.shapes.get((c.op, group_kind(c)))
+        if not seen or len(seen) != 1:
+            return None
+        return signature(c) in seen
+
+
+def same_key(c: Collective) -> Key:
+    """What a collective is for the program: its path where recorded, else its shape."""
+    return fine_key(c) or coarse_key(c)
+
+
+def same(a: Collective, b: Collective) -> bool:
+    """The same collective of the program: by path where both have one, else by shape."""
+    fa, fb = fine_key(a), fine_key(b)
+    if fa is not None and fb is not None:
+        return fa == fb
+    return coarse_key(a) == coarse_key(b)
+
+
+def agreed_runs(views: RankViews, bounds: dict[str, int | None]) -> Iterable[list[Collective]]:
+    """Each member's collectives of each group below that group's first divergence (``bounds``:
+    its seq; None: the group never diverged), completed or not pending, in sequence order."""
+    for v in views.values():
+        for pg, by_seq in v.tl.by_pg.items():
+            bound = bounds.get(pg)
+            run = [c for s, c in sorted(by_seq.items())
+                   if (bound is None or s < bound) and c.completed is not False]
+            if run:
+                yield run
+
+
+def learn(views: RankViews, bounds: dict[str, int | None]) -> Program:
+    p = Program()
+    for run in agreed_runs(views, bounds):
+        p.learn(run)
+        p.learn_period(run)
+    for r in views:  # across groups, in the order each rank posted its agreed collectives
+        agreed = [c for c in views.posting_order(r)
+                  if c.completed is not False
+                  and ((b := bounds.get(c.pg)) is None or c.seq < b)]
+        p.learn_order(agreed)
+    return p
