@@ -29,6 +29,7 @@ from moe_hang.evidence.stacks import (
     callsite,
     collective_of,
     is_library_frame,
+    is_tool_frame,
     main_thread,
     parse_faulthandler,
     view,
@@ -205,7 +206,7 @@ class RankViews(dict[int, RankView]):
 
 def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
     if ev.threads:
-        return view(main_thread(ev.threads)), ev.stack_source
+        return _posting_thread(ev.threads), ev.stack_source
     if ev.fatal and "File " in ev.fatal:
         return view(main_thread(parse_faulthandler(ev.fatal))), "fatal"
     frames = ev.heartbeat.frames() if ev.heartbeat is not None else []
@@ -217,6 +218,23 @@ def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
         return view(ThreadStack("MainThread", frames, is_main=True, active=ev.progressed,
                                 p2p=ev.heartbeat.p2p if ev.heartbeat else None)), "probe"
     return StackView(RankState.UNKNOWN), None
+
+
+def _posting_thread(threads: list[ThreadStack]) -> StackView:
+    """The rank's main thread — unless it is outside every collective while another thread
+    of the job's (a metrics or logging thread on a group of its own) is inside one: the rank
+    waits there, and the line is that thread's, whichever thread the program is in."""
+    main = view(main_thread(threads))
+    if main.state == RankState.IN_COLLECTIVE:
+        return main
+    inside = [v for t in threads if not t.is_main and t.frames
+              and not is_tool_frame(t.frames[-1])
+              and (v := view(t)).state == RankState.IN_COLLECTIVE]
+    if len(inside) == 1:
+        t = next(t for t in threads if not t.is_main and view(t) == inside[0])
+        inside[0].thread = t.name or t.thread_id
+        return inside[0]
+    return main
 
 
 def _pending(tl: RankTimeline) -> list[Collective]:

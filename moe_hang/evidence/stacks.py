@@ -100,6 +100,7 @@ class StackView:
     callsite: Frame | None = None
     frames: list[Frame] = field(default_factory=list)
     p2p: P2PCall | None = None
+    thread: str | None = None  # not the main thread's: the thread that is in the collective
 
 
 def short_path(path: str) -> str:
