@@ -291,6 +291,7 @@ class Diagnosis:
     certainty: Certainty = Certainty.UNCERTAIN
     fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
+    rule_id: str = ""  # its stable id (analysis.rules.RULES): what scripts key on
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
     # NCCL RAS as the diagnosis read it (analysis/nccl.py ras_summary); None: no report
     nccl_ras: dict[str, Any] | None = None
@@ -316,6 +317,7 @@ class Diagnosis:
             "culprit_basis": self.culprit_basis,
             "certainty": self.certainty,
             "rule": self.rule,
+            "rule_id": self.rule_id,
         }
         if self.fix_code:
             d["fix_code"] = self.fix_code
@@ -347,6 +349,7 @@ class Diagnosis:
             culprit_basis=CulpritBasis(d.get("culprit_basis", CulpritBasis.NONE)),
             certainty=Certainty(d.get("certainty", Certainty.UNCERTAIN)),
             fix_code=d.get("fix_code"), rule=str(d.get("rule", "")),
+            rule_id=str(d.get("rule_id", "")),
             divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])
                          if x is not None],
             nccl_ras=d["nccl_ras"] if isinstance(d.get("nccl_ras"), dict) else None)

@@ -94,9 +94,18 @@ from moe_hang.evidence.vocab import JobState, RankState, agree, who
 
 @dataclass(frozen=True)
 class Rule:
+    """One row of the table: a stable ``id`` (the JSON's ``rule_id``: scripts and tests key
+    on it; never renamed), the ``name`` a person reads, when it fires and what it concludes,
+    and — for the tables in the README and docs/DESIGN.md, generated from this one
+    (scripts/rule_table.py) — the verdict, culprit basis and certainty it gives."""
+
+    id: str
     name: str
     when: Callable[[Facts], bool]
     then: Callable[[Facts], Conclusion]
+    verdict: str
+    basis: str
+    certainty: str
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -244,52 +253,94 @@ _UNSEEN = "in matching collectives, progress unseen"
 
 # First match wins.
 RULES: tuple[Rule, ...] = (
-    Rule("stall held past --hang-after",
+    Rule("held", "stall held past --hang-after",
          lambda f: f.ev.held is not None and _below_held(f).name != _UNSEEN
-         and _below_held(f).then(f).certainty == Certainty.UNCERTAIN, _held),
-    Rule("every rank finished",
+         and _below_held(f).then(f).certainty == Certainty.UNCERTAIN, _held,
+         "hang (a transport hang stays one)", "as the rule it holds", "as the rule it holds"),
+    Rule("finished", "every rank finished",
          lambda f: f.ev.job == JobState.COMPLETED or (bool(f.exited) and not f.alive
-                                                and not f.bad_exit), _finished),
-    Rule("root-cause exception", lambda f: bool(f.root_causes), root_cause),
-    Rule("gloo size abort", lambda f: f.size_abort is not None, _size_abort),
-    Rule("rank killed or gone", lambda f: bool(f.killed), killed),
-    Rule("rank left early", lambda f: bool(f.left), left_early),
-    Rule("NCCL rank gone (RAS)", lambda f: gone(f) is not None, ras_rank_died),
-    Rule("NCCL error on a rank (RAS)", lambda f: nccl_errors(f) is not None, ras_rank_error),
-    Rule("waits on unknown ranks", lambda f: bool(waits_on_unreached(f)), waiting_on_unreached),
-    Rule("wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f), cycle),
-    Rule("collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f), _desync),
-    Rule("desync from stacks", lambda f: f.stack_div is not None and not _in_flight(f),
-         _stack_desync),
-    Rule("unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
-         unmatched_outcome),
-    Rule("frozen launch counts disagree (RAS)",
-         lambda f: frozen_mismatch(f) is not None and not _in_flight(f), ras_desync),
-    Rule("launcher died", lambda f: f.agent_died, agent_died),
-    Rule("monitored barrier names the laggards", lambda f: bool(barrier_laggards(f)),
-         monitored_barrier),
-    Rule("timed out waiting for a rank outside collectives",
-         lambda f: bool(f.bad_exit) and bool(outside_when_failed(f)), timed_out_waiting),
-    Rule("failed, other nodes unknown", failed_with_unknowns, failed_elsewhere),
-    Rule("failed with consequences only", lambda f: bool(f.bad_exit), consequences_only),
-    Rule("finished, the others returning from what it posted",
-         lambda f: bool(f.finishing) and not f.left, finishing),
-    Rule("every rank moving", lambda f: bool(f.alive) and len(f.moving) == len(f.alive),
-         all_moving),
-    Rule("NCCL launch counts moving (RAS)", ras_moving, ras_all_moving),
-    Rule("recorded collectives all completed", nothing_pending, all_completed),
-    Rule("stalled outside collectives",
-         some_outside, stalled_outside),
-    Rule("straggler", lambda f: bool(f.waiting) and bool(f.moving), straggler),
-    Rule("transport or hardware hang", lambda f: transport(f) is not None, transport_hang),
-    Rule("launch counts differ in one RAS report", lambda f: bool(counts_differ(f)),
-         ras_one_poll_mismatch),
-    Rule("one RAS report, nothing wrong in it", ras_nothing_wrong, ras_one_poll_clean),
-    Rule(_UNSEEN,
-         lambda f: in_one(f) and not stuck_shown(f), progress_unseen),
-    Rule("all wait in matching collectives", in_one, all_in_one),
-    Rule("inconclusive", lambda f: True, inconclusive),
+                                                and not f.bad_exit), _finished,
+         "healthy", "—", "definite"),
+    Rule("root_cause", "root-cause exception", lambda f: bool(f.root_causes), root_cause,
+         "crash", "exception", "definite"),
+    Rule("size_abort", "gloo size abort", lambda f: f.size_abort is not None, _size_abort,
+         "desync", "the ladder (history, majority, source, program order) or ambiguous",
+         "definite; likely where one side is inferred"),
+    Rule("killed", "rank killed or gone", lambda f: bool(f.killed), killed,
+         "rank_died", "exited", "definite"),
+    Rule("left_early", "rank left early", lambda f: bool(f.left), left_early,
+         "rank_died", "exited", "definite"),
+    Rule("ras_gone", "NCCL rank gone (RAS)", lambda f: gone(f) is not None, ras_rank_died,
+         "rank_died", "exited", "definite (considered dead); likely"),
+    Rule("ras_error", "NCCL error on a rank (RAS)", lambda f: nccl_errors(f) is not None,
+         ras_rank_error, "crash", "nccl_error",
+         "definite; likely for ncclRemoteError or an abort alone; uncertain on every rank"),
+    Rule("unreached", "waits on unknown ranks", lambda f: bool(waits_on_unreached(f)),
+         waiting_on_unreached, "hang", "none", "uncertain"),
+    Rule("cycle", "wait-for cycle", lambda f: bool(f.wait_cycles) and not _in_flight(f),
+         cycle, "desync (hang if only point-to-point)", "the ladder, else cycle",
+         "definite; likely on posting order alone (NCCL)"),
+    Rule("desync", "collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f),
+         _desync, "desync", "the ladder, else ambiguous", "definite, or likely"),
+    Rule("stack_desync", "desync from stacks",
+         lambda f: f.stack_div is not None and not _in_flight(f), _stack_desync,
+         "desync", "the ladder without history, else ambiguous", "likely"),
+    Rule("p2p", "unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
+         unmatched_outcome, "hang", "program_order / waited_for / cycle",
+         "likely, or uncertain"),
+    Rule("ras_frozen", "frozen launch counts disagree (RAS)",
+         lambda f: frozen_mismatch(f) is not None and not _in_flight(f), ras_desync,
+         "desync", "launch_counts", "likely; uncertain when the recorder or stacks disagree"),
+    Rule("launcher_died", "launcher died", lambda f: f.agent_died, agent_died,
+         "crash", "—", "definite"),
+    Rule("monitored_barrier", "monitored barrier names the laggards",
+         lambda f: bool(barrier_laggards(f)), monitored_barrier,
+         "hang", "waited_for", "likely"),
+    Rule("timed_out", "timed out waiting for a rank outside collectives",
+         lambda f: bool(f.bad_exit) and bool(outside_when_failed(f)), timed_out_waiting,
+         "hang", "waited_for", "likely"),
+    Rule("failed_elsewhere", "failed, other nodes unknown", failed_with_unknowns,
+         failed_elsewhere, "crash", "—", "uncertain"),
+    Rule("consequences", "failed with consequences only", lambda f: bool(f.bad_exit),
+         consequences_only, "crash", "—", "uncertain"),
+    Rule("finishing", "finished, the others returning from what it posted",
+         lambda f: bool(f.finishing) and not f.left, finishing,
+         "healthy", "—", "uncertain (watch watches on)"),
+    Rule("moving", "every rank moving",
+         lambda f: bool(f.alive) and len(f.moving) == len(f.alive), all_moving,
+         "healthy", "—", "likely"),
+    Rule("ras_moving", "NCCL launch counts moving (RAS)", ras_moving, ras_all_moving,
+         "healthy", "—", "likely; uncertain while the ranks look stuck"),
+    Rule("dumps_completed", "recorded collectives all completed", nothing_pending,
+         all_completed, "inconclusive", "—", "uncertain"),
+    Rule("outside", "stalled outside collectives", some_outside, stalled_outside,
+         "hang", "waited_for", "uncertain"),
+    Rule("straggler", "straggler", lambda f: bool(f.waiting) and bool(f.moving), straggler,
+         "straggler", "waited_for", "uncertain"),
+    Rule("transport", "transport or hardware hang", lambda f: transport(f) is not None,
+         transport_hang, "transport_hang", "— / kernel_timing",
+         "likely (recorder started everywhere and RAS frozen equal); uncertain with one"),
+    Rule("ras_counts", "launch counts differ in one RAS report",
+         lambda f: bool(counts_differ(f)), ras_one_poll_mismatch,
+         "hang", "launch_counts", "uncertain"),
+    Rule("ras_clean", "one RAS report, nothing wrong in it", ras_nothing_wrong,
+         ras_one_poll_clean, "inconclusive", "—", "uncertain"),
+    Rule("unseen", _UNSEEN, lambda f: in_one(f) and not stuck_shown(f), progress_unseen,
+         "inconclusive", "—", "uncertain"),
+    Rule("all_in_one", "all wait in matching collectives", in_one, all_in_one,
+         "hang", "—", "uncertain"),
+    Rule("inconclusive", "inconclusive", lambda f: True, inconclusive,
+         "inconclusive", "—", "uncertain"),
 )
+
+
+def rule_table() -> str:
+    """The rules in the order they are tried, as the README and docs/DESIGN.md show them."""
+    rows = ["| rule_id | rule (first match wins) | verdict | culprit basis | certainty |",
+            "|---|---|---|---|---|"]
+    rows += [f"| `{r.id}` | {r.name} | {r.verdict} | {r.basis} | {r.certainty} |"
+             for r in RULES]
+    return "\n".join(rows) + "\n"
 
 
 def diagnose(ev: Evidence) -> Diagnosis:
@@ -305,7 +356,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
         fix_code=out.advice.code, artifacts=ev.artifacts,
         evidence=f.evidence + unreached_line(ev.unreached) + ras_lines(ev),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
-        certainty=out.certainty, rule=rule.name,
+        certainty=out.certainty, rule=rule.name, rule_id=rule.id,
         divergences=[out.div, *out.more] if out.div is not None else [],
         nccl_ras=ras_summary(ev))
 

@@ -168,7 +168,7 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             continue
         if rk == EventKind.STALLED and diag.certainty == Certainty.UNCERTAIN:
             notice(f"{diag.summary} (not ended: still watching)"
-                   if diag.rule == "waits on unknown ranks" else waiting_line(diag, opts.stall_s))
+                   if diag.rule_id == "unreached" else waiting_line(diag, opts.stall_s))
             mon.hold()
             peers.next_round()
             continue

@@ -502,6 +502,7 @@ def test_the_rule_fires_on_its_evidence(name: str, culprit: int) -> None:
     ev, culprits = build(culprit)
     d = diagnose(ev)
     assert d.rule == name, f"{d.rule}: {d.summary}"
+    assert d.rule_id == next(r.id for r in RULES if r.name == name)
     assert d.culprit_ranks == culprits, d.summary
     assert d.summary
 
@@ -557,3 +558,24 @@ def test_stacks_alone_a_branch_of_every_rank_is_the_extra_a_subgroup_branch_is_n
     ev = _ev(*(at(r, "all_reduce", 6) for r in others), at(lone, "barrier", 7))
     d = diagnose(ev)
     assert (d.rule, d.culprit_ranks) == ("desync from stacks", [lone]), d.summary
+
+
+def test_rule_ids_are_stable_and_the_docs_tables_are_the_codes() -> None:
+    """Every rule has one id, the JSON carries it, and the README's and DESIGN's tables are
+    the one table in the code (scripts/rule_table.py writes them)."""
+    import importlib.util
+
+    from moe_hang.analysis.diagnosis import Diagnosis
+
+    ids = [r.id for r in RULES]
+    assert len(set(ids)) == len(ids) and all(i.isidentifier() for i in ids)
+    spec = importlib.util.spec_from_file_location(
+        "rule_table", Path(__file__).resolve().parents[2] / "scripts" / "rule_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for doc in mod.DOCS:
+        text = doc.read_text()
+        assert mod.with_table(text) == text, f"{doc.name}: run python scripts/rule_table.py"
+    d = Diagnosis.from_dict({"verdict": "hang", "summary": "x", "rule": "r", "rule_id": "held"})
+    assert d.to_dict()["rule_id"] == "held"
