@@ -134,8 +134,8 @@ def test_only_report_imports_rich() -> None:
 
 
 # where a verdict is decided, and the modules that only say it
-DETECTION = ("align", "blocks", "culprit", "facts", "fallback", "mismatch", "order", "source",
-             "timeline", "waitfor", "wronggroup", "ranks")
+DETECTION = ("align", "blocks", "culprit", "facts", "fallback", "ladder", "mismatch",
+             "program", "readings", "source", "timeline", "waitfor", "wronggroup", "ranks")
 SENTENCES = ("explain", "advice")
 
 
