@@ -258,6 +258,26 @@ def _posted_from(r: int, div: Divergence, views: RankViews) -> tuple[Frame, ...]
         or tuple(views[r].position)
 
 
+def mark_skipped(div: Divergence, culprits: list[int], ctx: Context) -> bool:
+    """Culprits whose collective at the divergence is one the program posts *after* the
+    others' (a step on, a run of experts cut short) skipped the others': they never posted
+    it, and its line — the others' — is the one to show (their entry becomes None)."""
+    if div.seq is None or div.kind != MismatchKind.MISSING:
+        return False
+    others = [r for r, c in div.per_rank.items() if c is not None and r not in culprits]
+    theirs = next((c for r in others if (c := _entry(r, div, ctx.views)) is not None), None)
+    if theirs is None:
+        return False
+    done = False
+    for r in culprits:
+        mine = _entry(r, div, ctx.views)
+        if mine is not None and div.per_rank.get(r) is not None \
+                and ctx.program.skipped_to(mine, theirs):
+            div.per_rank[r] = None
+            done = True
+    return done
+
+
 def _entry(r: int, div: Divergence, views: RankViews) -> Collective | None:
     """Rank r's collective at the divergence: its own record, else what the abort told of it
     (its op and sizes, posted from where its stack is)."""
@@ -330,4 +350,4 @@ def _known_side_history(div: Divergence, ctx: Context, sizes: dict[int, int],
 
 
 __all__ = ["Blame", "at", "blame", "blame_abort", "blame_cycle", "condition_on",
-           "cycle_inversion", "minority"]
+           "cycle_inversion", "mark_skipped", "minority"]

@@ -3,7 +3,6 @@ collectives, and gloo's size-mismatch abort read from the job log (pure)."""
 
 from __future__ import annotations
 
-import itertools
 import signal
 from collections.abc import Sequence
 from dataclasses import replace
@@ -175,41 +174,3 @@ def size_abort_divergence(views: RankViews,
                      pg_desc=ref.pg_desc if ref else "", members=sorted(per_rank),
                      per_rank=per_rank, phase=ref.phase if ref else None)
     return div, aborted
-
-
-def left_run_early(div: Divergence, views: RankViews, ranks: list[int]) -> list[int]:
-    """Of ``ranks`` (aborted at a line other than the one every other rank is at), those that
-    went on past a run the others are still in: in the others' own recorded order on that
-    group, collectives from their line are followed directly by one from this rank's line,
-    and never the other way round. Such a rank skipped the rest of the run (an expert it did
-    not call): it lacks the others' collective, rather than posting one of its own."""
-    def site(c: RankCollective | None) -> tuple[str, int] | None:
-        return (c.callsite.file, c.callsite.line) if c is not None and c.callsite else None
-
-    others = [r for r in div.per_rank if r not in ranks]
-    here = {site(div.per_rank[r]) for r in others}
-    if len(here) != 1 or None in here or div.seq is None:
-        return []
-    at = here.pop()
-    steps = []  # each other rank's line-to-line steps before the divergence, in its order
-    for s in others:
-        lines = [(f.file, f.line) for _, c in sorted(views[s].tl.by_pg.get(div.pg, {}).items())
-                 if c.seq < div.seq and (f := callsite(c.frames)) is not None]
-        steps.append(set(itertools.pairwise(lines)))
-    return [r for r in ranks if (mine := site(div.per_rank.get(r))) not in (None, at)
-            and steps and all((at, mine) in st and (mine, at) not in st for st in steps)]
-
-
-def mark_skipped(div: Divergence, culprits: list[int], basis: CulpritBasis,
-                 aborted: list[int], views: RankViews) -> bool:
-    """An aborted culprit at a line the others' own order puts after theirs skipped the rest
-    of their run (:func:`left_run_early`): it lacks their collective, whose line is the one
-    to show (its entry at the divergence becomes None). True when one did. (Named by the
-    majority, or — two ranks — as the one past what the other waits in.)"""
-    if basis not in (CulpritBasis.MAJORITY, CulpritBasis.PROGRAM_ORDER, CulpritBasis.HISTORY) \
-            or div.kind != MismatchKind.MISSING:
-        return False
-    skipped = left_run_early(div, views, [r for r in culprits if r in aborted])
-    for r in skipped:
-        div.per_rank[r] = None
-    return bool(skipped)

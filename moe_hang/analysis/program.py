@@ -17,7 +17,7 @@ the finest grain both collectives have.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from moe_hang.analysis.timeline import RankViews, group_kind
@@ -134,6 +134,25 @@ class Program:
         if j < 1:
             return None
         return run[len(run) - p + (j - 1) % p]
+
+    def skipped_to(self, mine: Collective, theirs: Collective) -> int | None:
+        """Where ``theirs`` is what the program posts at its seq: how many of the program's
+        collectives after it ``mine`` (posted at that seq) is — the number a rank posting
+        it there skipped (within one step); None where it is none of them."""
+        exp = self.expected(theirs)
+        if exp is None:
+            # no whole step seen twice: what followed what says as much — the others' was
+            # followed by the culprit's, never the other way round (a run of experts, then
+            # the head)
+            return 1 if self.follows(theirs, mine) is True \
+                and self.follows(mine, theirs) is not True else None
+        if not same(theirs, exp):
+            return None
+        for k in range(1, self.periods[theirs.pg]):
+            nxt = self.expected(replace(theirs, seq=theirs.seq + k))
+            if nxt is not None and same(mine, nxt):
+                return k
+        return None
 
     def learn_order(self, order: list[Collective]) -> None:
         """One rank's agreed collectives of every group, in the order it posted them: what

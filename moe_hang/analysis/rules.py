@@ -18,9 +18,7 @@ from moe_hang.analysis.advice import (
     advise_p2p,
 )
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import (
-    blame_abort,
-)
+from moe_hang.analysis.culprit import blame_abort, mark_skipped
 from moe_hang.analysis.cycles import cycle
 from moe_hang.analysis.diagnosis import (
     Certainty,
@@ -49,7 +47,6 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.fallback import mark_skipped
 from moe_hang.analysis.nccl import (
     counts_differ,
     frozen_mismatch,
@@ -138,7 +135,7 @@ def _size_abort(f: Facts) -> Conclusion:
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-        if out.div is not None and mark_skipped(out.div, out.culprits, out.basis, aborted, f.views):
+        if out.div is not None and mark_skipped(out.div, out.culprits, f.ctx):
             out.summary = desync_summary(out.div, f.reports(out.div), out.culprits, {}) \
                 + culprit_clause(out.basis, out.culprits, confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
@@ -146,7 +143,7 @@ def _size_abort(f: Facts) -> Conclusion:
         out.certainty = Certainty.DEFINITE if confirmed else Certainty.LIKELY
         return out
     b = blame_abort(div, f.ctx, f.ev.size_abort, aborted)
-    mark_skipped(div, b.culprits, b.basis, aborted, f.views)
+    mark_skipped(div, b.culprits, f.ctx)
     reports = f.reports(div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
     summary = desync_summary(div, reports, b.culprits, exits).rstrip(".") + f" ({detail})."

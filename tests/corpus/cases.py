@@ -17,6 +17,10 @@ How a case runs (``mode``):
 - ``diagnose``: torchrun is started in the background in its own session; once ``marks``
   ranks wrote ``$JOB_MARKS/<wait_mark>.rank<r>`` and ``settle_s`` passed, ``moe-hang diagnose
   <torchrun pid> --json --out DIR`` runs; then every process of the job is killed.
+- ``analyze``: plain torchrun, no moe-hang in the job; every rank whose recorder stands still
+  with a collective pending writes torch's own dumps (``jobs/_frdump``, as NCCL's watchdog
+  does at its timeout; a rank gloo aborted writes none); then ``moe-hang analyze --json
+  <dumps>/<form>`` (``form``: ``pickle``, with frames, or ``json``).
 
 Where a call site is checked (``LineExpect.where``):
 
@@ -84,7 +88,8 @@ class Case:
     job: str  # a file of tests/corpus/jobs/, or an absolute path (a generated job)
     nproc: int
     verdicts: frozenset[str]
-    mode: str = "watch"  # watch | diagnose
+    mode: str = "watch"  # watch | diagnose | analyze
+    form: str = "pickle"  # analyze: which of torch's dumps (pickle, with frames, or json)
     env: Mapping[str, str] = field(default_factory=dict)
     # the env overrides of the mirrored twin (roles swapped); None: no twin
     mirror: Mapping[str, str] | None = None
@@ -545,4 +550,52 @@ CASES: tuple[Case, ...] = (
          basis=frozenset({"ambiguous"}),
          note="68 vs 401 rows through DTensor.from_local(Shard(0)).full_tensor(): the code "
               "is wrong on every rank; the varlen gather is the right fix here"),
+    # issue 27: a skip inside a training loop (the next collective at an earlier line), a
+    # silent pairing, a thread's collective — and the same jobs' torch dumps, post mortem
+    Case("ddp_skip_loss", "ddp_skip_loss.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(others(C, 2), "loss", "divergence"), at(C, "backward", "divergence?")),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history"}),
+         note="rank C skips the logged loss all-reduce of step 3 and goes on to step 4's "
+              "backward (an earlier line); its gradient bucket pairs with the other's loss "
+              "and gloo aborts the other. Line order across iterations would blame the "
+              "other rank; every earlier step's order (bucket, then loss) names rank C"),
+    Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "reduce"), at(others(C, 2), "gather")),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history"}),
+         note="rank C routes no token at iteration 4 (the data, not a rank condition), skips "
+              "its all-gather and waits in iteration 5's all-reduce (an earlier line) while "
+              "the other waits in the all-gather"),
+    Case("skip_gather_in_loop_dumps", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
+         mode="analyze", form="pickle",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "reduce"), at(others(C, 2), "gather")),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history"}),
+         note="the same job post mortem: torch's own pickle dumps (with frames)"),
+    Case("skip_gather_in_loop_json", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
+         mode="analyze", form="json",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history"}),
+         note="the same job post mortem from torch's JSON dumps: no frames, no lines; every "
+              "earlier iteration's order (all-reduce, all-gather) still names rank C"),
+    Case("fsdp2_eval_between_steps", "fsdp2_eval_between_steps.py", 2, DESYNC,
+         env=culprit_env(0), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "eval", "divergence"),),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         basis=frozenset({"history"}), timeout_s=180,
+         note="rank C alone runs an evaluation forward after step 2: its all-gathers pair "
+              "silently with the other's training ones, and gloo aborts a rank steps later; "
+              "the evaluation's all-gathers come from a path no agreed step posted from"),
+    Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(others(C, 2), "metric"), at(C, "barrier")),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         note="rank C's metrics thread skips step 3's all-reduce on its own group; the other "
+              "rank's thread waits in its last one while its main thread joins it: that "
+              "rank's line is the thread's all-reduce, not the join"),
 )

@@ -323,6 +323,8 @@ def run_case(case: Case, env: Env, work: Path) -> CaseResult:
             _run_watch_nodes(case, job, full_env, work, out_dir, res, pgids, run_id)
         elif case.mode == "watch":
             _run_watch(case, job, full_env, work, out_dir, res, pgids, run_id)
+        elif case.mode == "analyze":
+            _run_analyze(case, job, full_env, work, res, pgids, run_id)
         else:
             _run_diagnose(case, job, full_env, work, out_dir, res, pgids, run_id)
     finally:
@@ -452,6 +454,70 @@ def _run_diagnose(case: Case, job: Path, env: dict[str, str], work: Path, out_di
         res.tool_leaked = describe([p for p in tagged(run_id) if p.pid not in job_tree
                                     and not _descends(p, job_tree)])
         res.diagnosis, err_text = _read_json(Path(res.stdout_path), out_dir)
+        if res.diagnosis is None:
+            res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
+                Path(res.stderr_path).read_text(errors="replace")[-400:]
+    finally:
+        with contextlib.suppress(OSError):
+            job_proc.kill()
+        kill_run(run_id, pgids)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job_proc.wait(timeout=10)
+
+
+# analyze: how long a stuck job's recorder must stand still before its ranks dump (as
+# NCCL's watchdog does at its timeout), and how long the dumps may take to appear after
+FR_STALL_S = 3.0
+FR_SETTLE_S = 30.0
+
+
+def _dumped(dumps: Path, form: str) -> list[Path]:
+    return sorted((dumps / form).glob("comm_lib_trace_rank_*"))
+
+
+def _run_analyze(case: Case, job: Path, env: dict[str, str], work: Path, res: CaseResult,
+                 pgids: list[int], run_id: str) -> None:
+    """The job under plain torchrun (no moe-hang in it); every rank whose collectives stall
+    writes torch's own recorder dumps (``jobs/_frdump``: pickle with stack traces, and JSON);
+    then ``moe-hang analyze --json <dumps>/<form>`` — as a user does with NCCL's dumps."""
+    dumps = work / "fr"
+    env = dict(env, CORPUS_FR_DUMP=str(dumps), CORPUS_FR_STALL_S=f"{FR_STALL_S:g}",
+               CORPUS_FR_LIMIT_S=f"{case.timeout_s:g}")
+    env["PYTHONPATH"] = str(JOBS / "_frdump") + os.pathsep + env.get("PYTHONPATH", "")
+    res.job_log = str(work / "job.log")
+    deadline = time.monotonic() + case.timeout_s
+    with open(res.job_log, "wb") as log:
+        job_proc = subprocess.Popen(torchrun_argv(job, case.nproc), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=JOBS, start_new_session=True)
+    pgids.append(job_proc.pid)
+    try:
+        first: float | None = None
+        while time.monotonic() < deadline and len(_dumped(dumps, case.form)) < case.nproc:
+            if _dumped(dumps, "json") and first is None:
+                first = time.monotonic()
+            if first is not None and time.monotonic() - first > FR_SETTLE_S:
+                break  # the others died before they could dump (gloo's abort)
+            if job_proc.poll() is not None and first is None:
+                break
+            time.sleep(0.25)
+        with contextlib.suppress(OSError):
+            job_proc.kill()
+        kill_run(run_id, pgids)
+        res.argv = [*moe_hang_argv(), "analyze", "--json", str(dumps / case.form)]
+        with open(res.stdout_path, "wb") as out, open(res.stderr_path, "wb") as errf:
+            tool = subprocess.Popen(res.argv, stdout=out, stderr=errf,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
+                                    start_new_session=True)
+            pgids.append(tool.pid)
+            try:
+                res.exit_code = tool.wait(timeout=max(5.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                res.timed_out = True
+                res.error = f"analyze timed out (case limit {case.timeout_s:.0f} s)"
+                return
+        res.tool_leaked = describe(wait_gone(run_id, 5.0))
+        res.diagnosis, err_text = _read_json(Path(res.stdout_path), work)
         if res.diagnosis is None:
             res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
                 Path(res.stderr_path).read_text(errors="replace")[-400:]
