@@ -4,6 +4,7 @@ Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from moe_hang.analysis.align import GroupDivergence
@@ -181,14 +182,18 @@ def _stand_in(rank: int, views: RankViews) -> Collective:
     return Collective(pg="p2p", seq=-1, op=views[rank].stack.op or "p2p", frames=[])
 
 
-def blame_cycle(cycle: list[Edge], ctx: Context) -> Blame:
+def blame_cycle(cycle: list[Edge], ctx: Context, redirected: Sequence[int] = ()) -> Blame:
     """On a wait-for cycle: per edge, the rank waited on went past what its waiter waits in,
     or what the waiter waits in is its own extra, or — two groups' collectives the ranks
-    posted in opposite orders — one side swapped them; where nothing decides, every rank on
-    the cycle."""
+    posted in opposite orders — one side swapped them, or ``redirected`` ranks posted a
+    collective on another group than every earlier call of its line (wronggroup.py); where
+    nothing decides, every rank on the cycle."""
     views = ctx.views
     ranks = sorted({e.waiter for e in cycle})
-    swaps = _swap_readings(cycle, views) + order_readings(ranks, views, ctx.program)
+    # the most specific first: where several name the same ranks, the first says how
+    swaps = [Reading(tuple(sorted(redirected)), tuple(r for r in ranks if r not in redirected),
+                     Edit.GROUP, given={CulpritBasis.HISTORY: True})] if redirected else []
+    swaps += _swap_readings(cycle, views) + order_readings(ranks, views, ctx.program)
     culprits: set[int] = set()
     decisions: list[Decision] = []
     for e in cycle:
@@ -203,7 +208,7 @@ def blame_cycle(cycle: list[Edge], ctx: Context) -> Blame:
             inv = inversion_of(d.reading, d.basis)
             if inv is not None:
                 return Blame(inv.culprits, inv.basis, reading=d.reading)
-        if d.reading is not None and d.reading in swaps:  # its own order, broken
+        if d.reading is not None and d.reading in swaps:  # its own order, or group, broken
             return Blame(d.culprits, d.basis, reading=d.reading)
         if d.reading is not None and d.reading.edit in (Edit.SKIP, Edit.EXTRA):
             culprits.update(d.culprits)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import Blame, blame_cycle, condition_on, cycle_inversion
+from moe_hang.analysis.culprit import blame_cycle, condition_on, cycle_inversion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -19,6 +19,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.readings import Inversion
 from moe_hang.analysis.source import excludes_ranks
 from moe_hang.analysis.timeline import group_kind, to_rc
@@ -52,16 +53,17 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
 
 def cycle(f: Facts) -> Conclusion:
     cyc = f.wait_cycles[0]
-    b = blame_cycle(cyc, f.ctx)
+    # a rank that posted a line's collective on another group than every earlier call and
+    # its waiter did is a reading of every cycle, wherever it sits (on a mesh the ranks it
+    # went ahead with may be the ones the cycle passes through)
+    redirected = _redirected(f)
+    moved = sorted({w.rank for w in redirected})
+    b = blame_cycle(cyc, f.ctx, moved)
     culprits = set(b.culprits)
     for other in f.wait_cycles[1:]:
-        culprits |= set(blame_cycle(other, f.ctx).culprits)
-    if redirected := _redirected(f):
-        # a rank that posted a line's collective on another group than every earlier call
-        # and its waiter did is the cause, wherever it sits on the cycle (on a mesh the
-        # ranks it went ahead with may be the ones the cycle passes through)
-        b = Blame(sorted({w.rank for w in redirected}), CulpritBasis.HISTORY)
-        culprits = set(b.culprits)
+        culprits |= set(blame_cycle(other, f.ctx, moved).culprits)
+    if b.reading is None or b.reading.edit != Edit.GROUP:
+        redirected = []
     p2p_only = all(e.coll is None for e in cyc)
     verdict = Verdict.HANG if p2p_only else Verdict.DESYNC
     # posting order alone (NCCL: both enqueued, kernels on two streams): it hung, and this
