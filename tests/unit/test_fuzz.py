@@ -211,7 +211,7 @@ def test_a_broadcast_receiver_leaves_once_the_root_posted() -> None:
 
 def test_gloo_broadcast_tree() -> None:
     """gloo/broadcast.cc: 0 -> 1 in round 0; 0 -> 2 and 1 -> 3 in round 1; 0 -> 4, 1 -> 5..."""
-    from moe_hang.testing.fuzz.simulate import _tree
+    from moe_hang.testing.fuzz.gloo import tree as _tree
 
     assert _tree(0, 4) == (None, [1, 2])
     assert _tree(1, 4) == (0, [3]) and _tree(3, 4) == (1, [])
