@@ -15,8 +15,8 @@ from typing import Literal
 import moe_hang.testing.fuzz.catalogue as catalogue
 import moe_hang.testing.fuzz.families as families
 from moe_hang.testing.fuzz.catalogue import Kind
-from moe_hang.testing.fuzz.families import Family
 from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, eligible_sites
+from moe_hang.testing.fuzz.sites import Family
 from moe_hang.testing.fuzz.truth import RoleTruth, Truth, truth
 
 Launch = Literal["torchrun", "two_nodes"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from moe_hang.testing.fuzz.catalogue import Kind
 from moe_hang.testing.fuzz.events import P2P, Coll, Event, Stop
-from moe_hang.testing.fuzz.families import Family, Site
+from moe_hang.testing.fuzz.sites import Family, Site
 
 # the rank-only collective an ``extra`` plant posts: variant -> (group, op, tag)
 EXTRA = {"eval": ("world", "all_reduce", "f32x3"),

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from moe_hang.testing.fuzz.families import Family, Site
 from moe_hang.testing.fuzz.plant import Plant
+from moe_hang.testing.fuzz.sites import Family, Site
 
 PLANTED = "FAULTY and step == FAULT_STEP"
 IND = "    "

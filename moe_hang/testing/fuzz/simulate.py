@@ -284,8 +284,9 @@ class _Sim:
         return ""
 
     def outcome(self) -> Outcome:
-        stopped: dict[int, str] = {r: ev.how for r in range(self.world)
-                   if isinstance(ev := self.threads[r][MAIN].current(), Stop)}
+        stopped: dict[int, str] = {
+            r: ev.how for r in range(self.world)
+            if isinstance(ev := self.threads[r][MAIN].current(), Stop)}
         at: dict[int, str | None] = {}
         hidden: set[int] = set()
         for r in range(self.world):

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from moe_hang.testing.fuzz.catalogue import Kind
 from moe_hang.testing.fuzz.events import Coll, Event
-from moe_hang.testing.fuzz.families import Family
 from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, programs
 from moe_hang.testing.fuzz.simulate import Outcome, simulate
+from moe_hang.testing.fuzz.sites import Family
 
 # the corpus' verdict sets (tests/corpus/cases.py; a unit test keeps them equal)
 HEALTHY = frozenset({"healthy", "straggler"})
