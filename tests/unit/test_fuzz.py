@@ -14,7 +14,7 @@ import pytest
 
 from moe_hang.testing.fuzz import catalogue, families, truth
 from moe_hang.testing.fuzz.corpus import CORPUS, case_source, to_case
-from moe_hang.testing.fuzz.draw import draw, stacks_single_out
+from moe_hang.testing.fuzz.draw import draw, neighbour_of, stacks_single_out
 from moe_hang.testing.fuzz.events import P2P, Coll, Stop
 from moe_hang.testing.fuzz.plant import Plant, programs
 from moe_hang.testing.fuzz.runner import job_source
@@ -37,6 +37,66 @@ def test_a_seed_draws_the_same_jobs() -> None:
         assert job_source(a[0]) == job_source(b[0])
     assert [s.kind for s, _ in DRAWS[:20]] != [s.kind for s, _ in
                                              (draw(SEED + 1, i) for i in range(20))]
+
+
+def test_a_seed_draws_the_same_layout_and_neighbour() -> None:
+    again = [draw(SEED, i)[0] for i in range(0, 240, 7)]
+    assert [(s.shape, s.neighbour, s.plant) for s in again] == \
+        [(DRAWS[i][0].shape, DRAWS[i][0].neighbour, DRAWS[i][0].plant) for i in range(0, 240, 7)]
+
+
+def test_every_kind_has_its_share_of_200_runs() -> None:
+    """N=200 runs (a twin is a run): every kind, old and new, about 10 (each block of
+    len(KINDS) jobs draws every kind once), none under 8."""
+    runs: dict[str, int] = {}
+    n = 0
+    for spec, t in DRAWS:
+        k = min(len(t.roles()), 200 - n)
+        runs[spec.kind] = runs.get(spec.kind, 0) + k
+        n += k
+        if n >= 200:
+            break
+    assert set(runs) == {k.name for k in catalogue.KINDS}
+    assert min(runs.values()) >= 8, runs
+
+
+def test_the_new_kinds_and_their_variants_are_drawn() -> None:
+    variants = {(s.kind, s.plant.variant, s.shape) for s, _ in DRAWS}
+    for kind in ("silent", "step_shift", "async", "thread"):
+        assert {v for k, v, _ in variants if k == kind} == {"skip", "extra"}, kind
+    assert {v for k, v, _ in variants if k == "fsdp_eval"} == {"eval", "checkpoint"}
+    assert {sh for k, _, sh in variants if k in ("silent", "step_shift")} == {"loss", "ntok"}
+    assert {(k, sh) for k, _, sh in variants if k in ("async", "thread")} == \
+        {("async", "async"), ("thread", "thread")}
+    fams = {(s.kind, s.family) for s, _ in DRAWS}
+    assert {f for k, f in fams if k == "fsdp_eval"} == {"fsdp2", "fsdp2_moe"}
+    assert len({f for k, f in fams if k == "step_shift"}) >= 5
+
+
+def test_a_third_of_the_jobs_run_beside_a_busy_neighbour() -> None:
+    """One job in every three (at least a quarter of any N), on every seed."""
+    for seed in (SEED, 1, 27):
+        flags = [neighbour_of(seed, i) for i in range(300)]
+        assert sum(flags) == 100
+        assert all(sum(flags[i:i + 3]) == 1 for i in range(0, 300, 3))
+    specs = [s for s, _ in DRAWS]
+    assert sum(s.neighbour for s in specs) >= len(specs) // 4
+    assert {s.neighbour for s in specs if s.mode == "diagnose"} == {True, False}
+
+
+def test_the_new_kinds_run_under_diagnose_only_where_stacks_show_the_line() -> None:
+    """A rank in work.wait() shows the wait, not the line its collective was posted from;
+    a shift of gloo's pairing puts ranks at lines program order says nothing of (a majority
+    decides: 3 ranks or more); the FSDP backward a rank-only eval breaks in aborts."""
+    for spec, t in DRAWS:
+        if spec.mode != "diagnose":
+            continue
+        assert not any(rt.outcome.hidden for rt in t.roles()), spec.name
+        assert spec.kind != "fsdp_eval", spec.name
+        if spec.kind in truth.SHIFTED:
+            assert spec.world >= 3 and all(stacks_single_out(rt) for rt in t.roles())
+    assert any(s.kind == "async" and s.mode == "watch" and t.primary.outcome.hidden
+               for s, t in DRAWS)
 
 
 def test_every_kind_family_launch_and_mode_is_reachable() -> None:

@@ -316,6 +316,8 @@ class _Sim:
                            opaque=frozenset(m for m, e in colls.items() if e.op == OPAQUE),
                            posted=posted)
         if all(self.threads[r][MAIN].current() is None for r in range(self.world)):
+            if self.stuck:  # posted with async_op, never waited: what teardown does with it
+                return Outcome("unknown", at, stopped, why="a collective never waited for")
             return Outcome("finished", at, stopped, posted=posted)
         partial = any(left and not set(key[1]) <= left for key, left in self.left.items())
         return Outcome("hang", at, stopped, partial=partial, hidden=frozenset(hidden),
