@@ -34,12 +34,14 @@ WORKERS = 2
 class Meeting:
     """What gloo does when every member of a group posts one op with other bytes at one
     sequence number: it ``abort``s (``sure``: the members that certainly end in it, if they
-    are blocked in it, by gloo's abort or by the error their peer's death raises there), or
-    the members in ``through`` complete it and the others wait in it for ever."""
+    are blocked in it, by gloo's abort or by the error their peer's death raises there;
+    ``killed``: those gloo may abort, SIGABRT, whose recorder is then never written), or the
+    members in ``through`` complete it and the others wait in it for ever."""
 
     abort: bool
     through: frozenset[int] = frozenset()
     sure: frozenset[int] = frozenset()
+    killed: frozenset[int] = frozenset()
 
 
 def tree(v: int, size: int) -> tuple[int | None, list[int]]:
@@ -140,10 +142,12 @@ def same_op(op: str, tags: Mapping[int, str], order: tuple[int, ...]) -> Meeting
         aborts, done = ring([known[m] for m in order])
         if aborts:  # a rank whose part completed may have gone on before the abort
             return Meeting(True, sure=frozenset(order[p] for p in aborts | (
-                frozenset(range(len(order))) - done)))
+                frozenset(range(len(order))) - done)),
+                killed=frozenset(order[p] for p in aborts))
         return Meeting(False, through=frozenset(order[p] for p in done))
     if op == "all_gather" and len(known) == len(order):
         # the largest may have received all it expects (shorter chunks) and gone on
         top = max(b[0] * b[1] for b in known.values())
-        return Meeting(True, sure=frozenset(m for m, b in known.items() if b[0] * b[1] < top))
-    return Meeting(True)
+        smaller = frozenset(m for m, b in known.items() if b[0] * b[1] < top)
+        return Meeting(True, sure=smaller, killed=smaller)
+    return Meeting(True, killed=frozenset(order))

@@ -49,6 +49,8 @@ def _allows(kind: Kind, site: Site, nxt: Site | None) -> bool:
 
 
 def first_coll(site: Site) -> Coll | None:
+    """The first collective ``site`` posts (as rank 0 of two: a user's site posts the same on
+    every rank)."""
     return next((e for e in site.events(0, 2) if isinstance(e, Coll)), None)
 
 

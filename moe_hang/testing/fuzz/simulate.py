@@ -57,8 +57,10 @@ class Outcome:
     # ranks whose line is a collective they posted earlier and now wait for (work.wait()):
     # their stack shows the wait, not the line
     hidden: frozenset[int] = frozenset()
-    # abort: the members blocked in it that certainly end there
+    # abort: the members blocked in it that certainly end there, and those gloo may kill
+    # (SIGABRT: their recorder is never written)
     sure: frozenset[int] = frozenset()
+    killed: frozenset[int] = frozenset()
     # broken: the ranks inside the framework's stretch (they end there, whichever way)
     opaque: frozenset[int] = frozenset()
     # how many collectives each rank posted on each group
@@ -86,7 +88,7 @@ class _Sim:
         self.left: dict[Key, set[int]] = {}  # the members that completed (left) it
         self.stuck: set[tuple[Key, int]] = set()  # can never complete it
         self.judged: set[Key] = set()
-        self.aborts: list[tuple[Key, dict[int, str], frozenset[int]]] = []
+        self.aborts: list[tuple[Key, dict[int, str], gloo.Meeting]] = []
         self.broken: list[tuple[Key, dict[int, Coll]]] = []
         self.received: dict[Key, set[int]] = {}  # broadcast: the members that have the data
         self.unknown = ""
@@ -202,11 +204,12 @@ class _Sim:
                 self.stuck.update((key, m) for m in stick - meet.through)
                 return bool(meet.through)
             self.stuck.update((key, m) for m in stick)
-            self.aborts.append((key, {m: e.marker for m, e in colls.items()}, meet.sure))
+            self.aborts.append((key, {m: e.marker for m, e in colls.items()}, meet))
             return False
         self.stuck.update((key, m) for m in stick)
         if len(ops) == 1 or frozenset(ops) in gloo.ABORTING_OPS:
-            self.aborts.append((key, {m: e.marker for m, e in colls.items()}, frozenset()))
+            self.aborts.append((key, {m: e.marker for m, e in colls.items()},
+                                gloo.Meeting(True, killed=frozenset(colls))))
         return False
 
     def step_broadcast(self, r: int, ev: Coll, key: Key, here: dict[int, Coll]) -> bool:
@@ -257,15 +260,17 @@ class _Sim:
 
     def line(self, r: int, t: _Thread) -> tuple[str | None, bool]:
         """Where thread ``t`` of rank ``r`` is (its marker, and whether that is a line its
-        stack does not show)."""
+        stack does not show): the oldest collective it posted that never completes (as a
+        recorder reads a rank: an async one stuck before the one it blocks in, or the one
+        its ``work.wait()`` waits for), else what it blocks in."""
         ev = t.current()
         if isinstance(ev, Stop):
             return (None if ev.how in ("exit", "kill") else ev.marker), False
-        if isinstance(ev, (Coll, P2P)):
-            return ev.marker, False
-        if isinstance(ev, Wait):
-            first = next((k for k in t.pending if not self.done(k, r)), None)
-            return (self.posts[first][r].marker if first else ev.marker), True
+        first = next((k for k in t.pending if not self.done(k, r)), None)
+        if isinstance(ev, (Coll, P2P, Wait)) and first is not None:
+            return self.posts[first][r].marker, True
+        if isinstance(ev, (Coll, P2P, Wait)):
+            return ev.marker, isinstance(ev, Wait)
         if isinstance(ev, Join) and ev.thread in self.threads[r]:
             return self.line(r, self.threads[r][ev.thread])
         return None, False
@@ -299,15 +304,15 @@ class _Sim:
         blocked = {(t.blocked, r) for r in range(self.world)
                    for t in self.threads[r].values() if t.blocked is not None}
         if self.aborts:
-            key, markers, sure = self.aborts[0]
+            key, markers, meet = self.aborts[0]
             hung = [p for p in self.stuck if not (p[0] == key and p[1] in markers)]
             if len(self.aborts) > 1 or hung or self.broken:
                 return Outcome("unknown", at, stopped,
                                why="more than one mismatch at once (which shows first is "
                                    "timing)")
             return Outcome("abort", at, stopped, markers, hidden=frozenset(hidden),
-                           sure=frozenset(m for m in sure if (key, m) in blocked),
-                           posted=posted)
+                           sure=frozenset(m for m in meet.sure if (key, m) in blocked),
+                           killed=meet.killed, posted=posted)
         if self.broken:
             key, colls = self.broken[0]
             if len(self.broken) > 1 or any(p[0] != key for p in self.stuck):

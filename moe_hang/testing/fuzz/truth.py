@@ -6,9 +6,11 @@ mirrored twin, whose roles are swapped, is checked against its own ranks.
 
 For the kinds gloo pairs silently (:data:`SHIFTED`) the truth follows gloo's pairing, not the
 sites: the divergence is the first collective of the planted group where the culprit's line
-differs from the others' (where the shift starts, under watch, where the recorder shows it),
-and each rank's line is where it ends (a hang), where gloo aborted it (the members of the
-aborted collective that certainly end there) or inside the framework's backward (broken)."""
+differs from the others' (where the shift starts, under watch, where the recorder shows it;
+required on the others' line under a skip, on the culprit's under an extra), and each rank's
+line is where it ends (a hang: its oldest collective that never completes), where gloo
+aborted it (the members of the aborted collective that certainly end there) or inside the
+framework's backward (broken)."""
 
 from __future__ import annotations
 
@@ -144,10 +146,18 @@ def _shifted_lines(family: Family, plant: Plant, progs: list[list[Event]], out: 
     if mode == "watch" and d is not None:
         i, x, y = d
         posted = {r for r in range(family.world) if out.posted.get(r, {}).get(group, 0) > i}
-        if x is not None and (y is None or x.marker != y.marker) and min(culprits) in posted:
-            put({min(culprits)}, x.marker, "divergence")
+        # the side that shows the fault is required there: the others' line under a skip
+        # (the culprit's own next collective is incidental: "rank 1 skipped the one at ..."),
+        # the culprit's under an extra; never a rank gloo may SIGABRT (no recorder is left)
+        skip, c = plant.variant == "skip", min(culprits)
+        if x is not None and (y is None or x.marker != y.marker) and c in posted:
+            put({c}, x.marker, "divergence?" if skip or c in out.killed else "divergence")
         if y is not None and (x is None or x.marker != y.marker) and posted & others:
-            put(posted & others, y.marker, "divergence?")
+            shown = posted & others - out.killed if skip else set()
+            if shown:
+                put(shown, y.marker, "divergence")
+            if posted & others - shown:
+                put(posted & others - shown, y.marker, "divergence?")
     if out.state == "hang":
         for r, m in out.at.items():
             if m is not None:
