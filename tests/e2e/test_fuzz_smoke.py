@@ -17,9 +17,9 @@ from conftest import ROOT, job_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuzz]
 
-# its first jobs are small: 2 ranks, one torchrun; a SIGKILL under watch (and its twin), a
-# skipped call under diagnose
-SEED = 1155
+# its first jobs are small: 2 ranks, one torchrun; an op swapped under watch (and its twin),
+# a skipped send under diagnose beside a busy neighbour
+SEED = 1220
 
 
 @pytest.mark.timeout(900)
@@ -31,7 +31,7 @@ def test_three_generated_runs_through_the_cli(tmp_path: Path) -> None:
     lines = got.stdout.strip().splitlines()
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert re.fullmatch(r"accuracy: [0-3]/3 runs fully right", lines[-1]), lines[-5:]
-    assert sum(bool(re.match(r"\[\d/3\] seed 1155 job", x)) for x in lines) == 3
+    assert sum(bool(re.match(r"\[\d/3\] seed 1220 job", x)) for x in lines) == 3
     assert "processes of any run alive at the end: 0" in got.stdout
     report = json.loads((work / "fuzz.json").read_text())
     assert report["seed"] == SEED and len(report["runs"]) == 3
@@ -42,6 +42,8 @@ def test_three_generated_runs_through_the_cli(tmp_path: Path) -> None:
         assert not r["survivors"] and not r["tool_leaked"]
         assert Path(r["job"]).exists() and "moe_hang" not in Path(r["job"]).read_text()
     assert modes == {"watch", "diagnose"} or len(modes) == 1
+    # the busy neighbour is recorded, and died with its run (nothing of the session is left)
+    assert [r["spec"]["neighbour"] for r in report["runs"]] == [False, False, True]
     sys.path.insert(0, str(ROOT / "tests" / "corpus"))
     import cases
 

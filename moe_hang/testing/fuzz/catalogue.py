@@ -1,6 +1,7 @@
-"""The fault kinds a generated job can carry: what each plants, where, and in which run modes it
-can be seen. What a kind means for the verdict, the culprit and the lines is in
-:mod:`.truth`; how it is written into the job, in :mod:`.render`."""
+"""The fault kinds a generated job can carry: what each plants, where, in which step layouts
+(:mod:`.shapes`) and in which run modes it can be seen. What a kind means for the verdict,
+the culprit and the lines is in :mod:`.truth`; how it is written into the job, in
+:mod:`.render`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Literal
 Target = Literal["site", "point"]
 # what a site must allow for the kind to be planted on it
 Needs = Literal["skip", "extra", "size", "dtype", "alt", "swap_next", "group_var", "send",
-                "none"]
+                "none", "twin", "last", "nowait", "thread", "units"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Kind:
     # diagnose attaches to a job that is stuck for good (or slow for long): the kinds whose
     # culprit ends its process, and gloo's aborts, leave nothing to attach to
     attachable: bool = True
+    shapes: tuple[str, ...] = ("plain",)  # the step layouts it is planted in
 
 
 KINDS: tuple[Kind, ...] = (
@@ -55,7 +57,27 @@ KINDS: tuple[Kind, ...] = (
          "shorter than --hang-after", "point", "none", healthy=True, attachable=False),
     Kind("busy", "healthy: the culprit computes a few seconds longer than the others (a "
          "straggler)", "point", "none", healthy=True),
+    # the shapes gloo pairs silently (issue 27): collectives of one op and size posted from
+    # different lines, by the k-th of a group, whichever line or thread posted it
+    Kind("silent", "the culprit skips, or adds, a collective with the op and bytes of the "
+         "next one it posts (a size-1 accuracy all-reduce before the size-1 loss one): gloo "
+         "pairs them silently, and the job breaks collectives later (a size abort, another "
+         "op, or the final barrier)", "site", "twin", shapes=("loss", "ntok")),
+    Kind("step_shift", "the culprit skips, or adds, the last collective of a step (the loss "
+         "all-reduce after backward): the next step's first collective, at an earlier line, "
+         "pairs with the others' last", "site", "last", shapes=("loss", "ntok")),
+    Kind("fsdp_eval", "under FSDP2 the culprit alone evaluates, or gathers a full "
+         "checkpoint, between two steps: its all-gathers of the units pair silently with the "
+         "others' next forward, which go on into their backward, where gloo aborts or hangs",
+         "site", "units", attachable=False),
+    Kind("async", "the culprit skips, or adds, a collective posted with async_op=True and "
+         "waited at the step's end, several in flight", "site", "nowait", shapes=("async",)),
+    Kind("thread", "the culprit's metrics thread skips, or adds, an all-reduce on a group of "
+         "its own (fed by a queue each step); the main thread goes on and joins it after the "
+         "loop", "site", "thread", shapes=("thread",)),
 )
+# the new kinds whose plant is a skip or an extra of one site (variant "skip" / "extra")
+SHIFTS = ("silent", "step_shift", "async", "thread")
 
 BY_NAME = {k.name: k for k in KINDS}
 

@@ -38,6 +38,7 @@ def timeout_s(spec: JobSpec) -> float:
     t += 60.0 if spec.build().fsdp else 0.0
     t += 60.0 if spec.launch == "two_nodes" else 0.0
     t += (spec.hang_after or 0.0) + spec.plant.seconds
+    t += 60.0 if spec.neighbour else 0.0  # a core less for the ranks and the tool
     return t
 
 
@@ -49,14 +50,19 @@ def describe(spec: JobSpec) -> str:
     p = spec.plant
     fam = spec.build()
     bits = [f"{fam.doc}; {spec.world} ranks"]
+    where = "before" if p.kind in _POINTS else "after" if p.kind == "fsdp_eval" else "on"
     bits.append(f"{p.kind}{' (' + p.variant + ')' if p.variant else ''} at step {p.step} of "
-                f"{p.steps}, {'before' if p.kind in _POINTS else 'on'} `# corpus: {p.site}`")
+                f"{p.steps}, {where} `# corpus: {p.site}`")
+    if spec.shape != "plain":
+        bits.append(f"step layout {spec.shape}")
     if p.variant == "module":
         bits.append(f"module {p.module} skipped")
     if p.seconds:
         bits.append(f"{p.seconds:g} s")
     bits.append(f"culprits {list(spec.culprits)}, mirrored {list(spec.mirror)}")
     bits.append(f"{spec.launch}, {spec.mode}")
+    if spec.neighbour:
+        bits.append("beside a busy neighbour (a process burning a core)")
     return "; ".join(bits)
 
 

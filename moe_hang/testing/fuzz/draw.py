@@ -1,10 +1,12 @@
 """Seeded choices: for job ``i`` of seed ``S`` (its own ``random.Random(f"{S}:{i}")``, so a job
-does not change when N does), the fault kind, the family, the world size (2-8, weighted
-towards 2-4 on a small machine), the site and step, the culprits and their mirror, the launch
-(one torchrun, or two torchrun agents as two nodes each under its own watch) and the mode
-(watch, or diagnose attached to the job in the background). A draw whose outcome the
-simulator cannot predict, or whose fault would not show (an order swap that still
-completes), is drawn again."""
+does not change when N does), the fault kind (each block of ``len(KINDS)`` jobs draws every
+kind once, in an order of its own: N runs see each kind about N / 2 / len(KINDS) times), the
+family and its step layout, the world size (2-8, weighted towards 2-4 on a small machine),
+the site and step, the culprits and their mirror, the launch (one torchrun, or two torchrun
+agents as two nodes each under its own watch), the mode (watch, or diagnose attached to the
+job in the background) and, from a stream of its own, whether a busy neighbour burns a core
+beside the job. A draw whose outcome the simulator cannot predict, or whose fault would not
+show (an order swap that still completes), is drawn again."""
 
 from __future__ import annotations
 
@@ -15,19 +17,23 @@ from typing import Literal
 import moe_hang.testing.fuzz.catalogue as catalogue
 import moe_hang.testing.fuzz.families as families
 from moe_hang.testing.fuzz.catalogue import Kind
-from moe_hang.testing.fuzz.families import Family
 from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, eligible_sites
-from moe_hang.testing.fuzz.truth import RoleTruth, Truth, truth
+from moe_hang.testing.fuzz.sites import Family
+from moe_hang.testing.fuzz.truth import SHIFTED, RoleTruth, Truth, truth
 
 Launch = Literal["torchrun", "two_nodes"]
 Mode = Literal["watch", "diagnose"]
 WORLD_WEIGHTS = {2: 4, 3: 2, 4: 3, 6: 1, 8: 1}
 TWO_NODES_P = 0.25
 DIAGNOSE_P = 0.3
+# a share of the runs have a CPU-burning neighbour on the same cores (a shared node): one
+# job in every NEIGHBOUR_EVERY, so that any N has a third of them
+NEIGHBOUR_EVERY = 3
 # kinds whose culprit and victims stand in exclusive branches (if / else, or an extra call
-# against none): stacks alone (diagnose, no recorder history) tell them apart by a majority
-# only, which two ranks do not have
-EXCLUSIVE = ("op_swap", "order_swap", "extra")
+# against none), or at lines a shift of gloo's pairing put them (line order says nothing
+# there): stacks alone (diagnose, no recorder history) tell them apart by a majority only,
+# which two ranks do not have
+EXCLUSIVE = ("op_swap", "order_swap", "extra", *SHIFTED)
 # a skipped FSDP module or expert (the bug this tool is for), a skipped step (uneven
 # iterations), a skipped call
 SKIP_WEIGHTS = {"module": 2, "continue": 1, "wrap": 2}
@@ -51,13 +57,32 @@ class JobSpec:
     mirror: tuple[int, ...]  # () : no mirrored twin (no other rank can play the role)
     stall: float | None  # watch --stall (None: the tool's default)
     hang_after: float | None  # watch --hang-after (None: the tool's default)
+    shape: str = "plain"  # the step's layout (shapes.py)
+    neighbour: bool = False  # a CPU-burning process beside the job for its lifetime
 
     @property
     def name(self) -> str:
         return f"fuzz{self.seed}_{self.index:03d}_{self.kind}_{self.family}"
 
     def build(self) -> Family:
-        return families.build(self.family, self.world, self.mesh)
+        return families.build(self.family, self.world, self.mesh, self.shape)
+
+
+def kind_of(seed: int, index: int) -> Kind:
+    """Job ``index``'s fault kind: every block of ``len(KINDS)`` jobs of a seed has each kind
+    once, in a shuffled order of its own."""
+    block, pos = divmod(index, len(catalogue.KINDS))
+    order = list(catalogue.KINDS)
+    random.Random(f"{seed}:kinds:{block}").shuffle(order)
+    return order[pos]
+
+
+def neighbour_of(seed: int, index: int) -> bool:
+    """Whether job ``index`` runs beside a busy neighbour: one job of each block of
+    ``NEIGHBOUR_EVERY``, drawn from a stream of its own (the rest of the draw does not depend
+    on it)."""
+    block, pos = divmod(index, NEIGHBOUR_EVERY)
+    return random.Random(f"{seed}:neighbour:{block}").randrange(NEIGHBOUR_EVERY) == pos
 
 
 def _families_for(kind: Kind) -> list[str]:
@@ -65,7 +90,8 @@ def _families_for(kind: Kind) -> list[str]:
     for name in families.FAMILIES:
         world = min(families.worlds(name))
         mesh = (2, world // 2) if name == "mesh2d" else None
-        if eligible_sites(families.build(name, world, mesh), kind):
+        if any(eligible_sites(families.build(name, world, mesh, shape), kind)
+               for shape in kind.shapes):
             out.append(name)
     return out
 
@@ -131,16 +157,17 @@ def stacks_single_out(rt: RoleTruth) -> bool:
 def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
     """Job ``index`` of ``seed`` and its ground truth."""
     rng = random.Random(f"{seed}:{index}")
-    kind = rng.choice(catalogue.KINDS)
+    kind = kind_of(seed, index)
     names = _families_for(kind)
     for _ in range(MAX_TRIES):
         family = rng.choice(names)
+        shape = rng.choice(kind.shapes)
         two_nodes = rng.random() < TWO_NODES_P
         world = _world(rng, family, two_nodes)
         mesh = None
         if family == "mesh2d":
             mesh = rng.choice(((2, world // 2), (world // 2, 2)))
-        fam = families.build(family, world, mesh)
+        fam = families.build(family, world, mesh, shape)
         plant = _plant(rng, fam, kind)
         if plant is None:
             continue
@@ -150,8 +177,8 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
             mode = "diagnose"
         t = truth(fam, plant, kind, frozenset(culprits), frozenset(mirror))
         states = {rt.outcome.state for rt in t.roles()}
-        if "unknown" in states:
-            continue
+        if "unknown" in states or ("broken" in states and kind.name != "fsdp_eval"):
+            continue  # a framework's backward met is predictable only where it is planted
         if not kind.healthy and "finished" in states:
             continue  # the fault does not show in this job
         if mode == "diagnose" and not kind.healthy and (
@@ -159,6 +186,10 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
             # nothing stays stuck to attach to, or the stacks cannot tell who skipped
             mode = "watch"
         if mode == "diagnose" and kind.name in EXCLUSIVE and world < 3:
+            mode = "watch"
+        if mode == "diagnose" and any(rt.outcome.hidden for rt in t.roles()):
+            # a rank waits in work.wait() for a collective it posted earlier: its stack
+            # shows the wait, not the line it posted it from
             mode = "watch"
         if mode == "diagnose" and kind.name == "wrong_group" and len(culprits) == 1:
             # the culprit and its partner wait at one line; only the group (a local the
@@ -178,7 +209,7 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
         stall, hang_after = _watch_options(rng, kind, plant)
         spec = JobSpec(seed, index, kind.name, family, world, mesh,
                        "two_nodes" if two_nodes else "torchrun", mode, plant, culprits,
-                       mirror, stall, hang_after)
+                       mirror, stall, hang_after, shape, neighbour_of(seed, index))
         return spec, t
     raise RuntimeError(f"seed {seed} job {index}: no plant of {kind.name} found")
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 
-from moe_hang.testing.fuzz.families import Family, Site
-from moe_hang.testing.fuzz.plant import Plant
+from moe_hang.testing.fuzz.catalogue import SHIFTS
+from moe_hang.testing.fuzz.plant import Plant, first_coll
+from moe_hang.testing.fuzz.sites import Family, Site
 
 PLANTED = "FAULTY and step == FAULT_STEP"
 IND = "    "
@@ -95,6 +96,38 @@ CALL = {"eval": 'print(f"eval accuracy {evaluate():.3f}", flush=True)',
         "checkpoint": "save_checkpoint(step)",
         "histogram": "log_histogram()"}
 
+# fsdp_eval: what the culprit alone runs between two steps (its helper, by variant)
+FSDP_HELPERS = {
+    "eval": '''def evaluate() -> float:
+    """Validation loss on a held-out batch: a forward without gradients, on this rank only
+    (FSDP2 all-gathers every unit's weights for it, as in training)."""
+    g = torch.Generator().manual_seed(99)
+    x_val, y_val = torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)
+    with torch.no_grad():
+        out = {call}  # corpus: eval
+    return float(torch.nn.functional.mse_loss(out, y_val))
+''',
+    "checkpoint": '''def save_full_checkpoint(step: int) -> None:
+    """Gather each unit's full weights, one unit at a time, and write them (this rank writes
+    the checkpoint)."""
+    for unit in UNITS:
+        unit.unshard()  # corpus: checkpoint
+        weights = sum(p.numel() for p in unit.parameters())
+        print(f"checkpoint {{step}}: {{type(unit).__name__}} {{weights}} weights", flush=True)
+        unit.reshard()
+''',
+}
+FSDP_CALL = {"eval": 'print(f"eval loss {evaluate():.3f}", flush=True)',
+             "checkpoint": "save_full_checkpoint(step)"}
+# an extra of the shifted kinds: a rank-only call of the same op and size as the site's
+GNORM = "gnorm = torch.tensor([1.0])  # this rank also logs its gradient norm"
+SHIFT_EXTRA = {
+    "sync": [GNORM, "dist.all_reduce(gnorm)  # corpus: extra"],
+    "async": [GNORM, "pending.append(dist.all_reduce(gnorm, async_op=True))  # corpus: extra"],
+    "thread": ["LOGQ.put(torch.tensor([1.0, float(step)]))  # this rank also queues its "
+               "gradient norm"],
+}
+
 
 def _marker_re(name: str) -> re.Pattern[str]:
     return re.compile(rf"\s*#\s*corpus:\s*{re.escape(name)}\s*$")
@@ -179,7 +212,8 @@ def _planted_site_lines(site: Site, nxt: Site | None, plant: Plant) -> list[str]
     lines = list(site.lines)
     call = _call_index(site)
     values = _defaults(site)
-    if k in ("skip", "recv_no_send") and plant.variant in ("wrap", ""):
+    if (k in ("skip", "recv_no_send") and plant.variant in ("wrap", "")) or \
+            (k in SHIFTS and plant.variant == "skip"):
         ind = re.match(r"\s*", lines[call]).group(0)  # type: ignore[union-attr]
         lines[call:call + 1] = [f"{ind}if not ({PLANTED}):  # corpus: planted",
                                 f"{ind}{IND}{lines[call].strip()}"]
@@ -193,6 +227,15 @@ def _planted_site_lines(site: Site, nxt: Site | None, plant: Plant) -> list[str]
     if k == "extra":
         return [*_fill(lines, values), f"if {PLANTED}:  # corpus: planted",
                 f"{IND}{CALL[plant.variant]}"]
+    if k in SHIFTS:
+        c = first_coll(site)
+        assert c is not None
+        how = "thread" if c.thread else "async" if c.nowait else "sync"
+        return [*_fill(lines, values), f"if {PLANTED}:  # corpus: planted",
+                *_indent(SHIFT_EXTRA[how])]
+    if k == "fsdp_eval":
+        return [*_fill(lines, values), f"if {PLANTED}:  # corpus: planted",
+                f"{IND}{FSDP_CALL[plant.variant]}"]
     if k == "size":
         assert site.size is not None
         planted = [f"n = {site.size[1]} if {PLANTED} else {site.size[0]}  # corpus: planted"]
@@ -248,7 +291,9 @@ def step_body(family: Family, plant: Plant) -> list[str]:
     return body
 
 
-def helpers(plant: Plant) -> list[str]:
+def helpers(plant: Plant, family: Family) -> list[str]:
+    if plant.kind == "fsdp_eval":
+        return [FSDP_HELPERS[plant.variant].format(call=family.eval_call)]
     if plant.kind == "extra":
         return [HELPERS[plant.variant]]
     if plant.kind == "exception" and plant.variant == "runtime":
@@ -259,7 +304,7 @@ def helpers(plant: Plant) -> list[str]:
 
 
 def imports(family: Family, plant: Plant) -> list[str]:
-    std = {"datetime", "os", "time"}
+    std = {"datetime", "os", "time", *family.std}
     if plant.kind == "early_exit":
         std.add("sys")
     if plant.kind == "sigkill":
@@ -279,10 +324,11 @@ def render(family: Family, plant: Plant, culprits: str, doc: str,
     parts = [f'"""{doc}"""', "", *imports(family, plant), "",
              HEADER.format(pg_timeout=pg_timeout_s, culprits=culprits, steps=plant.steps,
                            step=plant.step)]
-    for h in helpers(plant):
+    for h in helpers(plant, family):
         parts += ["", h]
     parts += ["", family.setup, "", "for step in range(STEPS):",
               *_indent(step_body(family, plant)),
+              *family.epilogue,
               "dist.barrier()  # corpus: finish",
               'print(f"rank {RANK}: done", flush=True)',
               "dist.destroy_process_group()", ""]

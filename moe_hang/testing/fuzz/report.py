@@ -28,6 +28,7 @@ def run_line(i: int, n: int, r: Run) -> str:
         result = result[:159] + "…"
     return (f"[{i:>{len(str(n))}}/{n}] seed {s.seed} job {s.index:03d} {s.kind:<12} "
             f"{s.family:<9} w{s.world} {s.launch:<9} {s.mode:<8} "
+            f"{'neighbour' if s.neighbour else 'alone':<9} "
             f"{'mirrored' if r.mirrored else 'primary ':<8} {r.wall_s:>6.1f}s  {result}")
 
 
@@ -56,7 +57,8 @@ def table(runs: Sequence[Run]) -> str:
     rows.append(f"{'all':<13} {len(runs):>4}  {right:>5}/{len(runs):<5}  "
                 + "  ".join(f"{_cell(runs, c):>7}" for c in COLUMNS))
     for what, key in (("family", lambda r: r.spec.family), ("world", lambda r: f"w{r.spec.world}"),
-                      ("launch", lambda r: r.spec.launch), ("mode", lambda r: r.spec.mode)):
+                      ("launch", lambda r: r.spec.launch), ("mode", lambda r: r.spec.mode),
+                      ("neighbour", lambda r: "busy" if r.spec.neighbour else "alone")):
         groups: dict[str, list[Run]] = {}
         for r in runs:
             groups.setdefault(key(r), []).append(r)

@@ -2,7 +2,8 @@
 truth becomes a corpus ``Case``, and ``tests/corpus/harness.py`` runs it (``watch``, or
 ``diagnose`` on the job in the background; two watchers for a two-node launch), kills every
 process of the run by its marker, checks that none survived and scores the diagnosis. A
-mirrored twin (the roles swapped through the environment) is a run of its own."""
+mirrored twin (the roles swapped through the environment) is a run of its own; a job drawn
+with a busy neighbour runs beside one (:mod:`.neighbour`)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ from typing import Any
 
 import psutil
 
-from moe_hang.testing.fuzz.corpus import case_source, corpus_module, describe, to_case
+from moe_hang.testing.fuzz.corpus import case_source, corpus_module, describe, timeout_s, to_case
 from moe_hang.testing.fuzz.draw import JobSpec, draw
+from moe_hang.testing.fuzz.neighbour import busy_neighbour
 from moe_hang.testing.fuzz.render import render
 from moe_hang.testing.fuzz.truth import Truth
 
 # every process of one fuzz session carries this (with the corpus' per-run id): what is
 # alive of it at the end is this session's leak, not another run's on the same machine
 SESSION_ENV = "MOE_HANG_FUZZ_SESSION"
+NEIGHBOUR_SLACK_S = 30.0
 
 
 @dataclass
@@ -117,8 +120,12 @@ def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
             if len(out) >= n:
                 break
             t0 = time.monotonic()
-            score = harness.run_and_score(case, env, mirrored,
-                                          work / "runs" / f"{spec.name}-{int(mirrored)}")
+            # the neighbour outlives no run: bounded by the run's own limit, killed after it
+            nearby = busy_neighbour(timeout_s(spec) + NEIGHBOUR_SLACK_S) if spec.neighbour \
+                else contextlib.nullcontext()
+            with nearby:
+                score = harness.run_and_score(case, env, mirrored,
+                                              work / "runs" / f"{spec.name}-{int(mirrored)}")
             r = Run(spec, t, mirrored, job, src, score, round(time.monotonic() - t0, 1))
             out.append(r)
             on_run(r)

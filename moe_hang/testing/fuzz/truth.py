@@ -2,17 +2,26 @@
 the job accepts, the planted culprits, the line every rank is at (from :mod:`.simulate`, on
 the programs of :mod:`.plant`) and the advice that would be wrong for it. Ranks are named
 through environment variables (``FUZZ_AT_<MARKER>=0,2``: the ranks at that marker), so the
-mirrored twin, whose roles are swapped, is checked against its own ranks."""
+mirrored twin, whose roles are swapped, is checked against its own ranks.
+
+For the kinds gloo pairs silently (:data:`SHIFTED`) the truth follows gloo's pairing, not the
+sites: the divergence is the first collective of the planted group where the culprit's line
+differs from the others' (where the shift starts, under watch, where the recorder shows it;
+required on the others' line under a skip, on the culprit's under an extra), and each rank's
+line is where it ends (a hang: its oldest collective that never completes), where gloo
+aborted it (the members of the aborted collective that certainly end there) or inside the
+framework's backward (broken)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from moe_hang.testing.fuzz.catalogue import Kind
-from moe_hang.testing.fuzz.events import Coll, Event
-from moe_hang.testing.fuzz.families import Family
-from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, programs
+from moe_hang.testing.fuzz.catalogue import SHIFTS, Kind
+from moe_hang.testing.fuzz.events import Coll, Event, Fork, GroupKey
+from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, planted_group, programs
 from moe_hang.testing.fuzz.simulate import Outcome, simulate
+from moe_hang.testing.fuzz.sites import Family
 
 # the corpus' verdict sets (tests/corpus/cases.py; a unit test keeps them equal)
 HEALTHY = frozenset({"healthy", "straggler"})
@@ -33,6 +42,8 @@ EXPERT = ("every expert",)
 LOOP = ("left the loop",)
 GROUP = ("same group",)
 
+# the kinds whose truth follows gloo's pairing (a shift that may stay silent for a while)
+SHIFTED = (*SHIFTS, "fsdp_eval")
 WHERE_CODE = {"rank": "AT", "divergence": "DIV", "divergence?": "DIVQ",
               "rank+divergence": "ATDIV"}
 CULPRITS_VAR = "CULPRIT_RANKS"
@@ -103,8 +114,65 @@ def _shift(progs: list[list[Event]], culprit: int, waiter: int) -> tuple[str, st
     return None
 
 
-def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int]
-               ) -> RoleTruth:
+def _on(prog: list[Event], group: GroupKey) -> list[Coll]:
+    """The collectives a rank posts on ``group``, whichever of its threads posts them."""
+    out: list[Coll] = []
+    for e in prog:
+        inner = e.events if isinstance(e, Fork) else (e,)
+        out += [c for c in inner if isinstance(c, Coll) and c.group == group]
+    return out
+
+
+def _diverges(progs: list[list[Event]], group: GroupKey, culprit: int, ref: int
+              ) -> tuple[int, Coll | None, Coll | None] | None:
+    """The first collective of ``group`` where the culprit's and a rank's that is none
+    differ (gloo pairs them by number, not by line): (number, the culprit's, the other's)."""
+    a, b = _on(progs[culprit], group), _on(progs[ref], group)
+    for i in range(max(len(a), len(b))):
+        x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
+        if x is None or y is None or (x.op, x.tag, x.marker, x.ident) != \
+                (y.op, y.tag, y.marker, y.ident):
+            return i, x, y
+    return None
+
+
+def _shifted_lines(family: Family, plant: Plant, progs: list[list[Event]], out: Outcome,
+                   culprits: frozenset[int], mode: str,
+                   put: Callable[[set[int], str, str], None]) -> None:
+    """The lines of a kind gloo pairs silently (see the module's doc)."""
+    others = set(range(family.world)) - culprits
+    group = planted_group(family, plant)
+    d = _diverges(progs, group, min(culprits), min(others))
+    if mode == "watch" and d is not None:
+        i, x, y = d
+        posted = {r for r in range(family.world) if out.posted.get(r, {}).get(group, 0) > i}
+        # the side that shows the fault is required there: the others' line under a skip
+        # (the culprit's own next collective is incidental: "rank 1 skipped the one at ..."),
+        # the culprit's under an extra; never a rank gloo may SIGABRT (no recorder is left)
+        skip, c = plant.variant == "skip", min(culprits)
+        if x is not None and (y is None or x.marker != y.marker) and c in posted:
+            put({c}, x.marker, "divergence?" if skip or c in out.killed else "divergence")
+        if y is not None and (x is None or x.marker != y.marker) and posted & others:
+            shown = posted & others - out.killed if skip else set()
+            if shown:
+                put(shown, y.marker, "divergence")
+            if posted & others - shown:
+                put(posted & others - shown, y.marker, "divergence?")
+    if out.state == "hang":
+        for r, m in out.at.items():
+            if m is not None:
+                put({r}, m, "rank")
+    elif out.state == "abort":
+        for r in out.sure:
+            put({r}, out.abort[r], "rank")
+    elif out.state == "broken":
+        for r in out.opaque:
+            if (m := out.at.get(r)) is not None:
+                put({r}, m, "rank")
+
+
+def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int],
+               mode: str = "watch") -> RoleTruth:
     progs = programs(family, plant, culprits)
     out = simulate(progs, family.members)
     env: dict[str, set[int]] = {}
@@ -118,6 +186,8 @@ def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int
 
     if kind.healthy or out.state in ("finished", "unknown"):
         pass
+    elif kind.name in SHIFTED:
+        _shifted_lines(family, plant, progs, out, culprits, mode, put)
     elif plant.kind == "skip" and plant.variant == "module":
         waiter = min(set(range(family.world)) - culprits)
         where = _shift(progs, min(culprits), waiter)
@@ -148,7 +218,12 @@ def verdicts(kind: Kind, outcome: Outcome) -> frozenset[str]:
 def advice(family: Family, plant: Plant, kind: Kind, mode: str = "watch"
            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(forbidden, required) substrings of the fix. Under diagnose (stacks only) a culprit
-    that is past the collective shows no group: the fix cannot be required to name one."""
+    that is past the collective shows no group: the fix cannot be required to name one. The
+    kinds gloo pairs silently fall through every test below: none is a module skip (no dummy
+    input, no expert), a size or dtype bug (the size abort they may end in is the pairing's,
+    padding would not fix it), a rank that left the loop or a wrong group; none of them
+    requires a word (what fixes it is a call every rank makes, or none does, which the tool
+    may say in several ways)."""
     module_skip = plant.kind == "skip" and plant.variant == "module"
     forbid: list[str] = [*VARLEN, *ANCHOR, *TRANSPORT]
     require: list[str] = []
@@ -178,8 +253,8 @@ def advice(family: Family, plant: Plant, kind: Kind, mode: str = "watch"
 def truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int],
           mirrored: frozenset[int], mode: str = "watch") -> Truth:
     """``mirrored``: the twin's culprits (empty: no twin); ``mode``: watch or diagnose."""
-    primary = role_truth(family, plant, kind, culprits)
-    twin = role_truth(family, plant, kind, mirrored) if mirrored else None
+    primary = role_truth(family, plant, kind, culprits, mode)
+    twin = role_truth(family, plant, kind, mirrored, mode) if mirrored else None
     forbid, require = advice(family, plant, kind, mode)
     summary: str | None = None
     basis: frozenset[str] = frozenset()
