@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moe_hang.testing.fuzz import gloo
+import moe_hang.testing.fuzz.gloo as gloo
 from moe_hang.testing.fuzz.events import (
     OPAQUE,
     P2P,
