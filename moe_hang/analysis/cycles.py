@@ -8,7 +8,7 @@ from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import blame_cycle, condition_on, cycle_inversion
+from moe_hang.analysis.culprit import Blame, blame_cycle, condition_on, cycle_inversion
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -58,10 +58,10 @@ def cycle(f: Facts) -> Conclusion:
     # went ahead with may be the ones the cycle passes through)
     redirected = _redirected(f)
     moved = sorted({w.rank for w in redirected})
-    b = blame_cycle(cyc, f.ctx, moved)
+    b = _aligned(f, cyc) or blame_cycle(cyc, f.ctx, moved)
     culprits = set(b.culprits)
     for other in f.wait_cycles[1:]:
-        culprits |= set(blame_cycle(other, f.ctx, moved).culprits)
+        culprits |= set((_aligned(f, other) or blame_cycle(other, f.ctx, moved)).culprits)
     if b.reading is None or b.reading.edit != Edit.GROUP:
         redirected = []
     p2p_only = all(e.coll is None for e in cyc)
@@ -137,6 +137,17 @@ def cycle(f: Facts) -> Conclusion:
         div = next((g.div for g in f.divs if set(g.absent) & culprits
                     and (g.div.pg_desc or g.div.pg) == kind), div)
     return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+
+
+def _aligned(f: Facts, cyc: list[Edge]) -> Blame | None:
+    """Where a group on the cycle diverged before it — its members' histories part at a
+    block, or at one seq, and the ladder read who deviated there — that is the cause the
+    cycle came from (an extra all-reduce paired silently, and the ranks met again in a send
+    and the next all-reduce)."""
+    groups = {e.coll.pg for e in cyc if e.coll is not None}
+    found = [(g, b) for g, b in f.causal() if g.div.pg in groups and not g.absent
+             and b.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE)]
+    return found[0][1] if found else None
 
 
 def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,

@@ -111,9 +111,14 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
                         and (c := pv.tl.by_pg.get(pg, {}).get(n)) is not None]
                 if not here:
                     continue
-                peer = here[0]
+                # any peer's entry its stack agrees with (the peers may disagree there: one
+                # of them is the culprit, a step ahead of the others)
+                like = [c for c in here if c.op == op and (
+                    (t := callsite(c.frames) if c.frames else None) is None
+                    or _same_line(t, site))]
+                peer = like[0] if like else here[0]
                 there = callsite(peer.frames) if peer.frames else None
-                if peer.op == op and (there is None or _same_line(there, site)):
+                if like:
                     best = (pg, n, peer)
                 elif best is None and len(seen) < 3:
                     seen.append(f"{peer.op} at seq {n} of group {pg}"
