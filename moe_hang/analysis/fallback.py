@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
-from moe_hang.analysis.ladder import Context, decide, position_order
+from moe_hang.analysis.ladder import Context, Reading, decide, position_order, source
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import RankViews, to_rc
@@ -72,14 +72,16 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         # all-reduce of the other tp group), and wait in the next one for the busy rank,
         # as the ranks at the earlier line do — a straggler
         return None
+    # a camp the source puts on a group of its own may be at another position of another
+    # group than the rest (ranks past their own group's collective): counting ranks then
+    # says nothing
+    apart = any(on_default_group(views.source, cs.file, cs.line) is False
+                for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []
     for x in camp_readings("?", None, list(camps.values()), {}, views):
-        # a branch under a rank condition only says "its extra" for a collective of every
-        # rank: on a group of its own (``if rank in members: all_reduce(group=sub)``) the
-        # members complete it together, and one missing may be among those past it
-        if not _on_every_rank_all(views, camps, [k for k, rs in camps.items()
-                                                 if rs[0] in x.culprits]):
-            x = replace(x, given={**x.given, CulpritBasis.SOURCE: None})
+        x = replace(x, given={**x.given, CulpritBasis.SOURCE: _branch_of_all(x, camps, ctx)})
+        if apart:
+            x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None})
         if kind == MismatchKind.MISSING:
             # one op at two lines: two branches may post the very same collective (they
             # pair), so only their order can say that one side went past the other's
@@ -92,6 +94,17 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _branch_of_all(x: Reading, camps: dict[object, list[int]], ctx: Context) -> bool | None:
+    """The source rung for one stack reading, where some camp waits on a group of its own:
+    the side whose collective sits in a branch only it takes posted the extra only where
+    that collective is every rank's — the members of a group of its own complete it
+    together, so its branch says nothing of who is missing."""
+    v = source(x, ctx)
+    side = x.culprits if v is True else x.others if v is False else ()
+    keys = [k for k, rs in camps.items() if rs[0] in side]
+    return v if v is not None and _on_every_rank_all(ctx.views, camps, keys) else None
 
 
 def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],

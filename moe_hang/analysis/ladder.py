@@ -252,7 +252,18 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
                        else ahead)
     if any(a is False for a in answers):
         return False
-    return True if answers and all(a is True for a in answers) else None
+    if answers and all(a is True for a in answers):
+        return True
+    # the lines tie (or are not known): the order the agreed run's one step, seen once and
+    # begun again, says the program posts at this seq
+    exp = ctx.program.tentative(r.theirs)
+    if exp is not None and r.mine is not None and r.theirs is not None \
+            and r.edit in (Edit.SKIP, Edit.CHANGE) \
+            and (r.mine.pg, r.mine.seq) == (r.theirs.pg, r.theirs.seq):
+        ok_theirs, ok_mine = same_collective(r.theirs, exp), same_collective(r.mine, exp)
+        if ok_theirs != ok_mine:
+            return ok_theirs
+    return None
 
 
 LADDER: tuple[tuple[CulpritBasis, Rung], ...] = (

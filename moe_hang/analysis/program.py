@@ -124,6 +124,24 @@ class Program:
                 return
         self.periods.pop(pg, None)
 
+    def tentative(self, c: Collective | None) -> Collective | None:
+        """Weaker than :meth:`expected`: what ``c``'s seq holds where the agreed run is not
+        yet two steps long, by the smallest period the whole run is consistent with (at
+        least two collectives seen again a period on) — one step and the start of the next,
+        as a job gives when it hangs in its second epoch."""
+        if c is None or c.pg not in self.runs:
+            return None
+        run = self.runs[c.pg]
+        j = c.seq - run[-1].seq
+        if j < 1:
+            return None
+        keys = [same_key(x) for x in run]
+        n = len(keys)
+        for p in range(1, n - 1):
+            if all(keys[i] == keys[i + p] for i in range(n - p)):
+                return run[n - p + (j - 1) % p]
+        return None
+
     def expected(self, c: Collective | None) -> Collective | None:
         """What the program posts on ``c``'s group at ``c``'s seq, a period on from the
         agreed run (None: the run has no period, or ``c`` is not past it)."""

@@ -47,11 +47,14 @@ def evidence_frames(ev: Evidence) -> Iterable[Frame]:
                 yield from t.frames
 
 
-def read_facts(frames: Iterable[Frame]) -> SourceFacts:
-    """The facts of every user line among ``frames`` whose file can be read here."""
+def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts:
+    """The facts of every user line among ``frames`` whose file can be read here (but the
+    files in ``skip``)."""
     wanted: dict[str, set[int]] = {}
+    skipped = set(skip)
     for f in frames:
-        if f.line > 0 and not is_library_frame(f) and not is_stdlib_frame(f):
+        if f.line > 0 and not is_library_frame(f) and not is_stdlib_frame(f) \
+                and f.file not in skipped:
             wanted.setdefault(f.file, set()).add(f.line)
     out = SourceFacts()
     for file, lines in wanted.items():
@@ -74,6 +77,18 @@ def record(ev: Evidence) -> SourceFacts:
     else:
         ev.source.merge(got)
     return ev.source
+
+
+def complete(ev: Evidence) -> None:
+    """Post mortem (``analyze``): the facts of the files no capture stored facts for — torch's
+    own dumps carry none — read from this machine where the job's files are; a file a capture
+    stored facts for keeps them (it may have changed since)."""
+    known = set(ev.source.files) if ev.source is not None else set()
+    got = read_facts(evidence_frames(ev), skip=known)
+    if ev.source is None:
+        ev.source = got
+    else:
+        ev.source.merge(got)
 
 
 def _parse(path: str) -> ast.Module | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import AttachRun, Timings
-from moe_hang.capture import dumps, pyspy, window
+from moe_hang.capture import dumps, pyspy, source, window
 from moe_hang.capture.ras_job import capture_ras
 from moe_hang.capture.window import progressed  # noqa: F401 - tests import it here
 from moe_hang.commands import identify
@@ -306,6 +306,7 @@ def analyze_paths(paths: list[Path], *, force: bool,
         if (why := other_job(ev, ras)) is not None and not force:
             raise MoeHangError(why, hint="pass --force to analyze them together")
         attach_ras(ev, ras)
+    source.complete(ev)
     return diagnose(ev)
 
 

@@ -416,9 +416,10 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "barrier", "rank+divergence"),
                 at(others(C, 2), "allgather", "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         # the barrier comes after the all-gather; and `if not (rank == culprit and ...)`
-         # names the rank that skips it: either basis is the truth
-         basis=frozenset({"program_order", "source"}), fast=True),
+         # every earlier step posted the all-gather before the barrier; the barrier comes
+         # after it in the source; `if not (rank == culprit and ...)` names the rank that
+         # skips it: any of the three is the truth
+         basis=frozenset({"history", "program_order", "source"}), fast=True),
     Case("op_mismatch_attach", "op_mismatch.py", 2, DESYNC, mode="diagnose",
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "barrier"), at(others(C, 2), "allgather")),
