@@ -14,6 +14,9 @@ torch only once the job has imported it. Per rank, in the probe directory (file 
                        and ``rank{R}.dump.json`` naming the request.
                        This works while the main thread is blocked inside a collective.
 ``rank{R}.fatal.txt``  faulthandler's stack on SIGABRT/SIGSEGV (gloo's size-mismatch abort).
+``rank{R}.posted.jsonl`` every collective it posted, copied from the recorder on each tick it
+                       moved and once more however the rank ends (:mod:`.history`,
+                       :mod:`.lastgasp`); ``rank{R}.fr.saved.pkl`` the recorder as last copied.
 On SIGTERM (torchrun tearing the job down after another rank failed) the same dump is written
 with reason ``sigterm`` before the signal takes its usual effect.
 """
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
-    from moe_hang.probe import launchers, sample
+    from moe_hang.probe import appendlog, history, lastgasp, launchers, sample
     from moe_hang.probe.layout import RankFiles
 else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
@@ -52,6 +55,9 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
 
     sample = _sibling("sample")
     launchers = _sibling("launchers")
+    history = _sibling("history")
+    appendlog = _sibling("appendlog")
+    lastgasp = _sibling("lastgasp")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 
 ENV_DIR = "MOE_HANG_PROBE_DIR"
@@ -59,11 +65,14 @@ ENV_OWNER = "MOE_HANG_PROBE_OWNER"
 ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
-FR_BUFFER = "2000"
-# how often the recorder is saved while it moves (_save_recorder): at least this far apart,
-# and at least SAVE_COST_RATIO times what the last save cost (so it stays under 1 % of a core)
+# the recorder's ring, when the job sets none: the probe copies it into the rank's posted log
+# on every tick that a group moved, and a copy costs ~10 µs an entry (2000: ~20 ms; 256:
+# ~1.5 ms, under 1 % of a core at 4 ticks a second); the log, not the ring, keeps the history
+FR_BUFFER = "256"
+# how often fr.saved.pkl is rewritten while the recorder moves (_record): at least this far
+# apart; every copy is spaced by history.COST_RATIO times what the last one cost (so a job's own
+# large buffer cannot make the probe expensive: 2000 entries, one copy every ~2 s)
 SAVE_EVERY_S = 1.0
-SAVE_COST_RATIO = 100.0
 # Only these variables of a rank's environment ever reach a file: torchrun's, and the other
 # launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
 ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
@@ -139,7 +148,10 @@ class Probe:
         self._release = threading.Event()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
-        self._save_cost = 0.0  # seconds the last save took
+        self.history = history.History(
+            appendlog.PostedLog(self.files.posted), self._calling_torch,
+            {"kind": "start", "pid": os.getpid(), "rank": rank, "restart": _restart_count(),
+             "time": time.time()})
 
     # -------------------------------------------------------------- files
 
@@ -147,12 +159,28 @@ class Probe:
         return sys.modules.get("torch")
 
     @contextlib.contextmanager
-    def _calling_torch(self) -> Iterator[Any]:
+    def _calling_torch(self, timeout: float | None = None) -> Iterator[Any]:
         """torch, or None once the process is shutting down: the interpreter and then C++
         static destructors tear torch down at exit, and a dump running in this thread then
-        would abort a rank that had finished cleanly."""
-        with self._torch_lock:
+        would abort a rank that had finished cleanly. ``timeout``: None too when the lock is
+        not free by then (a dying rank's last gasp never waits long)."""
+        if not self._torch_lock.acquire(timeout=-1 if timeout is None else timeout):
+            yield None
+            return
+        try:
             yield None if self._stopping else self._torch()
+        finally:
+            self._torch_lock.release()
+
+    def last_gasp(self, reason: str) -> None:
+        """The rank is ending (``reason``): its posted log completed from the recorder,
+        bounded. gloo's abort and ``os._exit`` leave nothing else, so there frames are taken
+        whatever they cost (torch's symbolizer import, ~1.3 s of CPU in a job that had not
+        imported it); an exception or SIGTERM has the probe's dump beside it (fr.pkl), and
+        every rank of every job exits: there, frames only where they are cheap."""
+        with contextlib.suppress(Exception):
+            self.history.last_gasp(
+                reason, stacks=reason in ("abort", "os_exit") or self._want_stacks())
 
     def stop(self) -> None:
         """First thing at interpreter shutdown: no more calls into torch from our threads, and
@@ -160,6 +188,9 @@ class Probe:
         everything torch imported) can hold the GIL for seconds and starve our thread; the
         watcher must see a rank on its way out there, not one still waiting in the collective
         of its last beat."""
+        self.last_gasp("exit")
+        # C++ destructors run after Python is gone: a terminate then must not call into it
+        lastgasp.unhook_terminate()
         acquired = self._torch_lock.acquire(timeout=2.0)
         if acquired:
             # the recorder's counts as the program left them (torch is whole until the
@@ -231,30 +262,29 @@ class Probe:
         finally:
             self._hb_lock.release()
 
-    def _save_recorder(self, status: dict[str, Any] | None) -> None:
-        """Every few seconds, while collectives complete, the recorder as it is now: gloo
-        aborts a rank from a C++ thread (SIGABRT) before anything can dump it, and then this
-        is its history (the last moments come from its heartbeat's counts and the stack it
-        died with). Without stack traces: a dump of 2000 entries costs tens of milliseconds,
-        so saves are spaced by what they cost (SAVE_COST_RATIO)."""
-        now = time.monotonic()
-        every = max(SAVE_EVERY_S, SAVE_COST_RATIO * self._save_cost)
-        if status is None or status == self._saved_status or now - self._saved_at < every:
+    def _record(self, status: dict[str, Any] | None) -> None:
+        """On every tick a group posted something, its new entries into the posted log (what
+        a rank gloo aborts, or a SIGKILL, leaves behind: history.py); and every few seconds,
+        while its counts move, the same dump as the saved recorder (what the analysis reads of
+        a rank with no dump at capture). Frames only where they are cheap (_want_stacks)."""
+        if status is None or self._stopping:
             return
-        with self._calling_torch() as torch:
-            if torch is None:
-                return
-            try:
-                raw = bytes(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
-            except Exception:
-                return
-        write_atomic(self.files.fr_saved, raw)
-        self._saved_status, self._saved_at = status, now
-        self._save_cost = time.monotonic() - now
+        if self._torch() is not None:  # gloo's abort comes from C++: hooked once torch is in
+            lastgasp.hook_terminate(self.last_gasp)
+        now = time.monotonic()
+        save = status != self._saved_status and now - self._saved_at >= max(
+            SAVE_EVERY_S, history.COST_RATIO * self.history.cost)
+        try:
+            raw = self.history.tick(status, self._want_stacks(), force=save)
+        except Exception:  # a copy that failed is retried next tick; the beat goes on
+            return
+        if save and raw is not None:
+            write_atomic(self.files.fr_saved, raw)
+            self._saved_status, self._saved_at = status, now
 
     def _heartbeat(self) -> None:
         status = self._final_status if self._stopping else self._fr_status()
-        self._save_recorder(status)
+        self._record(status)
         self._beat += 1
         pending_somewhere = status is not None and any(
             s["enqueued"] > s["completed"] for s in status.values())
@@ -368,6 +398,7 @@ class Probe:
         write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
             self.dump("exception", "exception")
+        self.last_gasp("exception")
 
     def _chain_excepthook(self) -> None:
         previous = sys.excepthook
@@ -410,6 +441,10 @@ class Probe:
         _SigtermRelay.start()
         self._chain_excepthook()
         with contextlib.suppress(Exception):
+            lastgasp.wrap_os_exit(self.last_gasp)
+        with contextlib.suppress(Exception):
+            self.history.thread_names.follow()
+        with contextlib.suppress(Exception):
             _at_exit(self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
         self.heartbeat()
@@ -418,6 +453,7 @@ class Probe:
         if not self._requested:  # a requested dump is already on disk: keep it
             with contextlib.suppress(Exception):
                 self.dump("sigterm", "sigterm")
+        self.last_gasp("sigterm")
 
 
 def _restart_count() -> int | None:
