@@ -23,6 +23,7 @@ from moe_hang.evidence.model import (
     RankEvidence,
     Restarts,
 )
+from moe_hang.evidence.posted_log import read_posted_log
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.stacks import (
     ThreadStack,
@@ -94,6 +95,11 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
                 bad += 1  # the last line of a rank that died mid-write
         if bad:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
+    log = read_posted_log(files.posted)
+    if log is not None:
+        ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end = (
+            log.collectives, log.p2p, log.gaps, log.end)
+        ev.notes.extend(log.notes)
     recorded = RankError.parse(_read_json(files.error, ev, "error record"))
     ev.error = unwrap(recorded) if recorded is not None else None
     groups = _read_json(files.groups, ev, "process-group list")
