@@ -133,7 +133,11 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
     if files.pyspy_error.exists():
         ev.stack_error = files.pyspy_error.read_text(errors="replace").strip()[:200] or None
     if ev.fatal:
-        ev.threads = parse_faulthandler(ev.fatal)
+        threads = parse_faulthandler(ev.fatal)
+        # gloo's abort runs the probe's terminate handler in its I/O thread: a thread of the
+        # probe's frames alone, none of the rank's work
+        ev.threads = [t for t in threads
+                      if not (t.frames and all(is_tool_frame(f) for f in t.frames))] or threads
         ev.stack_source = "faulthandler (fatal signal)"
         return
     marker = _read_json(files.dump_marker, ev, "dump marker")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.evidence.flight_recorder.parse import parse_dump
-from moe_hang.evidence.flight_recorder.records import Collective, P2PEntry
+from moe_hang.evidence.flight_recorder.records import Collective, P2PEntry, PgStatus
 
 MAX_READ = 64 << 20  # the probe keeps it under a few MB: anything past this is not its
 
@@ -61,6 +61,8 @@ class PostedLog:
     gaps: list[tuple[int, int]] = field(default_factory=list)  # record ids missing, inclusive
     end: str | None = None  # the last gasp's reason; None: none written
     notes: list[str] = field(default_factory=list)
+    # by group name, from the last status record (as a dump's pg_status reads)
+    status: dict[str, PgStatus] = field(default_factory=dict)
 
 
 def read_posted_log(path: Path) -> PostedLog | None:
@@ -105,7 +107,7 @@ def parse_posted_log(data: bytes) -> PostedLog:
                 gaps.append((lo, hi))
         elif kind == "status" and isinstance(rec.get("pg"), dict):
             status = rec["pg"]
-        elif kind == "end":
+        elif kind == "end" and end is None:  # the first says how (an exception, then exit)
             end = str(rec.get("reason") or "?")
     out = PostedLog(gaps=sorted(set(gaps)), end=end)
     if bad:
@@ -118,7 +120,7 @@ def parse_posted_log(data: bytes) -> PostedLog:
         except Exception as exc:  # a reader never takes the analysis down: said, skipped
             out.notes.append(f"posted log entries unreadable ({type(exc).__name__})")
             return out
-        out.collectives, out.p2p = dump.entries, dump.p2p
+        out.collectives, out.p2p, out.status = dump.entries, dump.p2p, dump.pg_status
         for c in out.collectives:
             c.source = "posted_log"
     return out
