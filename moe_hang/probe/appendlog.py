@@ -22,6 +22,18 @@ MAX_BYTES = 4 << 20  # past this the file keeps its newest half: thousands of en
 MAX_STACKS = 4096  # distinct stacks remembered for rewriting the file (then forgotten)
 
 
+_NONE: frozenset[str] = frozenset()
+
+
+class _Batch:
+    """One write: where it starts, its first record id, the stacks its entries use."""
+
+    __slots__ = ("first", "offset", "uses")
+
+    def __init__(self, offset: int, first: int | None, uses: frozenset[str]):
+        self.offset, self.first, self.uses = offset, first, uses
+
+
 class PostedLog:
     """The file: whole-line appends, and the rewrite that bounds it."""
 
@@ -29,10 +41,9 @@ class PostedLog:
         self.path, self.max_bytes = path, max_bytes
         self._fd: int | None = None
         self._size = 0
-        self._stacks: dict[str, bytes] = {}  # id -> its line, re-written with a kept tail
+        self._stacks: dict[str, bytes] = {}  # the stacks in the file: id -> their line
         self._start = b""
-        # (offset, first record id) of each batch since the last rewrite: where to cut
-        self._batches: deque[tuple[int, int | None]] = deque(maxlen=100_000)
+        self._batches: deque[_Batch] = deque(maxlen=100_000)  # since the last rewrite
 
     def open(self, start: dict[str, Any]) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -43,7 +54,7 @@ class PostedLog:
                 f.seek(self._size - 1)
                 head = b"" if f.read(1) == b"\n" else b"\n"
         self._start = _line(start)
-        self._append(head + self._start, None)
+        self._append(head + self._start, None, _NONE)
 
     def known_stack(self, sid: str) -> bool:
         return sid in self._stacks
@@ -51,25 +62,28 @@ class PostedLog:
     def write(self, records: Iterable[dict[str, Any]]) -> None:
         """Whole lines in one ``write``: a reader never sees half a record but the last."""
         first: int | None = None
+        uses: set[str] = set()
         lines = []
         for r in records:
             line = _line(r)
             if r["kind"] == "stack":
                 if len(self._stacks) >= MAX_STACKS:
-                    self._stacks.clear()
+                    self._stacks.clear()  # written again where next used
                 self._stacks[r["id"]] = line
-            elif r["kind"] == "entry" and first is None:
-                first = r.get("record_id")
+            elif r["kind"] == "entry":
+                first = r.get("record_id") if first is None else first
+                if "stack" in r:
+                    uses.add(r["stack"])
             lines.append(line)
         if lines:
-            self._append(b"".join(lines), first)
+            self._append(b"".join(lines), first, frozenset(uses) if uses else _NONE)
         if self._size > self.max_bytes:
             self._trim()
 
-    def _append(self, data: bytes, first: int | None) -> None:
+    def _append(self, data: bytes, first: int | None, uses: frozenset[str]) -> None:
         if self._fd is None:
             return
-        self._batches.append((self._size, first))
+        self._batches.append(_Batch(self._size, first, uses))
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)
@@ -78,12 +92,16 @@ class PostedLog:
 
     def _trim(self) -> None:
         """The newest half, from a batch boundary (see the module's docstring)."""
-        cut = next((o for o, _ in self._batches if o >= self._size // 2), self._size)
-        kept_first = next((f for o, f in self._batches if o >= cut and f is not None), None)
-        dropped = [f for o, f in self._batches if o < cut and f is not None]
+        kept = [b for b in self._batches if b.offset >= self._size // 2]
+        cut = kept[0].offset if kept else self._size
+        kept_first = next((b.first for b in kept if b.first is not None), None)
+        dropped = [b.first for b in self._batches if b.offset < cut and b.first is not None]
         with open(self.path, "rb") as src:
             src.seek(cut)
             tail = src.read()
+        # every stack a kept entry uses, ahead of it (re-defining one the tail has is harmless)
+        used = {sid for b in kept for sid in b.uses if sid in self._stacks}
+        self._stacks = {sid: self._stacks[sid] for sid in used}
         head = [self._start, *self._stacks.values()]
         if dropped and kept_first is not None and kept_first > min(dropped):
             head.append(_line({"kind": "gap", "from": min(dropped), "to": kept_first - 1,
@@ -102,9 +120,10 @@ class PostedLog:
         if old is not None:
             os.close(old)
         self._size = len(data)
-        shift = cut - len(data) + len(tail)
-        self._batches = deque(((o - shift, f) for o, f in self._batches if o >= cut),
-                              maxlen=self._batches.maxlen)
+        shift = cut - (len(data) - len(tail))
+        for b in kept:
+            b.offset -= shift
+        self._batches = deque(kept, maxlen=self._batches.maxlen)
 
 
 # one encoder for every line (json.dumps with options builds a new one per call)

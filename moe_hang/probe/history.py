@@ -190,7 +190,7 @@ class History:
         self._frameless: set[int] = set()  # written from a copy without frames: may gain them
         self._enqueued: dict[str, int] | None = None  # the groups' counts when last copied
         self.thread_names = ThreadNames()
-        self.cost = 0.0  # seconds the last copy took
+        self.cost = 0.0  # CPU seconds the last copy took
         self._at = -1e9
         self.ended = False
 
@@ -212,11 +212,12 @@ class History:
             return None
         if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
             return None
+        cpu = time.thread_time()  # this thread's CPU: what the copy costs, whatever the load
         try:
             raw = self._copy(stacks, None, final=False, status=status)
         finally:
             self._lock.release()
-        self._at, self.cost = now, time.monotonic() - now
+        self._at, self.cost = now, time.thread_time() - cpu
         return raw
 
     def last_gasp(self, reason: str, stacks: bool = True,
