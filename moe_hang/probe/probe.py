@@ -236,7 +236,13 @@ class Probe:
         forced = os.environ.get(ENV_FR_STACKS)
         if forced is not None:
             return forced not in ("", "0")
-        return "torch._dynamo" in sys.modules
+        # whole, not only begun: a module is in sys.modules from the start of its import (a
+        # second or so for this one), and symbolizing then imports torch._inductor from our
+        # thread while the job's imports it too; Python's deadlock avoidance hands one of
+        # them a half-made module, an ImportError in the job (watch on ragged_dtensor.py)
+        mod = sys.modules.get("torch._dynamo")
+        return mod is not None and not getattr(getattr(mod, "__spec__", None),
+                                               "_initializing", False)
 
     def _fr_pickle(self) -> bytes | None:
         with self._calling_torch() as torch:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,3 +243,23 @@ def test_real_recorder_dumps_name_the_posting_thread():
     dump = fr.load(FIXTURES / "eval_pending_save" / "ranks" / "rank0.fr.pkl")
     assert dump.entries and all(c.thread_id and c.thread_id.isdigit() and
                                 c.thread_name == "python" for c in dump.entries)
+
+
+def test_frames_wait_until_the_jobs_own_import_of_dynamo_is_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Symbolizing imports torch._inductor: from the probe's thread while the job's is still
+    importing torch._dynamo, one of them got a half-made module (an ImportError in the job)."""
+    import importlib.machinery
+    import types
+
+    from moe_hang.probe.probe import Probe
+
+    monkeypatch.delenv("MOE_HANG_FR_STACKS", raising=False)
+    mod = types.ModuleType("torch._dynamo")
+    mod.__spec__ = importlib.machinery.ModuleSpec("torch._dynamo", None)
+    monkeypatch.setitem(sys.modules, "torch._dynamo", mod)
+    probe = Probe(tmp_path, 0, 1.0)
+    mod.__spec__._initializing = True  # type: ignore[attr-defined]
+    assert not probe._want_stacks()
+    mod.__spec__._initializing = False  # type: ignore[attr-defined]
+    assert probe._want_stacks()
