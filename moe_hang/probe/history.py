@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import os
 import pickle
 import threading
 import time
@@ -181,6 +182,7 @@ class History:
 
     def __init__(self, log: Log, torch_within: TorchWithin, start: dict[str, Any]):
         self.log = log
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) is no rank: it never writes
         self._torch_within = torch_within
         self._start = start
         self._lock = threading.Lock()
@@ -208,7 +210,7 @@ class History:
         """On a probe tick: copy what was posted since the last one (or, ``force``, copy
         anyway). Returns the recorder pickle it read (None: nothing read)."""
         now = time.monotonic()
-        if not force and not self.due(status, now):
+        if (not force and not self.due(status, now)) or os.getpid() != self._pid:
             return None
         if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
             return None
@@ -224,7 +226,7 @@ class History:
                   timeout: float = LOCK_TIMEOUT_S) -> None:
         """Everything still in the ring, with frames, then the ``end`` record: bounded by
         ``timeout`` on each lock (the recorder copy is skipped when torch's is not free)."""
-        if not self._lock.acquire(timeout=timeout):
+        if os.getpid() != self._pid or not self._lock.acquire(timeout=timeout):
             return
         try:
             self._copy(stacks, timeout, final=True, status=None)

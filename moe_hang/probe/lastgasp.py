@@ -16,6 +16,9 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -118,3 +121,57 @@ def wrap_os_exit(last_gasp: Callable[[str], None]) -> None:
     _exit._moe_hang_real = real  # type: ignore[attr-defined]
     _exit.__doc__ = real.__doc__
     os._exit = _exit
+
+
+# ------------------------------------------------------------------ SIGTERM and exit
+
+
+def at_exit(fn: Callable[[], Any]) -> None:
+    # threading's own exit hooks run before atexit, module teardown and C++ destructors
+    (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(fn)
+
+
+def _unblock_sigterm() -> None:
+    with contextlib.suppress(Exception):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+class SigtermRelay:
+    """SIGTERM (torchrun, mp.spawn or srun tearing the job down) goes to one thread of ours,
+    which has the probe write its dump and then lets the signal take its usual effect.
+
+    SIGTERM is blocked in the main thread before any thread of torch's exists (at startup for
+    torchrun's workers; right before ``init_process_group`` creates its threads otherwise), so
+    they inherit the mask and only this thread receives it, even while the main thread is stuck
+    in C++ inside a collective. A thread that existed before (an OpenMP pool started by an
+    earlier matmul) does not block it: if the kernel picks that one, the rank ends as it would
+    without us, only without the dump."""
+
+    started = False
+    on_sigterm: Callable[[], None] | None = None
+
+    @classmethod
+    def start(cls, on_sigterm: Callable[[], None]) -> None:
+        cls.on_sigterm = on_sigterm
+        if cls.started or threading.current_thread() is not threading.main_thread():
+            return
+        cls.started = True
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.register_at_fork(after_in_child=_unblock_sigterm)
+        with contextlib.suppress(Exception):
+            at_exit(_unblock_sigterm)  # before interpreter shutdown freezes the relay thread
+        threading.Thread(target=cls._loop, name="moe-hang-sigterm", daemon=True).start()
+
+    @staticmethod
+    def _loop() -> None:
+        while True:
+            signal.sigwait({signal.SIGTERM})
+            if SigtermRelay.on_sigterm is not None:
+                SigtermRelay.on_sigterm()
+            # Let the signal take its normal effect: unblock it in this thread only and resend.
+            # With the default disposition the process ends as its launcher expects (-15); with
+            # a Python handler installed by the job, Python runs it in the main thread as usual.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

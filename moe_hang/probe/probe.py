@@ -28,7 +28,6 @@ import faulthandler
 import json
 import os
 import select
-import signal
 import socket
 import sys
 import threading
@@ -444,14 +443,14 @@ class Probe:
     def start(self) -> None:
         self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
-        _SigtermRelay.start()
+        lastgasp.SigtermRelay.start(_on_sigterm)
         self._chain_excepthook()
         with contextlib.suppress(Exception):
             lastgasp.wrap_os_exit(self.last_gasp)
         with contextlib.suppress(Exception):
             self.history.thread_names.follow()
         with contextlib.suppress(Exception):
-            _at_exit(self.stop)
+            lastgasp.at_exit(self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
         self.heartbeat()
 
@@ -478,56 +477,12 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _at_exit(fn: Any) -> None:
-    # threading's own exit hooks run before atexit, module teardown and C++ destructors
-    (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(fn)
-
-
-def _unblock_sigterm() -> None:
-    with contextlib.suppress(Exception):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-class _SigtermRelay:
-    """SIGTERM (torchrun, mp.spawn or srun tearing the job down) goes to one thread of ours,
-    which has the probe write its dump and then lets the signal take its usual effect.
-
-    SIGTERM is blocked in the main thread before any thread of torch's exists (at startup for
-    torchrun's workers; right before ``init_process_group`` creates its threads otherwise), so
-    they inherit the mask and only this thread receives it, even while the main thread is stuck
-    in C++ inside a collective. A thread that existed before (an OpenMP pool started by an
-    earlier matmul) does not block it: if the kernel picks that one, the rank ends as it would
-    without us, only without the dump."""
-
-    started = False
-
-    @classmethod
-    def start(cls) -> None:
-        if cls.started or threading.current_thread() is not threading.main_thread():
-            return
-        cls.started = True
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        os.register_at_fork(after_in_child=_unblock_sigterm)
-        with contextlib.suppress(Exception):
-            _at_exit(_unblock_sigterm)  # before interpreter shutdown freezes the relay thread
-        threading.Thread(target=cls._loop, name="moe-hang-sigterm", daemon=True).start()
-
-    @staticmethod
-    def _loop() -> None:
-        while True:
-            signal.sigwait({signal.SIGTERM})
-            if _PROBE is not None:
-                _PROBE.on_sigterm()
-            # Let the signal take its normal effect: unblock it in this thread only and resend.
-            # With the default disposition the process ends as its launcher expects (-15); with
-            # a Python handler installed by the job, Python runs it in the main thread as usual.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
 _PROBE: Probe | None = None
+
+
+def _on_sigterm() -> None:
+    if _PROBE is not None:
+        _PROBE.on_sigterm()
 
 
 def _child_of_a_rank() -> bool:
@@ -571,7 +526,7 @@ def before_join() -> bool:
     if _PROBE is not None or not os.environ.get(ENV_DIR) or _child_of_a_rank():
         return False
     enable_flight_recorder()
-    _SigtermRelay.start()
+    lastgasp.SigtermRelay.start(_on_sigterm)
     return True
 
 

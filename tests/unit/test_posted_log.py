@@ -263,3 +263,24 @@ def test_frames_wait_until_the_jobs_own_import_of_dynamo_is_whole(
     assert not probe._want_stacks()
     mod.__spec__._initializing = False  # type: ignore[attr-defined]
     assert probe._want_stacks()
+
+
+def test_a_forked_child_never_writes_the_ranks_log(tmp_path: Path):
+    """A DataLoader worker forked from the rank inherits the probe and leaves by os._exit."""
+    import os
+
+    torch = FakeTorch()
+    h = _history(tmp_path / "log", torch)
+    torch.ring = [_entry(0)]
+    h.tick(_status(1), stacks=False)
+    before = (tmp_path / "log").read_bytes()
+    torch.ring.append(_entry(1))
+    pid = os.fork()
+    if pid == 0:  # the child: whatever happens, it leaves at once
+        try:
+            h.last_gasp("os_exit")
+            h.tick(_status(2), stacks=False, force=True)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and (tmp_path / "log").read_bytes() == before
