@@ -65,12 +65,13 @@ ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
 # the recorder's ring, when the job sets none: the probe copies it into the rank's posted log
-# on every tick that a group moved, and a copy costs ~10 µs an entry (2000: ~20 ms; 256:
-# ~1.5 ms, under 1 % of a core at 4 ticks a second); the log, not the ring, keeps the history
+# on every tick that a group moved, and a copy costs ~7 µs an entry (scripts/fr_copy_cost.py:
+# 256, ~1.8 ms, 0.7 % of a core at 4 ticks a second; 2000, ~25 ms); the log, not the ring,
+# keeps the history, and says where more than 256 posted between two copies outran it (gap)
 FR_BUFFER = "256"
 # how often fr.saved.pkl is rewritten while the recorder moves (_record): at least this far
 # apart; every copy is spaced by history.COST_RATIO times what the last one cost (so a job's own
-# large buffer cannot make the probe expensive: 2000 entries, one copy every ~2 s)
+# large ring cannot make the probe expensive: 2000 entries, one copy every ~2.5 s)
 SAVE_EVERY_S = 1.0
 # Only these variables of a rank's environment ever reach a file: torchrun's, and the other
 # launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
