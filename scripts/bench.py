@@ -1,11 +1,13 @@
 """Benchmarks: time to verdict, diagnose latency, probe overhead, and the cost of each fix.
 
-    python scripts/bench.py [--quick] [--json bench.json]
+    python scripts/bench.py [--quick] [--only overhead] [--rounds N] [--json bench.json]
 
 Prints a table per section and writes bench.json with the keys ``time_to_verdict_s``,
 ``repro_wall_s``, ``pg_timeout_s``, ``diagnose_s``, ``probe_overhead_ratio``,
 ``detail_overhead_ratio`` and ``fix_cost``. ``--quick`` (under 3 minutes on a 2-core machine)
-runs fewer repeats and a smaller fix matrix. Nothing here is asserted by the test suite.
+runs fewer repeats and a smaller fix matrix. ``--only SECTION`` (verdict, diagnose,
+overhead, fix) runs that section alone (``--rounds`` overhead rounds; JSON keys of the others
+are absent). Nothing here is asserted by the test suite.
 
 What each number is:
 
@@ -49,6 +51,7 @@ if str(JOBS) not in sys.path:
 from _wait import wait_blocked, wait_marks  # noqa: E402
 
 PG_TIMEOUT_S = {"nccl (default)": 600, "gloo (default)": 1800}
+SECTIONS = ("verdict", "diagnose", "overhead", "fix")
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -235,31 +238,40 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="one round each, fewer sizes (under 3 minutes); numbers are indicative")
     ap.add_argument("--json", default="bench.json", help="where to write the results")
+    ap.add_argument("--only", choices=SECTIONS, action="append",
+                    help="run only this section (repeatable); default: all of them")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="overhead rounds (default 5, 1 with --quick)")
     args = ap.parse_args()
+    only = set(args.only or SECTIONS)
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="moe-hang-bench-"))
+    result: dict = {
+        "command": " ".join(["python scripts/bench.py", *sys.argv[1:]]),
+        "quick": args.quick, "pg_timeout_s": PG_TIMEOUT_S}
     try:
-        ttv, wall = time_to_verdict(tmp)
-        diag = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8],
-                                samples=1 if args.quick else 3)
-        probe_ratio, detail_ratio, fr_ratio, rounds, cpu = overhead(
-            tmp, 1 if args.quick else 5, 20 if args.quick else 60)
-        costs = fix_cost(tmp, args.quick, 3 if args.quick else 10,
-                         warmup=1 if args.quick else 3)
+        if "verdict" in only:
+            result["time_to_verdict_s"], result["repro_wall_s"] = time_to_verdict(tmp)
+        if "diagnose" in only:
+            result["diagnose_s"] = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8],
+                                                    samples=1 if args.quick else 3)
+        if "overhead" in only:
+            rounds = args.rounds or (1 if args.quick else 5)
+            probe_ratio, detail_ratio, fr_ratio, per_round, cpu = overhead(
+                tmp, rounds, 20 if args.quick else 60)
+            result.update({
+                "probe_overhead_ratio": probe_ratio, "detail_overhead_ratio": detail_ratio,
+                "recorder_overhead_ratio": fr_ratio, "overhead_rounds_steps_per_s": per_round,
+                # CPU per step of each mode over plain's (recorder, watch, detail): load-robust
+                "cpu_per_step_ratio": cpu,
+                "overhead_columns": ["plain", "recorder", "watch", "detail"]})
+        if "fix" in only:
+            result["fix_cost"] = fix_cost(tmp, args.quick, 3 if args.quick else 10,
+                                          warmup=1 if args.quick else 3)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result = {
-        "command": "python scripts/bench.py" + (" --quick" if args.quick else ""),
-        "quick": args.quick, "time_to_verdict_s": ttv, "repro_wall_s": wall,
-        "pg_timeout_s": PG_TIMEOUT_S, "diagnose_s": diag, "probe_overhead_ratio": probe_ratio,
-        "detail_overhead_ratio": detail_ratio, "recorder_overhead_ratio": fr_ratio,
-        "overhead_rounds_steps_per_s": rounds,
-        # CPU per step of each mode over plain's (recorder, watch, detail): load-robust
-        "cpu_per_step_ratio": cpu,
-        "overhead_columns": ["plain", "recorder", "watch", "detail"],
-        "fix_cost": costs, "total_s": round(time.monotonic() - t0, 1),
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-    }
+    result["total_s"] = round(time.monotonic() - t0, 1)
+    result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     written(Path(args.json)).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.json} in {result['total_s']} s")
     return 0

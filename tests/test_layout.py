@@ -221,6 +221,7 @@ def test_the_state_check_can_fail(tmp_path: Path) -> None:
 
 RUN_FILES = {"meta.json", "config.json", "processes.json", "diagnosis.json", "console.log",
              "job.log", "reference.json", "reference.log", "hb.json", "fr.pkl", "tokens.jsonl",
+             "posted.jsonl", "fr.saved.pkl",
              "stack.txt", "fatal.txt", "error.json", "groups.json", "dump.json", "dump.err",
              "coverage.json", "result.pt", "pyspy.json", "pyspy.err", "verdict.json",
              "local-diagnosis.json", "analysis.json"}

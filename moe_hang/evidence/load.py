@@ -23,6 +23,7 @@ from moe_hang.evidence.model import (
     RankEvidence,
     Restarts,
 )
+from moe_hang.evidence.posted_log import read_posted_log
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
@@ -95,6 +96,11 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
                 bad += 1  # the last line of a rank that died mid-write
         if bad:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
+    log = read_posted_log(files.posted)
+    if log is not None:
+        ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end = (
+            log.collectives, log.p2p, log.gaps, log.end)
+        ev.notes.extend(log.notes)
     recorded = RankError.parse(_read_json(files.error, ev, "error record"))
     ev.error = unwrap(recorded) if recorded is not None else None
     groups = _read_json(files.groups, ev, "process-group list")
@@ -128,7 +134,11 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
     if files.pyspy_error.exists():
         ev.stack_error = files.pyspy_error.read_text(errors="replace").strip()[:200] or None
     if ev.fatal:
-        ev.threads = parse_faulthandler(ev.fatal)
+        threads = parse_faulthandler(ev.fatal)
+        # gloo's abort runs the probe's terminate handler in its I/O thread: a thread of the
+        # probe's frames alone, none of the rank's work
+        ev.threads = [t for t in threads
+                      if not (t.frames and all(is_tool_frame(f) for f in t.frames))] or threads
         ev.stack_source = "faulthandler (fatal signal)"
         return
     marker = _read_json(files.dump_marker, ev, "dump marker")

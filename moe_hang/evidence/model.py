@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hang.evidence.activity import Activity
-from moe_hang.evidence.flight_recorder import FRDump, PgStatus
+from moe_hang.evidence.flight_recorder import Collective, FRDump, P2PEntry, PgStatus
 from moe_hang.evidence.ras import RasEvidence
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
@@ -358,6 +358,13 @@ class RankEvidence:
     progressed: bool | None = None  # did it move between two samples?
     activity: Activity | None = None  # its process's counters over the sampling window
     records: list[PostedRecord] = field(default_factory=list)  # the worker's posting log
+    # the probe's posted log (evidence/posted_log.py): every collective the rank posted, as
+    # its recorder had it, kept past its end (an abort, a kill); complete up to its last gasp
+    # (``log_end`` says why it ended; None: a kill, or still running) or its last tick
+    posted_log: list[Collective] = field(default_factory=list)
+    posted_p2p: list[P2PEntry] = field(default_factory=list)
+    log_gaps: list[tuple[int, int]] = field(default_factory=list)  # record ids lost, inclusive
+    log_end: str | None = None
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
     fatal: str | None = None  # faulthandler's fatal-signal text

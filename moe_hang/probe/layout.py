@@ -8,6 +8,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     reference.json  reference.log  torchrun/
     ranks/rank{R}.hb.json       heartbeat              ranks/rank{R}.fr.pkl      Flight Recorder
     ranks/rank{R}.fr.saved.pkl  the recorder, saved every few seconds (what a SIGABRT leaves)
+    ranks/rank{R}.posted.jsonl  every collective the rank posted, kept past its end (history.py)
     ranks/rank{R}.tokens.jsonl  posted collectives     ranks/rank{R}.stack.txt   faulthandler
     ranks/rank{R}.fatal.txt     fatal-signal stack     ranks/rank{R}.error.json  exception
     ranks/rank{R}.groups.json   process groups         ranks/rank{R}.dump.json   dump marker
@@ -41,6 +42,7 @@ class RankFiles:
     HEARTBEAT = "hb.json"
     FR = "fr.pkl"
     FR_SAVED = "fr.saved.pkl"  # the recorder as the probe saved it last (survives an abort)
+    POSTED = "posted.jsonl"  # the recorder's entries as the probe copied them (probe/history.py)
     TOKENS = "tokens.jsonl"
     STACK = "stack.txt"
     FATAL = "fatal.txt"
@@ -73,6 +75,10 @@ class RankFiles:
     @property
     def fr_saved(self) -> Path:
         return self._in_ranks(self.FR_SAVED)
+
+    @property
+    def posted(self) -> Path:
+        return self._in_ranks(self.POSTED)
 
     @property
     def tokens(self) -> Path:
@@ -131,7 +137,7 @@ class RankFiles:
     def probe_files(self) -> tuple[Path, ...]:
         """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""
         return (self.heartbeat, self.fr, self.stack, self.groups, self.tokens, self.fatal,
-                self.error, self.dump_marker)
+                self.error, self.dump_marker, self.posted)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ torch only once the job has imported it. Per rank, in the probe directory (file 
                        and ``rank{R}.dump.json`` naming the request.
                        This works while the main thread is blocked inside a collective.
 ``rank{R}.fatal.txt``  faulthandler's stack on SIGABRT/SIGSEGV (gloo's size-mismatch abort).
+``rank{R}.posted.jsonl`` every collective it posted, copied from the recorder on each tick it
+                       moved and once more however the rank ends (:mod:`.history`,
+                       :mod:`.lastgasp`); ``rank{R}.fr.saved.pkl`` the recorder as last copied.
 On SIGTERM (torchrun tearing the job down after another rank failed) the same dump is written
 with reason ``sigterm`` before the signal takes its usual effect.
 """
@@ -25,7 +28,6 @@ import faulthandler
 import json
 import os
 import select
-import signal
 import socket
 import sys
 import threading
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
-    from moe_hang.probe import launchers, sample
+    from moe_hang.probe import appendlog, history, lastgasp, launchers, sample
     from moe_hang.probe.layout import RankFiles
 else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
@@ -52,6 +54,9 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
 
     sample = _sibling("sample")
     launchers = _sibling("launchers")
+    history = _sibling("history")
+    appendlog = _sibling("appendlog")
+    lastgasp = _sibling("lastgasp")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 
 ENV_DIR = "MOE_HANG_PROBE_DIR"
@@ -59,11 +64,15 @@ ENV_OWNER = "MOE_HANG_PROBE_OWNER"
 ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
 ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
 FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
-FR_BUFFER = "2000"
-# how often the recorder is saved while it moves (_save_recorder): at least this far apart,
-# and at least SAVE_COST_RATIO times what the last save cost (so it stays under 1 % of a core)
+# the recorder's ring, when the job sets none: the probe copies it into the rank's posted log
+# on every tick that a group moved, and a copy costs ~7 µs an entry (scripts/fr_copy_cost.py:
+# 256, ~1.8 ms, 0.7 % of a core at 4 ticks a second; 2000, ~25 ms); the log, not the ring,
+# keeps the history, and says where more than 256 posted between two copies outran it (gap)
+FR_BUFFER = "256"
+# how often fr.saved.pkl is rewritten while the recorder moves (_record): at least this far
+# apart; every copy is spaced by history.COST_RATIO times what the last one cost (so a job's own
+# large ring cannot make the probe expensive: 2000 entries, one copy every ~2.5 s)
 SAVE_EVERY_S = 1.0
-SAVE_COST_RATIO = 100.0
 # Only these variables of a rank's environment ever reach a file: torchrun's, and the other
 # launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
 ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
@@ -139,7 +148,10 @@ class Probe:
         self._release = threading.Event()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
-        self._save_cost = 0.0  # seconds the last save took
+        self.history = history.History(
+            appendlog.PostedLog(self.files.posted), self._calling_torch,
+            {"kind": "start", "pid": os.getpid(), "rank": rank, "restart": _restart_count(),
+             "time": time.time()})
 
     # -------------------------------------------------------------- files
 
@@ -147,12 +159,28 @@ class Probe:
         return sys.modules.get("torch")
 
     @contextlib.contextmanager
-    def _calling_torch(self) -> Iterator[Any]:
+    def _calling_torch(self, timeout: float | None = None) -> Iterator[Any]:
         """torch, or None once the process is shutting down: the interpreter and then C++
         static destructors tear torch down at exit, and a dump running in this thread then
-        would abort a rank that had finished cleanly."""
-        with self._torch_lock:
+        would abort a rank that had finished cleanly. ``timeout``: None too when the lock is
+        not free by then (a dying rank's last gasp never waits long)."""
+        if not self._torch_lock.acquire(timeout=-1 if timeout is None else timeout):
+            yield None
+            return
+        try:
             yield None if self._stopping else self._torch()
+        finally:
+            self._torch_lock.release()
+
+    def last_gasp(self, reason: str) -> None:
+        """The rank is ending (``reason``): its posted log completed from the recorder,
+        bounded. gloo's abort and ``os._exit`` leave nothing else, so there frames are taken
+        whatever they cost (torch's symbolizer import, ~1.3 s of CPU in a job that had not
+        imported it); an exception or SIGTERM has the probe's dump beside it (fr.pkl), and
+        every rank of every job exits: there, frames only where they are cheap."""
+        with contextlib.suppress(Exception):
+            self.history.last_gasp(
+                reason, stacks=reason in ("abort", "os_exit") or self._want_stacks())
 
     def stop(self) -> None:
         """First thing at interpreter shutdown: no more calls into torch from our threads, and
@@ -160,6 +188,9 @@ class Probe:
         everything torch imported) can hold the GIL for seconds and starve our thread; the
         watcher must see a rank on its way out there, not one still waiting in the collective
         of its last beat."""
+        self.last_gasp("exit")
+        # C++ destructors run after Python is gone: a terminate then must not call into it
+        lastgasp.unhook_terminate()
         acquired = self._torch_lock.acquire(timeout=2.0)
         if acquired:
             # the recorder's counts as the program left them (torch is whole until the
@@ -205,7 +236,13 @@ class Probe:
         forced = os.environ.get(ENV_FR_STACKS)
         if forced is not None:
             return forced not in ("", "0")
-        return "torch._dynamo" in sys.modules
+        # whole, not only begun: a module is in sys.modules from the start of its import (a
+        # second or so for this one), and symbolizing then imports torch._inductor from our
+        # thread while the job's imports it too; Python's deadlock avoidance hands one of
+        # them a half-made module, an ImportError in the job (watch on ragged_dtensor.py)
+        mod = sys.modules.get("torch._dynamo")
+        return mod is not None and not getattr(getattr(mod, "__spec__", None),
+                                               "_initializing", False)
 
     def _fr_pickle(self) -> bytes | None:
         with self._calling_torch() as torch:
@@ -231,30 +268,29 @@ class Probe:
         finally:
             self._hb_lock.release()
 
-    def _save_recorder(self, status: dict[str, Any] | None) -> None:
-        """Every few seconds, while collectives complete, the recorder as it is now: gloo
-        aborts a rank from a C++ thread (SIGABRT) before anything can dump it, and then this
-        is its history (the last moments come from its heartbeat's counts and the stack it
-        died with). Without stack traces: a dump of 2000 entries costs tens of milliseconds,
-        so saves are spaced by what they cost (SAVE_COST_RATIO)."""
-        now = time.monotonic()
-        every = max(SAVE_EVERY_S, SAVE_COST_RATIO * self._save_cost)
-        if status is None or status == self._saved_status or now - self._saved_at < every:
+    def _record(self, status: dict[str, Any] | None) -> None:
+        """On every tick a group posted something, its new entries into the posted log (what
+        a rank gloo aborts, or a SIGKILL, leaves behind: history.py); and every few seconds,
+        while its counts move, the same dump as the saved recorder (what the analysis reads of
+        a rank with no dump at capture). Frames only where they are cheap (_want_stacks)."""
+        if status is None or self._stopping:
             return
-        with self._calling_torch() as torch:
-            if torch is None:
-                return
-            try:
-                raw = bytes(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
-            except Exception:
-                return
-        write_atomic(self.files.fr_saved, raw)
-        self._saved_status, self._saved_at = status, now
-        self._save_cost = time.monotonic() - now
+        if self._torch() is not None:  # gloo's abort comes from C++: hooked once torch is in
+            lastgasp.hook_terminate(self.last_gasp)
+        now = time.monotonic()
+        save = status != self._saved_status and now - self._saved_at >= max(
+            SAVE_EVERY_S, history.COST_RATIO * self.history.cost)
+        try:
+            raw = self.history.tick(status, self._want_stacks(), force=save)
+        except Exception:  # a copy that failed is retried next tick; the beat goes on
+            return
+        if save and raw is not None:
+            write_atomic(self.files.fr_saved, raw)
+            self._saved_status, self._saved_at = status, now
 
     def _heartbeat(self) -> None:
         status = self._final_status if self._stopping else self._fr_status()
-        self._save_recorder(status)
+        self._record(status)
         self._beat += 1
         pending_somewhere = status is not None and any(
             s["enqueued"] > s["completed"] for s in status.values())
@@ -368,6 +404,7 @@ class Probe:
         write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
             self.dump("exception", "exception")
+        self.last_gasp("exception")
 
     def _chain_excepthook(self) -> None:
         previous = sys.excepthook
@@ -407,10 +444,14 @@ class Probe:
     def start(self) -> None:
         self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
-        _SigtermRelay.start()
+        lastgasp.SigtermRelay.start(_on_sigterm)
         self._chain_excepthook()
         with contextlib.suppress(Exception):
-            _at_exit(self.stop)
+            lastgasp.wrap_os_exit(self.last_gasp)
+        with contextlib.suppress(Exception):
+            self.history.thread_names.follow()
+        with contextlib.suppress(Exception):
+            lastgasp.at_exit(self.stop)
         threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
         self.heartbeat()
 
@@ -418,6 +459,7 @@ class Probe:
         if not self._requested:  # a requested dump is already on disk: keep it
             with contextlib.suppress(Exception):
                 self.dump("sigterm", "sigterm")
+        self.last_gasp("sigterm")
 
 
 def _restart_count() -> int | None:
@@ -436,56 +478,12 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _at_exit(fn: Any) -> None:
-    # threading's own exit hooks run before atexit, module teardown and C++ destructors
-    (getattr(threading, "_register_atexit", None) or __import__("atexit").register)(fn)
-
-
-def _unblock_sigterm() -> None:
-    with contextlib.suppress(Exception):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-class _SigtermRelay:
-    """SIGTERM (torchrun, mp.spawn or srun tearing the job down) goes to one thread of ours,
-    which has the probe write its dump and then lets the signal take its usual effect.
-
-    SIGTERM is blocked in the main thread before any thread of torch's exists (at startup for
-    torchrun's workers; right before ``init_process_group`` creates its threads otherwise), so
-    they inherit the mask and only this thread receives it, even while the main thread is stuck
-    in C++ inside a collective. A thread that existed before (an OpenMP pool started by an
-    earlier matmul) does not block it: if the kernel picks that one, the rank ends as it would
-    without us, only without the dump."""
-
-    started = False
-
-    @classmethod
-    def start(cls) -> None:
-        if cls.started or threading.current_thread() is not threading.main_thread():
-            return
-        cls.started = True
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        os.register_at_fork(after_in_child=_unblock_sigterm)
-        with contextlib.suppress(Exception):
-            _at_exit(_unblock_sigterm)  # before interpreter shutdown freezes the relay thread
-        threading.Thread(target=cls._loop, name="moe-hang-sigterm", daemon=True).start()
-
-    @staticmethod
-    def _loop() -> None:
-        while True:
-            signal.sigwait({signal.SIGTERM})
-            if _PROBE is not None:
-                _PROBE.on_sigterm()
-            # Let the signal take its normal effect: unblock it in this thread only and resend.
-            # With the default disposition the process ends as its launcher expects (-15); with
-            # a Python handler installed by the job, Python runs it in the main thread as usual.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
 _PROBE: Probe | None = None
+
+
+def _on_sigterm() -> None:
+    if _PROBE is not None:
+        _PROBE.on_sigterm()
 
 
 def _child_of_a_rank() -> bool:
@@ -529,7 +527,7 @@ def before_join() -> bool:
     if _PROBE is not None or not os.environ.get(ENV_DIR) or _child_of_a_rank():
         return False
     enable_flight_recorder()
-    _SigtermRelay.start()
+    lastgasp.SigtermRelay.start(_on_sigterm)
     return True
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from moe_hang.errors import MoeHangError
+from moe_hang.probe.probe import FR_BUFFER
 from moe_hang.runtime.procs import Tracker, end_tree
 
 
@@ -51,7 +52,7 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")  # also silences torchrun's banner
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    env.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)  # the probe's ring, as under watch
     env.update(extra or {})
     return env
 

@@ -16,6 +16,7 @@ from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.load import dumped_threads, load_capture, read_source
 from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.posted_log import PostedLog, read_posted_log
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame, main_thread
 from moe_hang.evidence.torchrun_log import gloo_size_abort, parse_torchrun_failures, read_job_log
@@ -24,26 +25,53 @@ from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import NodeSummary, PendingCollective, RankSummary
 
-HISTORY_PER_GROUP = 32  # a capture summary: each rank's last collectives per group (two steps
-# of an FSDP2 model with a few blocks: what "this collective always had this shape" needs)
+HISTORY_PER_GROUP = 256  # a capture summary: each rank's last collectives per group (several
+# steps of an FSDP2 model: what aligning two ranks' histories, and "this collective always had
+# this shape", need) ...
+MAX_HISTORY = 1024  # ... and at most this many in all per rank: the summary crosses the store
 MAX_USER_FRAMES = 12
 MAX_STACK_FRAMES = 24  # a summary's main-thread stack, as a heartbeat's sample is cut
 
 
-def history_of(dump: FRDump, per_group: int = HISTORY_PER_GROUP
+def history_of(dump: FRDump | None, per_group: int = HISTORY_PER_GROUP, *,
+               log: PostedLog | None = None, dead: bool = False
                ) -> tuple[list[PendingCollective], dict[str, list[int]]]:
     """A rank's recent collectives for its capture summary: the last ``per_group`` of each
-    group from its Flight Recorder dump (user frames only), and each group's status by name."""
-    out: list[PendingCollective] = []
-    for pg, entries in dump.by_pg().items():
-        for c in entries[-per_group:]:
-            out.append(PendingCollective(
-                op=c.raw_op or c.op, seq=c.seq, pg_id=pg, pg=pg, pg_desc=c.pg_desc or None,
-                input_sizes=c.input_sizes, output_sizes=c.output_sizes, dtypes=c.dtypes,
-                t_ns=c.time_created_ns, completed=c.completed,
-                frames=[f"{f.file}:{f.line}:{f.function}" for f in c.frames
-                        if not is_library_frame(f)][:MAX_USER_FRAMES]))
-    status = {pg: [st.enqueued, st.completed] for pg, st in dump.pg_status.items()}
+    group (at most ``MAX_HISTORY`` in all; user frames only, the posting thread's name), and
+    each group's status by name. From its Flight Recorder dump at capture and, before it, its
+    posted log (the dump is a ring: the log goes further back); past it too where the dump
+    cannot be the rank's last word: there is none (gloo aborted it, it was killed), or the
+    rank is ``dead`` (it went on after the dump)."""
+    by_id: dict[int, Collective] = {}
+    loose: list[Collective] = []
+    top = max((c.record_id for c in dump.entries if c.record_id is not None), default=-1) \
+        if dump is not None else None
+    for c in log.collectives if log is not None else []:
+        if c.record_id is not None and (top is None or dead or c.record_id <= top):
+            by_id[c.record_id] = c
+    for c in dump.entries if dump is not None else []:  # as of capture: it wins
+        if c.record_id is None:
+            loose.append(c)
+        else:
+            by_id[c.record_id] = c
+    groups: dict[str, list[Collective]] = {}
+    for c in [*by_id.values(), *loose]:
+        groups.setdefault(c.pg, []).append(c)
+    kept = [c for entries in groups.values()
+            for c in sorted(entries, key=lambda c: c.seq)[-per_group:]]
+    if len(kept) > MAX_HISTORY:  # the newest, whichever group they are on
+        kept = sorted(kept, key=lambda c: (c.time_created_ns or 0, c.record_id or 0)
+                      )[-MAX_HISTORY:]
+    kept.sort(key=lambda c: (c.pg, c.seq))
+    out = [PendingCollective(
+        op=c.raw_op or c.op, seq=c.seq, pg_id=c.pg, pg=c.pg, pg_desc=c.pg_desc or None,
+        input_sizes=c.input_sizes, output_sizes=c.output_sizes, dtypes=c.dtypes,
+        t_ns=c.time_created_ns, completed=c.completed,
+        frames=[f"{f.file}:{f.line}:{f.function}" for f in c.frames
+                if not is_library_frame(f)][:MAX_USER_FRAMES], thread=c.thread_name)
+        for c in kept]
+    pg_status = dump.pg_status if dump is not None else (log.status if log is not None else {})
+    status = {pg: [st.enqueued, st.completed] for pg, st in pg_status.items()}
     return out, status
 
 
@@ -61,14 +89,12 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
                     moving: Mapping[int, bool] | None,
                     alive: Mapping[int, bool] | None) -> NodeSummary:
     """What a node publishes of its capture: its ranks' heartbeats, their recent collectives
-    from the Flight Recorder dumps just taken, the groups they are members of."""
+    from the Flight Recorder dumps just taken and their posted logs, the groups they are
+    members of."""
     s = coord.summarize_heartbeats(raw_heartbeats(layout), node=node, host=host,
                                    moving=moving, alive=alive, kind="capture")
     for r in s.ranks:
-        fr = layout.rank(r.rank).fr
-        with contextlib.suppress(Exception):  # a dump cut short: the heartbeat is left
-            if fr.exists():
-                r.history, r.fr_status = history_of(load_dump(fr))
+        _history(r, layout.rank(r.rank))
         r.error = error_of(layout.rank(r.rank).error)
         if not r.held and r.error is None:
             _fresher_stack(r, layout.rank(r.rank))
@@ -105,6 +131,22 @@ def _source_of(layout: RunLayout) -> dict[str, Any] | None:
         with contextlib.suppress(Exception):  # a capture cut short: its frames say less
             stored = record(load_capture(layout.root))
     return stored.to_dict() if stored is not None and stored.files else None
+
+
+def _history(r: RankSummary, files: RankFiles) -> None:
+    """Its collectives from its dump at capture and its posted log (an aborted or killed
+    rank has only the log); a dump cut short, or a log unreadable: the other, or the beat."""
+    dump = log = None
+    with contextlib.suppress(Exception):
+        if files.fr.exists():
+            dump = load_dump(files.fr)
+    with contextlib.suppress(Exception):
+        log = read_posted_log(files.posted)
+    if dump is None and (log is None or not log.collectives):
+        return
+    with contextlib.suppress(Exception):
+        r.history, r.fr_status = history_of(dump, log=log,
+                                            dead=r.state == RankState.EXITED)
 
 
 def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
@@ -181,7 +223,7 @@ def _fr_of(r: RankSummary) -> FRDump | None:
             pg=h.pg or h.pg_id, seq=h.seq, op=normalise_op(h.op), raw_op=h.op,
             pg_desc=h.pg_desc or "", input_sizes=h.input_sizes, output_sizes=h.output_sizes,
             dtypes=[normalise_dtype(d) for d in h.dtypes], time_created_ns=h.t_ns,
-            frames=frames, completed=h.completed))
+            frames=frames, completed=h.completed, thread_name=h.thread))
     status = {pg: PgStatus(v[0], v[1]) for pg, v in r.fr_status.items()}
     return FRDump(entries=entries, pg_status=status, backend="remote summary")
 

@@ -58,6 +58,13 @@ def _timing(e: dict[str, Any]) -> dict[str, Any]:
             "duration_ms": _duration(e.get("duration_ms"))}
 
 
+def _thread(e: dict[str, Any]) -> dict[str, Any]:
+    """The posting thread's id and name (torch >= 2.8 records them; None before)."""
+    tid, name = e.get("thread_id"), e.get("thread_name")
+    return {"thread_id": None if tid is None or tid == "" else str(tid),
+            "thread_name": None if name is None or name == "" else str(name)}
+
+
 def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
     pg = e.get("process_group")
     if isinstance(pg, (list, tuple)) and pg:
@@ -173,7 +180,7 @@ def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
         time_created_ns=_time(e.get("time_created_ns")),
         frames=(frames or _Frames())(e.get("frames")),
         completed=True if e.get("state") == "completed" else None, source=source,
-        record_id=rid if isinstance(rid, int) else None, **_timing(e))
+        record_id=rid if isinstance(rid, int) else None, **_timing(e), **_thread(e))
 
 
 def _p2p_entry(e: dict[str, Any], completed: bool | None,
@@ -202,7 +209,7 @@ def _p2p_entry(e: dict[str, Any], completed: bool | None,
                     dtypes=[str(d) for d in e.get("input_dtypes") or []],
                     time_created_ns=_time(e.get("time_created_ns")),
                     record_id=rid if isinstance(rid, int) else None,
-                    frames=frames(e.get("frames")), **_timing(e))
+                    frames=frames(e.get("frames")), **_timing(e), **_thread(e))
 
 
 def _merge_coalesced(group: list[Collective]) -> Collective:
@@ -236,4 +243,5 @@ def _merge_coalesced(group: list[Collective]) -> Collective:
         time_completed_ns=max(t for t in ends if t is not None)
         if all(t is not None for t in ends) else None,
         duration_ms=max(d for d in durations if d is not None)
-        if all(d is not None for d in durations) else None)
+        if all(d is not None for d in durations) else None,
+        thread_id=members[0].thread_id, thread_name=members[0].thread_name)

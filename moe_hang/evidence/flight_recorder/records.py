@@ -33,7 +33,7 @@ class Collective:
     time_created_ns: int | None = None
     frames: list[Frame] = field(default_factory=list)  # innermost first
     completed: bool | None = None
-    source: str = "flight_recorder"  # flight_recorder | probe | heartbeat
+    source: str = "flight_recorder"  # flight_recorder | probe | heartbeat | posted_log
     name: str | None = None  # the probe's step name (gather_tokens, combine, ...)
     phase: str | None = None  # forward | backward, when known
     tag: str | None = None  # the probe's identity of the collective (layer1.expert2)
@@ -46,6 +46,11 @@ class Collective:
     time_started_ns: int | None = None
     time_completed_ns: int | None = None
     duration_ms: float | None = None  # the kernel's time between its events (timing only)
+    # the thread that posted it (torch >= 2.8): its id (decimal pthread id, what Python's
+    # threading.get_ident() says) and name (a recorder dump: the OS name, "python" for every
+    # Python thread; the probe's posted log: the Python thread's own name where it knew it)
+    thread_id: str | None = None
+    thread_name: str | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # positional: half the unpickling time of the default (workers send thousands)
@@ -80,6 +85,8 @@ class P2PEntry:
     time_started_ns: int | None = None
     time_completed_ns: int | None = None
     duration_ms: float | None = None
+    thread_id: str | None = None  # as Collective's
+    thread_name: str | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (P2PEntry, _P2P_FIELDS(self))

@@ -14,7 +14,7 @@ from moe_hang.runtime.coord.codec import _int_or_none
 from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective, RankSummary, p2p_of
 
 # frames that are never the user's line (kept in step with moe_hang.stacks.is_library_frame)
-_TOOL_FILES = ("moe_hang/probe.py", "moe_hang/_probe_site/")
+_TOOL_FILES = ("moe_hang/probe/", "moe_hang/probe.py", "moe_hang/_probe_site/")
 
 
 def _is_library(path: str) -> bool:

@@ -40,10 +40,11 @@ class PendingCollective:
     t_ns: int | None = None  # time created
     completed: bool | None = None  # history entries: did it complete on this rank?
     frames: list[str] = field(default_factory=list)  # the user frames that posted it
+    thread: str | None = None  # the name of the thread that posted it, where known
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "seq": self.seq, "pg_id": self.pg_id}
-        for k in ("pg", "pg_desc", "t_ns", "completed"):
+        for k in ("pg", "pg_desc", "t_ns", "completed", "thread"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         for k in ("input_sizes", "output_sizes", "dtypes"):
@@ -63,7 +64,8 @@ class PendingCollective:
                    output_sizes=_sizes(d.get("output_sizes")),
                    dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")),
                    completed=None if d.get("completed") is None else bool(d["completed"]),
-                   frames=[str(f) for f in d.get("frames") or []])
+                   frames=[str(f) for f in d.get("frames") or []],
+                   thread=None if d.get("thread") is None else str(d["thread"])[:200])
 
     @classmethod
     def from_fr_entry(cls, e: Mapping[str, Any]) -> PendingCollective | None:
