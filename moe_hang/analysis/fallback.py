@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
-from moe_hang.analysis.ladder import Context, Reading, decide, position_order, source
+from moe_hang.analysis.ladder import (
+    Context,
+    Reading,
+    counters,
+    decide,
+    position_order,
+    source,
+)
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import RankViews, to_rc
@@ -63,7 +70,9 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     def where(k: object) -> tuple[Frame, ...]:
         return tuple(views[camps[k][0]].user_frames_outer_first())
 
-    behind = [k for k in camps if all(position_order(ctx, where(k), where(o)) is False
+    behind = [k for k in camps if all(position_order(ctx, where(k), where(o),
+                                                     counters(views, camps[k]),
+                                                     counters(views, camps[o])) is False
                                       for o in camps if o != k)]
     if elsewhere and not _on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):

@@ -22,7 +22,8 @@ number or dict order. Byte counts are not a rung: they are what places a rank gl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
@@ -30,6 +31,7 @@ from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.source import (
     Order,
+    enclosing_loop,
     excludes_ranks,
     function_step,
     in_loop,
@@ -101,6 +103,7 @@ class Context:
 
 
 Rung = Callable[[Reading, Context], bool | None]
+_FOR = re.compile(r"^(?:async\s+)?for\s+(.+?)\s+in\s")
 
 
 def _frames(c: Collective | None) -> list[Frame]:
@@ -198,7 +201,42 @@ def source(r: Reading, ctx: Context) -> bool | None:
     return None
 
 
-def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame]) -> bool | None:
+Counters = Mapping[Frame, Mapping[str, int]]
+
+
+def counters(views: RankViews, ranks: Sequence[int]) -> Counters:
+    """The first of ``ranks``' loop counters (its camp's: one line, one iteration)."""
+    v = views.get(ranks[0]) if ranks else None
+    return v.stack.counters if v is not None else {}
+
+
+def _iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
+               ) -> bool | None:
+    """Two ranks' frames in one ``for`` loop (``header``), by the loop's integer counters
+    py-spy showed: None where either is not known or the iteration is the same, else whether
+    ``x``'s iteration is the later."""
+    m = _FOR.match(header or "")
+    if m is None:
+        return None
+    va, vb = ca.get(x, {}), cb.get(y, {})
+    for name in re.findall(r"[A-Za-z_]\w*", m.group(1)):
+        if name in va and name in vb and va[name] != vb[name]:
+            return va[name] > vb[name]
+    return None
+
+
+def _same_iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
+                    ) -> bool:
+    m = _FOR.match(header or "")
+    if m is None:
+        return False
+    va, vb = ca.get(x, {}), cb.get(y, {})
+    names = [n for n in re.findall(r"[A-Za-z_]\w*", m.group(1)) if n in va and n in vb]
+    return bool(names) and all(va[n] == vb[n] for n in names)
+
+
+def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
+                   ca: Counters | None = None, cb: Counters | None = None) -> bool | None:
     """Is ``fa`` (user frames outermost first) further along than ``fb``: at the deepest
     frame both share, the later statement. Where a loop repeats both lines (a loop holding
     them, or one around a frame they share), either may be ahead: the later line within one
@@ -208,18 +246,30 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame]) -> bo
     complete, so a rank that lapped the other skipped every one on its way); None where
     they tie or nothing is known."""
     src = ctx.views.source
+    ca, cb = ca or {}, cb or {}
     repeated = False
     for x, y in zip(fa, fb, strict=False):
         if (x.file, x.function) != (y.file, y.function):
             return None
         if x.line == y.line:
-            repeated = repeated or in_loop(src, x.file, x.line)
+            # one line in a loop: its counters (py-spy's locals) say whether they are in
+            # one iteration or which is the later
+            header = enclosing_loop(src, x.file, x.line)
+            if (it := _iteration(header, x, y, ca, cb)) is not None:
+                return it
+            repeated = repeated or (in_loop(src, x.file, x.line)
+                                    and not _same_iteration(header, x, y, ca, cb))
             continue
         o = order(src, x.file, x.line, y.line)
         if o not in (Order.A_FIRST, Order.B_FIRST):
             return None
         x_later = o is Order.B_FIRST
         region = loop_step(src, x.file, x.line, y.line)
+        if region is not None and not repeated:
+            if (it := _iteration(region.header, x, y, ca, cb)) is not None:
+                return it
+            if _same_iteration(region.header, x, y, ca, cb):
+                return x_later  # one iteration of the loop holding both: the later line
         if region is None and not repeated:
             return x_later  # within one run of this code: the later line is ahead
         if region is None:
@@ -244,10 +294,11 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
     if r.edit in (Edit.EXTRA, Edit.SWAP, Edit.GROUP):
         return None
     fb = [f for f in r.at_theirs if not is_library_frame(f)]
+    ca, cb = counters(ctx.views, r.culprits), counters(ctx.views, r.others)
     answers = []
     for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
         fa = [f for f in at_mine if not is_library_frame(f)]
-        ahead = position_order(ctx, fa, fb) if fa and fb else None
+        ahead = position_order(ctx, fa, fb, ca, cb) if fa and fb else None
         answers.append(None if ahead is None else (not ahead) if r.edit == Edit.BEHIND
                        else ahead)
     if any(a is False for a in answers):

@@ -80,6 +80,10 @@ def timeline(ev: RankEvidence) -> RankTimeline:
             old.phase = old.phase or c.phase
             old.tag = old.tag or c.tag
             old.autograd_fn = old.autograd_fn or c.autograd_fn
+            if not old.frames and c.frames:  # the posted log kept what a dump left out
+                old.frames = c.frames
+            old.thread_id = old.thread_id or c.thread_id
+            old.thread_name = old.thread_name or c.thread_name
             return
         slot[c.seq] = c
         enq[c.pg] = max(enq.get(c.pg, -1), c.seq)
@@ -90,6 +94,13 @@ def timeline(ev: RankEvidence) -> RankTimeline:
         for pg, st in ev.fr.pg_status.items():
             enq[pg] = max(enq.get(pg, -1), st.enqueued)
             done[pg] = max(done.get(pg, -1), st.completed)
+    # the posted log: the history a rank kept past its end (gloo's abort, a kill), which a
+    # saved recorder may predate, and the frames a tick's dump may lack
+    for c in ev.posted_log:
+        add(c)
+    for pg, st in ev.log_status.items():
+        enq[pg] = max(enq.get(pg, -1), st.enqueued)
+        done[pg] = max(done.get(pg, -1), st.completed)
     hb = ev.heartbeat
     if (ev.fr is None or ev.fr_saved) and hb is not None and hb.pg_status is not None:
         # the heartbeat is fresher than a saved recorder: its counts say how far the rank got

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_hang.capture import source
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
+from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.runtime.procs import is_stopped, starting_child
@@ -89,14 +91,27 @@ def _kept(f: dict[str, Any], v: Any) -> bool:
         return False
     if v.get("name") in _IDENTITY_LOCALS and str(v.get("repr", "")).isdigit():
         return True
+    if str(v.get("repr", "")).isdigit() and _loop_counter(f, str(v.get("name"))):
+        return True
     keep = _P2P_LOCALS.get(str(f.get("name"))) \
         if str(f.get("filename", "")).endswith("distributed_c10d.py") else None
     return keep is not None and v.get("name") in keep
 
 
+def _loop_counter(f: dict[str, Any], name: str) -> bool:
+    """An integer the job's own ``for`` loop around this frame's line binds (``for step in
+    range(n)``): which iteration each rank is in, so that two ranks at two lines of one loop
+    are known to be in one iteration or a lap apart (analysis/ladder.position_order)."""
+    file, line = str(f.get("filename", "")), f.get("line")
+    if not isinstance(line, int) or is_library_frame(Frame(file, line, "")) \
+            or is_stdlib_frame(Frame(file, line, "")):
+        return False
+    return name in source.loop_targets(file, line)
+
+
 def strip_locals(data: Any) -> Any:
-    """py-spy JSON with only the peer arguments of c10d send/recv frames and integer rank and
-    world-size locals kept."""
+    """py-spy JSON with only the peer arguments of c10d send/recv frames, integer rank and
+    world-size locals, and the integer counters of the job's own loops kept."""
     threads = data.get("threads", []) if isinstance(data, dict) else data
     for t in threads if isinstance(threads, list) else []:
         for f in t.get("frames", []) if isinstance(t, dict) else []:

@@ -10,6 +10,7 @@ only. Library frames (torch, the interpreter's) are not read: only the job's own
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,7 +36,7 @@ def evidence_frames(ev: Evidence) -> Iterable[Frame]:
                 yield from p.frames
         for rec in r.records:
             yield from rec.frames
-        for c in getattr(r, "posted_log", None) or []:
+        for c in r.posted_log:
             yield from c.frames
         if r.heartbeat is not None:
             yield from r.heartbeat.frames()
@@ -89,6 +90,32 @@ def complete(ev: Evidence) -> None:
         ev.source = got
     else:
         ev.source.merge(got)
+
+
+def loop_targets(file: str, line: int) -> frozenset[str]:
+    """The names a ``for`` loop around ``line`` of ``file`` binds (``for step in ...``,
+    ``for i, batch in ...``): the locals of a frame that say which iteration it is in."""
+    tree = _cached_parse(file)
+    if tree is None:
+        return frozenset()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            names.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_at(path: str, mtime_ns: int) -> ast.Module | None:
+    return _parse(path)
+
+
+def _cached_parse(path: str) -> ast.Module | None:
+    try:
+        return _parse_at(path, Path(path).stat().st_mtime_ns)
+    except OSError:
+        return None
 
 
 def _parse(path: str) -> ast.Module | None:

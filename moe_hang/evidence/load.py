@@ -98,8 +98,8 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
     log = read_posted_log(files.posted)
     if log is not None:
-        ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end = (
-            log.collectives, log.p2p, log.gaps, log.end)
+        ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end, ev.log_status = (
+            log.collectives, log.p2p, log.gaps, log.end, log.status)
         ev.notes.extend(log.notes)
     recorded = RankError.parse(_read_json(files.error, ev, "error record"))
     ev.error = unwrap(recorded) if recorded is not None else None

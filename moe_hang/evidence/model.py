@@ -365,6 +365,7 @@ class RankEvidence:
     posted_p2p: list[P2PEntry] = field(default_factory=list)
     log_gaps: list[tuple[int, int]] = field(default_factory=list)  # record ids lost, inclusive
     log_end: str | None = None
+    log_status: dict[str, PgStatus] = field(default_factory=dict)  # its last counts, by group
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
     fatal: str | None = None  # faulthandler's fatal-signal text

@@ -86,6 +86,9 @@ class ThreadStack:
     active: bool | None = None  # py-spy: on CPU; None when the source cannot tell
     is_main: bool = False
     p2p: P2PCall | None = None  # the point-to-point call it is inside, with its peer
+    # py-spy --locals: a frame's integer loop counters (``step``: 3), which iteration of the
+    # job's own loops it is in (capture/pyspy.py keeps only these)
+    counters: dict[Frame, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class StackView:
     frames: list[Frame] = field(default_factory=list)
     p2p: P2PCall | None = None
     thread: str | None = None  # not the main thread's: the thread that is in the collective
+    counters: dict[Frame, dict[str, int]] = field(default_factory=dict)  # as ThreadStack's
 
 
 def short_path(path: str) -> str:
@@ -128,8 +132,22 @@ def parse_pyspy(data: Any) -> list[ThreadStack]:
         is_main = name == "MainThread" or t.get("os_thread_id") == t.get("pid")
         threads.append(ThreadStack(name=name, frames=frames, thread_id=str(t.get("thread_id", "")),
                                    active=t.get("active"), is_main=bool(is_main),
-                                   p2p=_pyspy_p2p(raw)))
+                                   p2p=_pyspy_p2p(raw), counters=_counters(raw, frames)))
     return threads
+
+
+def _counters(raw: list[dict[str, Any]], frames: list[Frame]) -> dict[Frame, dict[str, int]]:
+    """The integer locals py-spy gave of the job's own frames (the capture keeps only its
+    loops' counters there)."""
+    out: dict[Frame, dict[str, int]] = {}
+    for f, fr in zip(raw, frames, strict=True):
+        if is_library_frame(fr) or not f.get("locals"):
+            continue
+        ints = {str(v.get("name")): int(r) for v in f["locals"] if isinstance(v, dict)
+                and (r := str(v.get("repr", ""))).isdigit()}
+        if ints:
+            out.setdefault(fr, ints)
+    return out
 
 
 def _pyspy_p2p(raw: list[dict[str, Any]]) -> P2PCall | None:
@@ -315,11 +333,12 @@ def view(thread: ThreadStack | None) -> StackView:
         p2p = thread.p2p if op in ("send", "recv") else None
         if p2p is None and op in ("send", "recv"):
             p2p = P2PCall(op, None)  # inside it, peer not visible (no --locals)
-        return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p)
+        return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p,
+                         counters=thread.counters)
     if thread.active is True:
         state = RankState.COMPUTING
     elif thread.active is False or _is_idle_wait(frames):
         state = RankState.IDLE
     else:
         state = RankState.UNKNOWN
-    return StackView(state, None, None, back, fn, site, frames)
+    return StackView(state, None, None, back, fn, site, frames, counters=thread.counters)

@@ -217,6 +217,26 @@ def test_a_rank_without_a_dump_gets_its_history_from_the_log(tmp_path: Path):
     assert hist[-1].thread == "python" and hist[-1].frames == [f"{JOB}:104:<module>"]
 
 
+def test_the_analysis_reads_an_aborted_ranks_history_from_its_log(tmp_path: Path):
+    """gloo aborted rank 1 before its recorder could be dumped (its saved copy is older than
+    its last collectives): the timeline has what its log kept, frames and counts with it."""
+    from moe_hang.analysis.timeline import timeline
+
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    torch = FakeTorch()
+    h = _history(layout.rank(1).posted, torch)
+    torch.ring = [_entry(i, frames=True) for i in range(5)]
+    h.last_gasp("abort")
+    ev = load_capture(layout.root)
+    r = ev.ranks[1]
+    r.fr, r.fr_saved = fr.FRDump(entries=[], pg_status={}), True  # saved before any entry
+    tl = timeline(r)
+    assert sorted(tl.by_pg["0"]) == [1, 2, 3, 4, 5]
+    assert all(c.frames for c in tl.by_pg["0"].values())
+    assert tl.enqueued["0"] == 5
+
+
 def test_a_summary_history_is_the_dump_and_before_it_the_log_bounded(tmp_path: Path):
     torch = FakeTorch()
     h = _history(tmp_path / "log", torch)

@@ -560,6 +560,29 @@ def test_stacks_alone_a_branch_of_every_rank_is_the_extra_a_subgroup_branch_is_n
     assert (d.rule, d.culprit_ranks) == ("desync from stacks", [lone]), d.summary
 
 
+@pytest.mark.parametrize("skipper, waiter", [(3, 2), (2, 3)])
+def test_stacks_alone_ranks_on_a_group_of_their_own_are_not_counted(
+        tmp_path: Path, skipper: int, waiter: int) -> None:
+    """Expert groups [0,1] and [2,3]: one rank skips its group's all-reduce and waits in the
+    barrier with the other group, whose members completed theirs; its partner waits alone
+    in the all-reduce. Three against one says nothing (the three are not at one collective
+    of one group): the ranks past the all-reduce are named, never the one waiting in it."""
+    job = tmp_path / "train.py"
+    job.write_text("import torch.distributed as dist\n"
+                   "def reduce(t):\n"
+                   "    dist.all_reduce(t, group=mine)  # line 3\n"
+                   "if rank != SKIP:\n"
+                   "    reduce(t)  # line 5\n"
+                   "dist.barrier()  # line 6\n")
+    ranks = [_stuck(r, _stack((TORCH, 9, "all_reduce"), (str(job), 3, "reduce"),
+                              (str(job), 5, "<module>")) if r == waiter
+                    else _stack((TORCH, 9, "barrier"), (str(job), 6, "<module>")))
+             for r in range(4)]
+    d = diagnose(_ev(*ranks))
+    assert d.verdict == "desync" and skipper in d.culprit_ranks, d.summary
+    assert waiter not in d.culprit_ranks and d.culprit_basis != "majority", d.summary
+
+
 def test_rule_ids_are_stable_and_the_docs_tables_are_the_codes() -> None:
     """Every rule has one id, the JSON carries it, and the README's and DESIGN's tables are
     the one table in the code (scripts/rule_table.py writes them)."""
