@@ -1,5 +1,5 @@
 """Where two ranks' sequences of collectives part, aligned the way ``diff`` aligns lines — by
-what they posted, not by their sequence numbers (docs/DESIGN.md §8.3). Pure, detection only:
+what they posted, not by their sequence numbers (docs/DESIGN.md §8.4). Pure, detection only:
 who deviated is :mod:`.ladder`'s to say.
 
 Up to a group's divergence every member posted the same collectives under the same sequence

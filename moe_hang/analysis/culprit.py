@@ -1,5 +1,5 @@
 """Who is to blame for each divergence: its readings (:mod:`.readings`), weighed by the one
-ladder (:func:`.ladder.decide`; docs/DESIGN.md §8.4). Never by rank number or dict order.
+ladder (:func:`.ladder.decide`; docs/DESIGN.md §8.5). Never by rank number or dict order.
 Pure."""
 
 from __future__ import annotations

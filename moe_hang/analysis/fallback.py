@@ -82,8 +82,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         # as the ranks at the earlier line do — a straggler
         return None
     # a camp the source puts on a group of its own may be at another position of another
-    # group than the rest (ranks past their own group's collective): counting ranks then
-    # says nothing
+    # group than the rest (ranks past their own group's collective, or a thread's group
+    # the others' main threads are not in): counting ranks across groups says nothing
     apart = any(on_default_group(views.source, cs.file, cs.line) is False
                 for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []

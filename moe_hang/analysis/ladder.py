@@ -1,4 +1,4 @@
-"""Who deviated: the one decision every divergence goes through (docs/DESIGN.md §8.4) — pure.
+"""Who deviated: the one decision every divergence goes through (docs/DESIGN.md §8.5) — pure.
 
 A divergence has *readings*: each says which ranks deviated from the program the others
 followed, and how (an edit: they skipped a block, posted an extra one, posted a different

@@ -20,8 +20,8 @@ def outside_collectives(f: Facts) -> list[int]:
     """Waiting ranks that are not inside a collective (idle in a sleep, a lock, a read).
     Where no rank's stack shows a collective, ranks idle inside the autograd engine wait in
     their backward's collectives (DDP's and FSDP's hooks post them there, on threads py-spy
-    does not show): the others are outside (fuzz seed 4071993 job 81: one rank deadlocked
-    on two locks before its forward, three idle in ``loss.backward()``)."""
+    does not show): the others are outside (a rank deadlocked on two locks before its
+    forward while the rest sit idle in ``loss.backward()``)."""
     out = sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
     back = [r for r in out if idle_in_backward(f.views[r].stack)]
     if len(out) == len(f.waiting) and 0 < len(back) < len(out):

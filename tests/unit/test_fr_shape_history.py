@@ -3,7 +3,7 @@ on the default group for 11 steps from one helper; then one rank posts 5×8 from
 site (tests/unit/fixtures/fr_real/make_dumps.py, ``shape_break_1`` and its mirror
 ``shape_break_0``; meta.json says what each plants). One rank against one, but not
 undecided: the op's history on the group says which rank broke the shape every rank had
-kept (docs/DESIGN.md §8.5, ``history``)."""
+kept (docs/DESIGN.md §8.3, §8.5, ``history``)."""
 
 from __future__ import annotations
 
