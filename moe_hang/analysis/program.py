@@ -263,9 +263,9 @@ def learn(views: RankViews, bounds: dict[str, int | None]) -> Program:
     for run in agreed_runs(views, bounds):
         p.learn(run)
         p.learn_period(run)
-    for r in views:  # across groups, in the order each rank posted its agreed collectives
-        agreed = [c for c in views.posting_order(r)
-                  if c.completed is not False
-                  and ((b := bounds.get(c.pg)) is None or c.seq < b)]
-        p.learn_order(agreed)
+    for r in views:  # across groups, in the order each thread of a rank posted them
+        for order in views.thread_orders(r):
+            agreed = [c for c in order if c.completed is not False
+                      and ((b := bounds.get(c.pg)) is None or c.seq < b)]
+            p.learn_order(agreed)
     return p

@@ -150,10 +150,11 @@ def extra_reading(waiting: Collective, waiters: Sequence[int], absent: Sequence[
 
 
 def before(r: int, c: Collective | None, views: RankViews) -> Collective | None:
-    """What rank ``r`` posted right before ``c``, on any group (its posting order)."""
+    """What rank ``r`` posted right before ``c``, on any group (the posting order of the
+    thread that posted it)."""
     if c is None:
         return None
-    order = views.posting_order(r)
+    order = views.order_with(r, c)
     i = next((j for j, x in enumerate(order) if (x.pg, x.seq) == (c.pg, c.seq)), None)
     return order[i - 1] if i else None
 
@@ -166,12 +167,15 @@ def posted_past(r: int, waiting: Collective, views: RankViews) -> bool | None:
     after: set[PostingKey] = set()
     before: set[PostingKey] = set()
     for q in views:
-        order = views.posting_keys(q)
-        if x in order:
-            i = order.index(x)
-            before.update(order[:i])
-            after.update(order[i + 1:])
-    mine = views.posting_keys(r)
+        for thread in views.thread_orders(q):
+            order = [posting_key(c) for c in thread]
+            if x in order:
+                i = order.index(x)
+                before.update(order[:i])
+                after.update(order[i + 1:])
+    # its thread that posts on that group (its whole order where threads are not known)
+    mine = next(([posting_key(c) for c in t] for t in views.thread_orders(r)
+                 if any(c.pg == waiting.pg for c in t)), views.posting_keys(r))
     if not mine or x in mine:
         return None
     if any(y in after and y not in before for y in mine):
@@ -199,9 +203,11 @@ def _order_of(r: int, views: RankViews, x: tuple[str, int], y: tuple[str, int]
               ) -> bool | None:
     """Did the rank post x before y (its posting order: record ids, else creation times)?
     None: it did not post both."""
-    at = {(c.pg, c.seq): i for i, c in enumerate(views.posting_order(r))
-          if (c.pg, c.seq) in (x, y)}
-    return at[x] < at[y] if len(at) == 2 else None
+    for order in views.thread_orders(r):  # two threads' collectives have no order
+        at = {(c.pg, c.seq): i for i, c in enumerate(order) if (c.pg, c.seq) in (x, y)}
+        if len(at) == 2:
+            return at[x] < at[y]
+    return None
 
 
 def _shape(c: Collective) -> tuple[object, ...]:
@@ -219,9 +225,10 @@ def _followers(views: RankViews) -> Followers:
         return cast(Followers, memo)
     out: Followers = {}
     for r in views:
-        done = [c for c in views.posting_order(r) if c.completed is True]
-        for a, b in pairwise(done):
-            out.setdefault(_shape(a), set()).add(_shape(b))
+        for order in views.thread_orders(r):
+            done = [c for c in order if c.completed is True]
+            for a, b in pairwise(done):
+                out.setdefault(_shape(a), set()).add(_shape(b))
     views.memo[("followers",)] = out
     return out
 
@@ -230,7 +237,7 @@ def _keeps_history(r: int, views: RankViews, first: Collective,
                    follow: Followers) -> bool | None:
     """Does the collective the rank posted first of the two follow the one it posted before
     it the way earlier steps did? None: no history for that one."""
-    seq = views.posting_order(r)
+    seq = views.order_with(r, first)
     i = next((j for j, c in enumerate(seq) if (c.pg, c.seq) == (first.pg, first.seq)), None)
     if not i:
         return None

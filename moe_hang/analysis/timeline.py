@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
@@ -207,6 +208,31 @@ class RankViews(dict[int, RankView]):
         if got is None:
             got = self._order[r] = _posting_order(self[r])
         return got
+
+    def thread_orders(self, r: int) -> list[list[Collective]]:
+        """``r``'s posting order split by the thread that posted (the recorder's thread ids):
+        two threads post independently, so only one thread's order says what followed what.
+        One list where a collective's thread is not known."""
+        memo = self.memo.get(("threads", r))
+        if memo is None:
+            order = self.posting_order(r)
+            if not order or any(c.thread_id is None for c in order):
+                memo = [order] if order else []
+            else:
+                split: dict[str, list[Collective]] = {}
+                for c in order:
+                    split.setdefault(c.thread_id or "", []).append(c)
+                memo = list(split.values())
+            self.memo[("threads", r)] = memo
+        return cast(list[list[Collective]], memo)
+
+    def order_with(self, r: int, c: Collective) -> list[Collective]:
+        """The posting order of the thread of ``r`` that posted ``c`` (its whole order where
+        threads are not known)."""
+        for order in self.thread_orders(r):
+            if any((x.pg, x.seq) == (c.pg, c.seq) for x in order):
+                return order
+        return self.posting_order(r)
 
     def posting_keys(self, r: int) -> list[PostingKey]:
         got = self._keys.get(r)

@@ -155,3 +155,38 @@ def test_with_a_recorder_the_short_history_names_the_rank_that_left_early(early)
     d = diagnose(captured(ev))
     assert (d.verdict, d.culprit_ranks, d.culprit_basis) == (
         "desync", [early], "program_order"), d.summary
+
+
+def test_two_threads_post_independently_only_one_threads_order_is_learned():
+    """A rank's main thread posts all-reduces on the default group while a metrics thread
+    posts on a group of its own: in record order they interleave differently every step
+    (the threads race), so only each thread's own order says what follows what."""
+    from moe_hang.analysis.facts import facts
+    from moe_hang.analysis.readings import before
+
+    def rank(r: int) -> RankEvidence:
+        entries, rid = [], 0
+        for step in range(4):
+            # the race: the metrics thread's collective lands before or after the main one's
+            pair = [("0", step + 1, "all_reduce", "main"), ("2", step + 1, "all_reduce", "log")]
+            if (step + r) % 2:
+                pair.reverse()
+            for pg, seq, op, tid in pair:
+                rid += 1
+                entries.append(Collective(pg=pg, seq=seq, op=op, input_sizes=[[4]],
+                                          dtypes=["Float"], record_id=rid, completed=True,
+                                          time_created_ns=rid, thread_id=tid))
+        fr = FRDump(entries=entries, pg_status={"0": PgStatus(4, 4), "2": PgStatus(4, 4)})
+        return RankEvidence(rank=r, alive=True, progressed=False, fr=fr)
+
+    f = facts(Evidence(ranks={0: rank(0), 1: rank(1)}, world_size=2, job=JobState.STALLED))
+    orders = f.views.thread_orders(0)
+    assert sorted({c.pg for c in t} == {"0"} or {c.pg for c in t} == {"2"}
+                  for t in orders) == [True, True]
+    main_last = f.views[0].tl.by_pg["0"][4]
+    prev = before(0, main_last, f.views)
+    assert prev is not None and (prev.pg, prev.seq) == ("0", 3)
+    # across groups, only a thread's own succession is learned: main -> metrics never
+    # followed (in record order it did, every other step)
+    assert f.program.follows(f.views[0].tl.by_pg["0"][3], f.views[0].tl.by_pg["2"][4],
+                             posted=True) is False
