@@ -1,7 +1,7 @@
-"""Measure what the counters say (docs/DESIGN.md §9, README "How moving is decided"): real
-torchrun jobs (tests/e2e/jobs/chatty.py, gloo) healthy, hung and slow, each rank read over a
-plain window (no py-spy) and over ``diagnose``'s own window (capture.window.sample_window: four
-py-spy samples 0.25 s apart), as rates per second.
+"""Measure what the counters say (docs/DESIGN.md §9, docs/reference.md "How moving is
+decided"): real torchrun jobs (tests/e2e/jobs/chatty.py, gloo) healthy, hung and slow, each rank
+read over a plain window (no py-spy) and over ``diagnose``'s own window
+(capture.window.sample_window: four py-spy samples 0.25 s apart), as rates per second.
 
     python scripts/activity_table.py                      # 2 ranks, every mode
     python scripts/activity_table.py --nproc 8 --modes healthy,stop
