@@ -50,6 +50,9 @@ def signature(c: Collective) -> Key:
     return (c.op, sizes, tuple(c.dtypes))
 
 
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
+
+
 def coarse_key(c: Collective) -> Key:
     return (group_kind(c), *signature(c))
 
@@ -196,6 +199,8 @@ class Program:
         nothing learned after ``prev`` (no history there, or it never was a regular step)."""
         if prev is None or nxt is None:
             return None
+        if prev.op in P2P_OPS or nxt.op in P2P_OPS:
+            return None  # the program is learned from collectives: it never saw a send/recv
         within = prev.pg == nxt.pg and not posted
         where = "within" if within else "across"
         fine = self.follows_fine if within else self.across_fine
