@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
+from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import Blame, blame_cycle, condition_on, cycle_inversion
 from moe_hang.analysis.diagnosis import (
@@ -58,10 +59,14 @@ def cycle(f: Facts) -> Conclusion:
     # went ahead with may be the ones the cycle passes through)
     redirected = _redirected(f)
     moved = sorted({w.rank for w in redirected})
-    b = _aligned(f, cyc) or blame_cycle(cyc, f.ctx, moved)
+    # a redirected call is the cycle's own reading: no group's extra explains it first
+    aligned = _aligned(f, cyc, absent=not redirected)
+    b = aligned[1] if aligned is not None else blame_cycle(cyc, f.ctx, moved)
     culprits = set(b.culprits)
     for other in f.wait_cycles[1:]:
-        culprits |= set((_aligned(f, other) or blame_cycle(other, f.ctx, moved)).culprits)
+        more = _aligned(f, other, absent=not redirected)
+        culprits |= set((more[1] if more is not None else
+                         blame_cycle(other, f.ctx, moved)).culprits)
     if b.reading is None or b.reading.edit != Edit.GROUP:
         redirected = []
     p2p_only = all(e.coll is None for e in cyc)
@@ -120,6 +125,15 @@ def cycle(f: Facts) -> Conclusion:
                           f.views.source).text
     elif cond := _cycle_condition(cyc, culprits, f):
         text = cond.text
+    elif aligned is not None and aligned[1].reading is not None \
+            and aligned[1].reading.edit == Edit.EXTRA and aligned[0].absent:
+        g = aligned[0]
+        extra = next(iter(g.have.values()))
+        at = f" at {site_str(f.views[min(g.have)].site)}" if f.views[min(g.have)].site else ""
+        text = (f"{who(sorted(culprits)).capitalize()} posted {extra.op} "
+                f"{pg_label(extra.pg, extra.pg_desc)}#{extra.seq}{at}, which "
+                f"{who(sorted(g.absent))} never post: remove it there, or make every rank "
+                "of that group post it as often.")
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
@@ -129,9 +143,11 @@ def cycle(f: Facts) -> Conclusion:
                 "order.")
     on_cycle = [g for g in f.divs if any(e.coll is not None and e.coll.pg == g.div.pg
                                           for e in cyc)]
-    # show the group that a culprit skipped (not the one it is held up in)
-    div = next((g.div for g in on_cycle if set(g.absent) & culprits),
-               on_cycle[0].div if on_cycle else None)
+    # show the divergence the cycle came from; else the group that a culprit skipped (not
+    # the one it is held up in)
+    div = aligned[0].div if aligned is not None else next(
+        (g.div for g in on_cycle if set(g.absent) & culprits),
+        on_cycle[0].div if on_cycle else None)
     if redirected:  # show the group it was meant for, where the others wait for it
         kind = redirected[0].meant_desc or redirected[0].meant
         div = next((g.div for g in f.divs if set(g.absent) & culprits
@@ -139,15 +155,23 @@ def cycle(f: Facts) -> Conclusion:
     return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
 
 
-def _aligned(f: Facts, cyc: list[Edge]) -> Blame | None:
+def _aligned(f: Facts, cyc: list[Edge], absent: bool = True
+             ) -> tuple[GroupDivergence, Blame] | None:
     """Where a group on the cycle diverged before it — its members' histories part at a
     block, or at one seq, and the ladder read who deviated there — that is the cause the
     cycle came from (an extra all-reduce paired silently, and the ranks met again in a send
     and the next all-reduce)."""
     groups = {e.coll.pg for e in cyc if e.coll is not None}
-    found = [(g, b) for g, b in f.causal() if g.div.pg in groups and not g.absent
+    # a member absent: a cause only where the absent ranks' thread for that group has
+    # ended (they will never post it) and the ladder read an extra — else they may be held
+    # up before it, by the cycle itself
+    found = [(g, b) for g, b in f.causal() if g.div.pg in groups
+             and (not g.absent or (absent and b.reading is not None
+                                   and b.reading.edit == Edit.EXTRA
+                                   and all(f.views.poster_ended(a, g.div.pg)
+                                           for a in g.absent)))
              and b.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE)]
-    return found[0][1] if found else None
+    return found[0] if found else None
 
 
 def _inverted(f: Facts, cyc: list[Edge], inv: Inversion, verdict: Verdict,

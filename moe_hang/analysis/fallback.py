@@ -84,7 +84,10 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # a camp the source puts on a group of its own may be at another position of another
     # group than the rest (ranks past their own group's collective, or a thread's group
     # the others' main threads are not in): counting ranks across groups says nothing
+    # — unless the camp is a thread of the job's whose namesake on every other rank has
+    # ended: those ranks will never post it, so it is one collective they all lack
     apart = any(on_default_group(views.source, cs.file, cs.line) is False
+                and not _thread_gone_elsewhere(views, rs, sorted(ops))
                 for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []
     for x in camp_readings("?", None, list(camps.values()), {}, views):
@@ -103,6 +106,18 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _thread_gone_elsewhere(views: RankViews, camp: list[int], ranks: list[int]) -> bool:
+    """The camp waits in a named thread of its own (a metrics thread) and no other rank has
+    a thread of that name any more: theirs ended."""
+    name = views[camp[0]].stack.thread
+    if not name or any(views[r].stack.thread != name for r in camp):
+        return False
+    others = [r for r in ranks if r not in camp]
+    return bool(others) and all(
+        views[r].ev.threads and not any(t.name == name for t in views[r].ev.threads or [])
+        for r in others)
 
 
 def _branch_of_all(x: Reading, camps: dict[object, list[int]], ctx: Context) -> bool | None:

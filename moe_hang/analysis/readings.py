@@ -122,15 +122,20 @@ def absent_readings(waiting: Collective, waiters: Sequence[int], absent: int,
     now = v.current if v.current is not None and v.current is not waiting else None
     mine_at, theirs_at = tuple(v.position), at(waiting, views[waiters[0]])
     past = posted_past(absent, waiting, views)
+    ended = views.poster_ended(absent, waiting.pg)
     skip = Reading((absent,), tuple(waiters), Edit.SKIP, mine=now, theirs=waiting,
                    prev=before(absent, now, views), block=(waiting,),
                    prev_theirs=before(waiters[0], waiting, views), posted_order=True,
                    at_mine=mine_at, at_theirs=theirs_at,
                    given={CulpritBasis.HISTORY: True} if past is True else
+                   # its thread for that group ended: that one more was never part of its
+                   # run is what the steps cannot tell (a loop over a queue ends when it ends)
+                   {CulpritBasis.HISTORY: None, CulpritBasis.MAJORITY: None} if ended else
                    {CulpritBasis.MAJORITY: None})
     behind = Reading((absent,), tuple(waiters), Edit.BEHIND, mine=now, theirs=waiting,
                      at_mine=mine_at, at_theirs=theirs_at,
-                     given={CulpritBasis.HISTORY: True if past is False else None})
+                     given={CulpritBasis.HISTORY: False if ended else
+                            True if past is False else None})
     return [skip, behind]
 
 
@@ -141,12 +146,18 @@ def extra_reading(waiting: Collective, waiters: Sequence[int], absent: Sequence[
     not known (where they are is not what they would post here), and a collective no step
     posted before may as well be the next phase of the program (the barrier after the
     training loop)."""
+    # where every absent rank's thread for that group has ended, none will post it: the
+    # ranks that did are counted against those that never will
+    ended = bool(absent) and all(views.poster_ended(a, waiting.pg) for a in absent)
+    given: dict[CulpritBasis, bool | None] = {CulpritBasis.HISTORY: None,
+                                              CulpritBasis.PROGRAM_ORDER: None}
+    if not ended:
+        given[CulpritBasis.MAJORITY] = None
     return Reading(tuple(sorted(waiters)), tuple(sorted(absent)), Edit.EXTRA, mine=waiting,
                    block=(waiting,), prev=prev_of(waiting.pg, waiting.seq, waiters, views),
                    at_mine=at(waiting, views[waiters[0]]),
                    at_theirs=tuple(views[absent[0]].position) if absent else (),
-                   given={CulpritBasis.HISTORY: None, CulpritBasis.MAJORITY: None,
-                          CulpritBasis.PROGRAM_ORDER: None})
+                   given=given)
 
 
 def before(r: int, c: Collective | None, views: RankViews) -> Collective | None:

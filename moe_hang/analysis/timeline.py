@@ -188,6 +188,15 @@ def _posting_order(v: RankView) -> list[Collective]:
     return []
 
 
+def _thread_number(tid: str) -> int | None:
+    """A thread id as the recorder (decimal), py-spy (decimal) or faulthandler (hex) write
+    it: the same pthread id."""
+    try:
+        return int(tid, 0)
+    except ValueError:
+        return None
+
+
 class RankViews(dict[int, RankView]):
     """Every rank's view for one diagnosis, and what is worked out once from all of them —
     on thousands of ranks the same is asked once per wait-for edge or cycle: each rank's
@@ -233,6 +242,20 @@ class RankViews(dict[int, RankView]):
             if any((x.pg, x.seq) == (c.pg, c.seq) for x in order):
                 return order
         return self.posting_order(r)
+
+    def poster_ended(self, r: int, pg: str) -> bool:
+        """The one thread of ``r`` that posted on ``pg`` (the recorder's thread ids) is no
+        longer among its threads (its stack at capture): that thread's collectives there are
+        all it will ever post — it is not held up before the next one."""
+        v = self.get(r)
+        if v is None or not v.ev.threads:
+            return False
+        ids = {c.thread_id for c in v.tl.by_pg.get(pg, {}).values() if c.thread_id}
+        if len(ids) != 1:
+            return False
+        live = {_thread_number(t.thread_id) for t in v.ev.threads}
+        poster = _thread_number(next(iter(ids)))
+        return poster is not None and None not in live and poster not in live
 
     def posting_keys(self, r: int) -> list[PostingKey]:
         got = self._keys.get(r)
