@@ -21,7 +21,7 @@ from typing import cast
 from moe_hang.analysis.blocks import Block
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.ladder import Edit, Reading
-from moe_hang.analysis.program import Program
+from moe_hang.analysis.program import P2P_OPS, Program
 from moe_hang.analysis.timeline import (
     PostingKey,
     RankView,
@@ -122,6 +122,10 @@ def absent_readings(waiting: Collective, waiters: Sequence[int], absent: int,
     now = v.current if v.current is not None and v.current is not waiting else None
     mine_at, theirs_at = tuple(v.position), at(waiting, views[waiters[0]])
     past = posted_past(absent, waiting, views)
+    if past is False and v.stack.op in P2P_OPS and (now is None or now.op != v.stack.op):
+        # it is in a send/recv its recorder keeps no entry of (gloo's): it went on past the
+        # last collective the recorder shows, so that one says nothing of where it is
+        past = None
     ended = views.poster_ended(absent, waiting.pg)
     skip = Reading((absent,), tuple(waiters), Edit.SKIP, mine=now, theirs=waiting,
                    prev=before(absent, now, views), block=(waiting,),

@@ -439,24 +439,13 @@ def _run_diagnose(case: Case, job: Path, env: dict[str, str], work: Path, out_di
         res.argv = [*moe_hang_argv(), "diagnose", str(job_proc.pid), "--json", "--out",
                     str(out_dir)]
         job_tree = {job_proc.pid, *(c.pid for c in _children(job_proc.pid))}
-        with open(res.stdout_path, "wb") as out, open(res.stderr_path, "wb") as errf:
-            tool = subprocess.Popen(res.argv, stdout=out, stderr=errf,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
-                                    start_new_session=True)
-            pgids.append(tool.pid)
-            try:
-                res.exit_code = tool.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                res.timed_out = True
-                res.error = f"diagnose timed out (case limit {case.timeout_s:.0f} s)"
-                return
+        if not _run_tool(res, env, pgids, max(1.0, deadline - time.monotonic()),
+                         f"diagnose timed out (case limit {case.timeout_s:.0f} s)"):
+            return
         time.sleep(0.5)
         res.tool_leaked = describe([p for p in tagged(run_id) if p.pid not in job_tree
                                     and not _descends(p, job_tree)])
-        res.diagnosis, err_text = _read_json(Path(res.stdout_path), out_dir)
-        if res.diagnosis is None:
-            res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
-                Path(res.stderr_path).read_text(errors="replace")[-400:]
+        _read_result(res, out_dir)
     finally:
         with contextlib.suppress(OSError):
             job_proc.kill()
@@ -473,6 +462,29 @@ FR_SETTLE_S = 30.0
 
 def _dumped(dumps: Path, form: str) -> list[Path]:
     return sorted((dumps / form).glob("comm_lib_trace_rank_*"))
+
+
+def _run_tool(res: CaseResult, env: dict[str, str], pgids: list[int], limit: float,
+              late: str) -> bool:
+    """``res.argv`` in a session of its own, its output to the result's files, bounded by
+    ``limit`` seconds (False, and ``late`` as the error, where it ran past)."""
+    with open(res.stdout_path, "wb") as out, open(res.stderr_path, "wb") as errf:
+        tool = subprocess.Popen(res.argv, stdout=out, stderr=errf, stdin=subprocess.DEVNULL,
+                                env=env, cwd=ROOT, start_new_session=True)
+        pgids.append(tool.pid)
+        try:
+            res.exit_code = tool.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            res.timed_out, res.error = True, late
+            return False
+    return True
+
+
+def _read_result(res: CaseResult, base: Path) -> None:
+    res.diagnosis, err_text = _read_json(Path(res.stdout_path), base)
+    if res.diagnosis is None:
+        res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
+            Path(res.stderr_path).read_text(errors="replace")[-400:]
 
 
 def _run_analyze(case: Case, job: Path, env: dict[str, str], work: Path, res: CaseResult,
@@ -505,22 +517,11 @@ def _run_analyze(case: Case, job: Path, env: dict[str, str], work: Path, res: Ca
             job_proc.kill()
         kill_run(run_id, pgids)
         res.argv = [*moe_hang_argv(), "analyze", "--json", str(dumps / case.form)]
-        with open(res.stdout_path, "wb") as out, open(res.stderr_path, "wb") as errf:
-            tool = subprocess.Popen(res.argv, stdout=out, stderr=errf,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
-                                    start_new_session=True)
-            pgids.append(tool.pid)
-            try:
-                res.exit_code = tool.wait(timeout=max(5.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                res.timed_out = True
-                res.error = f"analyze timed out (case limit {case.timeout_s:.0f} s)"
-                return
+        if not _run_tool(res, env, pgids, max(5.0, deadline - time.monotonic()),
+                         f"analyze timed out (case limit {case.timeout_s:.0f} s)"):
+            return
         res.tool_leaked = describe(wait_gone(run_id, 5.0))
-        res.diagnosis, err_text = _read_json(Path(res.stdout_path), work)
-        if res.diagnosis is None:
-            res.error = f"exit {res.exit_code}: {err_text}; stderr: " + \
-                Path(res.stderr_path).read_text(errors="replace")[-400:]
+        _read_result(res, work)
     finally:
         with contextlib.suppress(OSError):
             job_proc.kill()

@@ -57,3 +57,49 @@ def test_a_stage_past_the_send_it_owed_is_named_not_the_one_in_the_recv(tmp_path
     ev = Evidence(ranks={0: rank(0), 1: rank(1)}, world_size=2, job=JobState.STALLED)
     d = diagnose(captured(ev))
     assert d.culprit_ranks == [sender], d.summary
+
+
+SKIP_JOB = """import torch.distributed as dist
+for step in range(5):
+    if RANK == RECEIVER:
+        dist.recv(x, SENDER)  # line 4
+    h = stage(x)
+    if RANK == SENDER:
+        dist.send(h, RECEIVER)  # line 7
+    dist.all_reduce(stats)  # line 8
+    if not (FAULTY and step == 3):
+        dist.broadcast(stop, 0)  # line 10
+"""
+
+
+@pytest.mark.parametrize("sender", [0, 1])
+def test_a_stage_in_a_send_is_past_its_last_recorded_collective(tmp_path, sender):
+    """The sender skipped the step's broadcast and waits in the next step's send: its
+    recorder's last entry (the all-reduce) is older than where it is, so it is not "behind"
+    the broadcast its peer waits in — it skipped it."""
+    job = tmp_path / "pipe.py"
+    job.write_text(SKIP_JOB)
+    receiver = 1 - sender
+
+    def rank(r: int) -> RankEvidence:
+        ops = ["all_reduce", "broadcast"] * 3 + ["all_reduce"]
+        entries = [Collective(pg="0", seq=s, op=op, input_sizes=[[4]], dtypes=["Float"],
+                              record_id=s, time_created_ns=s, completed=True)
+                   for s, op in enumerate(ops, start=1)]
+        if r == receiver:
+            entries.append(Collective(pg="0", seq=8, op="broadcast", input_sizes=[[4]],
+                                      dtypes=["Float"], record_id=8, time_created_ns=8,
+                                      completed=False))
+            frames = [Frame(TORCH, 9, "broadcast"), Frame(str(job), 10, "<module>")]
+            p2p = None
+        else:
+            frames = [Frame(TORCH, 9, "send"), Frame(str(job), 7, "<module>")]
+            p2p = P2PCall("send", receiver)
+        fr = FRDump(entries=entries, pg_status={"0": PgStatus(len(entries), 7)},
+                    pg_ranks={"0": (0, 1)}, backend="gloo")
+        return RankEvidence(rank=r, alive=True, progressed=False, fr=fr, threads=[
+            ThreadStack("MainThread", frames, is_main=True, p2p=p2p)])
+
+    ev = Evidence(ranks={0: rank(0), 1: rank(1)}, world_size=2, job=JobState.STALLED)
+    d = diagnose(captured(ev))
+    assert d.culprit_ranks == [sender], d.summary
