@@ -198,13 +198,19 @@ def test_the_reader_skips_a_torn_last_line_and_notes_garbage():
     assert parse_posted_log(b"\x00\xff garbage").notes == []  # only a torn "last line"
 
 
-def test_a_rank_without_a_dump_gets_its_history_from_the_log(tmp_path: Path):
+def _aborted_rank_1(tmp_path: Path) -> RunLayout:
+    """A run directory whose rank 1 posted five collectives and was aborted: only its log."""
     layout = RunLayout(tmp_path / "run")
     layout.ranks_dir.mkdir(parents=True)
     torch = FakeTorch()
     h = _history(layout.rank(1).posted, torch)
     torch.ring = [_entry(i, frames=True) for i in range(5)]
     h.last_gasp("abort")
+    return layout
+
+
+def test_a_rank_without_a_dump_gets_its_history_from_the_log(tmp_path: Path):
+    layout = _aborted_rank_1(tmp_path)
     (layout.rank(2).posted).write_bytes(b"\x00garbage\nmore garbage\n")
     ev = load_capture(layout.root)
     assert [c.seq for c in ev.ranks[1].posted_log] == [1, 2, 3, 4, 5]
@@ -222,13 +228,7 @@ def test_the_analysis_reads_an_aborted_ranks_history_from_its_log(tmp_path: Path
     its last collectives): the timeline has what its log kept, frames and counts with it."""
     from moe_hang.analysis.timeline import timeline
 
-    layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
-    torch = FakeTorch()
-    h = _history(layout.rank(1).posted, torch)
-    torch.ring = [_entry(i, frames=True) for i in range(5)]
-    h.last_gasp("abort")
-    ev = load_capture(layout.root)
+    ev = load_capture(_aborted_rank_1(tmp_path).root)
     r = ev.ranks[1]
     r.fr, r.fr_saved = fr.FRDump(entries=[], pg_status={}), True  # saved before any entry
     tl = timeline(r)
