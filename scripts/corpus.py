@@ -106,10 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--rescore", metavar="REPORT",
                     help="score the runs saved in a --json report again (runs nothing)")
+    ap.add_argument("--rediagnose", action="store_true",
+                    help="with --rescore: analyse each run's saved evidence again with this "
+                         "code first (the jobs are not run again)")
     args = ap.parse_args(argv)
+    if args.rediagnose and not args.rescore:
+        ap.error("--rediagnose needs --rescore REPORT")
     if args.rescore:
         again = harness.rescore(json.loads(Path(args.rescore).read_text()),
-                                args.require_basis)
+                                args.require_basis, args.rediagnose)
         print(table(again))
         if args.json:
             _out(args.json).write_text(json.dumps(

@@ -129,6 +129,14 @@ def advise_size(s: Situation) -> Advice:
             "moe_hang.VarlenDispatch does this, with the gradient anchor.",
             "from moe_hang import VarlenDispatch\n"
             "y_TD = VarlenDispatch(ep_group)(x_TD, weights_TK, experts_TK, local_experts)")
+    lines = {(c.callsite.file, c.callsite.line) for c in s.div.per_rank.values()
+             if c is not None and c.callsite is not None}
+    if len(lines) > 1 and s.culprits and \
+            s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE):
+        # posted from two lines: two different collectives that met at one seq (a rank
+        # that left the loop, an extra), not one collective given two shapes
+        return advise_order(s)
+
     def shape(c: RankCollective) -> str:
         return fmt_shape(c.input_sizes) or ("?" if c.source == "stack" else "scalar")
 

@@ -99,11 +99,19 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
     and got past: a tree broadcast lets its root's direct children go on while the others
     wait for a rank that never came, a rank idle on a lock)."""
     never = {(g.div.pg, g.div.seq) for g in divs if g.div.kind != MismatchKind.MISSING}
+    # where another divergence's ranks were read as the ones that deviated: the others
+    # there wait for them (or waited, until a timeout ended them)
+    owed = {(g.div.pg, g.div.seq): set(b.culprits) for g, b in zip(divs, blames, strict=True)
+            if b.causal and b.basis != CulpritBasis.AMBIGUOUS and b.culprits}
 
     def held_up(a: int, present: Iterable[int]) -> bool:
         c = views[a].current
-        if views[a].state != RankState.IN_COLLECTIVE or c is None:
+        # in a collective, or ended (a timeout raised) in one it never completed
+        if c is None or views[a].state not in (RankState.IN_COLLECTIVE, RankState.EXITED) \
+                or (views[a].state == RankState.EXITED and c.completed is not False):
             return False
+        if (c.pg, c.seq) in owed and a not in owed[(c.pg, c.seq)]:
+            return True
         return (c.pg, c.seq) in never or (c.completed is False and any(
             p in views and views[p].tl.completed.get(c.pg, -1) >= c.seq for p in present))
 

@@ -11,9 +11,9 @@ from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, 
 from moe_hang.analysis.ladder import (
     Context,
     Reading,
-    counters,
     decide,
     position_order,
+    progress,
     source,
 )
 from moe_hang.analysis.readings import camp_readings
@@ -71,8 +71,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         return tuple(views[camps[k][0]].user_frames_outer_first())
 
     behind = [k for k in camps if all(position_order(ctx, where(k), where(o),
-                                                     counters(views, camps[k]),
-                                                     counters(views, camps[o])) is False
+                                                     progress(views, camps[k]),
+                                                     progress(views, camps[o])) is False
                                       for o in camps if o != k)]
     if elsewhere and not _on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):

@@ -198,16 +198,57 @@ def source(r: Reading, ctx: Context) -> bool | None:
         return True  # only the culprits take the branch their collective is in
     if other_took and not took:
         return False
+    # a branch that leaves ranks out (``if rank != 3``, ``if not (rank == r and ...)``)
+    # around one side's collective, none around the other's: the side at the collective
+    # every rank posts is the one left out of the other
+    if cond_mine is None and cond_theirs is not None and excludes_ranks(cond_theirs):
+        return True
+    if cond_theirs is None and cond_mine is not None and excludes_ranks(cond_mine):
+        return False
     return None
 
 
 Counters = Mapping[Frame, Mapping[str, int]]
+Posts = Mapping[tuple[str, int], Mapping[str, int]]
 
 
-def counters(views: RankViews, ranks: Sequence[int]) -> Counters:
-    """The first of ``ranks``' loop counters (its camp's: one line, one iteration)."""
+@dataclass(frozen=True)
+class Progress:
+    """How far one camp has got round its loops: py-spy's integer loop counters per frame,
+    and the latest seq its recorder holds posted from each line of the job."""
+
+    counters: Counters = field(default_factory=dict)
+    posts: Posts = field(default_factory=dict)
+
+
+def progress(views: RankViews, ranks: Sequence[int]) -> Progress:
+    """The first of ``ranks``' progress (its camp's: one line, one iteration)."""
     v = views.get(ranks[0]) if ranks else None
-    return v.stack.counters if v is not None else {}
+    if v is None:
+        return Progress()
+    return Progress(v.stack.counters, views.latest_posts(ranks[0]))
+
+
+def _lapped(calls: Sequence[int], file: str, first: int, later: int, p_later: Posts,
+            p_first: Posts) -> bool | None:
+    """From what the recorders hold: is the rank at the loop's earlier line a lap on (True)
+    or in the rank at the later line's iteration (False)? Every line of the loop both posted
+    from votes: in one iteration the later rank alone has posted from the lines up to its
+    own since, and neither from the rest; a lap on, the earlier rank alone has posted from
+    the rest, and both as often from the lines between. The edit (what one of them skipped)
+    spoils a vote or two; None where the votes tie."""
+    same = lap = 0
+    for c in sorted(set(calls) | {later}):
+        a, b = p_later.get((file, c), {}), p_first.get((file, c), {})
+        for g in a.keys() & b.keys():
+            if c == first:
+                continue  # the edit's own line: what it says depends on the edit
+            ahead, level, behind = a[g] > b[g], a[g] == b[g], a[g] < b[g]
+            if first < c <= later:
+                same, lap = same + ahead, lap + level
+            else:
+                same, lap = same + level, lap + behind
+    return None if same == lap else lap > same
 
 
 def _iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
@@ -236,7 +277,7 @@ def _same_iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Co
 
 
 def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
-                   ca: Counters | None = None, cb: Counters | None = None) -> bool | None:
+                   pa: Progress | None = None, pb: Progress | None = None) -> bool | None:
     """Is ``fa`` (user frames outermost first) further along than ``fb``: at the deepest
     frame both share, the later statement. Where a loop repeats both lines (a loop holding
     them, or one around a frame they share), either may be ahead: the later line within one
@@ -246,7 +287,8 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
     complete, so a rank that lapped the other skipped every one on its way); None where
     they tie or nothing is known."""
     src = ctx.views.source
-    ca, cb = ca or {}, cb or {}
+    pa, pb = pa or Progress(), pb or Progress()
+    ca, cb = pa.counters, pb.counters
     repeated = False
     for x, y in zip(fa, fb, strict=False):
         if (x.file, x.function) != (y.file, y.function):
@@ -270,6 +312,11 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
                 return it
             if _same_iteration(region.header, x, y, ca, cb):
                 return x_later  # one iteration of the loop holding both: the later line
+            first, later = (y.line, x.line) if x_later else (x.line, y.line)
+            p_later, p_first = (pa.posts, pb.posts) if x_later else (pb.posts, pa.posts)
+            lapped = _lapped(region.calls, x.file, first, later, p_later, p_first)
+            if lapped is not None:
+                return x_later != lapped
         if region is None and not repeated:
             return x_later  # within one run of this code: the later line is ahead
         if region is None:
@@ -294,7 +341,7 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
     if r.edit in (Edit.EXTRA, Edit.SWAP, Edit.GROUP):
         return None
     fb = [f for f in r.at_theirs if not is_library_frame(f)]
-    ca, cb = counters(ctx.views, r.culprits), counters(ctx.views, r.others)
+    ca, cb = progress(ctx.views, r.culprits), progress(ctx.views, r.others)
     answers = []
     for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
         fa = [f for f in at_mine if not is_library_frame(f)]

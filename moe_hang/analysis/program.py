@@ -114,7 +114,11 @@ class Program:
                 break
             tail.append(c)
         tail.reverse()
-        if len(tail) <= len(self.runs.get(pg, [])):
+        # the longest; of two as long (one agreed run, every member's), the one whose
+        # recorder kept the most paths: the same run, read closer
+        kept = self.runs.get(pg, [])
+        if (len(tail), sum(map(bool, map(fine_key, tail)))) <= \
+                (len(kept), sum(map(bool, map(fine_key, kept)))):
             return
         self.runs[pg] = tail
         keys = [same_key(c) for c in tail]
@@ -207,8 +211,12 @@ class Program:
         coarse = self.follows_coarse if within else self.across_coarse
         fp, fn = fine_key(prev), fine_key(nxt)
         if fp is not None and fn is not None and fp in fine:
-            return True if fn in fine[fp] else (
-                False if self.seen_after.get((where, fp), 0) > 1 else None)
+            if fn in fine[fp]:
+                return True
+            if self.seen_after.get((where, fp), 0) > 1:
+                return False
+            # its path seen followed once (the ranks whose recorder kept frames): their
+            # shapes may have been seen more often, by every rank
         cp = coarse_key(prev)
         if cp in coarse:
             return True if coarse_key(nxt) in coarse[cp] else (

@@ -243,6 +243,24 @@ class RankViews(dict[int, RankView]):
                 return order
         return self.posting_order(r)
 
+    def latest_posts(self, r: int) -> dict[tuple[str, int], dict[str, int]]:
+        """Per line of the job (any user frame of a recorded collective's stack), the latest
+        seq ``r`` posted from there, per group kind: how many times it has been round the
+        loop that holds the line, on a scale every rank shares."""
+        got = self.memo.get(("posts", r))
+        if got is None:
+            posts: dict[tuple[str, int], dict[str, int]] = {}
+            v = self.get(r)
+            for pg in v.tl.by_pg.values() if v is not None else ():
+                for c in pg.values():
+                    kind = group_kind(c)
+                    for f in c.frames:
+                        if not is_library_frame(f):
+                            at = posts.setdefault((f.file, f.line), {})
+                            at[kind] = max(at.get(kind, c.seq), c.seq)
+            got = self.memo[("posts", r)] = posts
+        return cast(dict[tuple[str, int], dict[str, int]], got)
+
     def poster_ended(self, r: int, pg: str) -> bool:
         """The one thread of ``r`` that posted on ``pg`` (the recorder's thread ids) is no
         longer among its threads (its stack at capture): that thread's collectives there are

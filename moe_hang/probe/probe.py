@@ -244,13 +244,30 @@ class Probe:
         return mod is not None and not getattr(getattr(mod, "__spec__", None),
                                                "_initializing", False)
 
-    def _fr_pickle(self) -> bytes | None:
+    def _stacks_at_capture(self) -> bool:
+        """At a capture, frames also where they are not cheap, while the import machinery
+        is quiet: the main thread waits inside torch.distributed (it imports nothing until
+        the collective returns) and no thread is inside an import, so the symbolizer's
+        imports cannot meet the job's. A capture is what the verdict is read from: the
+        frames of every collective it holds are the history's lines."""
+        if self._want_stacks():
+            return True
+        if os.environ.get(ENV_FR_STACKS) is not None:
+            return False  # MOE_HANG_FR_STACKS=0: never
+        frame = sys._current_frames().get(self._main_ident or -1)
+        if frame is None or "torch/distributed/" not in frame.f_code.co_filename.replace(
+                os.sep, "/"):
+            return False
+        locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+        return isinstance(locks, dict) and not locks
+
+    def _fr_pickle(self, stacks: bool | None = None) -> bytes | None:
         with self._calling_torch() as torch:
             if torch is None:
                 return None
             try:
                 return bytes(torch._C._distributed_c10d._dump_fr_trace(
-                    includeStackTraces=self._want_stacks()))
+                    includeStackTraces=self._want_stacks() if stacks is None else stacks))
             except Exception:
                 return None
 
@@ -329,7 +346,7 @@ class Probe:
     def dump(self, request: str, reason: str) -> None:
         """Flight Recorder pickle + all-thread stacks, then a marker naming the request."""
         files = []
-        raw = self._fr_pickle()
+        raw = self._fr_pickle(stacks=self._stacks_at_capture())
         if raw is not None:
             write_atomic(self.files.fr, raw)
             files.append(self.files.fr.name)

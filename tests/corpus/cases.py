@@ -32,6 +32,13 @@ Where a call site is checked (``LineExpect.where``):
 - ``rank+divergence``: ``ranks[r].callsite``, and ``first_divergence.per_rank[r].callsite``
   where the diagnosis has one for that rank.
 
+``no_lines``: the evidence holds no line (torch's JSON dumps carry no frames): the verdict
+must claim none.
+
+``basis``: the rungs that may decide. ``history`` (the agreed earlier steps) is the first rung:
+a job that hangs after one or more whole steps is decided there wherever those steps show the
+culprit's break; the weaker rungs a case lists are the ones that would decide without them.
+
 ``culprit_basis`` / ``certainty`` may be absent from today's JSON: an expectation on them is
 "not checked yet" while the field is absent, unless the case sets ``require_basis`` (or the
 runner runs with ``--require-basis``).
@@ -96,6 +103,8 @@ class Case:
     culprits: RankFn = lambda env: frozenset()
     culprits_check: bool = True
     lines: tuple[LineExpect, ...] = ()
+    # the evidence holds no line (dumps without frames): the verdict must claim none
+    no_lines: bool = False
     fix_forbid: tuple[str, ...] = ()
     fix_require: tuple[str, ...] = ()
     # a healthy job: no advice at all with a healthy verdict (a straggler's may point at the
@@ -141,12 +150,13 @@ class Expected:
     basis: frozenset[str]
     certainty: frozenset[str]
     fix_none: bool = False
+    no_lines: bool = False
 
 
 def expected_for(case: Case, env: Env) -> Expected:
     return Expected(case.verdicts, frozenset(case.culprits(env)), case.culprits_check,
                     case.lines, case.fix_forbid, case.fix_require, case.summary_contains,
-                    case.basis, case.certainty, case.fix_none)
+                    case.basis, case.certainty, case.fix_none, case.no_lines)
 
 
 # --- roles ---------------------------------------------------------------------------------
@@ -372,7 +382,7 @@ CASES: tuple[Case, ...] = (
                 LineExpect(lambda env: frozenset({int(env["CULPRIT_RANK"]) ^ 1}),
                            Site(marker="group_allreduce"), "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
-         basis=frozenset({"program_order", "source"}), timeout_s=150,
+         basis=frozenset({"history", "program_order", "source"}), timeout_s=150,
          note="rank C skipped its pair's all-reduce and is in the global barrier with the "
               "other pair; its partner waits in the pair all-reduce. The default group's "
               "majority (three ranks in the barrier) points at the partner: wrong. The "
@@ -383,7 +393,7 @@ CASES: tuple[Case, ...] = (
          env=culprit_env(2), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "allgather"), at(others(C, 3), "allreduce")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"majority", "program_order"}),
+         basis=frozenset({"history", "majority", "program_order"}),
          note="5 s timeout; rank C skipped the default-group all-reduce and waits in the "
               "expert-group all-gather; everyone times out and raises; the culprit is still "
               "rank C, not the ranks whose timeouts fired"),
@@ -424,28 +434,31 @@ CASES: tuple[Case, ...] = (
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "barrier"), at(others(C, 2), "allgather")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"program_order"}),
-         note="stacks only (no recorder): the barrier comes after the all-gather in program "
-              "order, so the rank in the barrier skipped it"),
+         basis=frozenset({"source"}),
+         note="stacks only (no recorder, and py-spy shows no counter of a module-level "
+              "loop): the two lines are one iteration apart or a lap, as many collectives "
+              "skipped either way; the all-gather runs under `if not (rank == culprit and "
+              "...)`, a branch that leaves ranks out, the barrier under none: the rank in "
+              "the barrier is the one left out"),
     Case("early_return_barrier", "early_return_barrier.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "barrier", "rank+divergence"),
                 at(others(C, 2), "allreduce", "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"program_order"})),
+         basis=frozenset({"history", "program_order"})),
     Case("rank0_eval_collective", "rank0_eval_collective.py", 3, DESYNC,
          env=culprit_env(0), mirror=culprit_env(1), culprits=C,
          lines=(at(C, "eval_allreduce", "rank+divergence"),
                 at(others(C, 3), "allreduce", "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"majority"}),
+         basis=frozenset({"history", "majority"}),
          note="only rank C evaluates, and evaluate() all-reduces 2 elements; the other two "
               "are in the next step's 32-element all-reduce"),
     Case("ddp_uneven_batches", "ddp_uneven_batches.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "val_allreduce"), at(others(C, 2), "backward")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         fix_require=("left the loop",), basis=frozenset({"program_order"}),
+         fix_require=("left the loop",), basis=frozenset({"history", "program_order"}),
          note="written for the occasion (DDP's uneven inputs): rank C ran one batch fewer; "
               "it is past the loop in the validation all-reduce while the other waits in "
               "DDP's backward all-reduce"),
@@ -455,7 +468,7 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "loss", "rank+divergence"),
                 at(others(C, 2), "bwd_allreduce", "rank+divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"program_order"}),
+         basis=frozenset({"history", "program_order"}),
          note="rank C's output ignores the gathered tokens, so autograd skips the Function's "
               "backward all-reduce there; it is in the loss all-reduce"),
     # FSDP2 + DTensor, a submodule skipped
@@ -466,7 +479,7 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "head", "rank+divergence"),
                 at(others(C, 2), "refine", "divergence")),
          fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + TRANSPORT_ADVICE,
-         basis=frozenset({"program_order"}),
+         basis=frozenset({"history", "program_order"}),
          note="rank C skipped refine: its head all-gather (shard of 68) meets the others' "
               "refine all-gather (272); gloo aborts one of them"),
     # the ragged DTensor gather, where the varlen fix IS the answer
@@ -580,6 +593,7 @@ CASES: tuple[Case, ...] = (
     Case("skip_gather_in_loop_json", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          mode="analyze", form="json",
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         no_lines=True,
          fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
          basis=frozenset({"history"}),
          note="the same job post mortem from torch's JSON dumps: no frames, no lines; every "

@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -605,6 +605,14 @@ def _divergence_site(d: dict[str, Any], rank: int) -> tuple[bool, Any]:
     return True, entry.get("callsite")
 
 
+def _claimed_lines(d: dict[str, Any]) -> dict[str, Any]:
+    """Every line the diagnosis gives: each rank's callsite, each side's at the divergence."""
+    out = {f"rank {r}": (x or {}).get("callsite") for r, x in _by_rank(d).items()}
+    per = (d.get("first_divergence") or {}).get("per_rank") or {}
+    out.update({f"divergence {r}": (c or {}).get("callsite") for r, c in per.items()})
+    return out
+
+
 def check_lines(expects: list[LineExpect], env: Env, job: Path,
                 d: dict[str, Any], paths: list[Path] | None = None) -> tuple[str, dict[str, Any]]:
     ranks = _by_rank(d)
@@ -707,6 +715,9 @@ def _score_one(case: Case, env: Env, mirrored: bool, outcome: CaseResult,
             f"{culprits or '[]'}≠{want_culprits or '[]'}"
     checks["lines"], got["lines"] = check_lines(list(exp.lines), env, job, d,
                                                 case_paths(case))
+    if exp.no_lines:
+        claimed = sorted(k for k, v in _claimed_lines(d).items() if v)
+        checks["lines"] = OK if not claimed else f"claims a line for {', '.join(claimed)}"
     low = fix.lower()
     bad = [s for s in exp.fix_forbid if s.lower() in low]
     missing = [s for s in exp.fix_require if s.lower() not in low]
@@ -808,9 +819,35 @@ def outcome_from_json(run: Mapping[str, Any]) -> CaseResult:
                    job_log=str(run.get("job_log") or ""))
 
 
-def rescore(report: Mapping[str, Any], require_basis: bool = False) -> list[Score]:
+def rediagnose(case: Case, outcome: CaseResult) -> CaseResult:
+    """The run's saved evidence analysed again by the code here (its run directory, or the
+    dumps it analysed): what a change to the analysis does to a corpus run, in a second.
+    The job is not run again; a multi-node run, or one whose files are gone, is kept as it
+    was."""
+    from moe_hang.commands.diagnose import analyze_paths
+    from moe_hang.errors import MoeHangError
+
+    source = outcome.argv[-1] if case.mode == "analyze" and outcome.argv else outcome.out_dir
+    if outcome.nodes or not source or not Path(source).exists():
+        return outcome
+    try:
+        d = analyze_paths([Path(source)], force=False).to_dict()
+    except MoeHangError:
+        return outcome
+    old = outcome.diagnosis or {}
+    for key in ("detected", "timings", "job_exit_code", "command"):
+        if key in old:
+            d[key] = old[key]
+    healthy = d.get("verdict") in HEALTHY
+    code = 3 if not healthy else (outcome.exit_code if outcome.exit_code != 3 else 0)
+    return replace(outcome, diagnosis=d, exit_code=code)
+
+
+def rescore(report: Mapping[str, Any], require_basis: bool = False,
+            again: bool = False) -> list[Score]:
     """Score the runs saved in a report again against the current ground truth (no job runs):
-    after a ground-truth edit, or to compare reports."""
+    after a ground-truth edit, or to compare reports; ``again``: their saved evidence
+    analysed again first (:func:`rediagnose`)."""
     by_name = {c.name: c for c in CASES}
     out = []
     for run in report.get("runs", []):
@@ -821,8 +858,10 @@ def rescore(report: Mapping[str, Any], require_basis: bool = False) -> list[Scor
         if run.get("skipped"):
             out.append(skipped(case, env, bool(run.get("mirrored")), run["skipped"]))
             continue
-        out.append(score(case, env, bool(run.get("mirrored")), outcome_from_json(run),
-                         require_basis))
+        outcome = outcome_from_json(run)
+        if again:
+            outcome = rediagnose(case, outcome)
+        out.append(score(case, env, bool(run.get("mirrored")), outcome, require_basis))
     return out
 
 
