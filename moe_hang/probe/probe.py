@@ -246,20 +246,13 @@ class Probe:
 
     def _stacks_at_capture(self) -> bool:
         """At a capture, frames also where they are not cheap, while the import machinery
-        is quiet: the main thread waits inside torch.distributed (it imports nothing until
-        the collective returns) and no thread is inside an import, so the symbolizer's
-        imports cannot meet the job's. A capture is what the verdict is read from: the
-        frames of every collective it holds are the history's lines."""
+        is quiet (:func:`sample.quiet_for_imports`): a capture is what the verdict is read
+        from, and the frames of every collective it holds are the history's lines."""
         if self._want_stacks():
             return True
         if os.environ.get(ENV_FR_STACKS) is not None:
             return False  # MOE_HANG_FR_STACKS=0: never
-        frame = sys._current_frames().get(self._main_ident or -1)
-        if frame is None or "torch/distributed/" not in frame.f_code.co_filename.replace(
-                os.sep, "/"):
-            return False
-        locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
-        return isinstance(locks, dict) and not locks
+        return sample.quiet_for_imports(self._main_ident)
 
     def _fr_pickle(self, stacks: bool | None = None) -> bytes | None:
         with self._calling_torch() as torch:

@@ -63,3 +63,61 @@ def pending_entries(raw: bytes, status: dict[str, Any]) -> list[dict[str, Any]]:
         if int(e.get("collective_seq_id", -1)) > status[pg]["completed"]:
             out.append({k: e.get(k) for k in _PENDING_KEYS})
     return out
+
+
+# what a thread calls from its own line to wait on a collective posted earlier (NCCL waits
+# this way: Work.wait, a Future's, a stream's synchronize, a tensor copied to the host)
+WAITS = frozenset({"wait", "synchronize", "item", "cpu", "tolist", "result", "value"})
+
+
+def _pushes_callable(ins: Any) -> tuple[bool, str | None]:
+    """Does this instruction put a callable on the stack for a later CALL (and its name,
+    where it is a method of an object)?"""
+    rep = ins.argrepr or ""
+    if ins.opname == "LOAD_METHOD":  # 3.11
+        return True, ins.argval
+    if ins.opname == "LOAD_ATTR" and rep.startswith("NULL|self + "):  # 3.12+
+        return True, ins.argval
+    if ins.opname == "PUSH_NULL" or (ins.opname == "LOAD_GLOBAL" and rep.startswith("NULL")):
+        return True, None
+    return False, None
+
+
+def called_name(frame: Any) -> str | None:
+    """The method the frame's current instruction calls (``work.wait()``: ``wait``), where
+    it is a call of an object's method; else None. The callables of the calls still open
+    at that instruction are followed through the bytecode (arguments may be calls too)."""
+    import dis
+
+    try:
+        code, at = frame.f_code, frame.f_lasti
+        # f_lasti may point into the current instruction's inline caches
+        done = [ins for ins in dis.get_instructions(code) if ins.offset <= at]
+        if not done or done[-1].opname not in ("CALL", "CALL_FUNCTION_EX"):
+            return None
+        open_calls: list[str | None] = []
+        for ins in done[:-1]:
+            if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
+                if open_calls:
+                    open_calls.pop()
+                continue
+            pushes, name = _pushes_callable(ins)
+            if pushes:
+                open_calls.append(name if isinstance(name, str) else None)
+        return open_calls[-1] if open_calls else None
+    except Exception:
+        return None
+
+
+def quiet_for_imports(main_ident: int | None) -> bool:
+    """The moment is safe for our thread to import (torch's symbolizer imports torch._dynamo):
+    the main thread waits — inside torch.distributed, or in a C call of a wait from its own
+    line — so it imports nothing until that returns, and no thread is inside an import now."""
+    frame = sys._current_frames().get(main_ident or -1)
+    if frame is None:
+        return False
+    in_c10d = "torch/distributed/" in frame.f_code.co_filename.replace("\\", "/")
+    if not in_c10d and called_name(frame) not in WAITS:
+        return False
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    return isinstance(locks, dict) and not locks

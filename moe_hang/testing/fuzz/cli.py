@@ -4,7 +4,7 @@ by fault kind and, last, ``accuracy: R/N runs fully right``.
 
     python scripts/fuzz.py --seed S [-n N] [--json OUT] [--workdir DIR] [--kind K ...]
                            [--family F ...] [--job I ...] [--list] [--strict]
-                           [--rescore REPORT [--markdown]]
+                           [--rescore REPORT [--markdown] [--rediagnose]]
 
 N counts runs: a job and its mirrored twin (the roles swapped) are two. Every miss is written
 as a self-contained corpus case under ``<workdir>/misses/``. Exit 0 when every run was scored
@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 unless every run is right")
     ap.add_argument("--markdown", action="store_true",
                     help="with --rescore: print the table by fault kind as Markdown too")
+    ap.add_argument("--rediagnose", action="store_true",
+                    help="with --rescore: analyse each run's saved evidence again with this "
+                         "code first (the jobs are not run again)")
     args = ap.parse_args(argv)
+    if args.rediagnose and not args.rescore:
+        ap.error("--rediagnose needs --rescore REPORT")
     if args.n < 1:
         ap.error("-n must be at least 1")
     only = runner.Only(frozenset(args.kind) if args.kind else None,
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rescore:
         left_out: list[str] = []
-        again = runner.rescore(json.loads(Path(args.rescore).read_text()), left_out)
+        again = runner.rescore(json.loads(Path(args.rescore).read_text()), left_out,
+                               args.rediagnose)
         for i, r in enumerate(again, 1):
             print(report.run_line(i, len(again), r))
         if left_out:

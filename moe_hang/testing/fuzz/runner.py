@@ -132,11 +132,13 @@ def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
     return out
 
 
-def rescore(report: dict[str, Any], skipped: list[str] | None = None) -> list[Run]:
+def rescore(report: dict[str, Any], skipped: list[str] | None = None,
+            again: bool = False) -> list[Run]:
     """The runs of a saved report scored again against the truth drawn now (after a fix of
     the generator's truth: the job is drawn again from its seed and index, nothing runs).
     A run whose job is drawn differently now is left out, its name added to ``skipped``
-    (None: it is an error)."""
+    (None: it is an error). ``again``: each run's saved evidence analysed again by the code
+    here first (the corpus harness's ``rediagnose``)."""
     harness = corpus_module("harness")
     out: list[Run] = []
     for saved in report.get("runs", []):
@@ -152,7 +154,10 @@ def rescore(report: dict[str, Any], skipped: list[str] | None = None) -> list[Ru
         case = to_case(spec, t, job)
         envs = dict((mirrored, env) for env, mirrored in harness.runs_of(case, True))
         mirrored = bool(saved["mirrored"])
-        score = harness.score(case, envs[mirrored], mirrored, harness.outcome_from_json(saved))
+        outcome = harness.outcome_from_json(saved)
+        if again:
+            outcome = harness.rediagnose(case, outcome)
+        score = harness.score(case, envs[mirrored], mirrored, outcome)
         out.append(Run(spec, t, mirrored, job, case_source(spec, t, job.name), score,
                        float(saved.get("wall_s") or 0.0)))
     return out
