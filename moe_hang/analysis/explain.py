@@ -41,6 +41,8 @@ KIND_PHRASE = {
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"
+    if c.op == "unknown":  # a wait on a collective posted earlier: which, only a recorder says
+        return "waits on a collective it posted earlier (which one: its Flight Recorder)"
     sizes = fmt_shape(c.input_sizes)
     text = f"{c.op}({sizes})" if sizes else c.op
     return f"{text} of {c.tag}" if c.tag else text

@@ -122,7 +122,8 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
 
 
 def facts(ev: Evidence) -> Facts:
-    views = RankViews(((r, rank_view(e)) for r, e in sorted(ev.ranks.items())), ev.source)
+    views = RankViews(((r, rank_view(e, ev.source)) for r, e in sorted(ev.ranks.items())),
+                      ev.source)
     for r in departing(views):  # gone, whatever its last recorder said: what it posted decides
         views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)

@@ -35,10 +35,9 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     Who deviated is the ladder's to say, from the stacks alone (no history: majority, the
     source's rank conditions, the order of the lines within one iteration)."""
     views = ctx.views
-    ops: dict[int, str] = {r: op for r in waiting
-                           if (op := views[r].stack.op) is not None and op != "unknown"}
-    if not ops:
-        return None
+    ops: dict[int, str] = {r: op for r in waiting if (op := views[r].stack.op) is not None}
+    if all(op == "unknown" for op in ops.values()):
+        return None  # waits on collectives posted earlier, and nothing says which
     if len(set(ops.values())) > 1:
         camps: dict[object, list[int]] = {}
         for r, op in sorted(ops.items()):

@@ -9,7 +9,7 @@ say where the main thread is (docs/DESIGN.md §8).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from moe_hang.analysis.diagnosis import (
@@ -329,7 +329,19 @@ def recorder_only(ev: RankEvidence) -> bool:
             and not ev.threads and ev.heartbeat is None and not ev.fatal)
 
 
-def rank_view(ev: RankEvidence) -> RankView:
+def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None) -> str | None:
+    """The wait the rank's main thread sits in at its own line (``work.wait()``), in every
+    sample: a collective posted earlier, as NCCL jobs wait (blocked, or spinning in a
+    stream's synchronize)."""
+    if facts is None or ev.progressed is not False or sv.callsite is None \
+            or sv.state not in (RankState.IDLE, RankState.COMPUTING):
+        return None
+    lf = facts.line(sv.callsite.file, sv.callsite.line)
+    return lf.waits if lf is not None else None
+
+
+def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
+    """``facts``: what the source says of the rank's lines (a wait at its own line)."""
     tl = timeline(ev)
     sv, source = _threads(ev)
     if source and not ev.stack_source:
@@ -358,6 +370,10 @@ def rank_view(ev: RankEvidence) -> RankView:
         state = sv.state
         if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
+        elif (waits := _waits_async(ev, sv, facts)) is not None:
+            # waiting on a collective it posted earlier: in it, its op unknown from here
+            state = RankState.IN_COLLECTIVE
+            sv = replace(sv, state=state, op=sv.op or "unknown", api=sv.api or f"{waits}()")
     elif current is not None:
         state = RankState.IN_COLLECTIVE
     elif recorder_only(ev):

@@ -116,6 +116,8 @@ def all_in_one(f: Facts) -> Conclusion:
     reports = f.reports(None)
     ops = {_waits_in(f, reports, r) for r in f.waiting}
     op = ops.pop() if len(ops) == 1 else "collectives"
+    if op == "unknown":  # every one at its own line's wait: what it waits on, posted earlier
+        op = "collectives they posted earlier (a wait at their own line)"
     stopped = sorted(r for r in f.waiting if (a := f.views[r].ev.activity) is not None
                      and a.stopped)
     if all(f.views[r].ev.fr is not None for r in f.waiting):

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.source import LineFacts, SourceFacts, Step
+from moe_hang.evidence.source import WAIT_METHODS, LineFacts, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 
 # files larger than this are not read (a generated file; nothing a person wrote to train)
@@ -63,9 +63,10 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         if tree is None:
             continue
         names, calls = _rank_names(tree), _collective_calls(tree)
+        waits = _wait_calls(tree)
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         _rank_condition(tree, n, names),
-                                        _default_group(calls, n))
+                                        _default_group(calls, n), _waits(waits, n))
                            for n in sorted(lines)}
     return out
 
@@ -274,3 +275,15 @@ def _default_group(calls: list[ast.Call], line: int) -> bool | None:
     if any(k.arg in ("group", "process_group") or k.arg is None for k in call.keywords):
         return False
     return True if len(call.args) <= 2 else None
+
+
+def _wait_calls(tree: ast.Module) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr in WAIT_METHODS]
+
+
+def _waits(calls: list[ast.Call], line: int) -> str | None:
+    """The wait called at ``line`` (``work.wait()``: "wait"), where one is."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return here[0].func.attr if len(here) == 1 and isinstance(here[0].func, ast.Attribute) \
+        else None

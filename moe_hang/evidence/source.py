@@ -53,11 +53,19 @@ class Step:
             return None
 
 
+# what a thread calls from its own line to wait on a collective posted earlier: NCCL jobs
+# wait this way (Work.wait, a Future's, a stream's synchronize, a tensor copied to the host)
+WAIT_METHODS = frozenset({"wait", "synchronize", "item", "cpu", "tolist", "result", "value"})
+
+
 @dataclass(frozen=True)
 class LineFacts:
     path: tuple[Step, ...]
     rank_condition: str | None = None  # ``if rank == 0`` / ``if not (rank == 0)``
     default_group: bool | None = None  # the collective called here runs on every rank
+    # a method called here that waits on work posted earlier (``work.wait()``: "wait"), as
+    # NCCL jobs wait on their collectives: one of WAIT_METHODS
+    waits: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -65,6 +73,8 @@ class LineFacts:
             d["rank_condition"] = self.rank_condition
         if self.default_group is not None:
             d["default_group"] = self.default_group
+        if self.waits is not None:
+            d["waits"] = self.waits
         return d
 
     @classmethod
@@ -74,8 +84,10 @@ class LineFacts:
         steps = [s for s in (Step.from_list(x) for x in d["path"]) if s is not None]
         cond = d.get("rank_condition")
         dg = d.get("default_group")
+        waits = d.get("waits")
         return cls(tuple(steps), str(cond) if cond is not None else None,
-                   dg if isinstance(dg, bool) else None)
+                   dg if isinstance(dg, bool) else None,
+                   waits if waits in WAIT_METHODS else None)
 
 
 @dataclass

@@ -8,6 +8,8 @@ import pickle
 import sys
 from typing import Any
 
+from moe_hang.evidence.source import WAIT_METHODS
+
 # c10d point-to-point functions, and the argument naming the peer
 _P2P_ARG = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
             "irecv": ("recv", "src")}
@@ -65,9 +67,6 @@ def pending_entries(raw: bytes, status: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# what a thread calls from its own line to wait on a collective posted earlier (NCCL waits
-# this way: Work.wait, a Future's, a stream's synchronize, a tensor copied to the host)
-WAITS = frozenset({"wait", "synchronize", "item", "cpu", "tolist", "result", "value"})
 
 
 def _pushes_callable(ins: Any) -> tuple[bool, str | None]:
@@ -117,7 +116,7 @@ def quiet_for_imports(main_ident: int | None) -> bool:
     if frame is None:
         return False
     in_c10d = "torch/distributed/" in frame.f_code.co_filename.replace("\\", "/")
-    if not in_c10d and called_name(frame) not in WAITS:
+    if not in_c10d and called_name(frame) not in WAIT_METHODS:
         return False
     locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
     return isinstance(locks, dict) and not locks

@@ -1,0 +1,101 @@
+"""Waiting on a collective posted earlier is waiting in a collective (issue 28): NCCL ranks
+never block inside the collective call; they enqueue it and block later, in ``work.wait()``,
+``.item()``, a synchronize. From stacks alone the main thread's innermost frame is then the
+job's own line, and the source says that line waits. Each case both ways round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import captured
+
+from moe_hang.analysis.rules import diagnose
+from moe_hang.capture.source import read_facts
+from moe_hang.evidence.model import Evidence, RankEvidence
+from moe_hang.evidence.stacks import Frame, ThreadStack
+from moe_hang.evidence.vocab import JobState
+
+TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
+# every step posts its all-reduce async, computes, and waits at the end of the step; one
+# rank drops one post (step 2) and so reaches the final barrier one collective early
+JOB = """import torch.distributed as dist
+rank = dist.get_rank()
+for step in range(4):
+    if not (rank == DROP and step == 2):
+        work = dist.all_reduce(g, async_op=True)
+    h = compute(h)
+    work.wait()
+dist.barrier()
+"""
+
+
+def _job(tmp_path: Path) -> Path:
+    job = tmp_path / "train.py"
+    job.write_text(JOB)
+    return job
+
+
+def _rank(r: int, *frames: tuple[str, int, str], moving: bool = False) -> RankEvidence:
+    return RankEvidence(rank=r, alive=True, progressed=moving,
+                        threads=[ThreadStack("MainThread", [Frame(*f) for f in frames],
+                                             active=moving, is_main=True)])
+
+
+def _diagnose(*ranks: RankEvidence):  # type: ignore[no-untyped-def]
+    ev = Evidence(ranks={r.rank: r for r in ranks}, world_size=len(ranks),
+                  job=JobState.STALLED)
+    return diagnose(captured(ev))
+
+
+def test_the_capture_reads_which_lines_wait(tmp_path):
+    f = tmp_path / "waits.py"
+    f.write_text("work.wait()\n"
+                 "torch.cuda.synchronize()\n"
+                 "print(loss.item())\n"
+                 "h = compute(h)\n"
+                 "wait()\n")
+    facts = read_facts([Frame(str(f), n, "<module>") for n in range(1, 6)])
+    got = {n: lf.waits for n, lf in facts.files[str(f)].items()}
+    assert got == {1: "wait", 2: "synchronize", 3: "item", 4: None, 5: None}
+    # stored with the capture, and read back
+    from moe_hang.evidence.source import SourceFacts
+    again = SourceFacts.from_dict(facts.to_dict())
+    assert again.line(str(f), 1) is not None and again.line(str(f), 1).waits == "wait"
+
+
+@pytest.mark.parametrize("drop", [0, 1])
+def test_a_rank_in_work_wait_is_in_a_collective_the_one_past_the_loop_is_named(
+        tmp_path, drop):
+    """Before: "rank 1 is outside any collective" and the rank in the wait was blamed."""
+    job = _job(tmp_path)
+    other = 1 - drop
+    d = _diagnose(_rank(drop, (TORCH, 9, "barrier"), (str(job), 8, "<module>")),
+                  _rank(other, (str(job), 7, "<module>")))
+    assert (d.verdict, d.culprit_ranks) == ("desync", [drop]), d.summary
+    assert "posted earlier" in d.summary
+    assert f"rank {other} " in d.summary
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_rank_computing_while_the_other_waits_on_its_handle_is_a_straggler(tmp_path, slow):
+    job = _job(tmp_path)
+    d = _diagnose(_rank(slow, (str(job), 6, "<module>"), moving=True),
+                  _rank(1 - slow, (str(job), 7, "<module>")))
+    assert d.verdict in ("straggler", "healthy"), d.summary
+    assert d.culprit_ranks in ([], [slow]), d.summary
+
+
+def test_every_rank_in_its_wait_is_said_as_such(tmp_path):
+    job = _job(tmp_path)
+    d = _diagnose(_rank(0, (str(job), 7, "<module>")), _rank(1, (str(job), 7, "<module>")))
+    assert d.verdict == "hang" and d.culprit_ranks == [], d.summary
+    assert "posted earlier" in d.summary and "unknown" not in d.summary
+
+
+def test_a_rank_that_moved_past_its_wait_is_not_waiting(tmp_path):
+    """Seen at the wait's line in one sample but moving: not held there."""
+    job = _job(tmp_path)
+    d = _diagnose(_rank(0, (TORCH, 9, "barrier"), (str(job), 8, "<module>")),
+                  _rank(1, (str(job), 7, "<module>"), moving=True))
+    assert d.verdict != "desync", d.summary
