@@ -17,7 +17,14 @@ from moe_hang.capture.pyspy import StackResult
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.stacks import Frame, is_tool_frame, main_thread, parse_pyspy, view
 from moe_hang.evidence.vocab import RankState
-from moe_hang.runtime.procs import Counters, CpuClock, main_thread_cpu, read_counters
+from moe_hang.runtime.procs import (
+    Counters,
+    CpuClock,
+    helpers_cores,
+    helpers_cpu,
+    main_thread_cpu,
+    read_counters,
+)
 
 SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
 SAMPLE_INTERVAL_S = 0.25
@@ -101,6 +108,8 @@ class RankWindow:
     moved: bool | None  # by its stacks and CPU; None: fewer than two readable samples
     activity: Activity | None  # its counters over the window; None: the process was gone
     main_busy: bool = False  # its main thread kept computing over the window
+    # cores its own child processes (DataLoader workers, compile workers) kept busy
+    helpers_cores: float = 0.0
 
     @property
     def seen(self) -> list[Any]:
@@ -122,6 +131,7 @@ def sample_window(pids: dict[int, int], *, native: bool = False, samples: int = 
     c0 = {r: read_counters(p) for r, p in pids.items()}
     cpu0, t0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
     main0 = {r: main_thread_cpu(p) for r, p in pids.items()}
+    kids0 = {r: helpers_cpu(p) for r, p in pids.items()}
     taken: list[dict[int, StackResult]] = []
     for i in range(samples):
         if i:
@@ -131,6 +141,7 @@ def sample_window(pids: dict[int, int], *, native: bool = False, samples: int = 
     c1 = {r: read_counters(p) for r, p in pids.items()}
     cpu1, t1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
     main1 = {r: main_thread_cpu(p) for r, p in pids.items()}
+    kids1 = {r: helpers_cpu(p) for r, p in pids.items()}
     span = max(t1 - t0, 1e-3)
     out: dict[int, RankWindow] = {}
     for r in pids:
@@ -143,13 +154,18 @@ def sample_window(pids: dict[int, int], *, native: bool = False, samples: int = 
         # the samples found it inside one
         mc = _cores(main0[r], main1[r], span)
         busy = mc is not None and mc > MAIN_BUSY_CORES
+        # outside every collective, a rank whose own helpers keep cores busy waits on its
+        # own work (a DataLoader worker decoding a batch): moving, not stuck
+        kids = helpers_cores(kids0[r], kids1[r], span)
+        waits_on_helpers = kids > BUSY_CORES and not any(in_collective(d) for d in seen)
         moved = None
         if len(seen) >= 2:
-            moved = busy or any(progressed(a, b, cores) for a, b in itertools.pairwise(seen))
+            moved = busy or waits_on_helpers or any(
+                progressed(a, b, cores) for a, b in itertools.pairwise(seen))
         a, b = c0[r], c1[r]
         tools = set().union(*(tool_threads(d) for d in seen)) if seen else set()
         act = (activity_between(a, b, attaches=len(mine),
                                 tool_tids=tools)
                if a is not None and b is not None else None)
-        out[r] = RankWindow(mine, final, moved, act, busy)
+        out[r] = RankWindow(mine, final, moved, act, busy, kids)
     return out

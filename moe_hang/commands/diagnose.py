@@ -127,9 +127,12 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     for r in job.ranks:
         w = win[r.rank]
         moved = None if w.moved is None else (advanced or w.moved)
+        helpers = (f"its own child processes (DataLoader or compile workers) kept "
+                   f"{w.helpers_cores:.1f} cores busy while we looked"
+                   if w.helpers_cores > window.BUSY_CORES else None)
         table.ranks[r.rank] = ProcessRecord(pid=r.pid, host=r.host, alive=True,
                                             progressed=moved, local_rank=r.local_rank,
-                                            env=r.env, activity=w.activity)
+                                            env=r.env, activity=w.activity, note=helpers)
     for missing in job.missing_ranks():
         table.ranks[missing] = ProcessRecord(alive=False, note="no process found for this rank")
     rundir.write_json(out.processes, table.to_dict())

@@ -199,6 +199,31 @@ class CpuClock:
             return None
 
 
+def helpers_cpu(pid: int) -> dict[int, tuple[float, float]]:
+    """Every live descendant of ``pid`` (DataLoader workers, compile workers): pid ->
+    (create time, CPU seconds). A rank waiting on its own helpers is working, not stuck."""
+    out = {}
+    for c in descendants(pid):
+        try:
+            t = c.cpu_times()
+            out[c.pid] = (c.create_time(), float(t.user + t.system))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def helpers_cores(before: dict[int, tuple[float, float]],
+                  after: dict[int, tuple[float, float]], span_s: float) -> float:
+    """Cores the helpers kept busy between two readings: each one seen at the end, from its
+    reading at the start (a pid reused by a newer process, or one started since, from zero
+    at its start; one that ended in between is not counted)."""
+    used = 0.0
+    for pid, (born, cpu) in after.items():
+        was = before.get(pid)
+        used += cpu - was[1] if was is not None and was[0] == born else cpu
+    return max(0.0, used) / max(span_s, 1e-3)
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)

@@ -263,6 +263,20 @@ CASES: tuple[Case, ...] = (
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "sleep"), at(others(C, 2), "allreduce")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE),
+    # issue 28: a rank's work includes its helper processes
+    Case("dataloader_worker_busy_attach", "dataloader_worker_busy.py", 2, HEALTHY,
+         mode="diagnose", env={**culprit_env(1), "BUSY_S": "60"}, mirror=culprit_env(0),
+         culprits=C,
+         note="rank C's DataLoader worker decodes one sample for a minute (bounded; the "
+              "runner kills the job) while its main thread waits on the loader's queue and "
+              "the other rank waits in the all-reduce: the rank is working through its "
+              "helper, a straggler at most, never a hang"),
+    Case("dataloader_worker_stuck_attach", "dataloader_worker_busy.py", 2, STALLED,
+         mode="diagnose", env={**culprit_env(1), "STUCK": "1"}, mirror=culprit_env(0),
+         culprits=C, lines=(at(others(C, 2), "allreduce"),),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
+         note="rank C's DataLoader worker blocks on a lock no one releases: its main thread "
+              "waits on the loader for ever, the other in the all-reduce: a hang, rank C"),
     Case("monitored_barrier_timeout", "monitored_barrier_timeout.py", 2,
          STALLED | {"crash"}, watch_opts=("--hang-after", "20"), env=culprit_env(1),
          mirror=culprit_env(0), culprits=C,

@@ -74,20 +74,3 @@ def test_a_thread_computing_in_python_is_not_quiet():
 
 def test_no_frame_no_quiet():
     assert sample.quiet_for_imports(None) is False
-
-
-def test_a_thread_blocked_in_a_c_wait_from_its_own_line_is_quiet():
-    """``os.wait()`` blocks in C as ``work.wait()`` does: nothing imports until it returns."""
-    import os
-    import subprocess
-
-    child = subprocess.Popen(["sleep", "0.5"])
-
-    def job() -> None:
-        os.wait()
-
-    try:
-        _, quiet = _seen_from_another_thread(job)  # (the innermost frame is job's own)
-    finally:
-        child.poll()
-    assert quiet is True
