@@ -27,10 +27,11 @@ demo: setup
 	if [ $$rc -ne 3 ]; then echo "demo: repro did not reproduce the hang (exit $$rc)"; exit 1; fi
 	$(VENV)/bin/moe-hang verify --fixed
 
-test: setup
+# lint first, as its own step (a minute), then every test
+test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# the pure and in-process tests only (no torchrun): under a minute
+# the pure and in-process tests only (no process launches): about two minutes
 test-fast: setup
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
