@@ -12,7 +12,7 @@ from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.timeline import recorder_only
-from moe_hang.evidence.stacks import idle_in_backward
+from moe_hang.evidence.stacks import Helper, idle_in_backward, is_library_frame
 from moe_hang.evidence.vocab import RankState, agree, spans, who
 
 
@@ -49,15 +49,29 @@ def stalled_outside(f: Facts) -> Conclusion:
         w = f"{who(back)}, idle inside backward at {', '.join(sites)},"
     # one waiter only where the text names one rank ("ranks 1-3 in ..." is three)
     one = w.startswith("rank ") and w.count("rank") == 1
+    helper = _stuck_helper(f, culprits[0])
+    held = (f": it waits on its {helper.kind} (pid {helper.pid}), itself stuck at "
+            f"{site_str(helper.site)}," if helper is not None else "")
     summary = (f"{who(culprits).capitalize()} {agree(culprits, 'is', 'are')} outside any "
-               f"collective ({where}) while "
+               f"collective ({where}){held} while "
                f"{w or 'the others'} wait{'s' if one else ''} for it.")
+    look = (f"Look at what rank {culprits[0]}'s {helper.kind} does at "
+            f"{site_str(helper.site)}" if helper is not None else
+            f"Look at what rank {culprits[0]} does at {site_str(site)}")
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       summary,
-                      Advice(f"Look at what rank {culprits[0]} does at {site_str(site)}: until it "
-                             "reaches the collective the others wait in, they wait (slow I/O or "
-                             "a checkpoint resolves by itself; a stuck data loader does not)."),
+                      Advice(f"{look}: until it reaches the collective the others wait in, they "
+                             "wait (slow I/O or a checkpoint resolves by itself; a stuck data "
+                             "loader does not)."),
                       div)
+
+
+def _stuck_helper(f: Facts, r: int) -> Helper | None:
+    """The one child process of ``r`` that sits off CPU at a line of the job's own (a
+    DataLoader worker blocked in ``__getitem__``): what the rank waits on."""
+    found = [h for h in f.views[r].ev.helpers if h.busy is False and h.site is not None
+             and not is_library_frame(h.site)]
+    return found[0] if len(found) == 1 else None
 
 
 def finishing(f: Facts) -> Conclusion:

@@ -21,7 +21,7 @@ from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.probe import write_atomic
-from moe_hang.runtime.procs import is_stopped, starting_child
+from moe_hang.runtime.procs import descendants, is_stopped, starting_child
 
 PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
 ENV_PYSPY = "MOE_HANG_PYSPY"  # a specific py-spy binary (else next to python, else PATH)
@@ -206,3 +206,34 @@ def save_stacks(results: dict[int, StackResult], layout: RunLayout) -> None:
             write_atomic(files.pyspy, json.dumps(res.data).encode())
         else:
             write_atomic(files.pyspy_error, (res.error or "").encode())
+
+
+HELPERS_PER_RANK = 4  # the first few children: DataLoader workers come first
+
+
+def helper_stacks(pids: dict[int, int], outside: set[int]) -> dict[int, list[dict[str, Any]]]:
+    """rank -> py-spy of each of its own child processes (at most HELPERS_PER_RANK), for the
+    ranks ``outside`` every collective: a rank waiting on its own worker is named with where
+    the worker is. Bounded as :func:`pyspy_many` (one py-spy per process, all at once)."""
+    kids: dict[int, tuple[int, int, str]] = {}  # key -> (rank, pid, name)
+    for r in sorted(outside):
+        for c in descendants(pids[r])[:HELPERS_PER_RANK]:
+            try:
+                kids[len(kids)] = (r, c.pid, c.name())
+            except Exception:
+                continue
+    if not kids:
+        return {}
+    got = pyspy_many({k: pid for k, (_, pid, _) in kids.items()})
+    out: dict[int, list[dict[str, Any]]] = {}
+    for k, (r, pid, name) in kids.items():
+        res = got.get(k)
+        if res is not None and res.data is not None:
+            out.setdefault(r, []).append({"pid": pid, "name": name, "stack": res.data})
+    return out
+
+
+def save_helpers(found: dict[int, list[dict[str, Any]]], layout: RunLayout) -> None:
+    layout.stacks_dir.mkdir(exist_ok=True, mode=0o700)
+    for rank, helpers in found.items():
+        write_atomic(layout.rank(rank).helpers, json.dumps(helpers).encode())

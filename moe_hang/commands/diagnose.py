@@ -111,6 +111,9 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
     done1 = _completed(job)
     asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
     pyspy.save_stacks({r: w.final for r, w in win.items()}, out)
+    outside = {r for r, w in win.items()
+               if w.final.data is not None and not window.in_collective(w.final.data)}
+    pyspy.save_helpers(pyspy.helper_stacks(pids, outside), out)
     # a collective that completed on one rank while we looked completed on every member: the
     # job is progressing, however each stack looked (a fast job is caught in collectives)
     advanced = any(done1.get(r, {}).get(pg, -1) > c for r, st in done0.items()

@@ -27,8 +27,10 @@ from moe_hang.evidence.posted_log import read_posted_log
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
+    Helper,
     ThreadStack,
     is_tool_frame,
+    main_thread,
     parse_faulthandler,
     parse_pyspy,
 )
@@ -115,7 +117,25 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
     return ev
 
 
+def _load_helpers(ev: RankEvidence, files: RankFiles) -> None:
+    """py-spy of the rank's own child processes, where the capture took them."""
+    try:
+        raw = json.loads(files.helpers.read_text()) if files.helpers.exists() else []
+    except (OSError, ValueError):
+        ev.notes.append("its helpers' stacks unreadable")
+        return
+    for h in raw if isinstance(raw, list) else []:
+        try:
+            threads = parse_pyspy(h["stack"])
+            main = main_thread(threads)
+            ev.helpers.append(Helper(int(h["pid"]), str(h.get("name") or ""), threads,
+                                     bool(main.active) if main is not None else None))
+        except (KeyError, TypeError, ValueError):
+            continue
+
+
 def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
+    _load_helpers(ev, files)
     if ev.heartbeat is not None and ev.heartbeat.held and ev.error is not None \
             and ev.error.frames:
         # it raised and its probe holds it for the capture (multi-node watch): where it is

@@ -18,6 +18,7 @@ from moe_hang.evidence.ras import RasEvidence
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,
+    Helper,
     P2PCall,
     ThreadStack,
     parse_probe_frames,
@@ -354,6 +355,7 @@ class RankEvidence:
     fr_error: str | None = None
     threads: list[ThreadStack] | None = None
     stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
+    helpers: list[Helper] = field(default_factory=list)  # its own child processes, sampled
     stack_error: str | None = None
     progressed: bool | None = None  # did it move between two samples?
     activity: Activity | None = None  # its process's counters over the sampling window

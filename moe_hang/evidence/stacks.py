@@ -92,6 +92,32 @@ class ThreadStack:
 
 
 @dataclass
+class Helper:
+    """One of a rank's own child processes (a DataLoader worker, a compile worker) as the
+    capture saw it: its main thread's stack, and whether it kept a core busy."""
+
+    pid: int
+    name: str  # the process name (never its command line: arguments may hold secrets)
+    threads: list[ThreadStack]
+    busy: bool | None = None  # on CPU in its sample (py-spy's "active")
+
+    @property
+    def kind(self) -> str:
+        """What it is, as far as its stack tells."""
+        main = main_thread(self.threads)
+        if main is not None and any(f.file.replace("\\", "/").endswith(
+                "torch/utils/data/_utils/worker.py") for f in main.frames):
+            return "DataLoader worker"
+        return "child process"
+
+    @property
+    def site(self) -> Frame | None:
+        """The job's own line it is at (its innermost frame outside libraries)."""
+        main = main_thread(self.threads)
+        return callsite(main.frames) if main is not None else None
+
+
+@dataclass
 class StackView:
     """What one rank's main thread is doing, as far as its stack tells."""
 

@@ -129,6 +129,11 @@ class RankFiles:
         return self._in_stacks("pyspy.err")
 
     @property
+    def helpers(self) -> Path:
+        """py-spy of the rank's own child processes (DataLoader workers, ...), by pid."""
+        return self._in_stacks("helpers.json")
+
+    @property
     def hold(self) -> Path:
         """One for every rank: the watcher's order to hold a rank that raised until the
         capture round is over (multi-node watch; ``{"watcher": pid, "limit_s": s}``)."""

@@ -275,8 +275,10 @@ CASES: tuple[Case, ...] = (
          mode="diagnose", env={**culprit_env(1), "STUCK": "1"}, mirror=culprit_env(0),
          culprits=C, lines=(at(others(C, 2), "allreduce"),),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE,
+         summary_contains="DataLoader worker",
          note="rank C's DataLoader worker blocks on a lock no one releases: its main thread "
-              "waits on the loader for ever, the other in the all-reduce: a hang, rank C"),
+              "waits on the loader for ever, the other in the all-reduce: a hang, rank C, "
+              "named with where its worker is stuck"),
     Case("monitored_barrier_timeout", "monitored_barrier_timeout.py", 2,
          STALLED | {"crash"}, watch_opts=("--hang-after", "20"), env=culprit_env(1),
          mirror=culprit_env(0), culprits=C,
