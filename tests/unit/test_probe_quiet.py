@@ -74,3 +74,9 @@ def test_a_thread_computing_in_python_is_not_quiet():
 
 def test_no_frame_no_quiet():
     assert sample.quiet_for_imports(None) is False
+
+
+def test_the_probe_and_the_analysis_know_the_same_waits():
+    from moe_hang.evidence.source import WAIT_METHODS
+
+    assert sample.WAIT_METHODS == WAIT_METHODS
