@@ -234,6 +234,8 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
                 ev.exit_code = info.exit_code
             ev.progressed = info.progressed
             ev.activity = info.activity
+            if info.note and info.alive:  # what the capture saw of it (its busy helpers)
+                ev.notes.append(info.note)
         if r in failures and ev.exit_code is None:
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:
