@@ -56,10 +56,18 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
                    exits: dict[int, int | None]) -> str:
     """``exits``: the ranks that exited badly, with their exit codes."""
     where = " in backward" if div.phase == "backward" else ""
-    # where each posted its side of this collective (else where it is now)
+    # where each posted its side of this collective, else where it is now — only while it
+    # is still in that very collective (one that went past it is at another line)
+    def now_in_it(r: int) -> Frame | None:
+        rep = reports.get(r)
+        c = rep.collective if rep is not None else None
+        if rep is None or (div.seq is not None and c is not None
+                           and (c.pg, c.seq) != (div.pg, div.seq)):
+            return None
+        return rep.callsite
+
     callsites = {r: cs for r, c in div.per_rank.items()
-                 if (cs := (c.callsite if c is not None else None)
-                     or (reports[r].callsite if r in reports else None))}
+                 if (cs := (c.callsite if c is not None else None) or now_in_it(r))}
     same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
 
     # ranks that did the same thing together: one clause each, however many ranks

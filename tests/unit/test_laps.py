@@ -248,3 +248,31 @@ def test_two_lines_that_met_at_one_seq_are_two_collectives_not_two_shapes(tmp_pa
                                    size_abort=SizeAbort(received=1153 * 4, expected=4))))
     assert d.culprit_ranks == [short], d.summary
     assert "left the loop" in d.fix and "pad" not in d.fix, d.fix
+
+
+@pytest.mark.parametrize("past", [0, 1])
+def test_a_rank_past_the_divergence_is_not_said_to_have_posted_it_where_it_is_now(past):
+    """gloo let one rank through a mismatched all-gather (it received less than it
+    expected); its recorder kept no frames and its stack is at the next collective's line.
+    That line is not where it posted the all-gather: the summary does not say so."""
+    from moe_hang.analysis.diagnosis import (
+        Divergence,
+        MismatchKind,
+        RankCollective,
+        RankReport,
+    )
+    from moe_hang.analysis.explain import desync_summary
+
+    job = "/job/train.py"
+    waiting = 1 - past
+    div = Divergence("1", 3, MismatchKind.SIZE, members=[0, 1], per_rank={
+        past: RankCollective("all_gather", "1", 3, [[5]]),
+        waiting: RankCollective("all_gather", "1", 3, [[3]],
+                                callsite=Frame(job, 56, "<module>"))})
+    reports = {
+        past: RankReport(past, collective=RankCollective("broadcast", "0", 6, [[1]]),
+                         callsite=Frame(job, 58, "<module>")),
+        waiting: RankReport(waiting, collective=div.per_rank[waiting],
+                            callsite=Frame(job, 56, "<module>"))}
+    text = desync_summary(div, reports, [past], {})
+    assert "train.py:58" not in text, text
