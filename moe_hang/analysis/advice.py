@@ -282,6 +282,15 @@ def advise_order(s: Situation) -> Advice:
     cond = path_condition(s.src, s.frames.get(culprit, []))
     if cond is not None and not excludes_ranks(cond):
         return _advise_branch(s, cond)
+    left_out = path_condition(s.src, s.frames.get(s.waiting()[0], [])) if s.waiting() \
+        else None
+    if left_out is not None and excludes_ranks(left_out) and cond is None and missed_at \
+            and on_default_group(s.src, missed_at.file, missed_at.line) is True:
+        # the others' collective, every rank's, runs under a branch that leaves ranks out;
+        # the culprits' under none: they are the ones left out of it
+        op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
+        return advise_condition(s.culprits, s.waiting()[0], op or "collective", missed_at,
+                                left_out, True)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
                       f"{now} where {who(s.waiting())} posted "

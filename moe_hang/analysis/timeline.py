@@ -329,15 +329,26 @@ def recorder_only(ev: RankEvidence) -> bool:
             and not ev.threads and ev.heartbeat is None and not ev.fatal)
 
 
-def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None) -> str | None:
-    """The wait the rank's main thread sits in at its own line (``work.wait()``), in every
-    sample: a collective posted earlier, as NCCL jobs wait (blocked, or spinning in a
-    stream's synchronize)."""
+def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
+                 ) -> StackView | None:
+    """The rank's main thread sits at its own line's wait (``work.wait()``) in every sample:
+    in a collective posted earlier, as NCCL jobs wait (blocked, or spinning in a stream's
+    synchronize). Where the source shows which call posted it, that is its op and its line
+    (a rank's line is where its pending collective was posted); else its op is unknown."""
     if facts is None or ev.progressed is not False or sv.callsite is None \
             or sv.state not in (RankState.IDLE, RankState.COMPUTING):
         return None
-    lf = facts.line(sv.callsite.file, sv.callsite.line)
-    return lf.waits if lf is not None else None
+    at = sv.callsite
+    lf = facts.line(at.file, at.line)
+    if lf is None or lf.waits is None:
+        return None
+    if lf.posted is None:
+        return replace(sv, state=RankState.IN_COLLECTIVE, op=sv.op or "unknown",
+                       api=sv.api or f"{lf.waits}()")
+    posted = Frame(at.file, lf.posted[0], at.function)
+    return replace(sv, state=RankState.IN_COLLECTIVE, op=normalise_op(lf.posted[1]),
+                   api=lf.posted[1], callsite=posted, waited_at=at,
+                   frames=[posted if f == at else f for f in sv.frames])
 
 
 def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
@@ -370,10 +381,8 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
         state = sv.state
         if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
-        elif (waits := _waits_async(ev, sv, facts)) is not None:
-            # waiting on a collective it posted earlier: in it, its op unknown from here
-            state = RankState.IN_COLLECTIVE
-            sv = replace(sv, state=state, op=sv.op or "unknown", api=sv.api or f"{waits}()")
+        elif (waiting := _waits_async(ev, sv, facts)) is not None:
+            state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
     elif current is not None:
         state = RankState.IN_COLLECTIVE
     elif recorder_only(ev):

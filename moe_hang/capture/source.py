@@ -64,9 +64,13 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
             continue
         names, calls = _rank_names(tree), _collective_calls(tree)
         waits = _wait_calls(tree)
+        posted = {n: p for n in lines if (p := _posted_by(tree, waits, calls, n)) is not None}
+        # the line a wait's collective was posted from is read too: its branch, its group
+        lines = set(lines) | {p[0] for p in posted.values()}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         _rank_condition(tree, n, names),
-                                        _default_group(calls, n), _waits(waits, n))
+                                        _default_group(calls, n), _waits(waits, n),
+                                        posted.get(n))
                            for n in sorted(lines)}
     return out
 
@@ -287,3 +291,33 @@ def _waits(calls: list[ast.Call], line: int) -> str | None:
     here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
     return here[0].func.attr if len(here) == 1 and isinstance(here[0].func, ast.Attribute) \
         else None
+
+
+def _posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
+               ) -> tuple[int, str] | None:
+    """The collective whose result the wait at ``line`` waits on: ``NAME.wait()`` where the
+    last assignment of ``NAME`` before it, in the same function, is a collective call
+    (``NAME = dist.all_reduce(x, async_op=True)``)."""
+    here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
+            or not isinstance(here[0].func.value, ast.Name):
+        return None
+    name = here[0].func.value.id
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno) and \
+                node.lineno >= getattr(scope, "lineno", 0):
+            scope = node
+    found: tuple[int, str] | None = None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and node.lineno < line and \
+                any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            call = node.value
+            op = (call.func.attr if isinstance(call.func, ast.Attribute) else
+                  call.func.id if isinstance(call.func, ast.Name) else None) \
+                if isinstance(call, ast.Call) else None
+            if found is None or node.lineno > found[0]:
+                found = (node.lineno, op) if op in _COLLECTIVE_CALLS and call in calls \
+                    else None
+    return found

@@ -66,6 +66,10 @@ class LineFacts:
     # a method called here that waits on work posted earlier (``work.wait()``: "wait"), as
     # NCCL jobs wait on their collectives: one of WAIT_METHODS
     waits: str | None = None
+    # a wait's: the line and the op of the collective call whose result it waits on
+    # (``work = dist.all_reduce(g, async_op=True)`` ... ``work.wait()``), where the source
+    # shows one assignment of that name from a collective before the wait
+    posted: tuple[int, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -75,6 +79,8 @@ class LineFacts:
             d["default_group"] = self.default_group
         if self.waits is not None:
             d["waits"] = self.waits
+        if self.posted is not None:
+            d["posted"] = list(self.posted)
         return d
 
     @classmethod
@@ -85,9 +91,12 @@ class LineFacts:
         cond = d.get("rank_condition")
         dg = d.get("default_group")
         waits = d.get("waits")
+        raw = d.get("posted")
+        posted = (raw[0], raw[1]) if isinstance(raw, list) and len(raw) == 2 \
+            and isinstance(raw[0], int) and isinstance(raw[1], str) else None
         return cls(tuple(steps), str(cond) if cond is not None else None,
                    dg if isinstance(dg, bool) else None,
-                   waits if waits in WAIT_METHODS else None)
+                   waits if waits in WAIT_METHODS else None, posted)
 
 
 @dataclass

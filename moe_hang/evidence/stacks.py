@@ -130,6 +130,8 @@ class StackView:
     frames: list[Frame] = field(default_factory=list)
     p2p: P2PCall | None = None
     thread: str | None = None  # not the main thread's: the thread that is in the collective
+    # it waits on its collective at another line than the one that posted it (work.wait())
+    waited_at: Frame | None = None
     counters: dict[Frame, dict[str, int]] = field(default_factory=dict)  # as ThreadStack's
 
 

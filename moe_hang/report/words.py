@@ -103,6 +103,8 @@ def site_text(site: Frame | None) -> str:
 
 def collective_text(c: RankCollective, *, sizes: bool = True) -> str:
     """``all_gather default_pg#1 [68×64]`` (a collective known only from a stack: its op)."""
+    if c.op == "unknown" and c.from_stack_only:
+        return "a wait on a collective posted earlier"
     if c.from_stack_only:
         return c.op
     seq = f"#{c.seq}" if c.seq is not None else ""

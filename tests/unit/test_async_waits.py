@@ -58,6 +58,12 @@ def test_the_capture_reads_which_lines_wait(tmp_path):
     facts = read_facts([Frame(str(f), n, "<module>") for n in range(1, 6)])
     got = {n: lf.waits for n, lf in facts.files[str(f)].items()}
     assert got == {1: "wait", 2: "synchronize", 3: "item", 4: None, 5: None}
+    # which call posted what a wait waits on: the last assignment of its name before it
+    job = _job(tmp_path)
+    linked = read_facts([Frame(str(job), 7, "<module>")])
+    wait, post = linked.line(str(job), 7), linked.line(str(job), 5)
+    assert wait is not None and wait.posted == (5, "all_reduce")
+    assert post is not None and post.rank_condition is not None  # the posting line too
     # stored with the capture, and read back
     from moe_hang.evidence.source import SourceFacts
     again = SourceFacts.from_dict(facts.to_dict())
@@ -73,8 +79,9 @@ def test_a_rank_in_work_wait_is_in_a_collective_the_one_past_the_loop_is_named(
     d = _diagnose(_rank(drop, (TORCH, 9, "barrier"), (str(job), 8, "<module>")),
                   _rank(other, (str(job), 7, "<module>")))
     assert (d.verdict, d.culprit_ranks) == ("desync", [drop]), d.summary
-    assert "posted earlier" in d.summary
-    assert f"rank {other} " in d.summary
+    # its line is where it posted what it waits on; the branch that left the culprit out
+    assert f"Rank {other} waits at" in d.summary and "train.py:5" in d.summary, d.summary
+    assert "`if not (rank == DROP and step == 2)`" in d.fix, d.fix
 
 
 @pytest.mark.parametrize("slow", [0, 1])
@@ -90,6 +97,18 @@ def test_every_rank_in_its_wait_is_said_as_such(tmp_path):
     job = _job(tmp_path)
     d = _diagnose(_rank(0, (str(job), 7, "<module>")), _rank(1, (str(job), 7, "<module>")))
     assert d.verdict == "hang" and d.culprit_ranks == [], d.summary
+    assert "all_reduce" in d.summary and "unknown" not in d.summary
+
+
+def test_a_wait_whose_post_the_source_does_not_show_is_said_as_such(tmp_path):
+    """``works[-1].wait()``: the source does not say which call posted it."""
+    job = tmp_path / "train.py"
+    job.write_text(JOB.replace("        work = dist.all_reduce(g, async_op=True)",
+                               "        works.append(dist.all_reduce(g, async_op=True))")
+                   .replace("    work.wait()", "    works[-1].wait()"))
+    d = _diagnose(_rank(0, (TORCH, 9, "barrier"), (str(job), 8, "<module>")),
+                  _rank(1, (str(job), 7, "<module>")))
+    assert d.verdict == "desync" and d.culprit_ranks == [0], d.summary
     assert "posted earlier" in d.summary and "unknown" not in d.summary
 
 
