@@ -271,6 +271,19 @@ CASES: tuple[Case, ...] = (
               "runner kills the job) while its main thread waits on the loader's queue and "
               "the other rank waits in the all-reduce: the rank is working through its "
               "helper, a straggler at most, never a hang"),
+    Case("async_wait_skip_attach", "async_wait_skip.py", 2, DESYNC, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier"), at(others(C, 2), "post")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE + VARLEN_ADVICE,
+         fix_require=("does not take",), basis=frozenset({"source", "program_order"}),
+         note="stacks alone: the other rank's main thread is at `work.wait()`, no collective "
+              "call; the source links the handle to the all-reduce that posted it (its line "
+              "is the rank's), under a branch that leaves rank C out"),
+    Case("async_wait_skip", "async_wait_skip.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier"), at(others(C, 2), "post")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE + VARLEN_ADVICE,
+         note="the same under watch: the recorder holds the posts"),
     Case("dataloader_worker_stuck_attach", "dataloader_worker_busy.py", 2, STALLED,
          mode="diagnose", env={**culprit_env(1), "STUCK": "1"}, mirror=culprit_env(0),
          culprits=C, lines=(at(others(C, 2), "allreduce"),),
