@@ -121,6 +121,30 @@ def _what(s: Situation, ranks: list[int]) -> str:
 
 
 def advise_size(s: Situation) -> Advice:
+    lines = {(c.callsite.file, c.callsite.line) for c in s.div.per_rank.values()
+             if c is not None and c.callsite is not None}
+    if len(lines) > 1 and s.culprits and \
+            s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE):
+        # posted from two lines: two different collectives that met at one seq (a rank
+        # that left the loop, an extra), not one collective given two shapes
+        return advise_order(s)
+    lineless = [(r, c) for r in s.culprits if (c := s.div.per_rank.get(r)) is not None
+                and c.callsite is None]
+    unknown_line = [r for r, _ in lineless]
+    theirs = next((c for r, c in sorted(s.div.per_rank.items())
+                   if r not in s.culprits and c is not None and c.callsite is not None), None)
+    if unknown_line and theirs is not None and len(lines) == 1 and \
+            s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE):
+        # the culprits' line is not known: another call of theirs (an extra), or this one
+        # with another shape — the advice for each, and what tells them apart
+        return Advice(f"{who(unknown_line).capitalize()} posted {theirs.op} "
+                      f"[{fmt_shape(lineless[0][1].input_sizes)}] where "
+                      f"{who(s.waiting())} posted it at {_at(theirs.callsite)} "
+                      f"[{fmt_shape(theirs.input_sizes)}], and the recorder kept no line of "
+                      f"{agree(unknown_line, 'it', 'theirs')}. Posted from another line, "
+                      "that call is the extra: remove it or make every rank post it; from "
+                      "this one, pass every rank the same shape (pad, or exchange the sizes "
+                      "first).")
     if uses_dtensor_gather(s.all_frames()):
         return Advice(
             "DTensor.from_local(x, mesh, [Shard(0)]) exchanges no sizes: it assumes every rank "
@@ -129,13 +153,6 @@ def advise_size(s: Situation) -> Advice:
             "moe_hang.VarlenDispatch does this, with the gradient anchor.",
             "from moe_hang import VarlenDispatch\n"
             "y_TD = VarlenDispatch(ep_group)(x_TD, weights_TK, experts_TK, local_experts)")
-    lines = {(c.callsite.file, c.callsite.line) for c in s.div.per_rank.values()
-             if c is not None and c.callsite is not None}
-    if len(lines) > 1 and s.culprits and \
-            s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE):
-        # posted from two lines: two different collectives that met at one seq (a rank
-        # that left the loop, an extra), not one collective given two shapes
-        return advise_order(s)
 
     def shape(c: RankCollective) -> str:
         return fmt_shape(c.input_sizes) or ("?" if c.source == "stack" else "scalar")

@@ -68,7 +68,9 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
 
     callsites = {r: cs for r, c in div.per_rank.items()
                  if (cs := (c.callsite if c is not None else None) or now_in_it(r))}
-    same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1
+    # one line for all only where every rank's is known (one unknown may be another line)
+    same_site = len({(cs.file, cs.line) for cs in callsites.values()}) == 1 and \
+        all(r in callsites for r, c in div.per_rank.items() if c is not None)
 
     # ranks that did the same thing together: one clause each, however many ranks
     said: dict[str, list[int]] = {}

@@ -422,8 +422,11 @@ def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | 
     before the call, points near it."""
     if coll is not None and coll.frames and coll.source != "probe":
         return callsite(coll.frames)
+    # an ended rank died in its last one; never in one of its group it had gone past
+    went_past = pending is not None and pending.pg == coll.pg and pending.seq > coll.seq \
+        if coll is not None else False
     in_it = coll is None or (sv.op == coll.op and (
-        pending is None or state == RankState.EXITED
+        pending is None or (state == RankState.EXITED and not went_past)
         or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
     if in_it and sv.callsite is not None:
         return sv.callsite

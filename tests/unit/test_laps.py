@@ -276,3 +276,75 @@ def test_a_rank_past_the_divergence_is_not_said_to_have_posted_it_where_it_is_no
                             callsite=Frame(job, 56, "<module>"))}
     text = desync_summary(div, reports, [past], {})
     assert "train.py:58" not in text, text
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_rank_whose_line_is_unknown_is_not_given_the_others_line_nor_padding(extra):
+    """One rank's extra all-gather (5 elements, from a helper) paired with the other's
+    metrics all-gather (3, line 63); the extra's recorder kept no frames, and the rank is now
+    in the next all-gather at line 63. Nothing says it posted seq 3 at line 63, and nothing
+    says the extra is a shape to pad: the advice says both and what tells them apart."""
+    from moe_hang.analysis.diagnosis import (
+        Divergence,
+        MismatchKind,
+        RankCollective,
+        RankReport,
+    )
+    from moe_hang.analysis.explain import desync_summary
+
+    job = "/job/train.py"
+    other = 1 - extra
+    div = Divergence("1", 3, MismatchKind.SIZE, members=[0, 1], per_rank={
+        extra: RankCollective("all_gather", "1", 3, [[5]]),
+        other: RankCollective("all_gather", "1", 3, [[3]], callsite=Frame(job, 63, "<module>"))})
+    reports = {
+        extra: RankReport(extra, collective=RankCollective("all_gather", "1", 4, [[3]]),
+                          callsite=Frame(job, 63, "<module>")),
+        other: RankReport(other, collective=div.per_rank[other],
+                          callsite=Frame(job, 63, "<module>"))}
+    text = desync_summary(div, reports, [extra], {})
+    assert f"rank {extra} all_gather(5) at" not in text, text
+    # the line is the other rank's own, not one for both
+    assert f"rank {other} all_gather(3) at " in text and text.count("train.py:63") == 1, text
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_an_extra_of_unknown_line_gets_both_advices_and_no_line(tmp_path, extra):
+    """The same through the whole analysis: gloo aborted the other rank (it received more
+    than it expected); the extra's rank got through, its recorder without frames, and died
+    in the next all-gather at line 63."""
+    job = tmp_path / "pipe.py"
+    job.write_text("\n" * 70)
+    at63 = [Frame(TORCH, 3, "all_gather_into_tensor"), Frame(str(job), 63, "<module>")]
+
+    def ag(seq: int, n: int, frames: list[Frame], done: bool, source: str) -> Collective:
+        return Collective(pg="1", seq=seq, op="all_gather", input_sizes=[[n]], dtypes=["Float"],
+                          record_id=seq, time_created_ns=seq, completed=done, frames=frames,
+                          source=source)
+
+    other = 1 - extra
+    ranks = {
+        extra: RankEvidence(
+            rank=extra, alive=False, exit_code=1,
+            fr=FRDump(entries=[ag(1, 3, [], True, "flight_recorder"),
+                               ag(2, 3, [], True, "flight_recorder"),
+                               ag(3, 5, [], True, "flight_recorder"),
+                               ag(4, 3, [], False, "flight_recorder")],
+                      pg_status={"1": PgStatus(4, 3)}),
+            threads=[ThreadStack("MainThread", at63, is_main=True)]),
+        other: RankEvidence(
+            rank=other, alive=False, exit_code=-signal.SIGABRT,
+            posted_log=[ag(1, 3, at63, True, "posted_log"), ag(2, 3, at63, True, "posted_log"),
+                        ag(3, 3, at63, False, "posted_log")],
+            log_status={"1": PgStatus(3, 2)},
+            fatal=("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call "
+                   f'first):\n  File "{TORCH}", line 3 in all_gather_into_tensor\n'
+                   f'  File "{job}", line 63 in <module>\n'))}
+    d = diagnose(captured(Evidence(ranks=ranks, world_size=2, job=JobState.FAILED,
+                                   size_abort=SizeAbort(received=5 * 2 * 4, expected=3 * 2 * 4))))
+    fd = d.first_divergence
+    assert fd is not None and fd.seq == 3, d.summary
+    mine = fd.per_rank.get(extra)
+    assert mine is not None and mine.callsite is None, mine  # not line 63: it went past it
+    assert d.culprit_ranks == [extra], d.summary
+    assert "pad to a common size" not in d.fix and "another line" in d.fix, d.fix
