@@ -250,62 +250,52 @@ def test_two_lines_that_met_at_one_seq_are_two_collectives_not_two_shapes(tmp_pa
     assert "left the loop" in d.fix and "pad" not in d.fix, d.fix
 
 
+def _summary_of_a_rank_gone_past(moved: int, now: tuple[str, str, int], now_line: int,
+                                 other_line: int) -> str:
+    """The summary of a size mismatch at seq 3 of group 1: ``moved`` (5 elements) has no
+    line for it and is now in ``now`` (op, group, seq) at ``now_line``; the other (3
+    elements) is still in it at ``other_line``."""
+    from moe_hang.analysis.diagnosis import (
+        Divergence,
+        MismatchKind,
+        RankCollective,
+        RankReport,
+    )
+    from moe_hang.analysis.explain import desync_summary
+
+    job = "/job/train.py"
+    other = 1 - moved
+    div = Divergence("1", 3, MismatchKind.SIZE, members=[0, 1], per_rank={
+        moved: RankCollective("all_gather", "1", 3, [[5]]),
+        other: RankCollective("all_gather", "1", 3, [[3]],
+                              callsite=Frame(job, other_line, "<module>"))})
+    op, pg, seq = now
+    reports = {
+        moved: RankReport(moved, collective=RankCollective(op, pg, seq, [[1]]),
+                          callsite=Frame(job, now_line, "<module>")),
+        other: RankReport(other, collective=div.per_rank[other],
+                          callsite=Frame(job, other_line, "<module>"))}
+    return desync_summary(div, reports, [moved], {})
+
+
 @pytest.mark.parametrize("past", [0, 1])
 def test_a_rank_past_the_divergence_is_not_said_to_have_posted_it_where_it_is_now(past):
     """gloo let one rank through a mismatched all-gather (it received less than it
     expected); its recorder kept no frames and its stack is at the next collective's line.
     That line is not where it posted the all-gather: the summary does not say so."""
-    from moe_hang.analysis.diagnosis import (
-        Divergence,
-        MismatchKind,
-        RankCollective,
-        RankReport,
-    )
-    from moe_hang.analysis.explain import desync_summary
-
-    job = "/job/train.py"
-    waiting = 1 - past
-    div = Divergence("1", 3, MismatchKind.SIZE, members=[0, 1], per_rank={
-        past: RankCollective("all_gather", "1", 3, [[5]]),
-        waiting: RankCollective("all_gather", "1", 3, [[3]],
-                                callsite=Frame(job, 56, "<module>"))})
-    reports = {
-        past: RankReport(past, collective=RankCollective("broadcast", "0", 6, [[1]]),
-                         callsite=Frame(job, 58, "<module>")),
-        waiting: RankReport(waiting, collective=div.per_rank[waiting],
-                            callsite=Frame(job, 56, "<module>"))}
-    text = desync_summary(div, reports, [past], {})
+    text = _summary_of_a_rank_gone_past(past, ("broadcast", "0", 6), 58, 56)
     assert "train.py:58" not in text, text
 
 
 @pytest.mark.parametrize("extra", [0, 1])
-def test_a_rank_whose_line_is_unknown_is_not_given_the_others_line_nor_padding(extra):
+def test_a_rank_whose_line_is_unknown_is_not_given_the_others_line(extra):
     """One rank's extra all-gather (5 elements, from a helper) paired with the other's
     metrics all-gather (3, line 63); the extra's recorder kept no frames, and the rank is now
-    in the next all-gather at line 63. Nothing says it posted seq 3 at line 63, and nothing
-    says the extra is a shape to pad: the advice says both and what tells them apart."""
-    from moe_hang.analysis.diagnosis import (
-        Divergence,
-        MismatchKind,
-        RankCollective,
-        RankReport,
-    )
-    from moe_hang.analysis.explain import desync_summary
-
-    job = "/job/train.py"
-    other = 1 - extra
-    div = Divergence("1", 3, MismatchKind.SIZE, members=[0, 1], per_rank={
-        extra: RankCollective("all_gather", "1", 3, [[5]]),
-        other: RankCollective("all_gather", "1", 3, [[3]], callsite=Frame(job, 63, "<module>"))})
-    reports = {
-        extra: RankReport(extra, collective=RankCollective("all_gather", "1", 4, [[3]]),
-                          callsite=Frame(job, 63, "<module>")),
-        other: RankReport(other, collective=div.per_rank[other],
-                          callsite=Frame(job, 63, "<module>"))}
-    text = desync_summary(div, reports, [extra], {})
+    in the next all-gather at line 63: nothing says it posted seq 3 there."""
+    text = _summary_of_a_rank_gone_past(extra, ("all_gather", "1", 4), 63, 63)
     assert f"rank {extra} all_gather(5) at" not in text, text
     # the line is the other rank's own, not one for both
-    assert f"rank {other} all_gather(3) at " in text and text.count("train.py:63") == 1, text
+    assert f"rank {1 - extra} all_gather(3) at " in text and text.count("train.py:63") == 1, text
 
 
 @pytest.mark.parametrize("extra", [0, 1])
