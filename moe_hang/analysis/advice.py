@@ -5,17 +5,22 @@ naming the ranks and lines; no advice rather than wrong advice. Pure."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from moe_hang.analysis.blocks import EXTRA, Block
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
-    Divergence,
     MismatchKind,
     RankCollective,
-    RankReport,
     fmt_shape,
-    pg_label,
+)
+from moe_hang.analysis.situation import (
+    Advice,
+    Situation,
+    at_line,
+    collective_of_ranks,
+    fsdp_unshard,
+    user_autograd_backward,
+    uses_dtensor_gather,
 )
 from moe_hang.analysis.source import (
     enclosing_loop,
@@ -28,96 +33,6 @@ from moe_hang.analysis.source import (
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
-
-
-@dataclass
-class Situation:
-    """What advice is given from: the divergence, the blame, and each rank's frames there
-    (the stack that posted its collective, else its stack now; innermost first)."""
-
-    div: Divergence
-    culprits: list[int]
-    basis: CulpritBasis
-    reports: dict[int, RankReport]
-    frames: dict[int, list[Frame]] = field(default_factory=dict)
-    block: Block | None = None  # where one side posted collectives the other did not
-    src: SourceFacts = field(default_factory=SourceFacts)  # what the source said
-
-    def all_frames(self) -> list[Frame]:
-        return [f for fs in self.frames.values() for f in fs]
-
-    def site(self, r: int) -> Frame | None:
-        c = self.div.per_rank.get(r)
-        if c is not None and c.callsite is not None:
-            return c.callsite
-        rep = self.reports.get(r)
-        return rep.callsite if rep is not None else None
-
-    def waiting(self) -> list[int]:
-        """The ranks the culprits leave waiting (every other member with an entry)."""
-        return [r for r in sorted(self.div.per_rank) if r not in self.culprits]
-
-    def waited_site(self) -> Frame | None:
-        """The line the first waiting rank with one waits at."""
-        return next((site for r in self.waiting() if (site := self.site(r)) is not None), None)
-
-    def lacks_fsdp_unshard(self) -> bool:
-        """The collective the culprits lack is FSDP's pre-forward all-gather: FSDP's unshard
-        is in the frames, the waiters' line does not call a collective itself (a skipped
-        broadcast is no module), and the block the culprits lack, where known, is FSDP's."""
-        waited = self.waited_site()
-        if waited is not None and on_default_group(self.src, waited.file, waited.line) \
-                is not None:
-            return False
-        lacked = self.block.items[0].frames if self.block is not None and self.block.items \
-            else []
-        return fsdp_unshard(self.all_frames()) and (not lacked or fsdp_unshard(lacked))
-
-
-@dataclass
-class Advice:
-    text: str
-    code: str | None = None  # a snippet to paste at the user's line
-
-
-def _torch_fn(frames: list[Frame], path_part: str, names: tuple[str, ...]) -> bool:
-    return any(path_part in f.file.replace("\\", "/") and f.function.rsplit(".", 1)[-1] in names
-               for f in frames)
-
-
-def uses_dtensor_gather(frames: list[Frame]) -> bool:
-    """``DTensor.from_local(...).full_tensor()`` / ``redistribute``: no size exchange."""
-    return _torch_fn(frames, "torch/distributed/tensor/", ("full_tensor", "redistribute",
-                                                           "from_local", "_to_replicate_tensor"))
-
-
-def fsdp_unshard(frames: list[Frame]) -> bool:
-    """FSDP2's pre-forward all-gather of a module's parameters."""
-    return _torch_fn(frames, "torch/distributed/fsdp/", (
-        "pre_forward", "_pre_forward", "unshard", "foreach_all_gather", "wait_for_unshard",
-        "_root_pre_forward", "lazy_init"))
-
-
-def user_autograd_backward(frames: list[Frame]) -> Frame | None:
-    """The user ``autograd.Function.backward`` frame that posted the collective, if any."""
-    for f in frames:
-        if not is_library_frame(f) and f.function.rsplit(".", 1)[-1] == "backward":
-            return f
-    return None
-
-
-def _at(f: Frame | None) -> str:
-    return f.short() if f is not None else "its line"
-
-
-def _what(s: Situation, ranks: list[int]) -> str:
-    """The collective these ranks posted at the divergence, else are in (no line known)."""
-    for r in ranks:
-        c = s.div.per_rank.get(r) or (s.reports[r].collective if r in s.reports else None)
-        if c is not None:
-            seq = f"#{c.seq}" if c.seq is not None else ""
-            return f"{c.op} {pg_label(c.pg, c.pg_desc)}{seq}"
-    return "its collective"
 
 
 def advise_size(s: Situation) -> Advice:
@@ -139,7 +54,7 @@ def advise_size(s: Situation) -> Advice:
         # with another shape — the advice for each, and what tells them apart
         return Advice(f"{who(unknown_line).capitalize()} posted {theirs.op} "
                       f"[{fmt_shape(lineless[0][1].input_sizes)}] where "
-                      f"{who(s.waiting())} posted it at {_at(theirs.callsite)} "
+                      f"{who(s.waiting())} posted it at {at_line(theirs.callsite)} "
                       f"[{fmt_shape(theirs.input_sizes)}], and the recorder kept no line of "
                       f"{agree(unknown_line, 'it', 'theirs')}. Posted from another line, "
                       "that call is the extra: remove it or make every rank post it; from "
@@ -181,7 +96,7 @@ def advise_dtype(s: Situation) -> Advice:
     dtypes = "; ".join(f"rank {r}: {'/'.join(c.dtypes)}" for r, c in sorted(s.div.per_rank.items())
                        if c is not None and c.dtypes)
     site = s.site(next(iter(sorted(s.div.per_rank))))
-    return Advice(f"Cast to one dtype on every rank before the collective at {_at(site)} "
+    return Advice(f"Cast to one dtype on every rank before the collective at {at_line(site)} "
                   f"({dtypes}).")
 
 
@@ -282,7 +197,7 @@ def advise_order(s: Situation) -> Advice:
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; "
             f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
-            f"{_at(called)}. Call the same modules on every rank every step (run a skipped "
+            f"{at_line(called)}. Call the same modules on every rank every step (run a skipped "
             "block on an empty or dummy input), so every rank posts the same all-gathers.")
     if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
         return Advice("Every rank must post the same collectives in the same order; these "
@@ -292,8 +207,8 @@ def advise_order(s: Situation) -> Advice:
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     now_at = s.site(culprit)
     # where no line is known (dumps without stacks), the collectives say which
-    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
-    now = _at(now_at) if now_at else _what(s, [culprit])
+    missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
+    now = at_line(now_at) if now_at else collective_of_ranks(s, [culprit])
     the_missed = f"the collective at {missed}" if missed_at else missed
     # decided by a condition on the culprit's own path that names the ranks taking it
     cond = path_condition(s.src, s.frames.get(culprit, []))
@@ -322,7 +237,7 @@ def advise_order(s: Situation) -> Advice:
         # another group, only the recorder's group names tell
         camps: dict[str, list[int]] = {}
         for r in s.culprits:
-            camps.setdefault(_at(site) if (site := s.site(r)) else "?", []).append(r)
+            camps.setdefault(at_line(site) if (site := s.site(r)) else "?", []).append(r)
         if len(camps) > 1:
             # past it at different lines: which of them share the waiters' group (and so
             # skipped it) the stacks do not say; some may be where they are because of it
@@ -350,8 +265,8 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
     culprit = s.culprits[0]
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     now_at = s.site(culprit)
-    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
-    now = _at(now_at) if now_at else _what(s, [culprit])
+    missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
+    now = at_line(now_at) if now_at else collective_of_ranks(s, [culprit])
     return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
                   f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
@@ -361,7 +276,7 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
 def _advise_loop_left(s: Situation, loop: str) -> Advice:
     """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
-    missed = _at(missed_at) if missed_at else _what(s, s.waiting())
+    missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
     return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
                   f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
                   f"({missed}): the ranks ran different numbers of iterations, or "

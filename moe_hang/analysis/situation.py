@@ -1,0 +1,103 @@
+"""What advice is given from (:class:`Situation`), what it is (:class:`Advice`), and the
+patterns of the frames that decide which fix applies (DTensor's gather, FSDP's unshard, a
+user ``autograd.Function``) — pure; the advice itself is :mod:`.advice`'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moe_hang.analysis.blocks import Block
+from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, RankReport, pg_label
+from moe_hang.analysis.source import on_default_group
+from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.stacks import Frame, is_library_frame
+
+
+@dataclass
+class Situation:
+    """What advice is given from: the divergence, the blame, and each rank's frames there
+    (the stack that posted its collective, else its stack now; innermost first)."""
+
+    div: Divergence
+    culprits: list[int]
+    basis: CulpritBasis
+    reports: dict[int, RankReport]
+    frames: dict[int, list[Frame]] = field(default_factory=dict)
+    block: Block | None = None  # where one side posted collectives the other did not
+    src: SourceFacts = field(default_factory=SourceFacts)  # what the source said
+
+    def all_frames(self) -> list[Frame]:
+        return [f for fs in self.frames.values() for f in fs]
+
+    def site(self, r: int) -> Frame | None:
+        c = self.div.per_rank.get(r)
+        if c is not None and c.callsite is not None:
+            return c.callsite
+        rep = self.reports.get(r)
+        return rep.callsite if rep is not None else None
+
+    def waiting(self) -> list[int]:
+        """The ranks the culprits leave waiting (every other member with an entry)."""
+        return [r for r in sorted(self.div.per_rank) if r not in self.culprits]
+
+    def waited_site(self) -> Frame | None:
+        """The line the first waiting rank with one waits at."""
+        return next((site for r in self.waiting() if (site := self.site(r)) is not None), None)
+
+    def lacks_fsdp_unshard(self) -> bool:
+        """The collective the culprits lack is FSDP's pre-forward all-gather: FSDP's unshard
+        is in the frames, the waiters' line does not call a collective itself (a skipped
+        broadcast is no module), and the block the culprits lack, where known, is FSDP's."""
+        waited = self.waited_site()
+        if waited is not None and on_default_group(self.src, waited.file, waited.line) \
+                is not None:
+            return False
+        lacked = self.block.items[0].frames if self.block is not None and self.block.items \
+            else []
+        return fsdp_unshard(self.all_frames()) and (not lacked or fsdp_unshard(lacked))
+
+
+@dataclass
+class Advice:
+    text: str
+    code: str | None = None  # a snippet to paste at the user's line
+
+
+def _torch_fn(frames: list[Frame], path_part: str, names: tuple[str, ...]) -> bool:
+    return any(path_part in f.file.replace("\\", "/") and f.function.rsplit(".", 1)[-1] in names
+               for f in frames)
+
+
+def uses_dtensor_gather(frames: list[Frame]) -> bool:
+    """``DTensor.from_local(...).full_tensor()`` / ``redistribute``: no size exchange."""
+    return _torch_fn(frames, "torch/distributed/tensor/", ("full_tensor", "redistribute",
+                                                           "from_local", "_to_replicate_tensor"))
+
+
+def fsdp_unshard(frames: list[Frame]) -> bool:
+    """FSDP2's pre-forward all-gather of a module's parameters."""
+    return _torch_fn(frames, "torch/distributed/fsdp/", (
+        "pre_forward", "_pre_forward", "unshard", "foreach_all_gather", "wait_for_unshard",
+        "_root_pre_forward", "lazy_init"))
+
+
+def user_autograd_backward(frames: list[Frame]) -> Frame | None:
+    """The user ``autograd.Function.backward`` frame that posted the collective, if any."""
+    for f in frames:
+        if not is_library_frame(f) and f.function.rsplit(".", 1)[-1] == "backward":
+            return f
+    return None
+
+
+def at_line(f: Frame | None) -> str:
+    return f.short() if f is not None else "its line"
+
+
+def collective_of_ranks(s: Situation, ranks: list[int]) -> str:
+    """The collective these ranks posted at the divergence, else are in (no line known)."""
+    for r in ranks:
+        c = s.div.per_rank.get(r) or (s.reports[r].collective if r in s.reports else None)
+        if c is not None:
+            seq = f"#{c.seq}" if c.seq is not None else ""
+            return f"{c.op} {pg_label(c.pg, c.pg_desc)}{seq}"
+    return "its collective"
