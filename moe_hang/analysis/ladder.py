@@ -252,28 +252,19 @@ def _lapped(calls: Sequence[int], file: str, first: int, later: int, p_later: Po
 
 
 def _iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
-               ) -> bool | None:
+               ) -> int | None:
     """Two ranks' frames in one ``for`` loop (``header``), by the loop's integer counters
-    py-spy showed: None where either is not known or the iteration is the same, else whether
-    ``x``'s iteration is the later."""
+    py-spy showed: 1 where ``x``'s iteration is the later, -1 where ``y``'s is, 0 where
+    every counter both show is equal; None where none is known."""
     m = _FOR.match(header or "")
     if m is None:
         return None
     va, vb = ca.get(x, {}), cb.get(y, {})
-    for name in re.findall(r"[A-Za-z_]\w*", m.group(1)):
-        if name in va and name in vb and va[name] != vb[name]:
-            return va[name] > vb[name]
-    return None
-
-
-def _same_iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
-                    ) -> bool:
-    m = _FOR.match(header or "")
-    if m is None:
-        return False
-    va, vb = ca.get(x, {}), cb.get(y, {})
     names = [n for n in re.findall(r"[A-Za-z_]\w*", m.group(1)) if n in va and n in vb]
-    return bool(names) and all(va[n] == vb[n] for n in names)
+    for name in names:
+        if va[name] != vb[name]:
+            return 1 if va[name] > vb[name] else -1
+    return 0 if names else None
 
 
 def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
@@ -296,11 +287,10 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
         if x.line == y.line:
             # one line in a loop: its counters (py-spy's locals) say whether they are in
             # one iteration or which is the later
-            header = enclosing_loop(src, x.file, x.line)
-            if (it := _iteration(header, x, y, ca, cb)) is not None:
-                return it
-            repeated = repeated or (in_loop(src, x.file, x.line)
-                                    and not _same_iteration(header, x, y, ca, cb))
+            it = _iteration(enclosing_loop(src, x.file, x.line), x, y, ca, cb)
+            if it:
+                return it > 0
+            repeated = repeated or (in_loop(src, x.file, x.line) and it != 0)
             continue
         o = order(src, x.file, x.line, y.line)
         if o not in (Order.A_FIRST, Order.B_FIRST):
@@ -308,9 +298,10 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
         x_later = o is Order.B_FIRST
         region = loop_step(src, x.file, x.line, y.line)
         if region is not None and not repeated:
-            if (it := _iteration(region.header, x, y, ca, cb)) is not None:
-                return it
-            if _same_iteration(region.header, x, y, ca, cb):
+            it = _iteration(region.header, x, y, ca, cb)
+            if it:
+                return it > 0
+            if it == 0:
                 return x_later  # one iteration of the loop holding both: the later line
             first, later = (y.line, x.line) if x_later else (x.line, y.line)
             p_later, p_first = (pa.posts, pb.posts) if x_later else (pb.posts, pa.posts)
