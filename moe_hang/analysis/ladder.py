@@ -169,8 +169,8 @@ def majority(r: Reading, ctx: Context) -> bool | None:
     """The culprits are a strict minority of the ranks the divergence involves."""
     if CulpritBasis.MAJORITY in r.given:
         return r.given[CulpritBasis.MAJORITY]
-    if not r.others or r.edit == Edit.BEHIND:
-        return None
+    if not r.others or r.edit == Edit.BEHIND or len(r.culprits) == len(r.others):
+        return None  # as many on each side: a count says nothing
     return len(r.culprits) < len(r.others)
 
 

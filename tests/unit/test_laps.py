@@ -338,3 +338,15 @@ def test_an_extra_of_unknown_line_gets_both_advices_and_no_line(tmp_path, extra)
     assert mine is not None and mine.callsite is None, mine  # not line 63: it went past it
     assert d.culprit_ranks == [extra], d.summary
     assert "pad to a common size" not in d.fix and "another line" in d.fix, d.fix
+
+
+def test_a_count_of_one_against_one_says_nothing():
+    """The majority rung abstains on a tie: one rank against one names neither (before, it
+    said no to the reading it was asked first, and another rung's silence let the other
+    reading through — a two-node metrics thread's extra blamed the rank without it)."""
+    from moe_hang.analysis.ladder import Edit, Reading, majority
+
+    for edit in (Edit.EXTRA, Edit.SKIP, Edit.CHANGE):
+        assert majority(Reading((0,), (1,), edit), None) is None  # type: ignore[arg-type]
+    assert majority(Reading((0,), (1, 2), Edit.EXTRA), None) is True  # type: ignore[arg-type]
+    assert majority(Reading((0, 1), (2,), Edit.EXTRA), None) is False  # type: ignore[arg-type]

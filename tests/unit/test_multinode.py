@@ -459,3 +459,42 @@ def test_a_capture_summary_takes_the_stack_of_a_dump_after_the_last_beat(
     assert r1.callsite is not None
     assert r1.callsite.endswith(f"fuzz4071993_044_sigkill_mesh2d.py:{line}:<module>")
     assert r1.stack[-1] == r1.callsite
+
+
+def test_a_remote_ranks_threads_and_posting_thread_ids_cross_nodes(fixtures: Path,
+                                                                   tmp_path: Path) -> None:
+    """A node's summary carries the ids of its ranks' threads at the capture (its probe's
+    dump of every thread) and the posting thread of each recorded collective: on the
+    analysing node, a remote rank whose thread for a group is gone is known to be done
+    there (a metrics thread that ended), as a local one is."""
+    from moe_hang.analysis.facts import facts
+    from moe_hang.commands.multinode.summaries import merge_remote
+    from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
+    from moe_hang.evidence.model import RankEvidence
+    from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective
+
+    src = fixtures / "multinode" / "sigterm_after_beat"
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    for name in ("rank1.hb.json", "rank1.stack.txt"):
+        (layout.ranks_dir / name).write_text(
+            (src / name).read_text().replace("@ROOT@", str(ROOT)))
+    s = multinode.capture_summary(layout, "1", "vm", moving=None, alive={1: True})
+    (r1,) = s.ranks
+    assert 0x00007f5600871b80 in {int(t, 0) for t in r1.threads}
+    # a metrics thread (id 42, not among them) posted its group's collectives, then ended
+    r1.history = [PendingCollective(op="gloo:all_reduce", seq=q, pg_id="2", pg="2",
+                                    completed=True, thread="metrics", thread_id="42")
+                  for q in (1, 2)]
+    r1.fr_status = {"2": [2, 2]}
+    again = NodeSummary.from_json(s.to_json())
+    assert again.ranks[0].threads == r1.threads
+    assert again.ranks[0].history[0].thread_id == "42"
+    local = Collective(pg="2", seq=1, op="all_reduce", completed=True, thread_id="7")
+    ev = Evidence(ranks={0: RankEvidence(rank=0, alive=True, progressed=False,
+                                         fr=FRDump(entries=[local],
+                                                   pg_status={"2": PgStatus(1, 1)}))},
+                  world_size=2)
+    assert merge_remote(ev, {"1": again}) == [1]
+    assert ev.ranks[1].live_threads == r1.threads
+    assert facts(ev).views.poster_ended(1, "2") is True

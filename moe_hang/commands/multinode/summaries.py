@@ -68,7 +68,8 @@ def history_of(dump: FRDump | None, per_group: int = HISTORY_PER_GROUP, *,
         input_sizes=c.input_sizes, output_sizes=c.output_sizes, dtypes=c.dtypes,
         t_ns=c.time_created_ns, completed=c.completed,
         frames=[f"{f.file}:{f.line}:{f.function}" for f in c.frames
-                if not is_library_frame(f)][:MAX_USER_FRAMES], thread=c.thread_name)
+                if not is_library_frame(f)][:MAX_USER_FRAMES], thread=c.thread_name,
+        thread_id=c.thread_id)
         for c in kept]
     pg_status = dump.pg_status if dump is not None else (log.status if log is not None else {})
     status = {pg: [st.enqueued, st.completed] for pg, st in pg_status.items()}
@@ -98,6 +99,7 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
         r.error = error_of(layout.rank(r.rank).error)
         if not r.held and r.error is None:
             _fresher_stack(r, layout.rank(r.rank))
+        r.threads = _thread_ids(layout.rank(r.rank))
         with contextlib.suppress(OSError, UnicodeDecodeError):
             fatal = layout.rank(r.rank).fatal
             if not r.held and fatal.exists():
@@ -172,6 +174,15 @@ def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
                        if not is_library_frame(f)), None)
 
 
+def _thread_ids(files: RankFiles) -> list[str]:
+    """The ids of the rank's threads in its probe's dump at the capture (every thread)."""
+    try:
+        text = files.stack.read_text(errors="replace")
+    except OSError:
+        return []
+    return [t.thread_id for t in dumped_threads(text) if t.thread_id]
+
+
 def error_of(path: Path) -> dict[str, Any] | None:
     """A rank's exception record (``error.json``), compact: what the analysing node needs to
     name it the root cause (type, first line, the innermost frames, time, attempt)."""
@@ -223,7 +234,8 @@ def _fr_of(r: RankSummary) -> FRDump | None:
             pg=h.pg or h.pg_id, seq=h.seq, op=normalise_op(h.op), raw_op=h.op,
             pg_desc=h.pg_desc or "", input_sizes=h.input_sizes, output_sizes=h.output_sizes,
             dtypes=[normalise_dtype(d) for d in h.dtypes], time_created_ns=h.t_ns,
-            frames=frames, completed=h.completed, thread_name=h.thread))
+            frames=frames, completed=h.completed, thread_name=h.thread,
+            thread_id=h.thread_id))
     status = {pg: PgStatus(v[0], v[1]) for pg, v in r.fr_status.items()}
     return FRDump(entries=entries, pg_status=status, backend="remote summary")
 
@@ -248,7 +260,8 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary]) -> list[int
             ev.ranks[r.rank] = RankEvidence(
                 rank=r.rank, pid=r.pid, host=s.host, alive=r.state != RankState.EXITED,
                 exit_code=r.exit_code, heartbeat=hb, progressed=r.moving, fr=_fr_of(r),
-                groups={k: list(v) for k, v in s.groups.items()} or None, error=err)
+                groups={k: list(v) for k, v in s.groups.items()} or None, error=err,
+                live_threads=list(r.threads) or None)
             if r.held and err is not None and err.frames:
                 # held for the capture by its probe: where it raised is its stack
                 ev.ranks[r.rank].threads = [ThreadStack("MainThread", err.frames, is_main=True)]

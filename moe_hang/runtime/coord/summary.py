@@ -41,10 +41,11 @@ class PendingCollective:
     completed: bool | None = None  # history entries: did it complete on this rank?
     frames: list[str] = field(default_factory=list)  # the user frames that posted it
     thread: str | None = None  # the name of the thread that posted it, where known
+    thread_id: str | None = None  # and its id (the recorder's, a decimal pthread id)
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "seq": self.seq, "pg_id": self.pg_id}
-        for k in ("pg", "pg_desc", "t_ns", "completed", "thread"):
+        for k in ("pg", "pg_desc", "t_ns", "completed", "thread", "thread_id"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         for k in ("input_sizes", "output_sizes", "dtypes"):
@@ -65,7 +66,8 @@ class PendingCollective:
                    dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")),
                    completed=None if d.get("completed") is None else bool(d["completed"]),
                    frames=[str(f) for f in d.get("frames") or []],
-                   thread=None if d.get("thread") is None else str(d["thread"])[:200])
+                   thread=None if d.get("thread") is None else str(d["thread"])[:200],
+                   thread_id=None if d.get("thread_id") is None else str(d["thread_id"])[:40])
 
     @classmethod
     def from_fr_entry(cls, e: Mapping[str, Any]) -> PendingCollective | None:
@@ -133,6 +135,9 @@ class RankSummary:
     # the send/recv its main thread is inside, with its peer, as its probe sampled it
     # (op, peer, tag, group): gloo's recorder has no entry for point-to-point
     p2p: dict[str, Any] | None = None
+    # a capture only: the ids of the threads it had then (its probe's dump of every thread):
+    # a thread of its whose id is gone will never post again
+    threads: list[str] = field(default_factory=list)
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
@@ -158,6 +163,8 @@ class RankSummary:
             d["error"] = self.error
         if self.held:
             d["held"] = True
+        if self.threads:
+            d["threads"] = self.threads
         if self.fatal:
             d["fatal"] = self.fatal
         if self.p2p:
@@ -195,7 +202,8 @@ class RankSummary:
                    error=dict(d["error"]) if isinstance(d.get("error"), Mapping) else None,
                    held=d.get("held") is True,
                    fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None,
-                   p2p=p2p_of(d.get("p2p")))
+                   p2p=p2p_of(d.get("p2p")),
+                   threads=[str(t)[:40] for t in d.get("threads") or []][:256])
 
 
 FATAL_CHARS = 8000  # a faulthandler dump of every thread fits; a runaway one is cut
