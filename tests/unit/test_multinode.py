@@ -434,6 +434,16 @@ def test_a_job_not_started_by_torchrun_is_judged_by_its_heartbeats_not_its_sampl
     assert looked == [2]
 
 
+def _sigterm_after_beat(src: Path, tmp_path: Path) -> RunLayout:
+    """A node's run directory with rank 1's last beat and its probe's dump of every thread."""
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    for name in ("rank1.hb.json", "rank1.stack.txt"):
+        (layout.ranks_dir / name).write_text(
+            (src / name).read_text().replace("@ROOT@", str(ROOT)))
+    return layout
+
+
 @pytest.mark.parametrize("dump_at, reason, line", [(0.1, "sigterm", 55), (-0.1, "sigterm", 15),
                                                    (0.1, "exception", 15)],
                          ids=["dump_after_the_beat", "dump_before_the_beat",
@@ -445,11 +455,7 @@ def test_a_capture_summary_takes_the_stack_of_a_dump_after_the_last_beat(
     summary says what its own capture says: the fresher dump's line. Not a dump older than
     the beat, nor the dump of an exception (the excepthook's stack; its traceback decides)."""
     src = fixtures / "multinode" / "sigterm_after_beat"
-    layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
-    for name in ("rank1.hb.json", "rank1.stack.txt"):
-        (layout.ranks_dir / name).write_text(
-            (src / name).read_text().replace("@ROOT@", str(ROOT)))
+    layout = _sigterm_after_beat(src, tmp_path)
     beat = json.loads((layout.ranks_dir / "rank1.hb.json").read_text())["time"]
     marker = json.loads((src / "rank1.dump.json").read_text())
     (layout.ranks_dir / "rank1.dump.json").write_text(
@@ -473,12 +479,7 @@ def test_a_remote_ranks_threads_and_posting_thread_ids_cross_nodes(fixtures: Pat
     from moe_hang.evidence.model import RankEvidence
     from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective
 
-    src = fixtures / "multinode" / "sigterm_after_beat"
-    layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
-    for name in ("rank1.hb.json", "rank1.stack.txt"):
-        (layout.ranks_dir / name).write_text(
-            (src / name).read_text().replace("@ROOT@", str(ROOT)))
+    layout = _sigterm_after_beat(fixtures / "multinode" / "sigterm_after_beat", tmp_path)
     s = multinode.capture_summary(layout, "1", "vm", moving=None, alive={1: True})
     (r1,) = s.ranks
     assert 0x00007f5600871b80 in {int(t, 0) for t in r1.threads}
