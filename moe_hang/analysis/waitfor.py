@@ -81,25 +81,31 @@ def _head(v: RankView) -> tuple[Collective | None, set[tuple[str, int]]]:
 def _stream_edges(views: RankViews) -> list[Edge]:
     """On NCCL a rank enqueues collectives without waiting: several are pending at once, and
     its oldest holds the rest. A rank whose oldest is X waits for a member of X's group that
-    has X pending behind something else of its own (the two posted in different orders)."""
+    has X pending behind something else of its own (the two posted in different orders).
+    The candidates are found through what each rank has pending, not by walking every
+    member of X's group (8192 ranks in one group: 67 million pairs)."""
     heads = {r: _head(v) for r, v in views.items()}
+    by_head: dict[tuple[str, int], list[int]] = {}
+    for m, (mh, _) in heads.items():
+        if mh is not None:
+            by_head.setdefault((mh.pg, mh.seq), []).append(m)
+    member_sets: dict[int, frozenset[int]] = {}  # one load shares each group's member list
     out: list[Edge] = []
-    for r, (head, _) in heads.items():
+    for r, (head, mine) in heads.items():
         if head is None:
             continue
         fr = views[r].ev.fr
         members = fr.pg_ranks.get(head.pg, ()) if fr is not None else ()
+        group = member_sets.get(id(members))
+        if group is None:
+            group = member_sets[id(members)] = frozenset(members)
         key = (head.pg, head.seq)
-        mine = heads[r][1]
-        for m in members:
-            mh, mpend = heads.get(m, (None, set()))
-            # m holds X behind its own oldest Y, of another group, which r has pending behind
-            # X: the two posted X and Y in opposite orders (anything else resolves in turn)
-            if (m == r or mh is None or key not in mpend or mh.pg == head.pg
-                    or (mh.pg, mh.seq) not in mine):
-                continue
-            label = f"{head.op} {pg_label(head.pg, head.pg_desc, word='group')}#{head.seq}"
-            out.append(Edge(r, m, label, coll=head, stream=True))
+        # m holds X behind its own oldest Y, of another group, which r has pending behind
+        # X: the two posted X and Y in opposite orders (anything else resolves in turn)
+        found = sorted({m for y in mine if y[0] != head.pg for m in by_head.get(y, ())
+                        if m != r and m in group and key in heads[m][1]})
+        label = f"{head.op} {pg_label(head.pg, head.pg_desc, word='group')}#{head.seq}"
+        out.extend(Edge(r, m, label, coll=head, stream=True) for m in found)
     return out
 
 
