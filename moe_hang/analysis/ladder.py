@@ -238,16 +238,15 @@ def _lapped(calls: Sequence[int], file: str, first: int, later: int, p_later: Po
     the rest, and both as often from the lines between. The edit (what one of them skipped)
     spoils a vote or two; None where the votes tie."""
     same = lap = 0
-    for c in sorted(set(calls) | {later}):
+    # the edit's own line is left out: what it says depends on the edit
+    for c in (set(calls) | {later}) - {first}:
         a, b = p_later.get((file, c), {}), p_first.get((file, c), {})
+        between = first < c <= later
         for g in a.keys() & b.keys():
-            if c == first:
-                continue  # the edit's own line: what it says depends on the edit
-            ahead, level, behind = a[g] > b[g], a[g] == b[g], a[g] < b[g]
-            if first < c <= later:
-                same, lap = same + ahead, lap + level
+            if between:
+                same, lap = same + (a[g] > b[g]), lap + (a[g] == b[g])
             else:
-                same, lap = same + level, lap + behind
+                same, lap = same + (a[g] == b[g]), lap + (a[g] < b[g])
     return None if same == lap else lap > same
 
 

@@ -12,7 +12,7 @@ from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.timeline import recorder_only
-from moe_hang.evidence.stacks import Helper, idle_in_backward, is_library_frame
+from moe_hang.evidence.stacks import Helper, idle_in_backward
 from moe_hang.evidence.vocab import RankState, agree, spans, who
 
 
@@ -69,8 +69,8 @@ def stalled_outside(f: Facts) -> Conclusion:
 def _stuck_helper(f: Facts, r: int) -> Helper | None:
     """The one child process of ``r`` that sits off CPU at a line of the job's own (a
     DataLoader worker blocked in ``__getitem__``): what the rank waits on."""
-    found = [h for h in f.views[r].ev.helpers if h.busy is False and h.site is not None
-             and not is_library_frame(h.site)]
+    # ``site`` is already the job's own line (a helper only in library code has none)
+    found = [h for h in f.views[r].ev.helpers if h.busy is False and h.site is not None]
     return found[0] if len(found) == 1 else None
 
 
