@@ -6,6 +6,7 @@ The public API, for your own code (imported lazily: ``import moe_hang`` does not
     from moe_hang import anchor_gradients                   # the gradient anchor alone
     from moe_hang import FSDPExperts, uncovered_trainable    # FSDP2 experts done right, and a check
     from moe_hang import load_capture, diagnose, Diagnosis  # a run directory -> a verdict
+    from moe_hang import check, HangReproduced              # moe-hang check on your model
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _PUBLIC = {
     "diagnose": "moe_hang.analysis.rules",
     "Diagnosis": "moe_hang.analysis.diagnosis",
     "load_capture": "moe_hang.evidence.load",
+    "check": "moe_hang.usercheck.api",
+    "HangReproduced": "moe_hang.usercheck.api",
 }
 __all__ = ["__version__", *_PUBLIC]
 

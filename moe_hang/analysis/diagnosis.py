@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from moe_hang.analysis.routing import RoutingReport
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.stacks import Frame
@@ -233,7 +234,7 @@ class Divergence:
 class TimelineCell:
     op: str
     sizes: list[list[int]]
-    state: str  # done | pending | posted
+    state: str  # done | pending | posted | unknown (posted, not in its evidence)
     name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,6 +296,8 @@ class Diagnosis:
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
     # NCCL RAS as the diagnosis read it (analysis/nccl.py ras_summary); None: no report
     nccl_ras: dict[str, Any] | None = None
+    # the MoE routers' token counts at the step the job stopped in (analysis/routing.py)
+    routing: RoutingReport | None = None
 
     def rank(self, r: int) -> RankReport | None:
         return next((x for x in self.ranks if x.rank == r), None)
@@ -327,6 +330,8 @@ class Diagnosis:
             d["timeline"] = self.timeline.to_dict()
         if self.nccl_ras is not None:
             d["nccl_ras"] = self.nccl_ras
+        if self.routing is not None:
+            d["routing"] = self.routing.to_dict()
         if self.run is not None:
             d.update(self.run.to_dict())
         return d
@@ -352,4 +357,5 @@ class Diagnosis:
             rule_id=str(d.get("rule_id", "")),
             divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])
                          if x is not None],
-            nccl_ras=d["nccl_ras"] if isinstance(d.get("nccl_ras"), dict) else None)
+            nccl_ras=d["nccl_ras"] if isinstance(d.get("nccl_ras"), dict) else None,
+            routing=RoutingReport.from_dict(d.get("routing")))

@@ -65,6 +65,7 @@ from moe_hang.analysis.nccl import (
     ras_summary,
 )
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.routing import routing_report
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
@@ -358,5 +359,5 @@ def diagnose(ev: Evidence) -> Diagnosis:
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
         certainty=out.certainty, rule=rule.name, rule_id=rule.id,
         divergences=[out.div, *out.more] if out.div is not None else [],
-        nccl_ras=ras_summary(ev))
+        nccl_ras=ras_summary(ev), routing=routing_report(ev))
 

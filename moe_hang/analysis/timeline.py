@@ -448,6 +448,13 @@ def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
                           state=c.state)
 
 
+def _posted_upto(v: RankView, pg: str) -> int:
+    """The last seq the rank's own counts say it posted on ``pg`` (-1: they say nothing)."""
+    hb = v.ev.heartbeat.pg_status if v.ev.heartbeat is not None else None
+    return max((st.enqueued for st in ((v.ev.log_status or {}).get(pg), (hb or {}).get(pg))
+                if st is not None), default=-1)
+
+
 def build_timeline(views: RankViews, div: Divergence | None,
                    before: int = 6, after: int = 2) -> Timeline | None:
     """Per-rank collectives of one group around the divergence (ranks × sequence numbers)."""
@@ -460,10 +467,12 @@ def build_timeline(views: RankViews, div: Divergence | None,
     rows: dict[int, list[TimelineCell | None]] = {}
     for r, v in sorted(views.items()):
         cells: list[TimelineCell | None] = []
+        upto = _posted_upto(v, pg)
         for s in window:
             c = v.tl.by_pg.get(pg, {}).get(s)
             if c is None:
-                cells.append(None)
+                # posted (its own counts say so) but not in its evidence: unknown, not missing
+                cells.append(TimelineCell("?", [], "unknown") if s <= upto else None)
             else:
                 state = ("done" if c.completed else
                          "pending" if c.completed is False else "posted")

@@ -47,6 +47,10 @@ class WatchOptions:
     keep_running: bool = False  # after a definite verdict, leave the job running
     native: bool = False
     shared_dir: str | None = None  # multi-node: coordinate through this directory
+    env: tuple[tuple[str, str], ...] = ()  # set in the job's environment (check's plan)
+    # moe-hang check: at this many seconds the job is captured, diagnosed and ended, whatever
+    # it does (a plan's run is bounded); None: watch as long as the job runs
+    limit_s: float | None = None
 
 
 # capture this node's ranks now and diagnose them; the kind says what the capture is for
@@ -117,9 +121,13 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
     diagnosis made while the ranks were still frozen (None: diagnose after the end)."""
     kept: Diagnosis | None = None  # --keep-running: the verdict the job outlives
     recheck_at: float | None = None  # a straggler elsewhere: when to look at it again
+    limit_at = None if opts.limit_s is None else time.monotonic() + opts.limit_s
+
+    def over() -> bool:
+        return limit_at is not None and time.monotonic() >= limit_at
 
     def stop() -> bool:
-        if asked.is_set() or peers.tick(mon):
+        if asked.is_set() or peers.tick(mon) or over():
             return True
         return recheck_at is not None and time.monotonic() >= recheck_at
 
@@ -161,6 +169,9 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
         if kept is not None and kind not in ON_DEMAND:
             return event, kept  # what follows a kept verdict (a timeout, a teardown) is its echo
         diag, rk = peers.round(mon, event, kind, functools.partial(capture, event, kind))
+        if rk in ON_DEMAND and over():
+            notice(f"{opts.limit_s:.0f} s passed: {diag.verdict}, and the job is ended")
+            return event, diag
         if rk in ON_DEMAND:
             notice(f"on request: {diag.verdict}: {diag.summary[:160]} ({layout.diagnosis})")
             rundir.write_json(layout.diagnosis, diag.to_dict())

@@ -95,7 +95,7 @@ def _pump(stream: IO[bytes], log: IO[bytes], echo: Callable[[bytes], None]) -> N
         echo(data)
 
 
-def _resolve(cmd: list[str]) -> list[str]:
+def resolve_command(cmd: list[str]) -> list[str]:
     if not cmd:
         raise MoeHangError("nothing to watch: give a command after --, "
                            "e.g. moe-hang watch -- torchrun --nproc-per-node 2 train.py")
@@ -157,7 +157,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   out: str | None = None, stall_s: float = 10.0, native: bool = False,
                   command: list[str] | None = None,
                   options: WatchOptions | None = None) -> WatchResult:
-    cmd = _resolve(cmd)
+    cmd = resolve_command(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
     plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
     restarts = coord.torchrun_max_restarts(cmd)
@@ -185,7 +185,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         with interruptible():
             try:
                 with starting_child():
-                    job = launcher.start(cmd, layout.job_log, probe_env(layout), stream=True)
+                    job = launcher.start(cmd, layout.job_log,
+                                         {**probe_env(layout), **dict(opts.env)}, stream=True)
                 assert job.popen.stdout is not None
                 pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
                                         daemon=True)

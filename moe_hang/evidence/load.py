@@ -25,6 +25,7 @@ from moe_hang.evidence.model import (
 )
 from moe_hang.evidence.posted_log import read_posted_log
 from moe_hang.evidence.ras_files import attach_run_ras
+from moe_hang.evidence.routing import read_routing
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Helper,
@@ -98,6 +99,10 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
                 bad += 1  # the last line of a rank that died mid-write
         if bad:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
+    if files.routing.exists():
+        ev.routing, bad = read_routing(files.routing)
+        if bad:
+            ev.notes.append(f"{bad} unreadable line(s) in its routing log")
     log = read_posted_log(files.posted)
     if log is not None:
         ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end, ev.log_status = (

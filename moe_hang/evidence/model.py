@@ -15,6 +15,7 @@ from typing import Any
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.flight_recorder import Collective, FRDump, P2PEntry, PgStatus
 from moe_hang.evidence.ras import RasEvidence
+from moe_hang.evidence.routing import RouterCall
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,
@@ -378,6 +379,8 @@ class RankEvidence:
     # it raised and its probe holds it alive for the capture (multi-node watch): to the
     # analysis it has failed where it raised, whatever its process does meanwhile
     held: bool = False
+    # its MoE routers' token counts per call, the last two steps (probe/routing.py)
+    routing: list[RouterCall] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 

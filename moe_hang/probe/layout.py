@@ -14,6 +14,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     ranks/rank{R}.groups.json   process groups         ranks/rank{R}.dump.json   dump marker
     ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
     ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
+    ranks/rank{R}.routing.jsonl tokens per expert per router call, the last two steps
     stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
     ranks/hold.json             multi-node watch: hold a rank that raised for the capture
     coord/verdict.json  coord/local-diagnosis.json  coord/analysis.json  .capture/  teardown/
@@ -53,6 +54,7 @@ class RankFiles:
     CTL = "ctl"
     COVERAGE = "coverage.json"
     RESULT = "result.pt"
+    ROUTING = "routing.jsonl"  # MoE routers' token counts (probe/routing.py)
 
     def _in_ranks(self, suffix: str) -> Path:
         return self.ranks_dir / f"rank{self.rank}.{suffix}"
@@ -83,6 +85,10 @@ class RankFiles:
     @property
     def tokens(self) -> Path:
         return self._in_ranks(self.TOKENS)
+
+    @property
+    def routing(self) -> Path:
+        return self._in_ranks(self.ROUTING)
 
     @property
     def stack(self) -> Path:
@@ -142,7 +148,7 @@ class RankFiles:
     def probe_files(self) -> tuple[Path, ...]:
         """What a live probe leaves behind (copied by ``diagnose`` from a job under watch)."""
         return (self.heartbeat, self.fr, self.stack, self.groups, self.tokens, self.fatal,
-                self.error, self.dump_marker, self.posted)
+                self.error, self.dump_marker, self.posted, self.routing)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
-    from moe_hang.probe import appendlog, history, lastgasp, launchers, sample
+    from moe_hang.probe import appendlog, history, lastgasp, launchers, routing, sample
     from moe_hang.probe.layout import RankFiles
 else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
@@ -57,6 +57,7 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
     history = _sibling("history")
     appendlog = _sibling("appendlog")
     lastgasp = _sibling("lastgasp")
+    routing = _sibling("routing")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 
 ENV_DIR = "MOE_HANG_PROBE_DIR"
@@ -148,6 +149,8 @@ class Probe:
         self._release = threading.Event()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
+        self.routing: Any = None  # routing.Routing once the job has a process group
+        self._routing_tried = False
         self.history = history.History(
             appendlog.PostedLog(self.files.posted), self._calling_torch,
             {"kind": "start", "pid": os.getpid(), "rank": rank, "restart": _restart_count(),
@@ -287,6 +290,7 @@ class Probe:
             return
         if self._torch() is not None:  # gloo's abort comes from C++: hooked once torch is in
             lastgasp.hook_terminate(self.last_gasp)
+            self.start_routing()
         now = time.monotonic()
         save = status != self._saved_status and now - self._saved_at >= max(
             SAVE_EVERY_S, history.COST_RATIO * self.history.cost)
@@ -339,6 +343,9 @@ class Probe:
     def dump(self, request: str, reason: str) -> None:
         """Flight Recorder pickle + all-thread stacks, then a marker naming the request."""
         files = []
+        if self.routing is not None:  # a GPU's counts whose copy is done
+            with contextlib.suppress(Exception):
+                self.routing.drain()
         raw = self._fr_pickle(stacks=self._stacks_at_capture())
         if raw is not None:
             write_atomic(self.files.fr, raw)
@@ -355,6 +362,20 @@ class Probe:
         marker = {"request": request, "reason": reason, "time": time.time(), "pid": os.getpid(),
                   "rank": self.rank, "files": files}
         write_atomic(self.files.dump_marker, json.dumps(marker).encode())
+
+    def start_routing(self) -> None:
+        """The MoE routers' token counts (probe/routing.py), once the job has joined a
+        process group: its torch is whole then, and its model has not run yet (or has just
+        begun: a tick late, its first step's first calls go uncounted)."""
+        if self._routing_tried:
+            return
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not getattr(dist, "is_initialized", lambda: False)():
+            return
+        self._routing_tried = True
+        with contextlib.suppress(Exception):
+            self.routing = routing.install(self._torch(), self.rank, self.files.routing,
+                                           dict(os.environ))
 
     # -------------------------------------------------------------- threads
 
@@ -549,6 +570,14 @@ def after_join() -> Probe | None:
     local_rank, local_world = launchers.local_of(dict(os.environ))
     ident = Identity(int(dist.get_rank()), int(dist.get_world_size()), local_rank, local_world)
     return install(identity=ident)
+
+
+def joined() -> None:
+    """Right after any ``init_process_group`` of a probed rank (watch's hook): the routers
+    counted from the model's first call on."""
+    if _PROBE is not None:
+        with contextlib.suppress(Exception):
+            _PROBE.start_routing()
 
 
 def set_progress(**kv: Any) -> None:

@@ -26,6 +26,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
+from moe_hang.analysis.routing import gap_sentence
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.ops import short_op
@@ -174,13 +175,17 @@ def timeline_table(d: Diagnosis, width: int) -> list[RenderableType]:
             if c is None:
                 row.append(Text("—", style="bold red" if hi else "red"))
                 continue
+            if c.state == "unknown":  # posted, not in its evidence
+                row.append(Text("?", style="dim italic"))
+                continue
             style = "yellow" if c.state == "pending" else "dim"
             if hi:
                 style = "bold red" if c.state == "pending" else "bold"
             row.append(Text(timeline_label(c.op, c.sizes), style=style))
         t.add_row(*row)
     title = Text.from_markup(f"[bold]collectives of {pg_label(tl.pg, tl.pg_desc)} by sequence "
-                             "number[/] (done · [yellow]pending[/] · [red]missing[/])")
+                             "number[/] (done · [yellow]pending[/] · [red]missing[/] · ? posted, "
+                             "not in its evidence)")
     out: list[RenderableType] = [*wrap(title, width), t]
     hidden = len(tl.seqs) - len(idx)
     if hidden:
@@ -252,6 +257,32 @@ def ras_lines(d: Diagnosis, width: int) -> list[Text]:
     return out
 
 
+def routing_lines(d: Diagnosis, width: int) -> list[Text]:
+    """The routers' tokens per expert at the step the job stopped in, a line per block and
+    rank (an expert one rank starved and another fed, in red), then each such expert."""
+    r = d.routing
+    if r is None or not r.counts:
+        return []
+    starved = {(g.block, g.expert, rank) for g in r.gaps for rank in g.starved}
+    out = [_heading(f"routing at step {r.step} (tokens per expert, each rank)")]
+    blocks = list(dict.fromkeys(b for c in r.counts.values() for b in c))
+    for block in blocks:
+        out.append(Text(f"  {block}", style="bold"))
+        for rank in sorted(r.counts):
+            counts = r.counts[rank].get(block)
+            if counts is None:
+                continue
+            line = Text(f"    rank {rank}:")
+            for e, n in enumerate(counts):
+                line.append(f" {n:>4}", style="bold red" if (block, e, rank) in starved
+                            else "")
+            out += wrap(line, width, indent=0, hang=12)
+    for g in r.gaps[:10]:
+        out += wrap(Text(gap_sentence(g, d.culprit_ranks), style="dim"), width, indent=2,
+                    hang=4)
+    return out
+
+
 def footer(d: Diagnosis, width: int) -> list[Text]:
     parts = timing_parts(d)
     if d.artifacts:
@@ -278,7 +309,7 @@ def details(d: Diagnosis, width: int, *, clipped: bool = False) -> list[Renderab
     blocks: list[list[RenderableType]] = [
         list(_in_full(d, width)) if clipped else [],
         list(divergence_lines(d, width)), list(ranks_lines(d, width)),
-        timeline_table(d, width), list(stack_lines(d, width)),
+        timeline_table(d, width), list(routing_lines(d, width)), list(stack_lines(d, width)),
         reference_lines(ref, width) if ref is not None else [],
         list(evidence_lines(d, width)), list(ras_lines(d, width)), list(footer(d, width))]
     out: list[RenderableType] = []

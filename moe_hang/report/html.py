@@ -20,6 +20,7 @@ from moe_hang.analysis.diagnosis import (
     Verdict,
     pg_label,
 )
+from moe_hang.analysis.routing import gap_sentence
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.rankid import rank_name
 from moe_hang.evidence.vocab import who
@@ -62,8 +63,14 @@ th{background:#f6f8fa}tr.culprit td{background:#fff1f0}
 table.timeline td,table.timeline th{text-align:center}
 .diverge{background:#ffe3e0 !important;font-weight:bold}
 td.pending{color:#9a6700}td.missing{color:#b3261e}td.done,td.posted{color:#57606a}
+td.unknown{color:#8c959f;font-style:italic}
 details{margin:.25em 0}summary{cursor:pointer;font-weight:600}
 ul.sites li.culprit{color:#b3261e}.dim{color:#57606a}
+table.ranks{table-layout:fixed;width:100%}table.ranks td{overflow-wrap:anywhere}
+.pair{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}
+.pair>div{min-width:0;max-width:100%;overflow-x:auto}
+table.heat td{text-align:right;min-width:2.2em}td.starved{outline:2px solid #b3261e;
+color:#b3261e;font-weight:bold}
 """
 
 _VERDICT_CLASS = {Verdict.HEALTHY: "good", Verdict.STRAGGLER: "warn",
@@ -146,11 +153,55 @@ def _timeline_section(tl: Timeline | None) -> Iterator[str]:
             c = cells[i] if i < len(cells) else None
             state = "missing" if c is None else c.state
             classes = state + (" diverge" if s == tl.highlight else "")
-            text = "—" if c is None else timeline_label(c.op, c.sizes)
-            title = "" if c is None or not c.name else f' title="{_e(c.name)}"'
+            text = "—" if c is None else "?" if c.state == "unknown" else timeline_label(
+                c.op, c.sizes)
+            title = ' title="posted (its own counts say so), not in its evidence"' if (
+                c is not None and c.state == "unknown") else "" if c is None or not c.name \
+                else f' title="{_e(c.name)}"'
             row.append(f'<td class="{classes}"{title}>{_e(text)}</td>')
         yield "<tr>" + "".join(row) + "</tr>"
     yield "</tbody></table>"
+
+
+def _routing_section(d: Diagnosis) -> Iterator[str]:
+    """The heat map: tokens per expert (columns) for each block and rank (rows) at the step
+    the job stopped in; an expert one rank starved while another fed it, outlined red."""
+    r = d.routing
+    if r is None or not r.counts:
+        return
+    starved = {(g.block, g.expert, rank) for g in r.gaps for rank in g.starved}
+    blocks = list(dict.fromkeys(b for c in r.counts.values() for b in c))
+    width = max((len(v) for c in r.counts.values() for v in c.values()), default=0)
+    top = max((n for c in r.counts.values() for v in c.values() for n in v), default=0) or 1
+    yield (f'<h2 id="routing">tokens per expert at step {r.step}</h2><table class="heat">'
+           "<thead><tr><th>block</th><th>rank</th>"
+           + "".join(f"<th>{e}</th>" for e in range(width)) + "</tr></thead><tbody>")
+    for block in blocks:
+        for rank in sorted(r.counts):
+            counts = r.counts[rank].get(block)
+            if counts is None:
+                continue
+            cells = []
+            for e, n in enumerate(counts):
+                shade = int(255 - 120 * n / top)
+                cls = ' class="starved"' if (block, e, rank) in starved else ""
+                cells.append(f'<td{cls} style="background:rgb({shade},{shade},255)">{n}</td>')
+            yield (f"<tr><td class=\"mono\">{_e(block)}</td><th>{rank}</th>"
+                   + "".join(cells) + "</tr>")
+    yield "</tbody></table>"
+    if r.gaps:
+        yield '<ul class="evidence">' + "".join(
+            f"<li>{_e(gap_sentence(g, d.culprit_ranks))}</li>" for g in r.gaps[:10]) + "</ul>"
+
+
+def _side_by_side(*parts: list[str]) -> Iterator[str]:
+    """The grid and the heat map beside each other where the page is wide enough."""
+    shown = [p for p in parts if p]
+    if len(shown) < 2:
+        yield from (line for p in shown for line in p)
+        return
+    yield '<div class="pair">' + "".join(
+        "<div>" + "".join(p) + "</div>" for p in shown) + "</div>"
 
 
 def _stacks_section(d: Diagnosis) -> Iterator[str]:
@@ -239,7 +290,8 @@ def to_html(d: Diagnosis, ctx: ReportContext, page: Path) -> str:
     """The whole page; ``page`` is where it will be written (for its links)."""
     ref = d.run.reference if isinstance(d.run, ScenarioRun) else None
     title = headline(d, ctx).plain
-    body = [*_verdict_section(d, ctx), *_ranks_section(d), *_timeline_section(d.timeline),
+    body = [*_verdict_section(d, ctx), *_ranks_section(d),
+            *_side_by_side(list(_timeline_section(d.timeline)), list(_routing_section(d))),
             *_stacks_section(d), *_reference_section(ref), *_evidence_section(d),
             *_files_section(d, ctx, page), *_footer(d, ctx)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -23,6 +23,7 @@ from moe_hang.analysis.diagnosis import (
     Diagnosis,
     Verdict,
 )
+from moe_hang.analysis.routing import gap_sentence
 from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.vocab import who
 from moe_hang.report.words import (
@@ -147,6 +148,22 @@ def _sites_section(d: Diagnosis, width: int) -> _Section | None:
     return section
 
 
+def _routing_section(d: Diagnosis, width: int) -> _Section | None:
+    """The data decision: an expert some ranks routed tokens to and others none, at the step
+    the job stopped in (the culprit's first); only beside a problem."""
+    r = d.routing
+    if r is None or not r.gaps or d.verdict in (Verdict.HEALTHY, Verdict.STRAGGLER):
+        return None
+    mine = [g for g in r.gaps if set(d.culprit_ranks) & set(g.routed)]
+    gaps = mine or r.gaps
+    line = Text("routing: ", style="bold")
+    line.append(gap_sentence(gaps[0], d.culprit_ranks))
+    if len(r.gaps) > 1:
+        line.append(f"; {len(r.gaps) - 1} more such expert(s) at that step (--verbose)",
+                    style="dim")
+    return _clippable(wrap(line, width, hang=2), width, keep=2)
+
+
 def _fix_sections(d: Diagnosis, width: int) -> list[_Section]:
     words = fix_words(d)
     if words is None:
@@ -195,6 +212,9 @@ def first_screen(d: Diagnosis, ctx: ReportContext, width: int, *,
     sites = _sites_section(d, width)
     if sites is not None:
         sections.append(sites)
+    routing = _routing_section(d, width)
+    if routing is not None:
+        sections.append(routing)
     sections += _fix_sections(d, width)
     for fixed in (_next_line(d, ctx, width), _run_line(d, ctx, width, verbose)):
         if fixed:

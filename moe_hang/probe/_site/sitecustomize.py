@@ -17,6 +17,8 @@ passes the call through untouched and, once it has returned, starts the probe wi
 and world size of the default group. A process that never calls it sees no thread, no file
 and no torch import from us: one string comparison per import until torch.distributed loads.
 A rank's own children never start a probe (``MOE_HANG_PROBE_OWNER``, see probe.install).
+A torchrun worker gets the hook too: right after its ``init_process_group`` the probe starts
+counting the MoE routers' tokens (probe/routing.py), before the model's first call.
 """
 
 import functools
@@ -65,11 +67,14 @@ def _wrap(real):
         except Exception as exc:  # never break the user's job
             _say("before init_process_group", exc)
         result = real(*args, **kwargs)
-        if probe is not None:
-            try:
+        try:
+            if probe is not None:
                 probe.after_join()
-            except Exception as exc:
-                _say("after init_process_group", exc)
+            mod = sys.modules.get("moe_hang_probe")
+            if mod is not None:
+                mod.joined()  # a torchrun worker's probe started before: its routers now
+        except Exception as exc:
+            _say("after init_process_group", exc)
         return result
 
     setattr(init_process_group, _MARK, True)
@@ -121,10 +126,11 @@ def _install_probe() -> None:
         return
     if os.environ.get("RANK"):  # torchrun's worker (or a rank's child: install says no)
         try:
-            _load_probe().install()
+            if _load_probe().install() is None:
+                return
         except Exception as exc:
             _say("at startup", exc)
-        return
+            return
     if _C10D in sys.modules:  # cannot happen at startup; a re-run of this file, say
         _patch(sys.modules[_C10D])
     elif not any(isinstance(f, _C10dFinder) for f in sys.meta_path):

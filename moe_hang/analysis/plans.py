@@ -1,0 +1,118 @@
+"""moe-hang check's records (pure): the plans tried on a user's job, what each run gave, and
+the plans made from what the baseline run showed of the job's routers (commands/check.py runs
+them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hang.analysis.diagnosis import Diagnosis, Verdict
+from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
+
+SCHEMA = "moe-hang/check/v1"
+UNTRIED = ("a rank with no token", "ragged batch sizes", "uneven micro-batch counts")
+# a verdict that ends a plan as reproduced: the job would not have finished
+PROBLEMS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED,
+            Verdict.TRANSPORT_HANG)
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str  # "starve-e2-r1"
+    describe: str  # "no token to expert 2 on rank 1 at step 1"
+    rank: int
+    step: int
+    starve: int | None = None
+    all_to: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"rank": self.rank, "step": self.step, "starve": self.starve,
+             "all_to": self.all_to}
+        return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass
+class PlanResult:
+    plan: Plan | None  # None: the baseline
+    verdict: str
+    exit_code: int
+    summary: str
+    culprits: list[int]
+    run_dir: str
+    wall_s: float
+    routing: str | None = None  # the data decision the diagnosis names, if any
+    planned: bool = False  # the plan's rank routed as planned (its counts say so)
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict in PROBLEMS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": None if self.plan is None else {
+                    "name": self.plan.name, "describe": self.plan.describe,
+                    "rank": self.plan.rank, "step": self.plan.step,
+                    "starve": self.plan.starve, "all_to": self.plan.all_to},
+                "verdict": self.verdict, "exit_code": self.exit_code,
+                "summary": self.summary, "culprit_ranks": self.culprits,
+                "run_dir": self.run_dir, "wall_s": self.wall_s, "routing": self.routing,
+                "planned": self.planned, "reproduced": self.reproduced}
+
+
+@dataclass
+class Found:
+    """What the baseline run showed of the job's routers."""
+
+    world: int
+    steps: int  # the last step any rank counted + 1
+    blocks: list[str] = field(default_factory=list)
+    experts: int = 0
+
+
+@dataclass
+class CheckResult:
+    run_dir: Path
+    baseline: PlanResult
+    found: Found | None
+    results: list[PlanResult] = field(default_factory=list)
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)  # plan name -> its own
+
+    @property
+    def reproduced(self) -> list[PlanResult]:
+        return [r for r in [self.baseline, *self.results] if r.reproduced]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PROBLEM if self.reproduced else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "run_dir": str(self.run_dir),
+                "baseline": self.baseline.to_dict(),
+                "routers": None if self.found is None else {
+                    "blocks": self.found.blocks, "experts": self.found.experts,
+                    "steps": self.found.steps, "world": self.found.world},
+                "plans": [r.to_dict() for r in self.results],
+                "untried": list(UNTRIED), "reproduced": len(self.reproduced),
+                "exit_code": self.exit_code}
+
+
+def plans_for(found: Found, max_plans: int) -> list[Plan]:
+    """Every expert starved on the last rank, the first also on rank 0 (the mirror), and
+    every token's first choice on one expert; at most ``max_plans``, the experts spread."""
+    step = 1 if found.steps > 1 else 0
+    last = found.world - 1
+    experts = list(range(found.experts))
+    mirror = [Plan("starve-e0-r0", f"no token to expert 0 on rank 0 at step {step}", 0,
+                   step, starve=0)] if last > 0 else []
+    crowd = [Plan(f"all-to-e0-r{last}", f"every token's first choice expert 0 on rank "
+                  f"{last} at step {step}", last, step, all_to=0)]
+    room = max(1, max_plans - len(mirror) - len(crowd))
+    if len(experts) > room:  # spread over the experts, first and last included
+        experts = sorted({round(i * (len(experts) - 1) / max(1, room - 1))
+                          for i in range(room)})
+    starve = [Plan(f"starve-e{e}-r{last}", f"no token to expert {e} on rank {last} at step "
+                   f"{step}", last, step, starve=e) for e in experts]
+    return (starve + mirror + crowd)[:max_plans]
+
+

@@ -1,0 +1,57 @@
+"""What a rank's MoE routers decided (``ranks/rank{R}.routing.jsonl``, written by the probe:
+probe/routing.py): one record per router call, for the last complete step and the current
+one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RouterCall:
+    step: int  # the rank's optimizer steps before the call
+    block: str  # the MoE block's name in the model (model.layers.1.block_sparse_moe)
+    call: int  # its calls before this one in the same step (micro-batches, recomputation)
+    tokens: int  # rows routed
+    counts: tuple[int, ...]  # tokens per expert (a token counts once per expert it chose)
+    top_k: int | None = None
+    planned: bool = False  # routed by moe-hang check's plan, not the model
+
+    @classmethod
+    def parse(cls, d: Any) -> RouterCall | None:
+        try:
+            return cls(int(d["step"]), str(d["block"]), int(d["call"]), int(d["tokens"]),
+                       tuple(int(c) for c in d["counts"]),
+                       None if d.get("top_k") is None else int(d["top_k"]),
+                       bool(d.get("plan", False)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "block": self.block, "call": self.call,
+                "tokens": self.tokens, "counts": list(self.counts), "top_k": self.top_k,
+                "plan": self.planned}
+
+
+def read_routing(path: Path) -> tuple[list[RouterCall], int]:
+    """The calls in the file, and how many lines were unreadable (the last line of a rank
+    killed mid-write)."""
+    calls: list[RouterCall] = []
+    bad = 0
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return calls, 0
+    for line in text.splitlines():
+        try:
+            call = RouterCall.parse(json.loads(line))
+        except ValueError:
+            call = None
+        if call is None:
+            bad += 1
+        else:
+            calls.append(call)
+    return calls, bad

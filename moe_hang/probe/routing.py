@@ -1,0 +1,341 @@
+"""The MoE routers of a rank: how many tokens each expert got at each step, and, under
+``moe-hang check``, a routing plan applied on one rank at one step (stdlib at import: this
+file is loaded by path into the job's own environment; torch is the job's, handed in).
+
+Routers are found by shape, not by class name, so one rule covers transformers' MoE blocks
+(Mixtral, Qwen2/3-MoE: a ``gate`` linear giving logits; DeepSeek-V3: a ``gate`` router giving
+top-k indices; GPT-OSS: a ``router`` giving scores and indices), NeMo Automodel's ``MoE``
+(``gate`` -> weights, indices, aux loss), torchtitan's ``MoE`` (``router`` -> scores, indices,
+counts) and a user's own block: a module with a child ``experts`` and a child ``gate`` or
+``router``. ``MOE_HANG_ROUTER=pkg.mod.Class`` names a router class instead (its output: logits
+or a tuple holding the top-k indices).
+
+Finding them costs a global forward pre-hook, only until the job's first optimizer step (every
+router has run once by then); afterwards each router carries its own forward hook: a top-k
+and a bincount of what the router already computed. A plan changes the router's output only
+(logits biased, or indices rewritten): the job's own code decides what follows.
+
+The file (``ranks/rank{R}.routing.jsonl``) holds the plan's calls (proof it was applied), the
+last complete step and the current one, a line per router call: ``{"step", "block", "call",
+"tokens", "experts", "top_k", "counts", "plan"}`` — what a capture at a hang reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PLAN = "MOE_HANG_ROUTING_PLAN"  # JSON: {"rank", "step", "starve" | "all_to", "block"}
+ENV_ROUTER = "MOE_HANG_ROUTER"  # pkg.mod.Class: that class is a router
+ENV_OFF = "MOE_HANG_ROUTING"  # "0": no counting, no plan
+_ROUTER_ATTRS = ("gate", "router")
+_TOPK_ATTRS = ("top_k", "num_experts_per_tok", "topk", "n_activated_experts", "k")
+_COUNT_ATTRS = ("num_experts", "n_routed_experts", "num_local_experts", "n_experts",
+                "out_features")
+# wrappers whose prefix says nothing about the model (peft, torch.compile, DDP)
+_WRAPPER_PREFIXES = ("base_model.model.", "_orig_mod.", "module.", "_fsdp_wrapped_module.")
+_MAX_ROOTS = 16  # the first modules called: the outermost (the model) is among them
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Route differently on ``rank`` at ``step``: no token to expert ``starve``, or every
+    token's first choice to ``all_to``; on every router, or those whose block name contains
+    ``block``."""
+
+    rank: int
+    step: int
+    starve: int | None = None
+    all_to: int | None = None
+    block: str | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Plan | None:
+        raw = env.get(ENV_PLAN)
+        if not raw:
+            return None
+        d = json.loads(raw)
+        return cls(int(d["rank"]), int(d["step"]), _opt_int(d.get("starve")),
+                   _opt_int(d.get("all_to")), d.get("block"))
+
+    def applies(self, rank: int, step: int, block: str) -> bool:
+        return rank == self.rank and step == self.step and (
+            self.block is None or self.block in block)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+@dataclass
+class _Router:
+    block: str | None  # the MoE block's name in the model; None until first called
+    owner: Any  # the block (or the router itself, for a named router class)
+    experts: int | None
+    top_k: int | None
+    calls: int = 0  # calls in the current step
+
+
+def _int_attr(objs: tuple[Any, ...], names: tuple[str, ...]) -> int | None:
+    for obj in objs:
+        for name in names:
+            v = getattr(obj, name, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
+
+
+def _strip(name: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for p in _WRAPPER_PREFIXES:
+            if name.startswith(p):
+                name, changed = name[len(p):], True
+    return name
+
+
+class Routing:
+    """The counting (and the plan) of one rank."""
+
+    def __init__(self, torch: Any, rank: int, path: Path, plan: Plan | None = None,
+                 router_class: str | None = None):
+        self.torch, self.rank, self.path, self.plan = torch, rank, path, plan
+        self.router_class = router_class
+        self.step = 0
+        self._routers: dict[int, _Router] = {}
+        self._looked: set[int] = set()
+        self._roots: list[Any] = []
+        self._names: dict[int, dict[int, str]] = {}
+        self._global: Any = None
+        self._opt: int | None = None
+        self._previous: list[bytes] = []  # the last complete step's lines
+        self._current: list[bytes] = []
+        self._planned: list[bytes] = []  # the plan's calls, kept: proof that it was applied
+        self._fd: int | None = None
+        self._pending: list[tuple[dict[str, Any], Any, Any]] = []
+        self.broken: str | None = None  # why counting stopped (never the job)
+
+    # ------------------------------------------------------------ hooks
+
+    def install(self) -> None:
+        import sys  # torch.optim's submodule is not an attribute of the package
+
+        mod = self.torch.nn.modules.module
+        self._global = mod.register_module_forward_pre_hook(self._look)
+        optim = sys.modules.get("torch.optim.optimizer")
+        if optim is not None:  # without it steps are not told apart: every call is step 0
+            optim.register_optimizer_step_post_hook(self._stepped)
+        self._open(truncate=True)
+
+    def _look(self, module: Any, args: Any) -> None:
+        """Every module call until the first step: is it an MoE block (or a named router)?"""
+        key = id(module)
+        if key in self._looked:
+            return
+        self._looked.add(key)
+        if len(self._roots) < _MAX_ROOTS:
+            self._roots.append(module)
+        with contextlib.suppress(Exception):
+            self._classify(module)
+
+    def _classify(self, module: Any) -> None:
+        nn = self.torch.nn
+        if self.router_class is not None:
+            names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+            if self.router_class in names:
+                self._add(module, module, (module,))
+            return
+        experts = module._modules.get("experts")
+        if not isinstance(experts, nn.Module):
+            return
+        for attr in _ROUTER_ATTRS:
+            router = module._modules.get(attr)
+            if isinstance(router, nn.Module) and id(router) not in self._routers:
+                n = len(experts) if isinstance(experts, nn.ModuleList) else None
+                self._add(router, module, (module, router, experts,
+                                           getattr(module, "config", None)), n)
+                return
+
+    def _add(self, router: Any, owner: Any, where: tuple[Any, ...],
+             n: int | None = None) -> None:
+        self._routers[id(router)] = _Router(
+            None, owner, n or _int_attr(where, _COUNT_ATTRS), _int_attr(where, _TOPK_ATTRS))
+        router.register_forward_hook(self._routed)
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # the first optimizer to step counts the steps (a job with several steps each)
+        if self._opt is None:
+            self._opt = id(optimizer)
+        if id(optimizer) != self._opt:
+            return
+        with contextlib.suppress(Exception):
+            self.drain()
+        self.step += 1
+        for r in self._routers.values():
+            r.calls = 0
+        if self._global is not None:  # every router has run by now
+            self._global.remove()
+            self._global, self._roots, self._names = None, [], {}
+            self._looked = set()
+        self._previous, self._current = self._current, []
+        with contextlib.suppress(OSError):
+            self._rewrite()
+
+    # ------------------------------------------------------------ one call
+
+    def _routed(self, router: Any, args: Any, out: Any) -> Any:
+        if self.broken is not None:
+            return None
+        info = self._routers.get(id(router))
+        if info is None:
+            return None
+        try:
+            if info.block is None:
+                info.block = self._name(info.owner)
+            new, idx, top_k = self._route(info, out)
+            counts = self.torch.bincount(idx.reshape(-1).long(),
+                                         minlength=info.experts or 0)
+            rec = {"step": self.step, "block": info.block, "call": info.calls,
+                   "tokens": int(idx.shape[0]), "experts": int(counts.numel()),
+                   "top_k": top_k, "plan": new is not None}
+            info.calls += 1
+            self._count(rec, counts)
+            return new
+        except Exception as exc:  # never the job's problem: counting stops, the job goes on
+            self.broken = f"{type(exc).__name__}: {exc}"[:200]
+            return None
+
+    def _route(self, info: _Router, out: Any) -> tuple[Any, Any, int | None]:
+        """(the output the plan makes or None, the top-k indices [tokens, k], k)."""
+        torch = self.torch
+        planned = self.plan is not None and self.plan.applies(self.rank, self.step,
+                                                              info.block or "")
+        if torch.is_tensor(out) and out.is_floating_point():
+            new = self._rebias(out) if planned else None
+            logits = (out if new is None else new).detach().reshape(-1, out.shape[-1])
+            k = min(info.top_k or 1, logits.shape[-1])
+            # the choice as softmax-top-k routers make it (Mixtral, Qwen-MoE: softmax in
+            # float32, then top-k), ties included: top-k of raw logits can differ where the
+            # softmax underflows to equal zeros
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            return new, probs.topk(k, dim=-1).indices, k
+        if not isinstance(out, (tuple, list)):
+            raise TypeError(f"router output {type(out).__name__}: neither logits nor indices")
+        # a router that chose already: its top-k indices are its one integer tensor of 2 dims
+        pos = next(i for i, t in enumerate(out) if torch.is_tensor(t) and t.dim() == 2
+                   and not t.is_floating_point())
+        idx = out[pos]
+        if not planned:
+            return None, idx, int(idx.shape[-1])
+        assert self.plan is not None
+        idx = self._reroute(idx, info.experts or int(idx.max()) + 1)
+        items = list(out)
+        items[pos] = idx
+        return type(out)(items) if type(out) in (tuple, list) else tuple(items), idx, \
+            int(idx.shape[-1])
+
+    def _rebias(self, out: Any) -> Any:
+        """Logits the plan wants: the starved expert one below each token's lowest logit
+        (never in a top-k short of every expert), the crowded one one above its highest (each
+        token's first choice). A margin of 1, not a huge constant: the softmax that follows
+        keeps distinct values, so the model's top-k breaks no ties of our making."""
+        plan = self.plan
+        assert plan is not None
+        new = out
+        if plan.starve is not None:
+            low = new.detach().amin(dim=-1, keepdim=True) - 1.0
+            new = new.clone()
+            new[..., plan.starve:plan.starve + 1] = low
+        if plan.all_to is not None:
+            high = new.detach().amax(dim=-1, keepdim=True) + 1.0
+            new = new.clone() if new is out else new
+            new[..., plan.all_to:plan.all_to + 1] = high
+        return new
+
+    def _reroute(self, idx: Any, n: int) -> Any:
+        torch, plan = self.torch, self.plan
+        assert plan is not None
+        if plan.starve is not None:
+            # each row's copy of the starved expert goes to the lowest expert not in the row
+            taken = torch.zeros(idx.shape[0], n, dtype=torch.bool, device=idx.device)
+            taken.scatter_(1, idx.long(), True)
+            taken[:, plan.starve] = True
+            free = (~taken).to(torch.int8).argmax(dim=1, keepdim=True).to(idx.dtype)
+            idx = torch.where(idx == plan.starve, free.expand_as(idx), idx)
+        if plan.all_to is not None:
+            has = (idx == plan.all_to).any(dim=1, keepdim=True)
+            first = torch.where(has, idx[:, :1], torch.full_like(idx[:, :1], plan.all_to))
+            idx = torch.cat([first, idx[:, 1:]], dim=1)
+        return idx
+
+    def _name(self, owner: Any) -> str:
+        for root in self._roots:
+            names = self._names.get(id(root))
+            if names is None:
+                names = {id(m): n for n, m in root.named_modules()}
+                self._names[id(root)] = names
+            if id(owner) in names and names[id(owner)]:
+                return _strip(names[id(owner)])
+        # the model itself: its class, not the subclass FSDP2 made of it (FSDPMixtral...)
+        cls = next((c for c in type(owner).__mro__
+                    if not c.__module__.startswith("torch.distributed")), type(owner))
+        return cls.__name__
+
+    # ------------------------------------------------------------ the file
+
+    def _open(self, truncate: bool = False) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
+        self._fd = os.open(self.path, flags, 0o600)
+
+    def _count(self, rec: dict[str, Any], counts: Any) -> None:
+        """On the CPU at once; a GPU's counts are copied without a sync and written once the
+        copy is done (:meth:`drain`): a ``.tolist()`` there would stall every router call."""
+        if counts.device.type == "cpu":
+            rec["counts"] = counts.tolist()
+            self._write(rec)
+            return
+        host = counts.to("cpu", non_blocking=True)
+        done = self.torch.cuda.Event()
+        done.record()
+        self._pending.append((rec, host, done))
+        self.drain()
+
+    def drain(self) -> None:
+        """The GPU counts whose copy finished (never waits: a hung stream keeps its own)."""
+        while self._pending and self._pending[0][2].query():
+            rec, host, _ = self._pending.pop(0)
+            rec["counts"] = host.tolist()
+            self._write(rec)
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        line = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+        (self._planned if rec.get("plan") else self._current).append(line)
+        if self._fd is not None:
+            os.write(self._fd, line)
+
+    def _rewrite(self) -> None:
+        """The file: the step just completed, then the new one's calls as they come."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"".join(self._planned + self._previous))
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._open()
+
+
+def install(torch: Any, rank: int, path: Path, env: dict[str, str]) -> Routing | None:
+    """Counting (and the plan) in this rank, unless ``MOE_HANG_ROUTING=0``."""
+    if env.get(ENV_OFF, "1") in ("", "0"):
+        return None
+    routing = Routing(torch, rank, path, Plan.from_env(env), env.get(ENV_ROUTER) or None)
+    routing.install()
+    return routing

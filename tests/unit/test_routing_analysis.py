@@ -1,0 +1,120 @@
+"""The data decision (analysis/routing.py) and moe-hang check's plans and first screen, from
+records alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+
+from moe_hang.analysis.diagnosis import Diagnosis, Verdict
+from moe_hang.analysis.plans import CheckResult, Found, PlanResult, plans_for
+from moe_hang.analysis.routing import RoutingReport, gap_sentence, routing_report
+from moe_hang.evidence.model import Evidence, RankEvidence
+from moe_hang.evidence.routing import RouterCall
+from moe_hang.report.check import check_screen
+from moe_hang.report.wrap import screen_lines
+
+L0, L1 = "model.layers.0.block_sparse_moe", "model.layers.1.block_sparse_moe"
+
+
+def _calls(step: int, l0: tuple[int, ...], l1: tuple[int, ...], planned: bool = False
+           ) -> list[RouterCall]:
+    return [RouterCall(step, L0, 0, 16, l0, 2, planned),
+            RouterCall(step, L1, 0, 16, l1, 2, planned)]
+
+
+def _ev(by_rank: dict[int, list[RouterCall]]) -> Evidence:
+    return Evidence(ranks={r: RankEvidence(rank=r, routing=c) for r, c in by_rank.items()})
+
+
+@pytest.mark.parametrize("starved", [0, 1])  # mirrored: the starved rank swaps
+def test_the_expert_one_rank_starved_at_the_last_common_step(starved: int) -> None:
+    fed = 1 - starved
+    ev = _ev({starved: _calls(1, (8, 8, 8, 8), (8, 8, 8, 8)) + _calls(2, (8, 8, 8, 8),
+                                                                     (12, 10, 0, 10)),
+              fed: _calls(1, (8, 8, 8, 8), (8, 8, 8, 8)) + _calls(2, (8, 8, 8, 8),
+                                                                (9, 9, 5, 9))})
+    report = routing_report(ev)
+    assert report is not None and report.step == 2
+    assert [(g.block, g.expert, g.starved) for g in report.gaps] == [(L1, 2, [starved])]
+    text = gap_sentence(report.gaps[0], [starved])
+    assert text == (f"rank {starved} routed 0 of 16 tokens to {L1} expert 2 at step 2 "
+                    f"(rank {fed}: 5 of 16)")
+    assert report.counts[starved][L1] == [12, 10, 0, 10]
+
+
+def test_a_rank_a_step_behind_is_compared_at_its_step() -> None:
+    ev = _ev({0: _calls(2, (8, 8, 8, 8), (8, 8, 8, 8)) + _calls(3, (16, 16, 0, 0), (8,) * 4),
+              1: _calls(1, (8,) * 4, (8,) * 4) + _calls(2, (8, 8, 0, 16), (8,) * 4)})
+    report = routing_report(ev)
+    assert report is not None and report.step == 2
+    assert [(g.block, g.expert, g.starved) for g in report.gaps] == [(L0, 2, [1])]
+
+
+def test_no_gap_when_every_rank_fed_every_expert_and_none_without_counts() -> None:
+    ev = _ev({0: _calls(0, (8,) * 4, (8,) * 4), 1: _calls(0, (8,) * 4, (8,) * 4)})
+    report = routing_report(ev)
+    assert report is not None and report.gaps == []
+    assert routing_report(_ev({0: [], 1: []})) is None
+
+
+def test_a_culprit_that_fed_the_expert_the_others_starved_is_the_subject() -> None:
+    ev = _ev({0: _calls(0, (8,) * 4, (16, 16, 0, 0)), 1: _calls(0, (8,) * 4, (8,) * 4),
+              2: _calls(0, (8,) * 4, (16, 0, 16, 0))})
+    report = routing_report(ev)
+    assert report is not None
+    gap = next(g for g in report.gaps if g.expert == 2)
+    assert gap_sentence(gap, [1]).startswith(f"rank 1 routed 8 of 16 tokens to {L1} expert 2")
+
+
+def test_the_report_survives_the_diagnosis_json() -> None:
+    ev = _ev({0: _calls(0, (8,) * 4, (16, 16, 0, 0), planned=True),
+              1: _calls(0, (8,) * 4, (8,) * 4)})
+    d = Diagnosis(verdict=Verdict.HANG, summary="s", culprit_ranks=[0],
+                  routing=routing_report(ev))
+    back = Diagnosis.from_dict(d.to_dict())
+    assert back.routing == d.routing and back.routing is not None
+    assert back.routing.gaps[0].planned == (0,)
+    assert "moe-hang check's plan" in gap_sentence(back.routing.gaps[0], [0])
+    assert RoutingReport.from_dict({"step": "x"}) is None
+
+
+def test_plans_cover_every_expert_the_mirror_and_a_crowd() -> None:
+    plans = plans_for(Found(world=2, steps=3, blocks=[L0, L1], experts=4), max_plans=8)
+    assert [p.name for p in plans] == ["starve-e0-r1", "starve-e1-r1", "starve-e2-r1",
+                                       "starve-e3-r1", "starve-e0-r0", "all-to-e0-r1"]
+    assert {p.step for p in plans} == {1}
+    many = plans_for(Found(world=4, steps=1, blocks=[L0], experts=64), max_plans=8)
+    assert len(many) == 8 and {p.step for p in many} == {0}
+    starved = [p.starve for p in many if p.starve is not None and p.rank == 3]
+    assert starved[0] == 0 and starved[-1] == 63  # spread, first and last included
+
+
+def _result(name: str | None, verdict: str, culprits: list[int]) -> PlanResult:
+    plan = None if name is None else next(p for p in plans_for(
+        Found(2, 3, [L0, L1], 8), 10) if p.name == name)
+    return PlanResult(plan, verdict, 3 if verdict == "hang" else 0,
+                      "Rank 1 skipped the all-gather of the expert's FSDP unit that rank 0 "
+                      "waits in at modeling_mixtral.py:133.", culprits, f"/runs/c/{name}",
+                      12.0, f"rank 1 routed 0 of 32 tokens to {L1} expert 2 at step 1 "
+                      "(rank 0: 9 of 32)" if verdict == "hang" else None, True)
+
+
+def test_check_screen_fits_and_leads_with_the_answer() -> None:
+    names = [p.name for p in plans_for(Found(2, 3, [L0, L1], 8), 10)]
+    res = CheckResult(Path("/runs/c"), _result(None, "healthy", []), Found(2, 3, [L0, L1], 8),
+                      [_result(n, "hang" if n == "starve-e2-r1" else "healthy",
+                               [1] if n == "starve-e2-r1" else []) for n in names])
+    lines = check_screen(res, 80)
+    text = "\n".join(t.plain for t in lines)
+    assert screen_lines(lines, 80) <= 15
+    assert lines[0].plain == "moe-hang check: REPRODUCED by 1 of 10 plans (hang)"
+    assert "rank 1 routed 0 of 32 tokens" in text and "next: moe-hang analyze" in text
+    assert res.exit_code == 3 and res.to_dict()["reproduced"] == 1
+    clean = CheckResult(Path("/runs/c"), _result(None, "healthy", []), Found(2, 3, [L0], 8),
+                        [_result(n, "healthy", []) for n in names[:3]])
+    assert clean.exit_code == 0
+    assert isinstance(check_screen(clean, 80)[0], Text)
+    assert "every plan ran clean (3 of 3)" in check_screen(clean, 80)[0].plain

@@ -1,0 +1,231 @@
+"""The probe's router counting and routing plans (probe/routing.py), in one process on real
+modules: a plain torch MoE block, routers that return logits or indices, transformers' own
+MoE blocks where installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_hang.evidence.routing import read_routing
+from moe_hang.probe import routing
+from moe_hang.probe.routing import Plan, Routing
+
+E, K, D, T = 4, 2, 8, 12
+
+
+class Block(torch.nn.Module):
+    """An MoE block as users write them: a gate linear, experts called only where routed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(D, E, bias=False)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(E))
+        self.top_k = K
+        self.called: list[int] = []
+
+    def forward(self, x_td: torch.Tensor) -> torch.Tensor:
+        chosen_tk = self.gate(x_td).topk(K, dim=-1).indices
+        out_td = torch.zeros_like(x_td)
+        self.called = []
+        for e in range(E):
+            rows = (chosen_tk == e).any(dim=-1).nonzero().flatten()
+            if rows.numel():
+                self.called.append(e)
+                out_td[rows] += self.experts[e](x_td[rows])
+        return out_td
+
+
+class IndexRouter(torch.nn.Module):
+    """A router that chose already: (weights, indices), as DeepSeek-V3's and NeMo's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(D, E, bias=False)
+        self.topk = K
+
+    def forward(self, x_td: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w_tk, idx_tk = self.proj(x_td).softmax(-1).topk(K, dim=-1)
+        return w_tk, idx_tk
+
+
+class IndexBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = IndexRouter()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(E))
+        self.last_idx: torch.Tensor | None = None
+
+    def forward(self, x_td: torch.Tensor) -> torch.Tensor:
+        _, idx_tk = self.router(x_td)
+        self.last_idx = idx_tk
+        return x_td
+
+
+class Model(torch.nn.Module):
+    def __init__(self, block: type[torch.nn.Module]) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([block(), block()])
+
+    def forward(self, x_td: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x_td = layer(x_td)
+        return x_td
+
+
+def _train(model: torch.nn.Module, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(steps):
+        model(torch.randn(T, D)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.fixture
+def counted(tmp_path: Path):
+    made: list[Routing] = []
+
+    def make(plan: Plan | None = None, router_class: str | None = None) -> Routing:
+        r = Routing(torch, 1, tmp_path / "rank1.routing.jsonl", plan, router_class)
+        r.install()
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:  # the global hook goes with the test, even when it failed before a step
+        if r._global is not None:
+            r._global.remove()
+
+
+def test_counts_every_block_per_step_and_keeps_two_steps(counted, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted()
+    _train(model, 3)
+    calls, bad = read_routing(r.path)
+    assert bad == 0 and r.broken is None
+    assert sorted({c.step for c in calls}) == [2]  # step 2's file: the step just done
+    assert [c.block for c in calls] == ["layers.0", "layers.1"]
+    assert all(sum(c.counts) == T * K and c.tokens == T and len(c.counts) == E
+               for c in calls)
+    assert r._global is None  # the global hook went at the first step
+
+
+def test_starve_plan_reaches_the_model_on_its_rank_and_step_only(counted) -> None:
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted(Plan(rank=1, step=1, starve=2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen: list[list[int]] = []
+    for _ in range(3):
+        model(torch.randn(T, D)).sum().backward()
+        seen.append(model.layers[0].called)
+        opt.step()
+        opt.zero_grad()
+    assert 2 not in seen[1] and 2 in seen[0] and 2 in seen[2]
+    calls, _ = read_routing(r.path)
+    planned = [c for c in calls if c.planned]
+    assert [c.step for c in planned] == [1, 1]  # kept after the step: proof it was applied
+    assert all(c.counts[2] == 0 for c in planned)
+
+
+def test_a_plan_for_another_rank_changes_nothing(counted) -> None:
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted(Plan(rank=0, step=0, starve=1))
+    _train(model, 1)
+    calls, _ = read_routing(r.path)
+    assert calls and not any(c.planned for c in calls)
+
+
+def test_index_router_rerouted_without_duplicates(counted) -> None:
+    torch.manual_seed(0)
+    model = Model(IndexBlock)
+    counted(Plan(rank=1, step=0, starve=0))
+    model(torch.randn(T, D))
+    idx = model.layers[0].last_idx
+    assert idx is not None and not (idx == 0).any()
+    assert all(len(set(row.tolist())) == K for row in idx)  # still K distinct experts
+
+
+def test_all_to_plan_gives_every_token_that_expert(counted) -> None:
+    torch.manual_seed(0)
+    model = Model(IndexBlock)
+    r = counted(Plan(rank=1, step=0, all_to=3))
+    model(torch.randn(T, D))
+    idx = model.layers[1].last_idx
+    assert idx is not None and bool((idx == 3).any(dim=1).all())
+    calls, _ = read_routing(r.path)
+    assert all(c.counts[3] == T for c in calls)
+
+
+def test_a_named_router_class(counted) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(IndexRouter())
+    r = counted(router_class=f"{IndexRouter.__module__}.IndexRouter")
+    model(torch.randn(T, D))
+    calls, _ = read_routing(r.path)
+    assert len(calls) == 1 and calls[0].block == "0" and sum(calls[0].counts) == T * K
+
+
+def test_an_unreadable_router_output_stops_counting_never_the_job(counted) -> None:
+    class Odd(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = torch.nn.Identity()
+            self.experts = torch.nn.ModuleList([torch.nn.Identity()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gate({"not": x})["not"]  # a dict: neither logits nor indices
+
+    r = counted()
+    out = Odd()(torch.ones(2))
+    assert torch.equal(out, torch.ones(2)) and r.broken is not None
+
+
+def test_plan_from_env_and_off_switch(tmp_path: Path) -> None:
+    env = {routing.ENV_PLAN: json.dumps({"rank": 1, "step": 2, "starve": 3})}
+    assert Plan.from_env(env) == Plan(1, 2, starve=3)
+    assert routing.install(torch, 0, tmp_path / "x", {routing.ENV_OFF: "0"}) is None
+
+
+HF = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.mark.skipif(not HF, reason="transformers not installed (make corpus-deps)")
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"])
+def test_transformers_moe_blocks_found_counted_and_starved(counted, arch: str) -> None:
+    import transformers as tf
+
+    small = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, num_experts_per_tok=2)
+    cfg = {
+        "mixtral": lambda: tf.MixtralConfig(num_local_experts=E, **small),
+        "qwen2_moe": lambda: tf.Qwen2MoeConfig(num_experts=E, moe_intermediate_size=16,
+                                               shared_expert_intermediate_size=16, **small),
+        "deepseek_v3": lambda: tf.DeepseekV3Config(
+            n_routed_experts=E, moe_intermediate_size=16, first_k_dense_replace=0, n_group=1,
+            topk_group=1, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=4, **{**small, "num_key_value_heads": 2}),
+        "gpt_oss": lambda: tf.GptOssConfig(num_local_experts=E, head_dim=8, **small),
+    }[arch]()
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    r = counted(Plan(rank=1, step=1, starve=2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(2):
+        ids = torch.randint(0, 64, (1, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    calls, _ = read_routing(r.path)
+    assert r.broken is None
+    assert {c.block for c in calls} == {f"model.layers.{i}.{m}" for i in range(2) for m in (
+        ["block_sparse_moe"] if arch == "mixtral" else ["mlp"])}
+    step1 = [c for c in calls if c.step == 1]
+    assert step1 and all(c.planned and c.counts[2] == 0 and sum(c.counts) == 32
+                         for c in step1)
