@@ -15,8 +15,9 @@ router has run once by then); afterwards each router carries its own forward hoo
 and a bincount of what the router already computed. A plan changes the router's output only
 (logits biased, or indices rewritten): the job's own code decides what follows.
 
-The file (``ranks/rank{R}.routing.jsonl``) holds the plan's calls (proof it was applied), the
-last complete step and the current one, a line per router call: ``{"step", "block", "call",
+The file (``ranks/rank{R}.routing.jsonl``) is appended a line per router call (a write of
+~150 bytes: the step costs no rewrite), and past ``MAX_BYTES`` rewritten to the plan's calls
+(proof it was applied), the last complete step and the current one: ``{"step", "block", "call",
 "tokens", "experts", "top_k", "counts", "plan"}`` — what a capture at a hang reads.
 """
 
@@ -38,6 +39,7 @@ _COUNT_ATTRS = ("num_experts", "n_routed_experts", "num_local_experts", "n_exper
                 "out_features")
 # wrappers whose prefix says nothing about the model (peft, torch.compile, DDP)
 _WRAPPER_PREFIXES = ("base_model.model.", "_orig_mod.", "module.", "_fsdp_wrapped_module.")
+MAX_BYTES = 256 << 10  # the file is rewritten past this (~1,500 router calls)
 _MAX_ROOTS = 16  # the first modules called: the outermost (the model) is among them
 
 
@@ -117,6 +119,7 @@ class Routing:
         self._current: list[bytes] = []
         self._planned: list[bytes] = []  # the plan's calls, kept: proof that it was applied
         self._fd: int | None = None
+        self._size = 0  # bytes in the file
         self._pending: list[tuple[dict[str, Any], Any, Any]] = []
         self.broken: str | None = None  # why counting stopped (never the job)
 
@@ -183,8 +186,9 @@ class Routing:
             self._global, self._roots, self._names = None, [], {}
             self._looked = set()
         self._previous, self._current = self._current, []
-        with contextlib.suppress(OSError):
-            self._rewrite()
+        if self._size > MAX_BYTES:  # bounded: the last complete step (and the plan's) kept
+            with contextlib.suppress(OSError):
+                self._rewrite()
 
     # ------------------------------------------------------------ one call
 
@@ -317,15 +321,19 @@ class Routing:
         (self._planned if rec.get("plan") else self._current).append(line)
         if self._fd is not None:
             os.write(self._fd, line)
+            self._size += len(line)
 
     def _rewrite(self) -> None:
-        """The file: the step just completed, then the new one's calls as they come."""
+        """The file: the plan's calls and the step just completed, then the new one's calls
+        as they come."""
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        kept = b"".join(self._planned + self._previous)
         try:
-            os.write(fd, b"".join(self._planned + self._previous))
+            os.write(fd, kept)
         finally:
             os.close(fd)
+        self._size = len(kept)
         os.replace(tmp, self.path)
         if self._fd is not None:
             os.close(self._fd)

@@ -101,18 +101,31 @@ def counted(tmp_path: Path):
             r._global.remove()
 
 
-def test_counts_every_block_per_step_and_keeps_two_steps(counted, tmp_path: Path) -> None:
+def test_counts_every_block_per_step(counted, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = Model(Block)
     r = counted()
     _train(model, 3)
     calls, bad = read_routing(r.path)
     assert bad == 0 and r.broken is None
-    assert sorted({c.step for c in calls}) == [2]  # step 2's file: the step just done
-    assert [c.block for c in calls] == ["layers.0", "layers.1"]
+    assert [(c.step, c.block) for c in calls] == [
+        (s, f"layers.{i}") for s in range(3) for i in range(2)]
     assert all(sum(c.counts) == T * K and c.tokens == T and len(c.counts) == E
                for c in calls)
     assert r._global is None  # the global hook went at the first step
+
+
+def test_the_file_is_bounded_and_keeps_the_plan_and_the_last_step(counted, monkeypatch
+                                                                  ) -> None:
+    monkeypatch.setattr(routing, "MAX_BYTES", 600)  # about four lines
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted(Plan(rank=1, step=1, starve=0))
+    _train(model, 6)
+    calls, _ = read_routing(r.path)
+    assert r.path.stat().st_size < 1500
+    assert [c.step for c in calls if c.planned] == [1, 1]
+    assert {c.step for c in calls if not c.planned} <= {4, 5}
 
 
 def test_starve_plan_reaches_the_model_on_its_rank_and_step_only(counted) -> None:
