@@ -12,7 +12,7 @@ from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
 
 SCHEMA = "moe-hang/check/v1"
-UNTRIED = ("a rank with no token", "ragged batch sizes", "uneven micro-batch counts")
+UNTRIED = ("uneven micro-batch counts per rank",)
 # a verdict that ends a plan as reproduced: the job would not have finished
 PROBLEMS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED,
             Verdict.TRANSPORT_HANG)
@@ -26,10 +26,11 @@ class Plan:
     step: int
     starve: int | None = None
     all_to: int | None = None
+    keep: float | None = None  # the fraction of its tokens the rank sends into each block
 
     def to_dict(self) -> dict[str, Any]:
         d = {"rank": self.rank, "step": self.step, "starve": self.starve,
-             "all_to": self.all_to}
+             "all_to": self.all_to, "keep": self.keep}
         return {k: v for k, v in d.items() if v is not None}
 
 
@@ -97,22 +98,32 @@ class CheckResult:
                 "exit_code": self.exit_code}
 
 
+# ragged counts: the share of its tokens the NeMo Automodel report's rank 0 had (68 of 401)
+RAGGED = 68 / 401
+
+
 def plans_for(found: Found, max_plans: int) -> list[Plan]:
-    """Every expert starved on the last rank, the first also on rank 0 (the mirror), and
-    every token's first choice on one expert; at most ``max_plans``, the experts spread."""
+    """On the last rank, at the step after the first: the first expert starved, then on rank
+    0 too (the mirror: the culprit must move with it), ragged counts, no token at all, the
+    other experts starved, every token's first choice one expert; the first ``max_plans``
+    (past them, the experts spread, first and last kept)."""
     step = 1 if found.steps > 1 else 0
     last = found.world - 1
-    experts = list(range(found.experts))
-    mirror = [Plan("starve-e0-r0", f"no token to expert 0 on rank 0 at step {step}", 0,
-                   step, starve=0)] if last > 0 else []
-    crowd = [Plan(f"all-to-e0-r{last}", f"every token's first choice expert 0 on rank "
-                  f"{last} at step {step}", last, step, all_to=0)]
-    room = max(1, max_plans - len(mirror) - len(crowd))
-    if len(experts) > room:  # spread over the experts, first and last included
-        experts = sorted({round(i * (len(experts) - 1) / max(1, room - 1))
-                          for i in range(room)})
-    starve = [Plan(f"starve-e{e}-r{last}", f"no token to expert {e} on rank {last} at step "
-                   f"{step}", last, step, starve=e) for e in experts]
-    return (starve + mirror + crowd)[:max_plans]
+    at = f"on rank {last} at step {step}"
 
+    def starve(e: int, rank: int = last) -> Plan:
+        return Plan(f"starve-e{e}-r{rank}", f"no token to expert {e} on rank {rank} at step "
+                    f"{step}", rank, step, starve=e)
 
+    head = [starve(0), *([starve(0, 0)] if last > 0 else []),
+            Plan(f"ragged-r{last}", f"{RAGGED:.0%} of its tokens into each block {at}", last,
+                 step, keep=RAGGED),
+            Plan(f"no-token-r{last}", f"no token into any block {at}", last, step, keep=0.0)]
+    crowd = Plan(f"all-to-e0-r{last}", f"every token's first choice expert 0 {at}", last, step,
+                 all_to=0)
+    others = list(range(1, found.experts))
+    room = max(0, max_plans - len(head) - 1)
+    if len(others) > room:  # spread over the experts, the last included
+        others = sorted({others[round(i * (len(others) - 1) / max(1, room - 1))]
+                         for i in range(room)}) if room else []
+    return [*head, *(starve(e) for e in others), crowd][:max_plans]

@@ -48,15 +48,40 @@ class ExpertGap:
                    tuple(int(r) for r in d.get("planned") or ()))
 
 
+@dataclass(frozen=True)
+class TokenGap:
+    """At ``step``, the ``call``-th call of ``block``'s router routed different numbers of
+    tokens on different ranks (ragged batches: an expert-parallel gather's sizes)."""
+
+    step: int
+    block: str
+    call: int
+    tokens: dict[int, int]  # rank -> tokens routed
+    planned: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "block": self.block, "call": self.call,
+                "tokens": {str(r): n for r, n in self.tokens.items()},
+                "planned": list(self.planned)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TokenGap:
+        return cls(int(d["step"]), str(d["block"]), int(d["call"]),
+                   {int(r): int(n) for r, n in d["tokens"].items()},
+                   tuple(int(r) for r in d.get("planned") or ()))
+
+
 @dataclass
 class RoutingReport:
     step: int
     gaps: list[ExpertGap] = field(default_factory=list)  # in the order the routers ran
+    ragged: list[TokenGap] = field(default_factory=list)
     # rank -> block -> tokens per expert at that step (its calls summed): the heat map
     counts: dict[int, dict[str, list[int]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "gaps": [g.to_dict() for g in self.gaps],
+                "ragged": [g.to_dict() for g in self.ragged],
                 "counts": {str(r): c for r, c in self.counts.items()}}
 
     @classmethod
@@ -65,6 +90,7 @@ class RoutingReport:
             return None
         try:
             return cls(int(d["step"]), [ExpertGap.from_dict(g) for g in d.get("gaps") or []],
+                       [TokenGap.from_dict(g) for g in d.get("ragged") or []],
                        {int(r): {str(b): [int(x) for x in v] for b, v in c.items()}
                         for r, c in (d.get("counts") or {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -88,6 +114,10 @@ def routing_report(ev: Evidence) -> RoutingReport | None:
         here = {r: k[key] for r, k in keyed.items() if key in k}
         if len(here) > 1:
             report.gaps += _gaps(step, key, here)
+            if len({c.tokens for c in here.values()}) > 1:
+                report.ragged.append(TokenGap(
+                    step, key[0], key[1], {r: c.tokens for r, c in here.items()},
+                    tuple(sorted(r for r, c in here.items() if c.planned))))
     return report
 
 
@@ -114,6 +144,12 @@ def _gaps(step: int, key: tuple[str, int], here: dict[int, RouterCall]) -> list[
     return out
 
 
+def block_label(name: str) -> str:
+    """A block's name as a sentence can hold it: a container's index alone ("0") is
+    "block 0"."""
+    return name if any(c.isalpha() for c in name) else f"block {name}"
+
+
 def gap_sentence(gap: ExpertGap, culprits: list[int]) -> str:
     """One line: the starved ranks first ("rank 1 routed 0 of 16 tokens to
     model.layers.1.block_sparse_moe expert 2 at step 2 (rank 0: 9 of 16)"); a culprit that
@@ -130,5 +166,32 @@ def gap_sentence(gap: ExpertGap, culprits: list[int]) -> str:
     n = f"{gap.routed[subject[0]]} of {gap.tokens[subject[0]]}" if len(subject) == 1 else (
         f"{counts.pop()}" if len(counts) == 1 else "different numbers of")
     plan = ", by moe-hang check's plan" if set(gap.planned) & set(subject) else ""
-    return (f"{head} routed {n} tokens to {gap.block} expert {gap.expert} at step "
+    return (f"{head} routed {n} tokens to {block_label(gap.block)} expert {gap.expert} at step "
             f"{gap.step}{plan} ({who})")
+
+
+def ragged_sentence(gap: TokenGap, culprits: list[int]) -> str:
+    """"rank 1 sent 5 tokens into model.layers.0.mlp at step 1 (rank 0: 32)"."""
+    subject = [r for r in culprits if r in gap.tokens] or [
+        min(gap.tokens, key=lambda r: (gap.tokens[r], r))]
+    rest = sorted(r for r in gap.tokens if r not in subject)
+    head = " and ".join(f"rank {r}" for r in subject[:3])
+    n = "/".join(str(gap.tokens[r]) for r in subject[:3])
+    plan = ", by moe-hang check's plan" if set(gap.planned) & set(subject) else ""
+    who = "; ".join(f"rank {r}: {gap.tokens[r]}" for r in rest[:3]) + (
+        "; ..." if len(rest) > 3 else "")
+    return (f"{head} sent {n} tokens into {block_label(gap.block)} at step {gap.step}{plan} "
+            f"({who})")
+
+
+def routing_sentence(report: RoutingReport | None, culprits: list[int], size: bool) -> str | None:
+    """The one sentence a first screen shows: ranks' token counts into a block where the
+    divergence is one of sizes (``size``), else an expert some ranks starved; the culprit's
+    first, then any."""
+    if report is None:
+        return None
+    mine_r = [g for g in report.ragged if set(culprits) & set(g.tokens)]
+    mine_g = [g for g in report.gaps if set(culprits) & set(g.routed)]
+    ragged = ragged_sentence((mine_r or report.ragged)[0], culprits) if report.ragged else None
+    expert = gap_sentence((mine_g or report.gaps)[0], culprits) if report.gaps else None
+    return (ragged or expert) if size else (expert or ragged)

@@ -45,15 +45,17 @@ _MAX_ROOTS = 16  # the first modules called: the outermost (the model) is among 
 
 @dataclass(frozen=True)
 class Plan:
-    """Route differently on ``rank`` at ``step``: no token to expert ``starve``, or every
-    token's first choice to ``all_to``; on every router, or those whose block name contains
-    ``block``."""
+    """Route differently on ``rank`` at ``step``: no token to expert ``starve``, every token's
+    first choice to ``all_to``, or only the first ``keep`` (a fraction) of the tokens into
+    each MoE block (ragged counts; 0: a rank with no token); on every block, or those whose
+    name contains ``block``."""
 
     rank: int
     step: int
     starve: int | None = None
     all_to: int | None = None
     block: str | None = None
+    keep: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan | None:
@@ -62,7 +64,8 @@ class Plan:
             return None
         d = json.loads(raw)
         return cls(int(d["rank"]), int(d["step"]), _opt_int(d.get("starve")),
-                   _opt_int(d.get("all_to")), d.get("block"))
+                   _opt_int(d.get("all_to")), d.get("block"),
+                   None if d.get("keep") is None else float(d["keep"]))
 
     def applies(self, rank: int, step: int, block: str) -> bool:
         return rank == self.rank and step == self.step and (
@@ -121,6 +124,7 @@ class Routing:
         self._fd: int | None = None
         self._size = 0  # bytes in the file
         self._pending: list[tuple[dict[str, Any], Any, Any]] = []
+        self._shrunk: dict[int, tuple[int, int]] = {}  # block -> its tokens, token dim
         self.broken: str | None = None  # why counting stopped (never the job)
 
     # ------------------------------------------------------------ hooks
@@ -135,7 +139,7 @@ class Routing:
             optim.register_optimizer_step_post_hook(self._stepped)
         self._open(truncate=True)
 
-    def _look(self, module: Any, args: Any) -> None:
+    def _look(self, module: Any, args: Any) -> Any:
         """Every module call until the first step: is it an MoE block (or a named router)?"""
         key = id(module)
         if key in self._looked:
@@ -144,25 +148,36 @@ class Routing:
         if len(self._roots) < _MAX_ROOTS:
             self._roots.append(module)
         with contextlib.suppress(Exception):
-            self._classify(module)
+            if self._classify(module):
+                # the block's own pre-hooks of this call were taken before we added ours
+                cut = self._shrink(module, args, {})
+                return None if cut is None else cut[0]
+        return None
 
-    def _classify(self, module: Any) -> None:
+    def _classify(self, module: Any) -> bool:
+        """Hook ``module`` if it is a router (a named class) or an MoE block; True: a block
+        a keep plan cuts."""
         nn = self.torch.nn
         if self.router_class is not None:
             names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
             if self.router_class in names:
                 self._add(module, module, (module,))
-            return
+            return False
         experts = module._modules.get("experts")
         if not isinstance(experts, nn.Module):
-            return
+            return False
         for attr in _ROUTER_ATTRS:
             router = module._modules.get(attr)
             if isinstance(router, nn.Module) and id(router) not in self._routers:
                 n = len(experts) if isinstance(experts, nn.ModuleList) else None
                 self._add(router, module, (module, router, experts,
                                            getattr(module, "config", None)), n)
-                return
+                if self.plan is not None and self.plan.keep is not None:
+                    module.register_forward_pre_hook(self._shrink, with_kwargs=True)
+                    module.register_forward_hook(self._regrow)
+                    return True
+                return False
+        return False
 
     def _add(self, router: Any, owner: Any, where: tuple[Any, ...],
              n: int | None = None) -> None:
@@ -206,7 +221,7 @@ class Routing:
                                          minlength=info.experts or 0)
             rec = {"step": self.step, "block": info.block, "call": info.calls,
                    "tokens": int(idx.shape[0]), "experts": int(counts.numel()),
-                   "top_k": top_k, "plan": new is not None}
+                   "top_k": top_k, "plan": new is not None or self._planned_here(info)}
             info.calls += 1
             self._count(rec, counts)
             return new
@@ -217,8 +232,8 @@ class Routing:
     def _route(self, info: _Router, out: Any) -> tuple[Any, Any, int | None]:
         """(the output the plan makes or None, the top-k indices [tokens, k], k)."""
         torch = self.torch
-        planned = self.plan is not None and self.plan.applies(self.rank, self.step,
-                                                              info.block or "")
+        # a keep plan cut the block's input already (_shrink): the router routes what is left
+        planned = self._planned_here(info) and self.plan is not None and self.plan.keep is None
         if torch.is_tensor(out) and out.is_floating_point():
             new = self._rebias(out) if planned else None
             logits = (out if new is None else new).detach().reshape(-1, out.shape[-1])
@@ -242,6 +257,46 @@ class Routing:
         items[pos] = idx
         return type(out)(items) if type(out) in (tuple, list) else tuple(items), idx, \
             int(idx.shape[-1])
+
+    def _planned_here(self, info: _Router) -> bool:
+        return self.plan is not None and self.plan.applies(self.rank, self.step,
+                                                           info.block or "")
+
+    def _shrink(self, block: Any, args: Any, kwargs: Any) -> Any:
+        """A ``keep`` plan: the block gets the first tokens of its input only (the token dim:
+        the second-to-last of its first argument, [T, D] or [B, S, D])."""
+        plan = self.plan
+        x: Any = args[0] if args else None
+        if plan is None or plan.keep is None or not self.torch.is_tensor(x) or x.dim() < 2 \
+                or not plan.applies(self.rank, self.step, self._block_name(block)):
+            return None
+        dim = x.dim() - 2
+        self._shrunk[id(block)] = (x.shape[dim], dim)
+        return (x.narrow(dim, 0, int(x.shape[dim] * plan.keep)), *args[1:]), kwargs
+
+    def _regrow(self, block: Any, args: Any, out: Any) -> Any:
+        """Its output padded back with zero rows: the rest of the model sees the shape it
+        expects (the block's first tensor output only)."""
+        n, dim = self._shrunk.pop(id(block), (None, 0))
+        if n is None:
+            return None
+        torch = self.torch
+        items = list(out) if isinstance(out, (tuple, list)) else [out]
+        pos = next(i for i, t in enumerate(items) if torch.is_tensor(t))
+        y = items[pos]
+        pad = list(y.shape)
+        pad[dim] = n - y.shape[dim]
+        items[pos] = torch.cat([y, y.new_zeros(pad)], dim=dim)
+        return items[0] if not isinstance(out, (tuple, list)) else type(out)(items) \
+            if type(out) in (tuple, list) else tuple(items)
+
+    def _block_name(self, block: Any) -> str:
+        info = next((r for r in self._routers.values() if r.owner is block), None)
+        if info is None:
+            return ""
+        if info.block is None:
+            info.block = self._name(block)
+        return info.block
 
     def _rebias(self, out: Any) -> Any:
         """Logits the plan wants: the starved expert one below each token's lowest logit

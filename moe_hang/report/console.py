@@ -26,7 +26,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
     pg_label,
 )
-from moe_hang.analysis.routing import gap_sentence
+from moe_hang.analysis.routing import gap_sentence, ragged_sentence
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.errors import without_build_paths
 from moe_hang.evidence.ops import short_op
@@ -277,9 +277,9 @@ def routing_lines(d: Diagnosis, width: int) -> list[Text]:
                 line.append(f" {n:>4}", style="bold red" if (block, e, rank) in starved
                             else "")
             out += wrap(line, width, indent=0, hang=12)
-    for g in r.gaps[:10]:
-        out += wrap(Text(gap_sentence(g, d.culprit_ranks), style="dim"), width, indent=2,
-                    hang=4)
+    for text in [ragged_sentence(g, d.culprit_ranks) for g in r.ragged[:5]] + [
+            gap_sentence(g, d.culprit_ranks) for g in r.gaps[:10]]:
+        out += wrap(Text(text, style="dim"), width, indent=2, hang=4)
     return out
 
 

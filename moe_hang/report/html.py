@@ -20,7 +20,7 @@ from moe_hang.analysis.diagnosis import (
     Verdict,
     pg_label,
 )
-from moe_hang.analysis.routing import gap_sentence
+from moe_hang.analysis.routing import gap_sentence, ragged_sentence
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.rankid import rank_name
 from moe_hang.evidence.vocab import who
@@ -189,9 +189,10 @@ def _routing_section(d: Diagnosis) -> Iterator[str]:
             yield (f"<tr><td class=\"mono\">{_e(block)}</td><th>{rank}</th>"
                    + "".join(cells) + "</tr>")
     yield "</tbody></table>"
-    if r.gaps:
-        yield '<ul class="evidence">' + "".join(
-            f"<li>{_e(gap_sentence(g, d.culprit_ranks))}</li>" for g in r.gaps[:10]) + "</ul>"
+    said = [ragged_sentence(g, d.culprit_ranks) for g in r.ragged[:5]] + [
+        gap_sentence(g, d.culprit_ranks) for g in r.gaps[:10]]
+    if said:
+        yield '<ul class="evidence">' + "".join(f"<li>{_e(x)}</li>" for x in said) + "</ul>"
 
 
 def _side_by_side(*parts: list[str]) -> Iterator[str]:

@@ -21,9 +21,10 @@ from rich.text import Text
 from moe_hang.analysis.diagnosis import (
     Certainty,
     Diagnosis,
+    MismatchKind,
     Verdict,
 )
-from moe_hang.analysis.routing import gap_sentence
+from moe_hang.analysis.routing import routing_sentence
 from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.vocab import who
 from moe_hang.report.words import (
@@ -149,18 +150,21 @@ def _sites_section(d: Diagnosis, width: int) -> _Section | None:
 
 
 def _routing_section(d: Diagnosis, width: int) -> _Section | None:
-    """The data decision: an expert some ranks routed tokens to and others none, at the step
-    the job stopped in (the culprit's first); only beside a problem."""
+    """The data decision at the step the job stopped in: ranks that sent different numbers
+    of tokens into a block (beside a size mismatch), or an expert some ranks starved; only
+    beside a problem."""
     r = d.routing
-    if r is None or not r.gaps or d.verdict in (Verdict.HEALTHY, Verdict.STRAGGLER):
+    if r is None or d.verdict in (Verdict.HEALTHY, Verdict.STRAGGLER):
         return None
-    mine = [g for g in r.gaps if set(d.culprit_ranks) & set(g.routed)]
-    gaps = mine or r.gaps
+    size = d.first_divergence is not None and d.first_divergence.kind == MismatchKind.SIZE
+    sentence = routing_sentence(r, d.culprit_ranks, size)
+    if sentence is None:
+        return None
     line = Text("routing: ", style="bold")
-    line.append(gap_sentence(gaps[0], d.culprit_ranks))
-    if len(r.gaps) > 1:
-        line.append(f"; {len(r.gaps) - 1} more such expert(s) at that step (--verbose)",
-                    style="dim")
+    line.append(sentence)
+    more = len(r.gaps) + len(r.ragged) - 1
+    if more > 0:
+        line.append(f"; {more} more at that step (--verbose)", style="dim")
     return _clippable(wrap(line, width, hang=2), width, keep=2)
 
 

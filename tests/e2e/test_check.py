@@ -1,74 +1,111 @@
-"""`moe-hang check -- COMMAND` on a user's own job (transformers Mixtral + peft LoRA + FSDP2 per
-expert, no fault planted): its plans reproduce the hang on the code as transformers 4.57
-ships it, naming the rank, the expert and the token counts, and rule it out once every expert
-is called every step."""
+"""`moe-hang check -- COMMAND` on users' own jobs with no fault planted: its plans reproduce the
+hang on the code as written, naming the rank, the expert (or the EP gather) and the token
+counts, and rule it out once fixed. A plain-torch MoE with FSDP2 per expert (always run), and
+where installed (make corpus-deps) transformers' Mixtral + peft + FSDP2 and NeMo Automodel's
+GroupedExpertsLoRA before and after PR #3631."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, assert_no_survivors, free_port, job_env, run_cli
+from conftest import JOBS, ROOT, assert_no_survivors, free_port, job_env, run_cli
 
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 HF = all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft"))
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420),
-              pytest.mark.skipif(not HF, reason="transformers + peft not installed "
-                                               "(make corpus-deps)")]
+AUTOMODEL = ROOT / ".venv" / "corpus"
 
 
-def _job(*extra: str) -> list[str]:
+def _job(script: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            str(JOBS / "hf_moe_train.py"), "--steps", "3", *extra]
+            str(JOBS / script), "--steps", "3", *extra]
 
 
-def _check(tmp_path: Path, *extra: str) -> tuple[int, dict, str]:
+def _check(tmp_path: Path, script: str, *extra: str, plans: int = 3,
+           **env: str) -> tuple[int, dict]:
     out = tmp_path / "c"
-    proc = run_cli("check", "--plans", "3", "--out", str(out), "--json", "--", *_job(*extra),
-                   timeout=400, env=job_env())
+    proc = run_cli("check", "--plans", str(plans), "--out", str(out), "--json", "--",
+                   *_job(script, *extra), timeout=400, env=job_env(**env))
     assert proc.stdout.strip(), proc.stderr[-3000:]
-    assert_no_survivors(str(JOBS / "hf_moe_train.py"))
-    assert (out / "check.json").exists()
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    assert_no_survivors(str(JOBS / script))
+    assert (out / "check.json").exists() and oct(out.stat().st_mode)[-3:] == "700"
+    return proc.returncode, json.loads(proc.stdout)
 
 
-def test_check_reproduces_the_expert_skip_and_names_rank_expert_and_counts(tmp_path):
-    code, d, _ = _check(tmp_path)
-    assert d["baseline"]["verdict"] == "healthy"
-    assert d["routers"]["experts"] == 4 and d["routers"]["world"] == 2
-    assert d["routers"]["blocks"] == ["model.layers.0.block_sparse_moe",
-                                      "model.layers.1.block_sparse_moe"]
-    assert [p["plan"]["name"] for p in d["plans"]] == ["starve-e0-r1", "starve-e0-r0",
-                                                       "all-to-e0-r1"]
-    assert code == 3 and d["reproduced"] >= 2
-    for p in d["plans"]:
-        assert p["planned"], p  # the plan reached the router on its rank and step
-    for name, rank in (("starve-e0-r1", 1), ("starve-e0-r0", 0)):  # mirrored: culprit swaps
-        p = next(x for x in d["plans"] if x["plan"]["name"] == name)
-        assert p["reproduced"], p
-        assert p["culprit_ranks"] == [rank], p
-        assert p["routing"].startswith(f"rank {rank} routed 0 of 32 tokens to model.layers."), p
+def _by_name(d: dict) -> dict[str, dict]:
+    return {p["plan"]["name"]: p for p in d["plans"]}
+
+
+def _starve_mirrored(d: dict, block: str, tokens: int) -> None:
+    """Expert 0 starved on rank 1, then on rank 0: the culprit moves with the plan, and the
+    verdict names the block, the expert, the step and both ranks' counts."""
+    for name, rank in (("starve-e0-r1", 1), ("starve-e0-r0", 0)):
+        p = _by_name(d)[name]
+        assert p["reproduced"] and p["culprit_ranks"] == [rank], p
+        assert p["routing"].startswith(f"rank {rank} routed 0 of {tokens} tokens to {block}"), p
         assert "expert 0 at step 1, by moe-hang check's plan" in p["routing"], p
         diag = json.loads((Path(p["run_dir"]) / "diagnosis.json").read_text())
         assert diag["routing"]["step"] == 1 and diag["routing"]["gaps"]
 
 
-def test_check_rules_the_plans_out_once_every_expert_is_called(tmp_path):
-    code, d, _ = _check(tmp_path, "--fixed")
+def test_plain_torch_moe_reproduced_and_ruled_out_once_fixed(tmp_path):
+    code, d = _check(tmp_path / "a", "moe_fsdp_train.py")
+    assert d["baseline"]["verdict"] == "healthy" and d["routers"]["blocks"] == ["0", "1"]
+    assert [p["plan"]["name"] for p in d["plans"]] == ["starve-e0-r1", "starve-e0-r0",
+                                                       "ragged-r1"]
+    assert all(p["planned"] for p in d["plans"])  # each reached its rank's routers
+    assert code == 3
+    _starve_mirrored(d, "block 0", 32)
+    code, d = _check(tmp_path / "b", "moe_fsdp_train.py", "--fixed")
     assert code == 0 and d["reproduced"] == 0
     assert [p["verdict"] for p in d["plans"]] == ["healthy"] * 3
     assert all(p["planned"] for p in d["plans"])  # applied, and still clean
 
 
+@pytest.mark.skipif(not HF, reason="transformers + peft not installed (make corpus-deps)")
+def test_transformers_mixtral_peft_fsdp2(tmp_path):
+    code, d = _check(tmp_path / "a", "hf_moe_train.py")
+    assert code == 3 and d["baseline"]["verdict"] == "healthy"
+    assert d["routers"]["blocks"] == ["model.layers.0.block_sparse_moe",
+                                      "model.layers.1.block_sparse_moe"]
+    _starve_mirrored(d, "model.layers.", 32)
+    code, d = _check(tmp_path / "b", "hf_moe_train.py", "--fixed")
+    assert code == 0 and [p["verdict"] for p in d["plans"]] == ["healthy"] * 3
+
+
+@pytest.mark.skipif(not all((AUTOMODEL / f"nemo-automodel-{v}").is_dir()
+                            for v in ("0.5.0", "0.7.0")),
+                    reason="nemo-automodel 0.5.0 and 0.7.0 not installed (make corpus-deps)")
+def test_nemo_automodel_grouped_experts_lora_before_and_after_pr_3631(tmp_path):
+    def check(v: str, where: Path) -> tuple[int, dict]:
+        path = os.pathsep.join([str(AUTOMODEL / f"nemo-automodel-{v}"),
+                                os.environ.get("PYTHONPATH", "")])
+        return _check(where, "automodel_train.py", plans=4, PYTHONPATH=path)
+
+    code, d = check("0.5.0", tmp_path / "a")
+    assert code == 3 and d["baseline"]["verdict"] == "healthy"
+    ragged = _by_name(d)["ragged-r1"]
+    assert ragged["reproduced"] and ragged["verdict"] == "desync", ragged
+    assert "lora_experts.py:184" in ragged["summary"]  # the EP gather of 0.5.0
+    assert ragged["routing"] == ("rank 1 sent 10 tokens into MoEBlock at step 1, by "
+                                 "moe-hang check's plan (rank 0: 64)")
+    assert _by_name(d)["no-token-r1"]["reproduced"]
+    code, d = check("0.7.0", tmp_path / "b")
+    assert code == 0 and [p["verdict"] for p in d["plans"]] == ["healthy"] * 4
+    assert all(p["planned"] for p in d["plans"])
+
+
 def test_check_refuses_bad_input_before_starting_anything(tmp_path):
     for args in (["check"], ["check", "--plans", "0", "--", "true"],
                  ["check", "--", "no-such-command-xyz"],
-                 ["check", "--router", "NoDots", "--", "true"]):
-        proc = run_cli(*args, "--out", str(tmp_path / "x"), timeout=60) if args == ["check"] \
-            else run_cli(*args, timeout=60)
+                 ["check", "--router", "NoDots", "--", "true"],
+                 ["check", "--timeout", "0", "--", "true"]):
+        proc = run_cli(*args, timeout=60, cwd=tmp_path)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("[error] ") and "Traceback" not in proc.stderr
-        assert not (tmp_path / "x").exists()
+        assert not (tmp_path / "runs").exists(), args  # refused before a run directory

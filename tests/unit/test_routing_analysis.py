@@ -10,7 +10,12 @@ from rich.text import Text
 
 from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.analysis.plans import CheckResult, Found, PlanResult, plans_for
-from moe_hang.analysis.routing import RoutingReport, gap_sentence, routing_report
+from moe_hang.analysis.routing import (
+    RoutingReport,
+    gap_sentence,
+    routing_report,
+    routing_sentence,
+)
 from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.routing import RouterCall
 from moe_hang.report.check import check_screen
@@ -81,15 +86,30 @@ def test_the_report_survives_the_diagnosis_json() -> None:
     assert RoutingReport.from_dict({"step": "x"}) is None
 
 
-def test_plans_cover_every_expert_the_mirror_and_a_crowd() -> None:
+def test_plans_cover_every_expert_the_mirror_ragged_counts_and_a_crowd() -> None:
     plans = plans_for(Found(world=2, steps=3, blocks=[L0, L1], experts=4), max_plans=8)
-    assert [p.name for p in plans] == ["starve-e0-r1", "starve-e1-r1", "starve-e2-r1",
-                                       "starve-e3-r1", "starve-e0-r0", "all-to-e0-r1"]
+    assert [p.name for p in plans] == ["starve-e0-r1", "starve-e0-r0", "ragged-r1",
+                                       "no-token-r1", "starve-e1-r1", "starve-e2-r1",
+                                       "starve-e3-r1", "all-to-e0-r1"]
     assert {p.step for p in plans} == {1}
+    assert [p.keep for p in plans[2:4]] == [pytest.approx(68 / 401), 0.0]
+    assert [p.name for p in plans_for(Found(2, 3, [L0], 4), 3)] == [
+        "starve-e0-r1", "starve-e0-r0", "ragged-r1"]
     many = plans_for(Found(world=4, steps=1, blocks=[L0], experts=64), max_plans=8)
     assert len(many) == 8 and {p.step for p in many} == {0}
     starved = [p.starve for p in many if p.starve is not None and p.rank == 3]
     assert starved[0] == 0 and starved[-1] == 63  # spread, first and last included
+
+
+def test_ragged_counts_at_the_step_and_the_sentence_a_size_mismatch_shows() -> None:
+    ev = _ev({0: [RouterCall(1, L0, 0, 401, (200, 201, 200, 201), 2)],
+              1: [RouterCall(1, L0, 0, 68, (34, 34, 34, 34), 2, True)]})
+    report = routing_report(ev)
+    assert report is not None and report.ragged[0].tokens == {0: 401, 1: 68}
+    assert routing_sentence(report, [1], size=True) == (
+        f"rank 1 sent 68 tokens into {L0} at step 1, by moe-hang check's plan (rank 0: 401)")
+    assert routing_sentence(report, [], size=False) == routing_sentence(report, [], True)
+    assert RoutingReport.from_dict(report.to_dict()) == report
 
 
 def _result(name: str | None, verdict: str, culprits: list[int]) -> PlanResult:
@@ -105,8 +125,8 @@ def _result(name: str | None, verdict: str, culprits: list[int]) -> PlanResult:
 def test_check_screen_fits_and_leads_with_the_answer() -> None:
     names = [p.name for p in plans_for(Found(2, 3, [L0, L1], 8), 10)]
     res = CheckResult(Path("/runs/c"), _result(None, "healthy", []), Found(2, 3, [L0, L1], 8),
-                      [_result(n, "hang" if n == "starve-e2-r1" else "healthy",
-                               [1] if n == "starve-e2-r1" else []) for n in names])
+                      [_result(n, "hang" if n == names[4] else "healthy",
+                               [1] if n == names[4] else []) for n in names])
     lines = check_screen(res, 80)
     text = "\n".join(t.plain for t in lines)
     assert screen_lines(lines, 80) <= 15

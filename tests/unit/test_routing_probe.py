@@ -242,3 +242,17 @@ def test_transformers_moe_blocks_found_counted_and_starved(counted, arch: str) -
     step1 = [c for c in calls if c.step == 1]
     assert step1 and all(c.planned and c.counts[2] == 0 and sum(c.counts) == 32
                          for c in step1)
+
+
+@pytest.mark.parametrize("keep", [0.25, 0.0])  # ragged counts, and a rank with no token
+def test_keep_plan_cuts_the_blocks_input_and_pads_its_output(counted, keep: float) -> None:
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted(Plan(rank=1, step=0, keep=keep))
+    x = torch.randn(T, D, requires_grad=True)
+    y = model(x)
+    assert y.shape == (T, D)  # the rest of the model sees the shape it expects
+    (x + y).sum().backward()  # a residual, as blocks sit in models
+    calls, _ = read_routing(r.path)
+    assert [c.tokens for c in calls] == [int(T * keep)] * 2 and all(c.planned for c in calls)
+    assert all(sum(c.counts) == int(T * keep) * K for c in calls)
