@@ -7,7 +7,7 @@ prints now, not what it printed once.
     python scripts/readme_examples.py --json runs/readme_examples.json
 
 Examples: ``repro``, ``verify``, ``watch`` (tests/e2e/jobs/skip_collective.py under torchrun),
-``p2p`` (torch's own dumps of a recv no rank sends), ``ras`` (the NCCL transport hang from
+``check`` (tests/e2e/jobs/moe_fsdp_train.py under its routing plans), ``p2p`` (torch's own dumps of a recv no rank sends), ``ras`` (the NCCL transport hang from
 recorder dumps and two RAS reports), ``nodes`` (two torchrun agents with c10d rendezvous on
 this host, one watcher in front of each; the first node's screen is printed). Run directories
 go under one fresh temporary directory (printed); every child runs in its own session and is
@@ -134,6 +134,11 @@ def _examples(tmp: Path) -> dict[str, tuple[str, list[str]]]:
                   [*_moe_hang(), "watch", "--out", str(runs / "watch"), "--", sys.executable,
                    "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                    str(_free_port()), "tests/e2e/jobs/skip_collective.py"]),
+        "check": ("moe-hang check -- torchrun --nproc-per-node 2 "
+                  "tests/e2e/jobs/moe_fsdp_train.py",
+                  [*_moe_hang(), "check", "--out", str(runs / "check"), "--", sys.executable,
+                   "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                   str(_free_port()), "tests/e2e/jobs/moe_fsdp_train.py"]),
         "p2p": (f"moe-hang analyze {FIX}/fr_real/p2p2/pickle",
                 [*_moe_hang(), "analyze", f"{FIX}/fr_real/p2p2/pickle"]),
         "ras": (f"moe-hang analyze {FIX}/fr_started/json --ras {ras}1.json --ras {ras}2.json",

@@ -12,7 +12,8 @@ from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
 
 SCHEMA = "moe-hang/check/v1"
-UNTRIED = ("uneven micro-batch counts per rank",)
+# what no plan varies: the job's own loop decides it
+UNTRIED = ("a different number of micro-batches per rank (the job's loop decides it)",)
 # a verdict that ends a plan as reproduced: the job would not have finished
 PROBLEMS = (Verdict.DESYNC, Verdict.HANG, Verdict.CRASH, Verdict.RANK_DIED,
             Verdict.TRANSPORT_HANG)

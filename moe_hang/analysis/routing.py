@@ -186,12 +186,14 @@ def ragged_sentence(gap: TokenGap, culprits: list[int]) -> str:
 
 def routing_sentence(report: RoutingReport | None, culprits: list[int], size: bool) -> str | None:
     """The one sentence a first screen shows: ranks' token counts into a block where the
-    divergence is one of sizes (``size``), else an expert some ranks starved; the culprit's
-    first, then any."""
+    divergence is one of sizes (``size``) or a rank routed none, else an expert some ranks
+    starved; the culprit's first, then any."""
     if report is None:
         return None
     mine_r = [g for g in report.ragged if set(culprits) & set(g.tokens)]
     mine_g = [g for g in report.gaps if set(culprits) & set(g.routed)]
     ragged = ragged_sentence((mine_r or report.ragged)[0], culprits) if report.ragged else None
     expert = gap_sentence((mine_g or report.gaps)[0], culprits) if report.gaps else None
-    return (ragged or expert) if size else (expert or ragged)
+    # a rank that routed no token at all: its experts' gaps follow from that
+    empty = any(0 in g.tokens.values() for g in report.ragged)
+    return (ragged or expert) if size or empty else (expert or ragged)

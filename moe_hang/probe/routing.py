@@ -124,7 +124,7 @@ class Routing:
         self._fd: int | None = None
         self._size = 0  # bytes in the file
         self._pending: list[tuple[dict[str, Any], Any, Any]] = []
-        self._shrunk: dict[int, tuple[int, int]] = {}  # block -> its tokens, token dim
+        self._shrunk: dict[int, tuple[Any, int]] = {}  # block -> the rows it did not get, dim
         self.broken: str | None = None  # why counting stopped (never the job)
 
     # ------------------------------------------------------------ hooks
@@ -271,22 +271,27 @@ class Routing:
                 or not plan.applies(self.rank, self.step, self._block_name(block)):
             return None
         dim = x.dim() - 2
-        self._shrunk[id(block)] = (x.shape[dim], dim)
-        return (x.narrow(dim, 0, int(x.shape[dim] * plan.keep)), *args[1:]), kwargs
+        keep = int(x.shape[dim] * plan.keep)
+        self._shrunk[id(block)] = (x.narrow(dim, keep, x.shape[dim] - keep), dim)
+        return (x.narrow(dim, 0, keep), *args[1:]), kwargs
 
     def _regrow(self, block: Any, args: Any, out: Any) -> Any:
-        """Its output padded back with zero rows: the rest of the model sees the shape it
-        expects (the block's first tensor output only)."""
-        n, dim = self._shrunk.pop(id(block), (None, 0))
-        if n is None:
+        """Its output made whole again with the rows it did not get, passed through as they
+        came in (zeros where the widths differ): the rest of the model sees the shape it
+        expects, and its gradient still reaches every token (zero rows would cut it where
+        the block holds its own residual, and the job would fail for our plan's sake)."""
+        rest, dim = self._shrunk.pop(id(block), (None, 0))
+        if rest is None:
             return None
         torch = self.torch
         items = list(out) if isinstance(out, (tuple, list)) else [out]
         pos = next(i for i, t in enumerate(items) if torch.is_tensor(t))
         y = items[pos]
-        pad = list(y.shape)
-        pad[dim] = n - y.shape[dim]
-        items[pos] = torch.cat([y, y.new_zeros(pad)], dim=dim)
+        if rest.shape[dim + 1:] != y.shape[dim + 1:] or rest.dtype != y.dtype:
+            shape = list(y.shape)
+            shape[dim] = rest.shape[dim]
+            rest = y.new_zeros(shape)
+        items[pos] = torch.cat([y, rest], dim=dim)
         return items[0] if not isinstance(out, (tuple, list)) else type(out)(items) \
             if type(out) in (tuple, list) else tuple(items)
 

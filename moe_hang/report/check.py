@@ -9,7 +9,7 @@ from rich.text import Text
 from moe_hang.analysis.plans import UNTRIED, CheckResult, PlanResult
 from moe_hang.evidence.vocab import who
 from moe_hang.report.screen import MAX_LINES
-from moe_hang.report.wrap import screen_lines, shorten_paths, wrap
+from moe_hang.report.wrap import clip, screen_lines, shorten_paths, wrap
 
 
 def _plan_line(r: PlanResult) -> Text:
@@ -54,15 +54,15 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
     detail: list[Text] = []
     if first is not None:
         name = "baseline" if first.plan is None else first.plan.name
-        detail += wrap(Text(f"{name}: {shorten_paths(first.summary)}"), width, hang=2)[:3]
+        detail += clip(wrap(Text(f"{name}: {shorten_paths(first.summary)}"), width, hang=2),
+                       3, width)
         if first.routing:
             t = Text("routing: ", style="bold")
             t.append(first.routing)
             detail += wrap(t, width, hang=2)
     tail: list[Text] = []
     if res.found is not None and not base.reproduced:
-        tail += wrap(Text("not tried (the data decides them, not the router): "
-                          + ", ".join(UNTRIED), style="dim"), width, hang=2)
+        tail += wrap(Text("not tried: " + ", ".join(UNTRIED), style="dim"), width, hang=2)
     nxt = Text("next: ", style="bold")
     nxt.append(f"moe-hang analyze {first.run_dir}" if first is not None
                else f"details in {res.run_dir}/check.json", style="cyan")
