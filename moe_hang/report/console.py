@@ -266,17 +266,21 @@ def routing_lines(d: Diagnosis, width: int) -> list[Text]:
     starved = {(g.block, g.expert, rank) for g in r.gaps for rank in g.starved}
     out = [_heading(f"routing at step {r.step} (tokens per expert, each rank)")]
     blocks = list(dict.fromkeys(b for c in r.counts.values() for b in c))
+    width_e = max((len(v) for c in r.counts.values() for v in c.values()), default=0)
+    label = max((len(f"rank {rank}:") for rank in r.counts), default=7)
+    out += wrap(Text(f"{'expert':<{label}}" + "".join(f" {e:>4}" for e in range(width_e)),
+                     style="dim"), width, indent=4, hang=label + 4)
     for block in blocks:
         out.append(Text(f"  {block}", style="bold"))
         for rank in sorted(r.counts):
             counts = r.counts[rank].get(block)
             if counts is None:
                 continue
-            line = Text(f"    rank {rank}:")
+            line = Text(f"{f'rank {rank}:':<{label}}")
             for e, n in enumerate(counts):
                 line.append(f" {n:>4}", style="bold red" if (block, e, rank) in starved
                             else "")
-            out += wrap(line, width, indent=0, hang=12)
+            out += wrap(line, width, indent=4, hang=label + 4)
     for text in [ragged_sentence(g, d.culprit_ranks) for g in r.ragged[:5]] + [
             gap_sentence(g, d.culprit_ranks) for g in r.gaps[:10]]:
         out += wrap(Text(text, style="dim"), width, indent=2, hang=4)

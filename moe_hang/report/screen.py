@@ -165,7 +165,7 @@ def _routing_section(d: Diagnosis, width: int) -> _Section | None:
     more = len(r.gaps) + len(r.ragged) - 1
     if more > 0:
         line.append(f"; {more} more at that step (--verbose)", style="dim")
-    return _clippable(wrap(line, width, hang=2), width, keep=2)
+    return _clippable(wrap(line, width, hang=2), width, keep=1)
 
 
 def _fix_sections(d: Diagnosis, width: int) -> list[_Section]:
@@ -220,9 +220,14 @@ def first_screen(d: Diagnosis, ctx: ReportContext, width: int, *,
     if routing is not None:
         sections.append(routing)
     sections += _fix_sections(d, width)
-    for fixed in (_next_line(d, ctx, width), _run_line(d, ctx, width, verbose)):
-        if fixed:
-            sections.append(_Section(fixed))
+    nxt = _next_line(d, ctx, width)
+    if nxt:
+        sections.append(_Section(nxt))
+    run = _run_line(d, ctx, width, verbose)
+    if run:
+        # a long run directory: the details hint goes before any line of the answer
+        bare = iter([_run_line(d, ctx, width, verbose=True)])  # once: then as short as it gets
+        sections.append(_Section(run, lambda: next(bare, None)))
     clipped = _fit(sections, width)
     return Screen([line for s in sections for line in s.lines], clipped)
 

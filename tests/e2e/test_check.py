@@ -109,3 +109,29 @@ def test_check_refuses_bad_input_before_starting_anything(tmp_path):
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("[error] ") and "Traceback" not in proc.stderr
         assert not (tmp_path / "runs").exists(), args  # refused before a run directory
+
+
+@pytest.mark.skipif(not HF, reason="transformers + peft not installed (make corpus-deps)")
+@pytest.mark.parametrize("culprit", [1, 0])  # mirrored
+def test_watch_names_layer_expert_rank_step_and_counts_in_the_first_screen(tmp_path, culprit):
+    """transformers Mixtral + peft + FSDP2: the corpus job whose rank routes layer 1's expert 2
+    no token at step 2 (tests/corpus/jobs/hf_moe_lora_fsdp_skip.py), under plain watch."""
+    jobs = ROOT / "tests" / "corpus" / "jobs"
+    env = job_env(CULPRIT_RANK=str(culprit))
+    env["PYTHONPATH"] = os.pathsep.join([str(jobs), env["PYTHONPATH"]])
+    proc = run_cli("watch", "--stall", "3", "--out", str(tmp_path / "w"), "--",
+                   sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                   str(jobs / "hf_moe_lora_fsdp_skip.py"), timeout=300, env=env)
+    assert_no_survivors(str(jobs / "hf_moe_lora_fsdp_skip.py"))
+    screen = proc.stdout[proc.stdout.index("moe-hang watch:"):].rstrip().splitlines()
+    assert proc.returncode == 3 and len(screen) <= 15, proc.stdout[-3000:]
+    text = " ".join(line.strip() for line in screen)
+    assert (f"routing: rank {culprit} routed 0 of 16 tokens to "
+            "model.layers.1.block_sparse_moe expert 2 at step 2 "
+            f"(rank {1 - culprit}: ") in text, text
+    d = json.loads((tmp_path / "w" / "diagnosis.json").read_text())
+    assert d["culprit_ranks"] == [culprit]
+    gap = d["routing"]["gaps"][0]
+    assert (gap["block"], gap["expert"], gap["step"], gap["routed"][str(culprit)]) == (
+        "model.layers.1.block_sparse_moe", 2, 2, 0)
