@@ -164,10 +164,10 @@ def gap_sentence(gap: ExpertGap, culprits: list[int]) -> str:
     head = " and ".join(f"rank {r}" for r in subject[:3])
     counts = {gap.routed[r] for r in subject}
     n = f"{gap.routed[subject[0]]} of {gap.tokens[subject[0]]}" if len(subject) == 1 else (
-        f"{counts.pop()}" if len(counts) == 1 else "different numbers of")
+        f"{counts.pop()}" if len(counts) == 1 else " and ".join(of(r) for r in subject[:3]))
     plan = ", by moe-hang check's plan" if set(gap.planned) & set(subject) else ""
     return (f"{head} routed {n} tokens to {block_label(gap.block)} expert {gap.expert} at step "
-            f"{gap.step}{plan} ({who})")
+            f"{gap.step}{plan}" + (f" ({who})" if who else ""))
 
 
 def ragged_sentence(gap: TokenGap, culprits: list[int]) -> str:
@@ -176,12 +176,12 @@ def ragged_sentence(gap: TokenGap, culprits: list[int]) -> str:
         min(gap.tokens, key=lambda r: (gap.tokens[r], r))]
     rest = sorted(r for r in gap.tokens if r not in subject)
     head = " and ".join(f"rank {r}" for r in subject[:3])
-    n = "/".join(str(gap.tokens[r]) for r in subject[:3])
+    n = " and ".join(str(gap.tokens[r]) for r in subject[:3])
     plan = ", by moe-hang check's plan" if set(gap.planned) & set(subject) else ""
     who = "; ".join(f"rank {r}: {gap.tokens[r]}" for r in rest[:3]) + (
         "; ..." if len(rest) > 3 else "")
-    return (f"{head} sent {n} tokens into {block_label(gap.block)} at step {gap.step}{plan} "
-            f"({who})")
+    return (f"{head} sent {n} tokens into {block_label(gap.block)} at step {gap.step}{plan}"
+            + (f" ({who})" if who else ""))
 
 
 def routing_sentence(report: RoutingReport | None, culprits: list[int], size: bool) -> str | None:

@@ -138,3 +138,15 @@ def test_check_screen_fits_and_leads_with_the_answer() -> None:
     assert clean.exit_code == 0
     assert isinstance(check_screen(clean, 80)[0], Text)
     assert "every plan ran clean (3 of 3)" in check_screen(clean, 80)[0].plain
+
+
+def test_sentences_when_every_rank_is_a_culprit() -> None:
+    """repro's ragged gather: both ranks are named; nothing is left for the parentheses."""
+    ev = _ev({0: [RouterCall(0, "layers.0", 0, 68, (30, 38, 40, 28), 2)],
+              1: [RouterCall(0, "layers.0", 0, 401, (200, 201, 0, 401), 2)]})
+    report = routing_report(ev)
+    assert report is not None
+    assert routing_sentence(report, [0, 1], size=True) == (
+        "rank 0 and rank 1 sent 68 and 401 tokens into layers.0 at step 0")
+    assert gap_sentence(report.gaps[0], [0, 1]) == (
+        "rank 0 and rank 1 routed 40 of 68 and 0 of 401 tokens to layers.0 expert 2 at step 0")
