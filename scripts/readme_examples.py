@@ -7,7 +7,8 @@ prints now, not what it printed once.
     python scripts/readme_examples.py --json runs/readme_examples.json
 
 Examples: ``repro``, ``verify``, ``watch`` (tests/e2e/jobs/skip_collective.py under torchrun),
-``check`` (tests/e2e/jobs/moe_fsdp_train.py under its routing plans), ``p2p`` (torch's own dumps of a recv no rank sends), ``ras`` (the NCCL transport hang from
+``check`` (tests/e2e/jobs/moe_fsdp_train.py under its routing plans), ``p2p`` (torch's own
+dumps of a recv no rank sends), ``ras`` (the NCCL transport hang from
 recorder dumps and two RAS reports), ``nodes`` (two torchrun agents with c10d rendezvous on
 this host, one watcher in front of each; the first node's screen is printed). Run directories
 go under one fresh temporary directory (printed); every child runs in its own session and is
