@@ -8,8 +8,9 @@ from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
 from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.routing import block_label, routing_report
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report, monitored_barrier_laggards
-from moe_hang.evidence.model import Restarts
+from moe_hang.evidence.model import Evidence, Restarts
 from moe_hang.evidence.stacks import callsite, collective_of
 from moe_hang.evidence.vocab import RankState, agree, exit_desc, who
 
@@ -39,13 +40,28 @@ def root_cause(f: Facts) -> Conclusion:
     text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
             + (f" at {site.short()}" if site else "")
             + ": the other ranks only failed because it left.")
-    if "find_unused_parameters" in err.message:
+    empty = _no_token_block(f.ev, rank) if "does not require grad" in err.message else None
+    if empty is not None:
+        text = (f"Rank {rank} routed no token into {empty}, so nothing that trains was in its "
+                "loss's graph and its backward had nothing to run. Anchor each MoE block's "
+                "output to its experts' parameters (y = y + sum(p.sum() for p in "
+                "experts.parameters()) * 0; moe_hang.anchor_gradients) so every rank's "
+                "backward runs, and posts its collectives, with or without tokens.")
+    elif "find_unused_parameters" in err.message:
         text = ("DistributedDataParallel says some parameters of rank "
                 f"{rank} took no part in its loss: pass "
                 "find_unused_parameters=True to DistributedDataParallel, or make every rank "
                 "use every parameter every step.")
     return Conclusion(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
                       Advice(text))
+
+
+def _no_token_block(ev: Evidence, rank: int) -> str | None:
+    """The MoE block ``rank`` sent no token into at the step it stopped in, where another rank
+    sent some (its routers' counts say so); None: they do not."""
+    report = routing_report(ev)
+    gap = next((g for g in report.ragged if g.tokens.get(rank) == 0), None) if report else None
+    return None if gap is None else f"{block_label(gap.block)} at step {gap.step}"
 
 
 def _earliest(f: Facts) -> int | None:

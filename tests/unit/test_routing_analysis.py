@@ -150,3 +150,29 @@ def test_sentences_when_every_rank_is_a_culprit() -> None:
         "rank 0 and rank 1 sent 68 and 401 tokens into layers.0 at step 0")
     assert gap_sentence(report.gaps[0], [0, 1]) == (
         "rank 0 and rank 1 routed 40 of 68 and 0 of 401 tokens to layers.0 expert 2 at step 0")
+
+
+@pytest.mark.parametrize("empty", [1, 0])  # mirrored
+def test_a_rank_whose_tokens_reached_no_expert_gets_the_gradient_anchor(empty: int) -> None:
+    """LoRA on the experts is all that trains: a rank that routed no token has a loss with no
+    gradient, and backward raises there; its counts say why, and the advice follows them."""
+    from moe_hang.analysis.rules import diagnose
+    from moe_hang.evidence.model import RankError
+    from moe_hang.evidence.stacks import Frame
+    from moe_hang.evidence.vocab import JobState
+
+    raised = RankEvidence(rank=empty, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "element 0 of tensors does not require grad and does not have a "
+        "grad_fn", frames=[Frame("/job/train.py", 72, "main")], time=1.0),
+        routing=[RouterCall(1, L0, 0, 0, (0, 0, 0, 0), 2)])
+    peer = RankEvidence(rank=1 - empty, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "Connection closed by peer [127.0.0.1]:5", time=2.0),
+        routing=[RouterCall(1, L0, 0, 32, (16, 16, 16, 16), 2)])
+    d = diagnose(Evidence(ranks={empty: raised, 1 - empty: peer}, job=JobState.FAILED))
+    assert d.verdict == Verdict.CRASH and d.culprit_ranks == [empty]
+    assert d.fix.startswith(f"Rank {empty} routed no token into {L0} at step 1")
+    assert "anchor_gradients" in d.fix
+    # the same error without counts: no claim about routing
+    raised.routing, peer.routing = [], []
+    d = diagnose(Evidence(ranks={empty: raised, 1 - empty: peer}, job=JobState.FAILED))
+    assert "routed" not in d.fix
