@@ -669,6 +669,26 @@ def test_html_has_every_part(tmp_path):
     assert not [h for h in hrefs if h.startswith(("http:", "https:", "//"))]
 
 
+def test_html_heat_map_beside_the_grid_and_unknown_cells(tmp_path):
+    from moe_hang.analysis.diagnosis import TimelineCell
+    from moe_hang.analysis.routing import ExpertGap, RoutingReport
+
+    d, ctx = _case("watch-desync")
+    d.routing = RoutingReport(2, [ExpertGap(2, "model.layers.1.mlp", 0, 2, {0: 5, 1: 0},
+                                            {0: 16, 1: 16})],
+                              counts={0: {"model.layers.1.mlp": [9, 9, 5, 9]},
+                                      1: {"model.layers.1.mlp": [12, 10, 0, 10]}})
+    assert d.timeline is not None
+    d.timeline.ranks[1][0] = TimelineCell("?", [], "unknown")
+    p = _page(d, ctx, tmp_path / "report.html")
+    assert len(p.find("div", "pair")) == 1  # the grid and the heat map side by side
+    assert "tokens per expert at step 2" in p.inside("h2.#routing")
+    assert p.inside("td.starved") == "0"  # rank 1's expert 2, outlined
+    assert "rank 1 routed 0 of 16 tokens to model.layers.1.mlp expert 2" in p.inside(
+        "ul.evidence")
+    assert p.inside("td.unknown") == "?"  # posted, not in its evidence: not "missing"
+
+
 def test_html_outside_the_run_directory_links_absolute_files(tmp_path):
     d, ctx = _case("repro-desync")
     run = tmp_path / "run"
