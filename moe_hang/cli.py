@@ -246,7 +246,7 @@ def check(command: Annotated[list[str] | None, typer.Argument(
           router: Annotated[str | None, typer.Option(
               "--router", help="pkg.mod.Class: your router's class (default: any module "
                                "with an `experts` and a `gate`/`router` child)")] = None,
-          out: Out = None, as_json: Json = False) -> None:
+          out: Out = None, as_json: Json = False, html: Html = None) -> None:
     """Run your own MoE job under adversarial routing plans (each expert starved on one
     rank, the mirror, every token to one expert) and say which plan makes it hang, on which
     rank, expert and step. Exit 3 when a plan reproduces a hang, 0 when every plan ran
@@ -264,12 +264,19 @@ def check(command: Annotated[list[str] | None, typer.Argument(
             raise MoeHangError("--stall and --timeout must be positive numbers of seconds")
         if router is not None and (router.count(".") < 1 or " " in router):
             raise MoeHangError(f"--router {router}: give the class as pkg.module.Class")
-        _check_paths(out, None)
+        _check_paths(out, html)
         if router is not None:
             os.environ[ENV_ROUTER] = router  # the job's ranks inherit it
         with live_status(enabled=not as_json) as term:
             res = check_command(cmd, term.say, out=str(out) if out else None, stall_s=stall,
                                 timeout_s=timeout, max_plans=plans, command=_command())
+    if html is not None:
+        from moe_hang.report.check_html import save_check_html
+
+        try:
+            save_check_html(res, res.diagnoses, html)
+        except OSError as exc:  # checked up front; the result and its exit code stand
+            typer.echo(f"[error] --html {html}: cannot write it ({exc.strerror})", err=True)
     if as_json:
         import json
 

@@ -49,7 +49,7 @@ from moe_hang.report.wrap import display_path, shorten_paths
 
 MAX_FILES = 300  # links to a run directory's files; a huge capture is summarised
 
-_CSS = """
+CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;
 color:#1d1d1f;background:#fff}
 h1{font-size:1.35em;margin:.2em 0 .6em}h2{font-size:1.1em;margin:1.6em 0 .5em;
@@ -296,7 +296,7 @@ def to_html(d: Diagnosis, ctx: ReportContext, page: Path) -> str:
             *_stacks_section(d), *_reference_section(ref), *_evidence_section(d),
             *_files_section(d, ctx, page), *_footer(d, ctx)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 
 

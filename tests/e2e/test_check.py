@@ -29,8 +29,9 @@ def _job(script: str, *extra: str) -> list[str]:
 def _check(tmp_path: Path, script: str, *extra: str, plans: int = 3,
            **env: str) -> tuple[int, dict]:
     out = tmp_path / "c"
-    proc = run_cli("check", "--plans", str(plans), "--out", str(out), "--json", "--",
-                   *_job(script, *extra), timeout=400, env=job_env(**env))
+    proc = run_cli("check", "--plans", str(plans), "--out", str(out), "--json", "--html",
+                   str(tmp_path / "check.html"), "--", *_job(script, *extra), timeout=400,
+                   env=job_env(**env))
     assert proc.stdout.strip(), proc.stderr[-3000:]
     assert_no_survivors(str(JOBS / script))
     assert (out / "check.json").exists() and oct(out.stat().st_mode)[-3:] == "700"
@@ -61,6 +62,9 @@ def test_plain_torch_moe_reproduced_and_ruled_out_once_fixed(tmp_path):
     assert all(p["planned"] for p in d["plans"])  # each reached its rank's routers
     assert code == 3
     _starve_mirrored(d, "block 0", 32)
+    page = (tmp_path / "a" / "check.html").read_text()  # --html: each reproduction linked
+    assert "REPRODUCED by" in page and "c/01-starve-e0-r1/report.html" in page
+    assert (tmp_path / "a" / "c" / "01-starve-e0-r1" / "report.html").exists()
     code, d = _check(tmp_path / "b", "moe_fsdp_train.py", "--fixed")
     assert code == 0 and d["reproduced"] == 0
     assert [p["verdict"] for p in d["plans"]] == ["healthy"] * 3

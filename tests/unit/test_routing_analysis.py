@@ -176,3 +176,24 @@ def test_a_rank_whose_tokens_reached_no_expert_gets_the_gradient_anchor(empty: i
     raised.routing, peer.routing = [], []
     d = diagnose(Evidence(ranks={empty: raised, 1 - empty: peer}, job=JobState.FAILED))
     assert "routed" not in d.fix
+
+
+def test_check_html_links_each_reproducing_run_to_its_own_report(tmp_path: Path) -> None:
+    from moe_hang.report.check_html import save_check_html
+
+    names = [p.name for p in plans_for(Found(2, 3, [L0, L1], 4), 3)]
+    results = [_result(n, "hang" if n == names[0] else "healthy",
+                       [1] if n == names[0] else []) for n in names]
+    for r in results:
+        r.run_dir = str(tmp_path / "c" / r.run_dir.rsplit("/", 1)[-1])
+        Path(r.run_dir).mkdir(parents=True)
+    res = CheckResult(tmp_path / "c", _result(None, "healthy", []), Found(2, 3, [L0, L1], 4),
+                      results)
+    d = Diagnosis(verdict=Verdict.HANG, summary="Rank 1 skipped ...", culprit_ranks=[1])
+    page = tmp_path / "check.html"
+    save_check_html(res, {names[0]: d}, page)
+    html = page.read_text()
+    assert "REPRODUCED by 1 of 3 plans" in html and "<script" not in html
+    assert f'href="c/{names[0]}/report.html"' in html  # relative, to its own page
+    assert (Path(results[0].run_dir) / "report.html").exists()
+    assert not (Path(results[1].run_dir) / "report.html").exists()  # clean runs: the dir
