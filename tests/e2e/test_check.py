@@ -29,6 +29,7 @@ def _job(script: str, *extra: str) -> list[str]:
 def _check(tmp_path: Path, script: str, *extra: str, plans: int = 3,
            **env: str) -> tuple[int, dict]:
     out = tmp_path / "c"
+    tmp_path.mkdir(parents=True, exist_ok=True)  # --html's directory must exist
     proc = run_cli("check", "--plans", str(plans), "--out", str(out), "--json", "--html",
                    str(tmp_path / "check.html"), "--", *_job(script, *extra), timeout=400,
                    env=job_env(**env))
