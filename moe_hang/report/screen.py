@@ -61,6 +61,7 @@ class _Section:
 
     lines: list[Text]
     shorter: Callable[[], list[Text] | None] | None = None
+    first: bool = False  # shortened before any other (what is not the answer)
 
 
 def _clippable(lines: list[Text], width: int, keep: int) -> _Section:
@@ -227,7 +228,7 @@ def first_screen(d: Diagnosis, ctx: ReportContext, width: int, *,
     if run:
         # a long run directory: the details hint goes before any line of the answer
         bare = iter([_run_line(d, ctx, width, verbose=True)])  # once: then as short as it gets
-        sections.append(_Section(run, lambda: next(bare, None)))
+        sections.append(_Section(run, lambda: next(bare, None), first=True))
     clipped = _fit(sections, width)
     return Screen([line for s in sections for line in s.lines], clipped)
 
@@ -236,7 +237,7 @@ def _fit(sections: list[_Section], width: int) -> bool:
     """Shorten the longest sections that can be, one line at a time, until all fit."""
     clipped = False
     while screen_lines([x for s in sections for x in s.lines], width) > MAX_LINES:
-        for s in sorted(sections, key=lambda s: -len(s.lines)):
+        for s in sorted(sections, key=lambda s: (not s.first, -len(s.lines))):
             shorter = s.shorter() if s.shorter is not None else None
             if shorter is not None:
                 s.lines = shorter

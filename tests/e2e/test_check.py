@@ -56,19 +56,18 @@ def _starve_mirrored(d: dict, block: str, tokens: int) -> None:
 
 
 def test_plain_torch_moe_reproduced_and_ruled_out_once_fixed(tmp_path):
-    code, d = _check(tmp_path / "a", "moe_fsdp_train.py")
+    code, d = _check(tmp_path / "a", "moe_fsdp_train.py", plans=2)  # CI time: two plans
     assert d["baseline"]["verdict"] == "healthy" and d["routers"]["blocks"] == ["0", "1"]
-    assert [p["plan"]["name"] for p in d["plans"]] == ["starve-e0-r1", "starve-e0-r0",
-                                                       "ragged-r1"]
+    assert [p["plan"]["name"] for p in d["plans"]] == ["starve-e0-r1", "starve-e0-r0"]
     assert all(p["planned"] for p in d["plans"])  # each reached its rank's routers
     assert code == 3
     _starve_mirrored(d, "block 0", 32)
     page = (tmp_path / "a" / "check.html").read_text()  # --html: each reproduction linked
     assert "REPRODUCED by" in page and "c/01-starve-e0-r1/report.html" in page
     assert (tmp_path / "a" / "c" / "01-starve-e0-r1" / "report.html").exists()
-    code, d = _check(tmp_path / "b", "moe_fsdp_train.py", "--fixed")
+    code, d = _check(tmp_path / "b", "moe_fsdp_train.py", "--fixed", plans=1)
     assert code == 0 and d["reproduced"] == 0
-    assert [p["verdict"] for p in d["plans"]] == ["healthy"] * 3
+    assert [p["verdict"] for p in d["plans"]] == ["healthy"]
     assert all(p["planned"] for p in d["plans"])  # applied, and still clean
 
 
