@@ -14,6 +14,7 @@ from typing import Any
 
 from moe_hang.analysis.plans import CheckResult
 from moe_hang.errors import MoeHangError
+from moe_hang.probe.routing import ENV_ROUTER
 
 
 class HangReproduced(AssertionError):
@@ -42,10 +43,12 @@ def _ref(fn: Callable[..., Any], what: str) -> tuple[str, Path]:
 
 def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *, world: int = 2,
           steps: int = 3, plans: int = 8, stall_s: float = 5.0, timeout_s: float = 300.0,
-          out: str | os.PathLike[str] | None = None,
+          router: type | str | None = None, out: str | os.PathLike[str] | None = None,
           say: Callable[[str], None] = lambda _: None) -> CheckResult:
     """Run ``build``'s model for ``steps`` steps on ``world`` gloo ranks (torchrun) under
-    every routing plan of moe-hang check; the result, or :class:`HangReproduced`."""
+    every routing plan of moe-hang check; the result, or :class:`HangReproduced`.
+    ``router``: the class of your router (or ``"pkg.mod.Class"``) where the blocks have no
+    ``experts`` child beside a ``gate``/``router``."""
     from moe_hang.commands.check import check_command
     from moe_hang.report.check import check_screen
 
@@ -59,18 +62,25 @@ def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *, world: 
         raise MoeHangError("torchrun not found beside this Python or on PATH")
     cmd = [torchrun, "--nproc-per-node", str(world), "--standalone", "-m",
            "moe_hang.usercheck.rank", "--build", b, "--batch", x, "--steps", str(steps)]
+    if isinstance(router, type):
+        router = f"{router.__module__}.{router.__qualname__}"
+    if router is not None and ("." not in router or "<locals>" in router):
+        raise MoeHangError(f"router={router!r}: give a class of an importable module")
     paths = [str(root), str(root2), os.environ.get("PYTHONPATH", "")]
-    saved = os.environ.get("PYTHONPATH")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", ENV_ROUTER)}
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    if router is not None:
+        os.environ[ENV_ROUTER] = router  # the ranks inherit it
     try:
         res = check_command(cmd, say, out=None if out is None else str(out), stall_s=stall_s,
                             timeout_s=timeout_s, max_plans=plans,
                             command=["moe_hang.check", b, x])
     finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+        for key, value in saved.items():  # the caller's environment as it was
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     if res.reproduced:
         text = "\n".join(line.plain for line in check_screen(res, 100))
         raise HangReproduced(text, res)

@@ -73,3 +73,9 @@ def test_check_refuses_what_the_ranks_cannot_import() -> None:
         moe_hang.check(local_build, batch)
     with pytest.raises(moe_hang.errors.MoeHangError, match="at least 2 ranks"):
         moe_hang.check(build_fixed, batch, world=1)
+
+    class LocalRouter(torch.nn.Module):
+        pass
+
+    with pytest.raises(moe_hang.errors.MoeHangError, match="importable module"):
+        moe_hang.check(build_fixed, batch, router=LocalRouter)

@@ -9,11 +9,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, ROOT, assert_no_survivors, free_port, job_env, run_cli
+from conftest import (
+    JOBS,
+    ROOT,
+    assert_no_survivors,
+    free_port,
+    job_env,
+    run_cli,
+    start_cli,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 HF = all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft"))
@@ -139,3 +149,24 @@ def test_watch_names_layer_expert_rank_step_and_counts_in_the_first_screen(tmp_p
     gap = d["routing"]["gaps"][0]
     assert (gap["block"], gap["expert"], gap["step"], gap["routed"][str(culprit)]) == (
         "model.layers.1.block_sparse_moe", 2, 2, 0)
+
+
+def test_ctrl_c_in_the_middle_of_a_plan_ends_everything(tmp_path):
+    """Ctrl-C while a plan's run is under way: one line, exit 130, no process left."""
+    out = tmp_path / "c"
+    proc = start_cli("check", "--plans", "2", "--out", str(out), "--",
+                     *_job("moe_fsdp_train.py", "--steps", "60"))
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "01-starve-e0-r1" / "ranks").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        assert (out / "01-starve-e0-r1" / "ranks").exists()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "[error] interrupted" in err and "Traceback" not in err
+    assert_no_survivors(str(JOBS / "moe_fsdp_train.py"))
