@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import moe_hang
+from moe_hang.errors import MoeHangError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 DIM, EXPERTS, TOKENS = 16, 4, 32
@@ -69,13 +70,13 @@ def test_check_refuses_what_the_ranks_cannot_import() -> None:
     def local_build() -> Block:
         return _build(True)
 
-    with pytest.raises(moe_hang.errors.MoeHangError, match="module-level function"):
+    with pytest.raises(MoeHangError, match="module-level function"):
         moe_hang.check(local_build, batch)
-    with pytest.raises(moe_hang.errors.MoeHangError, match="at least 2 ranks"):
+    with pytest.raises(MoeHangError, match="at least 2 ranks"):
         moe_hang.check(build_fixed, batch, world=1)
 
     class LocalRouter(torch.nn.Module):
         pass
 
-    with pytest.raises(moe_hang.errors.MoeHangError, match="importable module"):
+    with pytest.raises(MoeHangError, match="importable module"):
         moe_hang.check(build_fixed, batch, router=LocalRouter)
