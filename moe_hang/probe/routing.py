@@ -1,24 +1,15 @@
-"""The MoE routers of a rank: how many tokens each expert got at each step, and, under
-``moe-hang check``, a routing plan applied on one rank at one step (stdlib at import: this
-file is loaded by path into the job's own environment; torch is the job's, handed in).
+"""The MoE routers of a rank: the tokens each expert got at each router call, and under
+``moe-hang check`` a routing plan applied on one rank at one step (stdlib at import: loaded by
+path into the job's own environment; torch is the job's, handed in). docs/DESIGN.md §15.
 
-Routers are found by shape, not by class name, so one rule covers transformers' MoE blocks
-(Mixtral, Qwen2/3-MoE: a ``gate`` linear giving logits; DeepSeek-V3: a ``gate`` router giving
-top-k indices; GPT-OSS: a ``router`` giving scores and indices), NeMo Automodel's ``MoE``
-(``gate`` -> weights, indices, aux loss), torchtitan's ``MoE`` (``router`` -> scores, indices,
-counts) and a user's own block: a module with a child ``experts`` and a child ``gate`` or
-``router``. ``MOE_HANG_ROUTER=pkg.mod.Class`` names a router class instead (its output: logits
-or a tuple holding the top-k indices).
-
-Finding them costs a global forward pre-hook, only until the job's first optimizer step (every
-router has run once by then); afterwards each router carries its own forward hook: a top-k
-and a bincount of what the router already computed. A plan changes the router's output only
-(logits biased, or indices rewritten): the job's own code decides what follows.
-
-The file (``ranks/rank{R}.routing.jsonl``) is appended a line per router call (a write of
-~150 bytes: the step costs no rewrite), and past ``MAX_BYTES`` rewritten to the plan's calls
-(proof it was applied), the last complete step and the current one: ``{"step", "block", "call",
-"tokens", "experts", "top_k", "counts", "plan"}`` — what a capture at a hang reads.
+Routers are found by shape: a module with an ``experts`` child and a ``gate`` or ``router``
+child is an MoE block (transformers' Mixtral, Qwen-MoE, DeepSeek-V3, GPT-OSS; NeMo Automodel's
+and torchtitan's MoE; most hand-written ones), or ``MOE_HANG_ROUTER=pkg.mod.Class`` names the
+router class. A global forward pre-hook looks for them until the first optimizer step; then
+each router carries its own forward hook (a top-k and a bincount of what it computed). A plan
+changes the router's output (or the block's input) only: the job's code decides what follows.
+One line a router call is appended to ``ranks/rank{R}.routing.jsonl`` (rewritten past
+``MAX_BYTES`` to the plan's calls and the last step).
 """
 
 from __future__ import annotations
@@ -155,8 +146,7 @@ class Routing:
         return None
 
     def _classify(self, module: Any) -> bool:
-        """Hook ``module`` if it is a router (a named class) or an MoE block; True: a block
-        a keep plan cuts."""
+        """Hook ``module`` if it is a router or an MoE block; True: a block a plan cuts."""
         nn = self.torch.nn
         if self.router_class is not None:
             names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
@@ -384,8 +374,7 @@ class Routing:
             self._size += len(line)
 
     def _rewrite(self) -> None:
-        """The file: the plan's calls and the step just completed, then the new one's calls
-        as they come."""
+        """The plan's calls and the step just completed; the new step's calls follow."""
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         kept = b"".join(self._planned + self._previous)
