@@ -50,21 +50,18 @@ class Plan:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan | None:
-        raw = env.get(ENV_PLAN)
-        if not raw:
-            return None
-        d = json.loads(raw)
-        return cls(int(d["rank"]), int(d["step"]), _opt_int(d.get("starve")),
-                   _opt_int(d.get("all_to")), d.get("block"),
-                   None if d.get("keep") is None else float(d["keep"]))
+        d = json.loads(env.get(ENV_PLAN) or "null")
+        return None if d is None else cls(
+            int(d["rank"]), int(d["step"]), _opt(int, d.get("starve")),
+            _opt(int, d.get("all_to")), d.get("block"), _opt(float, d.get("keep")))
 
     def applies(self, rank: int, step: int, block: str) -> bool:
         return rank == self.rank and step == self.step and (
             self.block is None or self.block in block)
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
+def _opt(kind: Any, v: Any) -> Any:
+    return None if v is None else kind(v)
 
 
 @dataclass
@@ -86,12 +83,8 @@ def _int_attr(objs: tuple[Any, ...], names: tuple[str, ...]) -> int | None:
 
 
 def _strip(name: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for p in _WRAPPER_PREFIXES:
-            if name.startswith(p):
-                name, changed = name[len(p):], True
+    while any(name.startswith(p) for p in _WRAPPER_PREFIXES):
+        name = name[len(next(p for p in _WRAPPER_PREFIXES if name.startswith(p))):]
     return name
 
 
@@ -118,20 +111,24 @@ class Routing:
         self._shrunk: dict[int, tuple[Any, int]] = {}  # block -> the rows it did not get, dim
         self.broken: str | None = None  # why counting stopped (never the job)
 
-    # ------------------------------------------------------------ hooks
-
     def install(self) -> None:
         import sys  # torch.optim's submodule is not an attribute of the package
+        import warnings
 
         mod = self.torch.nn.modules.module
         self._global = mod.register_module_forward_pre_hook(self._look)
+        # torch.compile(model) warns of global hooks: ours, harmless there, not the job's
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when "
+                                "there are global hooks")
         optim = sys.modules.get("torch.optim.optimizer")
         if optim is not None:  # without it steps are not told apart: every call is step 0
             optim.register_optimizer_step_post_hook(self._stepped)
         self._open(truncate=True)
 
     def _look(self, module: Any, args: Any) -> Any:
-        """Every module call until the first step: is it an MoE block (or a named router)?"""
+        """Every module call until the first step: an MoE block (or a named router)?"""
+        if self._compiling():
+            return None
         key = id(module)
         if key in self._looked:
             return
@@ -195,10 +192,8 @@ class Routing:
             with contextlib.suppress(OSError):
                 self._rewrite()
 
-    # ------------------------------------------------------------ one call
-
     def _routed(self, router: Any, args: Any, out: Any) -> Any:
-        if self.broken is not None:
+        if self.broken is not None or self._compiling():
             return None
         info = self._routers.get(id(router))
         if info is None:
@@ -248,6 +243,12 @@ class Routing:
         return type(out)(items) if type(out) in (tuple, list) else tuple(items), idx, \
             int(idx.shape[-1])
 
+    def _compiling(self) -> bool:
+        """Tracing for torch.compile: nothing of ours (traced, the hooks broke a model into 7
+        graphs). A compiled model's routers go uncounted."""
+        is_compiling = getattr(getattr(self.torch, "compiler", None), "is_compiling", None)
+        return bool(is_compiling()) if is_compiling is not None else False
+
     def _planned_here(self, info: _Router) -> bool:
         return self.plan is not None and self.plan.applies(self.rank, self.step,
                                                            info.block or "")
@@ -282,8 +283,7 @@ class Routing:
             shape[dim] = rest.shape[dim]
             rest = y.new_zeros(shape)
         items[pos] = torch.cat([y, rest], dim=dim)
-        return items[0] if not isinstance(out, (tuple, list)) else type(out)(items) \
-            if type(out) in (tuple, list) else tuple(items)
+        return items if type(out) is list else tuple(items) if isinstance(out, tuple) else items[0]
 
     def _block_name(self, block: Any) -> str:
         info = next((r for r in self._routers.values() if r.owner is block), None)
@@ -339,8 +339,6 @@ class Routing:
         cls = next((c for c in type(owner).__mro__
                     if not c.__module__.startswith("torch.distributed")), type(owner))
         return cls.__name__
-
-    # ------------------------------------------------------------ the file
 
     def _open(self, truncate: bool = False) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)

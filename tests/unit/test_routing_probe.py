@@ -257,3 +257,24 @@ def test_keep_plan_cuts_the_blocks_input_and_pads_its_output(counted, keep: floa
     calls, _ = read_routing(r.path)
     assert [c.tokens for c in calls] == [int(T * keep)] * 2 and all(c.planned for c in calls)
     assert all(sum(c.counts) == int(T * keep) * K for c in calls)
+
+
+def test_a_compiled_model_gets_no_graph_break_from_the_hooks(counted) -> None:
+    """torch.compile traces module hooks: ours do nothing while it traces (before, they broke
+    this model into 7 graphs). Its routers go uncounted."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Model(IndexBlock)
+    r = counted()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(2):
+        compiled(torch.randn(T, D, requires_grad=True)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert sum(counters["graph_break"].values()) == 0 and r.broken is None
+    torch._dynamo.reset()
