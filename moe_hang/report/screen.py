@@ -237,7 +237,11 @@ def _fit(sections: list[_Section], width: int) -> bool:
     """Shorten the longest sections that can be, one line at a time, until all fit."""
     clipped = False
     while screen_lines([x for s in sections for x in s.lines], width) > MAX_LINES:
-        for s in sorted(sections, key=lambda s: (not s.first, -len(s.lines))):
+        # what is not the answer first, then the longest; of two as long, the later one (the
+        # summary outranks the fix's prose: its "in full" is in the detail)
+        order = sorted(enumerate(sections), key=lambda x: (not x[1].first, -len(x[1].lines),
+                                                            -x[0]))
+        for _, s in order:
             shorter = s.shorter() if s.shorter is not None else None
             if shorter is not None:
                 s.lines = shorter

@@ -771,3 +771,19 @@ def test_a_long_run_directory_and_a_routing_line_still_fit(name):
                                             {0: 8, 1: 0}, {0: 16, 1: 16})])
     out = _render(d, ctx, 80)
     assert screen_lines(out.splitlines(), 80) <= MAX_LINES, out
+
+
+def test_the_summary_outlasts_the_fix_prose_when_the_screen_is_full():
+    """repro's ragged gather with its routing line and a long run directory: of two sections
+    as long, the later one (the fix's prose, in full in the detail) is shortened first, so the
+    summary's sizes stay on the first screen (CI caught them clipped off)."""
+    from moe_hang.analysis.routing import RoutingReport, TokenGap
+
+    d, ctx = _case("repro-desync")
+    d.artifacts = "/tmp/pytest-of-root/pytest-263/test_repro_answer_fits_one_scr0/run"
+    d.routing = RoutingReport(0, ragged=[TokenGap(0, "layers.0", 0, {0: 68, 1: 401})])
+    out = _render(d, ctx, 80)
+    assert screen_lines(out.splitlines(), 80) <= MAX_LINES, out
+    summary = d.summary.split(":")[-1]
+    assert all(word in out for word in summary.split() if "×" in word), out
+    assert "routing: rank 0 and rank 1 sent 68 and 401 tokens" in out
