@@ -7,6 +7,7 @@ The public API, for your own code (imported lazily: ``import moe_hang`` does not
     from moe_hang import FSDPExperts, uncovered_trainable    # FSDP2 experts done right, and a check
     from moe_hang import load_capture, diagnose, Diagnosis  # a run directory -> a verdict
     from moe_hang import check, HangReproduced              # moe-hang check on your model
+    from moe_hang import ReferenceMismatch                  # ... with reference=: its proof
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _PUBLIC = {
     "load_capture": "moe_hang.evidence.load",
     "check": "moe_hang.usercheck.api",
     "HangReproduced": "moe_hang.usercheck.api",
+    "ReferenceMismatch": "moe_hang.usercheck.api",
 }
 __all__ = ["__version__", *_PUBLIC]
 

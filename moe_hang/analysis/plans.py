@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.analysis.diagnosis import Diagnosis, Verdict
-from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
+from moe_hang.analysis.runs import ReferenceReport
+from moe_hang.errors import EXIT_OK, EXIT_PROBLEM, EXIT_VERIFY_FAILED
 
 SCHEMA = "moe-hang/check/v1"
 # what no plan varies: the job's own loop decides it
@@ -46,20 +47,34 @@ class PlanResult:
     wall_s: float
     routing: str | None = None  # the data decision the diagnosis names, if any
     planned: bool = False  # the plan's rank routed as planned (its counts say so)
+    reference: ReferenceReport | None = None  # compared with the single-process reference
 
     @property
     def reproduced(self) -> bool:
         return self.verdict in PROBLEMS
 
+    @property
+    def differs(self) -> bool:
+        """Ran clean, but not as the single-process reference did."""
+        return self.reference is not None and not self.reference.ok \
+            and self.reference.error is None
+
+    @property
+    def uncompared(self) -> bool:
+        """Ran clean; the reference itself could not run this plan (it says why)."""
+        return self.reference is not None and self.reference.error is not None
+
     def to_dict(self) -> dict[str, Any]:
         return {"plan": None if self.plan is None else {
                     "name": self.plan.name, "describe": self.plan.describe,
                     "rank": self.plan.rank, "step": self.plan.step,
-                    "starve": self.plan.starve, "all_to": self.plan.all_to},
+                    "starve": self.plan.starve, "all_to": self.plan.all_to,
+                    "keep": self.plan.keep},
                 "verdict": self.verdict, "exit_code": self.exit_code,
                 "summary": self.summary, "culprit_ranks": self.culprits,
                 "run_dir": self.run_dir, "wall_s": self.wall_s, "routing": self.routing,
-                "planned": self.planned, "reproduced": self.reproduced}
+                "planned": self.planned, "reproduced": self.reproduced,
+                "reference": None if self.reference is None else self.reference.to_dict()}
 
 
 @dataclass
@@ -79,14 +94,28 @@ class CheckResult:
     found: Found | None
     results: list[PlanResult] = field(default_factory=list)
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)  # plan name -> its own
+    compared: bool = False  # a reference was given: the clean runs were compared with it
+
+    @property
+    def runs(self) -> list[PlanResult]:
+        return [self.baseline, *self.results]
 
     @property
     def reproduced(self) -> list[PlanResult]:
-        return [r for r in [self.baseline, *self.results] if r.reproduced]
+        return [r for r in self.runs if r.reproduced]
+
+    @property
+    def differs(self) -> list[PlanResult]:
+        return [r for r in self.runs if r.differs]
+
+    @property
+    def uncompared(self) -> list[PlanResult]:
+        return [r for r in self.runs if r.uncompared]
 
     @property
     def exit_code(self) -> int:
-        return EXIT_PROBLEM if self.reproduced else EXIT_OK
+        return EXIT_PROBLEM if self.reproduced else EXIT_VERIFY_FAILED if self.differs \
+            else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "run_dir": str(self.run_dir),
@@ -96,6 +125,8 @@ class CheckResult:
                     "steps": self.found.steps, "world": self.found.world},
                 "plans": [r.to_dict() for r in self.results],
                 "untried": list(UNTRIED), "reproduced": len(self.reproduced),
+                "compared": self.compared, "differs": len(self.differs),
+                "uncompared": len(self.uncompared),
                 "exit_code": self.exit_code}
 
 

@@ -40,6 +40,7 @@ class ReferenceReport:
     failures: list[str] = field(default_factory=list)
     steps: int = 0
     what: str = ""
+    error: str | None = None  # the reference itself could not run: nothing was compared
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> ReferenceReport:
@@ -48,13 +49,14 @@ class ReferenceReport:
                    tolerance=float(d.get("tolerance", 0.0)), rtol=float(d.get("rtol", 0.0)),
                    worst=d.get("worst"), compared=int(d.get("compared", 0)),
                    failures=[str(f) for f in d.get("failures") or []],
-                   steps=int(d.get("steps", 0)), what=str(d.get("what", "")))
+                   steps=int(d.get("steps", 0)), what=str(d.get("what", "")),
+                   error=None if d.get("error") is None else str(d["error"]))
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
                 "tolerance": self.tolerance, "rtol": self.rtol, "worst": self.worst,
                 "compared": self.compared, "failures": self.failures, "steps": self.steps,
-                "what": self.what}
+                "what": self.what, "error": self.error}
 
 
 @dataclass

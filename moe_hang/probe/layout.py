@@ -5,7 +5,8 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
 ``moe-hang analyze`` can read any of them (docs/DESIGN.md §7)::
 
     meta.json  config.json  processes.json  diagnosis.json  console.log  job.log
-    reference.json  reference.log  torchrun/
+    reference.json  reference.log  reference.routing.jsonl (the reference's router counts)
+    torchrun/
     ranks/rank{R}.hb.json       heartbeat              ranks/rank{R}.fr.pkl      Flight Recorder
     ranks/rank{R}.fr.saved.pkl  the recorder, saved every few seconds (what a SIGABRT leaves)
     ranks/rank{R}.posted.jsonl  every collective the rank posted, kept past its end (history.py)
@@ -193,6 +194,11 @@ class RunLayout:
     @property
     def reference_log(self) -> Path:
         return self.root / "reference.log"
+
+    @property
+    def reference_routing(self) -> Path:
+        """The reference's own router counts (moe_hang.check with a reference)."""
+        return self.root / "reference.routing.jsonl"
 
     @property
     def torchrun_dir(self) -> Path:

@@ -57,6 +57,7 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
     history = _sibling("history")
     appendlog = _sibling("appendlog")
     lastgasp = _sibling("lastgasp")
+    routeplan = _sibling("routeplan")  # routing.py's own sibling: loaded before it
     routing = _sibling("routing")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
 

@@ -1,6 +1,6 @@
 """The MoE routers of a rank: the tokens each expert got at each router call, and under
 ``moe-hang check`` a routing plan applied on one rank at one step (stdlib at import: loaded by
-path into the job's own environment; torch is the job's, handed in). docs/DESIGN.md §15.
+path into a job; torch is the job's, handed in). docs/DESIGN.md §15.
 
 Routers are found by shape: a module with an ``experts`` child and a ``gate`` or ``router``
 child is an MoE block (transformers' Mixtral, Qwen-MoE, DeepSeek-V3, GPT-OSS; NeMo Automodel's
@@ -17,11 +17,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENV_PLAN = "MOE_HANG_ROUTING_PLAN"  # JSON: {"rank", "step", "starve" | "all_to", "block"}
+if __package__ == "moe_hang.probe":
+    from moe_hang.probe import routeplan
+else:  # loaded by path (probe.py loads its sibling routeplan.py first, under this name)
+    routeplan = sys.modules["moe_hang_probe_routeplan"]
+Plan = routeplan.Plan
+ENV_PLAN = routeplan.ENV_PLAN
 ENV_ROUTER = "MOE_HANG_ROUTER"  # pkg.mod.Class: that class is a router
 ENV_OFF = "MOE_HANG_ROUTING"  # "0": no counting, no plan
 _ROUTER_ATTRS = ("gate", "router")
@@ -32,36 +38,6 @@ _COUNT_ATTRS = ("num_experts", "n_routed_experts", "num_local_experts", "n_exper
 _WRAPPER_PREFIXES = ("base_model.model.", "_orig_mod.", "module.", "_fsdp_wrapped_module.")
 MAX_BYTES = 256 << 10  # the file is rewritten past this (~1,500 router calls)
 _MAX_ROOTS = 16  # the first modules called: the outermost (the model) is among them
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Route differently on ``rank`` at ``step``: no token to expert ``starve``, every token's
-    first choice to ``all_to``, or only the first ``keep`` (a fraction) of the tokens into
-    each MoE block (ragged counts; 0: a rank with no token); on every block, or those whose
-    name contains ``block``."""
-
-    rank: int
-    step: int
-    starve: int | None = None
-    all_to: int | None = None
-    block: str | None = None
-    keep: float | None = None
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> Plan | None:
-        d = json.loads(env.get(ENV_PLAN) or "null")
-        return None if d is None else cls(
-            int(d["rank"]), int(d["step"]), _opt(int, d.get("starve")),
-            _opt(int, d.get("all_to")), d.get("block"), _opt(float, d.get("keep")))
-
-    def applies(self, rank: int, step: int, block: str) -> bool:
-        return rank == self.rank and step == self.step and (
-            self.block is None or self.block in block)
-
-
-def _opt(kind: Any, v: Any) -> Any:
-    return None if v is None else kind(v)
 
 
 @dataclass
@@ -110,6 +86,7 @@ class Routing:
         self._pending: list[tuple[dict[str, Any], Any, Any]] = []
         self._shrunk: dict[int, tuple[Any, int]] = {}  # block -> the rows it did not get, dim
         self.broken: str | None = None  # why counting stopped (never the job)
+        self._handles: list[Any] = []  # every hook of ours (remove() takes them off)
 
     def install(self) -> None:
         import sys  # torch.optim's submodule is not an attribute of the package
@@ -117,13 +94,23 @@ class Routing:
 
         mod = self.torch.nn.modules.module
         self._global = mod.register_module_forward_pre_hook(self._look)
+        self._handles.append(self._global)
         # torch.compile(model) warns of global hooks: ours, harmless there, not the job's
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when "
                                 "there are global hooks")
         optim = sys.modules.get("torch.optim.optimizer")
         if optim is not None:  # without it steps are not told apart: every call is step 0
-            optim.register_optimizer_step_post_hook(self._stepped)
+            self._handles.append(optim.register_optimizer_step_post_hook(self._stepped))
         self._open(truncate=True)
+
+    def remove(self) -> None:
+        """Every hook of ours off and the file closed (a reference runs plan after plan)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._global = [], None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _look(self, module: Any, args: Any) -> Any:
         """Every module call until the first step: an MoE block (or a named router)?"""
@@ -160,8 +147,9 @@ class Routing:
                 self._add(router, module, (module, router, experts,
                                            getattr(module, "config", None)), n)
                 if self.plan is not None and self.plan.keep is not None:
-                    module.register_forward_pre_hook(self._shrink, with_kwargs=True)
-                    module.register_forward_hook(self._regrow)
+                    self._handles += [
+                        module.register_forward_pre_hook(self._shrink, with_kwargs=True),
+                        module.register_forward_hook(self._regrow)]
                     return True
                 return False
         return False
@@ -170,7 +158,7 @@ class Routing:
              n: int | None = None) -> None:
         self._routers[id(router)] = _Router(
             None, owner, n or _int_attr(where, _COUNT_ATTRS), _int_attr(where, _TOPK_ATTRS))
-        router.register_forward_hook(self._routed)
+        self._handles.append(router.register_forward_hook(self._routed))
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # the first optimizer to step counts the steps (a job with several steps each)
@@ -261,29 +249,13 @@ class Routing:
         if plan is None or plan.keep is None or not self.torch.is_tensor(x) or x.dim() < 2 \
                 or not plan.applies(self.rank, self.step, self._block_name(block)):
             return None
-        dim = x.dim() - 2
-        keep = int(x.shape[dim] * plan.keep)
-        self._shrunk[id(block)] = (x.narrow(dim, keep, x.shape[dim] - keep), dim)
-        return (x.narrow(dim, 0, keep), *args[1:]), kwargs
+        kept, rest, dim = routeplan.shrink(x, plan.keep)
+        self._shrunk[id(block)] = (rest, dim)
+        return (kept, *args[1:]), kwargs
 
     def _regrow(self, block: Any, args: Any, out: Any) -> Any:
-        """Its output made whole again with the rows it did not get, passed through as they
-        came in (zeros where the widths differ): the rest of the model sees the shape it
-        expects, and its gradient still reaches every token (zero rows would cut it where
-        the block holds its own residual, and the job would fail for our plan's sake)."""
         rest, dim = self._shrunk.pop(id(block), (None, 0))
-        if rest is None:
-            return None
-        torch = self.torch
-        items = list(out) if isinstance(out, (tuple, list)) else [out]
-        pos = next(i for i, t in enumerate(items) if torch.is_tensor(t))
-        y = items[pos]
-        if rest.shape[dim + 1:] != y.shape[dim + 1:] or rest.dtype != y.dtype:
-            shape = list(y.shape)
-            shape[dim] = rest.shape[dim]
-            rest = y.new_zeros(shape)
-        items[pos] = torch.cat([y, rest], dim=dim)
-        return items if type(out) is list else tuple(items) if isinstance(out, tuple) else items[0]
+        return None if rest is None else routeplan.regrow(self.torch, out, rest, dim)
 
     def _block_name(self, block: Any) -> str:
         info = next((r for r in self._routers.values() if r.owner is block), None)
@@ -294,38 +266,12 @@ class Routing:
         return info.block
 
     def _rebias(self, out: Any) -> Any:
-        """Logits the plan wants: the starved expert one below each token's lowest logit
-        (never in a top-k short of every expert), the crowded one one above its highest (each
-        token's first choice). A margin of 1, not a huge constant: the softmax that follows
-        keeps distinct values, so the model's top-k breaks no ties of our making."""
-        plan = self.plan
-        assert plan is not None
-        new = out
-        if plan.starve is not None:
-            low = new.detach().amin(dim=-1, keepdim=True) - 1.0
-            new = new.clone()
-            new[..., plan.starve:plan.starve + 1] = low
-        if plan.all_to is not None:
-            high = new.detach().amax(dim=-1, keepdim=True) + 1.0
-            new = new.clone() if new is out else new
-            new[..., plan.all_to:plan.all_to + 1] = high
-        return new
+        assert self.plan is not None
+        return routeplan.rebias(self.plan, out)
 
     def _reroute(self, idx: Any, n: int) -> Any:
-        torch, plan = self.torch, self.plan
-        assert plan is not None
-        if plan.starve is not None:
-            # each row's copy of the starved expert goes to the lowest expert not in the row
-            taken = torch.zeros(idx.shape[0], n, dtype=torch.bool, device=idx.device)
-            taken.scatter_(1, idx.long(), True)
-            taken[:, plan.starve] = True
-            free = (~taken).to(torch.int8).argmax(dim=1, keepdim=True).to(idx.dtype)
-            idx = torch.where(idx == plan.starve, free.expand_as(idx), idx)
-        if plan.all_to is not None:
-            has = (idx == plan.all_to).any(dim=1, keepdim=True)
-            first = torch.where(has, idx[:, :1], torch.full_like(idx[:, :1], plan.all_to))
-            idx = torch.cat([first, idx[:, 1:]], dim=1)
-        return idx
+        assert self.plan is not None
+        return routeplan.reroute(self.torch, self.plan, idx, n)
 
     def _name(self, owner: Any) -> str:
         for root in self._roots:
@@ -335,7 +281,7 @@ class Routing:
                 self._names[id(root)] = names
             if id(owner) in names and names[id(owner)]:
                 return _strip(names[id(owner)])
-        # the model itself: its class, not the subclass FSDP2 made of it (FSDPMixtral...)
+        # the model itself: its class, not the subclass FSDP2 made of it (FSDPMixtral)
         cls = next((c for c in type(owner).__mro__
                     if not c.__module__.startswith("torch.distributed")), type(owner))
         return cls.__name__

@@ -4,24 +4,30 @@ expert; then one line per plan, what was not tried, and the next command (at mos
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 
 from moe_hang.analysis.plans import UNTRIED, CheckResult, PlanResult
 from moe_hang.evidence.vocab import who
+from moe_hang.probe.layout import RunLayout
 from moe_hang.report.screen import MAX_LINES
 from moe_hang.report.wrap import clip, screen_lines, shorten_paths, wrap
 
 
 def _plan_line(r: PlanResult) -> Text:
-    ok = not r.reproduced and r.verdict == "healthy"
+    ok = not r.reproduced and r.verdict == "healthy" and not r.differs
     line = Text("  ")
-    line.append(f"{'ok' if ok else r.verdict.upper():<9}",
-                style="bold green" if ok else "bold red" if r.reproduced else "bold yellow")
+    word = "ok" if ok else "DIFFERS" if r.differs else r.verdict.upper()
+    line.append(f"{word:<9}", style="bold green" if ok else "bold red"
+                if r.reproduced or r.differs else "bold yellow")
     culprit = who(r.culprits) if r.culprits else ""
     line.append(f" {culprit:<8} ")
     what = r.plan.describe if r.plan is not None else "routing untouched"
     if r.plan is not None and not r.planned:
         what += " (never applied: no router call at that step)"
+    if r.uncompared:
+        what += " (not compared)"
     line.append(what)
     return line
 
@@ -38,6 +44,18 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
         kinds = ", ".join(dict.fromkeys(r.verdict for r in res.reproduced))
         head = Text(f"moe-hang check: REPRODUCED by {len(res.reproduced)} of {n} plans "
                     f"({kinds})", style="bold red")
+    elif res.differs:
+        head = Text(f"moe-hang check: DIFFERS from the single-process reference in "
+                    f"{len(res.differs)} of {n + 1} runs", style="bold red")
+    elif res.compared:
+        worst = max((r.reference.max_rel_err for r in res.runs if r.reference), default=0.0)
+        left = len(res.uncompared)
+        matched = (f"and matches the single-process reference (max rel err {worst:.1e})"
+                   if not left else f"; {n + 1 - left} of {n + 1} runs match the single-process "
+                   f"reference (max rel err {worst:.1e}), {left} could not be compared")
+        head = Text(f"moe-hang check: every plan ran clean ({n} of {n})"
+                    f"{' ' if not left else ''}{matched}",
+                    style="bold green" if not left else "bold yellow")
     else:
         head = Text(f"moe-hang check: every plan ran clean ({n} of {n})", style="bold green")
     lines = wrap(head, width, hang=2)
@@ -52,6 +70,18 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
                       width, hang=2)
     first = res.reproduced[0] if res.reproduced else None
     detail: list[Text] = []
+    wrong = res.differs[0] if res.differs and first is None else None
+    odd = res.uncompared[0] if res.uncompared and first is None and wrong is None else None
+    if odd is not None and odd.reference is not None:
+        name = "baseline" if odd.plan is None else odd.plan.name
+        detail += clip(wrap(Text(f"{name}: not compared, the single-process reference "
+                                 f"itself failed {odd.reference.error}"), width, hang=2), 3,
+                       width)
+    if wrong is not None and wrong.reference is not None:
+        name = "baseline" if wrong.plan is None else wrong.plan.name
+        why = "; ".join(wrong.reference.failures[:2]) or "nothing compared"
+        detail += clip(wrap(Text(f"{name}: every step finished, not as the single-process "
+                                 f"reference did: {why}"), width, hang=2), 3, width)
     if first is not None:
         name = "baseline" if first.plan is None else first.plan.name
         detail += clip(wrap(Text(f"{name}: {shorten_paths(first.summary)}"), width, hang=2),
@@ -62,17 +92,24 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
             detail += wrap(t, width, hang=2)
     tail: list[Text] = []
     if res.found is not None and not base.reproduced:
-        tail += wrap(Text("not tried: " + ", ".join(UNTRIED), style="dim"), width, hang=2)
+        untried = list(UNTRIED) + ([] if res.compared else [
+            "outputs and gradients against a single-process reference (moe_hang.check(..., "
+            "reference=build_reference))"])
+        tail += wrap(Text("not tried: " + "; ".join(untried), style="dim"), width, hang=2)
     nxt = Text("next: ", style="bold")
     nxt.append(f"moe-hang analyze {first.run_dir}" if first is not None
+               else f"details in {RunLayout(Path(wrong.run_dir)).reference}"
+               if wrong is not None
+               else f"details in {RunLayout(res.run_dir).reference_log}" if odd is not None
                else f"details in {res.run_dir}/check.json", style="cyan")
     tail += wrap(nxt, width, hang=6)
     plans = [_plan_line(r) for r in [base, *res.results]]
     room = MAX_LINES - screen_lines(lines + detail + tail, width)
     if screen_lines(plans, width) > room:  # the clean runs folded into one line, then more
         runs = [base, *res.results]
-        bad = [p for p, r in zip(plans, runs, strict=True) if r.verdict != "healthy"]
-        clean = [r for r in runs if r.verdict == "healthy"]
+        bad = [p for p, r in zip(plans, runs, strict=True) if r.verdict != "healthy"
+               or r.differs]
+        clean = [r for r in runs if r.verdict == "healthy" and not r.differs]
         words = ["the baseline"] if base in clean else []
         rest = len(clean) - len(words)
         words += [f"{rest} other plan(s)"] if rest else []

@@ -28,11 +28,12 @@ def _row(r: PlanResult, page: Path, linked: bool) -> str:
     what = "routing untouched" if r.plan is None else r.plan.describe
     if r.plan is not None and not r.planned:
         what += " (never applied: no router call at that step)"
-    cls = "good" if r.verdict == "healthy" else "bad" if r.reproduced else "warn"
+    cls = "bad" if r.reproduced or r.differs else "good" if r.verdict == "healthy" else "warn"
+    verdict = "differs from the reference" if r.differs else r.verdict
     target = Path(r.run_dir) / REPORT if linked else Path(r.run_dir)
     href = os.path.relpath(target, page.parent)
     return (f'<tr><td><a href="{_e(href)}">{_e(name)}</a></td><td>{_e(what)}</td>'
-            f'<td class="{cls}">{_e(r.verdict)}</td>'
+            f'<td class="{cls}">{_e(verdict)}</td>'
             f"<td>{_e(who(r.culprits) if r.culprits else '')}</td>"
             f"<td>{_e(r.routing or '')}</td><td>{r.wall_s:.1f}</td></tr>")
 

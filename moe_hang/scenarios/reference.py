@@ -23,8 +23,7 @@ from moe_hang.config import RunConfig
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.scenarios.moe import LORA_NAMES, build_reference_model, global_batch, local_loss
-
-RTOL = 1e-5  # normwise: max|a - b| <= RTOL * max|b|
+from moe_hang.usercheck.compare import RTOL, Comparison
 
 
 def reference_steps(cfg: RunConfig) -> list[dict[str, Any]]:
@@ -49,61 +48,27 @@ def reference_steps(cfg: RunConfig) -> list[dict[str, Any]]:
     return steps
 
 
-def _zeros_like_slice(ref: torch.Tensor | None, got: torch.Tensor | None) -> torch.Tensor:
-    if got is not None:
-        return torch.zeros_like(got)
-    return torch.zeros(0) if ref is None else torch.zeros_like(ref)
-
-
 def compare(cfg: RunConfig, ref: list[dict[str, Any]], results: dict[int, dict[str, Any]],
             rtol: float = RTOL) -> dict[str, Any]:
-    worst: dict[str, Any] = {"rel": 0.0, "abs": 0.0, "tol": 0.0, "what": None}
-    failures: list[str] = []
-    compared = 0
-
-    def check(what: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
-        nonlocal compared
-        # an adapter that received no token has no gradient: that is a zero gradient
-        got_t = got if got is not None else _zeros_like_slice(want, got)
-        want_t = want if want is not None else _zeros_like_slice(want, got)
-        if got_t.shape != want_t.shape:
-            failures.append(f"{what}: shape {list(got_t.shape)} != {list(want_t.shape)}")
-            return
-        compared += 1
-        if got_t.numel() == 0:
-            return
-        abs_err = float((got_t.double() - want_t.double()).abs().max())
-        scale = float(want_t.double().abs().max())
-        tol = rtol * scale + 1e-12
-        rel = abs_err / scale if scale > 0 else (0.0 if abs_err == 0 else float("inf"))
-        if rel > worst["rel"] or worst["what"] is None:
-            worst.update(rel=rel, abs=abs_err, tol=tol, what=what)
-        if abs_err > tol:
-            failures.append(f"{what}: max abs err {abs_err:.3g} > tolerance {tol:.3g}")
-
+    c = Comparison(rtol)
     for rank, res in sorted(results.items()):
         offset, n = res["rows"]
         first, num_local = res["first_expert"], res["num_local"]
         if len(res["steps"]) != len(ref):
-            failures.append(f"rank {rank}: {len(res['steps'])} of {len(ref)} steps completed")
+            c.fail(f"rank {rank}: {len(res['steps'])} of {len(ref)} steps completed")
             continue
         for i, (got, want) in enumerate(zip(res["steps"], ref, strict=True), start=1):
-            check(f"step {i} rank {rank} output", got["out"], want["out"][offset:offset + n])
-            check(f"step {i} rank {rank} loss", torch.tensor([got["loss"]]),
-                  torch.tensor([want["loss"]]))
+            c.check(f"step {i} rank {rank} output", got["out"], want["out"][offset:offset + n])
+            c.check(f"step {i} rank {rank} loss", torch.tensor([got["loss"]]),
+                    torch.tensor([want["loss"]]))
             for key, g in got["grads"].items():
                 w = want["grads"].get(key)
-                check(f"step {i} rank {rank} grad {key}", g,
-                      None if w is None else w[first:first + num_local])
-    missing = sorted(set(range(cfg.nproc)) - set(results))
-    failures.extend(f"rank {r}: no results (did not finish)" for r in missing)
-    return {
-        "ok": not failures and compared > 0,
-        "max_abs_err": worst["abs"], "max_rel_err": worst["rel"], "tolerance": worst["tol"],
-        "rtol": rtol, "worst": worst["what"], "compared": compared,
-        "failures": failures[:20], "steps": len(ref),
-        "what": "per-rank outputs, global loss and every LoRA gradient, every step",
-    }
+                c.check(f"step {i} rank {rank} grad {key}", g,
+                        None if w is None else w[first:first + num_local])
+    for r in sorted(set(range(cfg.nproc)) - set(results)):
+        c.fail(f"rank {r}: no results (did not finish)")
+    return c.report(len(ref), "per-rank outputs, global loss and every LoRA gradient, "
+                    "every step")
 
 
 def main(argv: list[str] | None = None) -> int:

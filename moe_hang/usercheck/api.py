@@ -1,25 +1,44 @@
 """``moe_hang.check(build, batch, world=2)``: moe-hang check on the user's own model, from
 Python; raises :class:`HangReproduced` (its message: the check's first screen) when a plan
-makes it hang. The ranks import ``build`` and ``batch`` by name, so both must be module-level
-functions of an importable module (a test file is one)."""
+makes it hang. With ``reference=`` (the same model in one process, every expert local) every
+clean run is also compared with it, step by step, and :class:`ReferenceMismatch` is raised
+where they differ: verify's proof, on the user's code. The ranks import ``build``, ``batch``
+and ``reference`` by name, so each must be a module-level function of an importable module (a
+test file is one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from moe_hang.analysis.plans import CheckResult
+from moe_hang.analysis.runs import ReferenceReport
 from moe_hang.errors import MoeHangError
+from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.routing import ENV_ROUTER
+from moe_hang.runtime import launcher, rundir
+from moe_hang.runtime.procs import Tracker, end_tree
+from moe_hang.usercheck.compare import RTOL
 
 
 class HangReproduced(AssertionError):
     """A plan made the model hang (or desync, or crash): the message is the diagnosis. An
     AssertionError, so a test that calls ``moe_hang.check`` fails with it."""
+
+    def __init__(self, message: str, result: CheckResult):
+        super().__init__(message)
+        self.result = result
+
+
+class ReferenceMismatch(AssertionError):
+    """Every plan ran clean, but some run's outputs, losses or gradients differ from the
+    single-process reference's: the fix changed the model's math. The message says where."""
 
     def __init__(self, message: str, result: CheckResult):
         super().__init__(message)
@@ -41,32 +60,47 @@ def _ref(fn: Callable[..., Any], what: str) -> tuple[str, Path]:
     return f"{mod}:{name}", root
 
 
-def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *, world: int = 2,
-          steps: int = 3, plans: int = 8, stall_s: float = 5.0, timeout_s: float = 300.0,
-          router: type | str | None = None, out: str | os.PathLike[str] | None = None,
+def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *,
+          reference: Callable[[], Any] | None = None, world: int = 2, steps: int = 3,
+          plans: int = 8, rtol: float = RTOL, reduce: str = "mean", stall_s: float = 5.0,
+          timeout_s: float = 300.0, router: type | str | None = None,
+          out: str | os.PathLike[str] | None = None,
           say: Callable[[str], None] = lambda _: None) -> CheckResult:
     """Run ``build``'s model for ``steps`` steps on ``world`` gloo ranks (torchrun) under
     every routing plan of moe-hang check; the result, or :class:`HangReproduced`.
-    ``router``: the class of your router (or ``"pkg.mod.Class"``) where the blocks have no
-    ``experts`` child beside a ``gate``/``router``."""
+
+    ``reference``: builds the same model in one process (every expert local; ``build`` itself
+    often does, on the one-rank group the reference process has). Each clean run's outputs,
+    losses and whole gradients are then compared with it at every step (``max|a - b| <= rtol *
+    max|b|``), under the same plan; :class:`ReferenceMismatch` where they differ. ``reduce``:
+    how the ranks' gradients combine, ``"mean"`` (DDP, FSDP) or ``"sum"`` (expert parallel
+    with no data-parallel averaging). ``router``: the class of your router (or
+    ``"pkg.mod.Class"``) where the blocks have no ``experts`` child beside a
+    ``gate``/``router``."""
     from moe_hang.commands.check import check_command
     from moe_hang.report.check import check_screen
 
     if world < 2:
         raise MoeHangError(f"world={world}: a hang needs at least 2 ranks")
+    if reduce not in ("mean", "sum"):
+        raise MoeHangError(f"reduce={reduce!r}: give 'mean' or 'sum'")
+    if not rtol > 0:
+        raise MoeHangError(f"rtol={rtol}: must be positive")
     b, root = _ref(build, "build")
     x, root2 = _ref(batch, "batch")
+    ref, root3 = _ref(reference, "reference") if reference is not None else (None, root)
     torchrun = shutil.which("torchrun", path=os.pathsep.join(
         [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if torchrun is None:
         raise MoeHangError("torchrun not found beside this Python or on PATH")
     cmd = [torchrun, "--nproc-per-node", str(world), "--standalone", "-m",
-           "moe_hang.usercheck.rank", "--build", b, "--batch", x, "--steps", str(steps)]
+           "moe_hang.usercheck.rank", "--build", b, "--batch", x, "--steps", str(steps),
+           *(["--save"] if ref is not None else [])]
     if isinstance(router, type):
         router = f"{router.__module__}.{router.__qualname__}"
     if router is not None and ("." not in router or "<locals>" in router):
         raise MoeHangError(f"router={router!r}: give a class of an importable module")
-    paths = [str(root), str(root2), os.environ.get("PYTHONPATH", "")]
+    paths = [str(root), str(root2), str(root3), os.environ.get("PYTHONPATH", "")]
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", ENV_ROUTER)}
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     if router is not None:
@@ -75,13 +109,55 @@ def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *, world: 
         res = check_command(cmd, say, out=None if out is None else str(out), stall_s=stall_s,
                             timeout_s=timeout_s, max_plans=plans,
                             command=["moe_hang.check", b, x])
+        if ref is not None and not res.reproduced:
+            say("comparing with the single-process reference")
+            _compare(res, ["--reference", ref, "--batch", x, "--world", str(world),
+                           "--steps", str(steps), "--rtol", str(rtol), "--reduce", reduce,
+                           *(["--router", router] if router is not None else [])], timeout_s)
     finally:
         for key, value in saved.items():  # the caller's environment as it was
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    text = "\n".join(line.plain for line in check_screen(res, 100))
     if res.reproduced:
-        text = "\n".join(line.plain for line in check_screen(res, 100))
         raise HangReproduced(text, res)
+    if res.differs:
+        raise ReferenceMismatch(text, res)
     return res
+
+
+def _compare(res: CheckResult, args: list[str], timeout_s: float) -> None:
+    """The single-process reference over every clean run (one process, bounded, ended
+    whatever happens); each run's comparison on its :class:`PlanResult`."""
+    runs = [r for r in res.runs if r.verdict == "healthy"]
+    spec = [{"run_dir": r.run_dir, "plan": None if r.plan is None else r.plan.to_dict()}
+            for r in runs]
+    log_path = RunLayout(res.run_dir).reference_log
+    tracker = Tracker()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moe_hang.usercheck.reference", *args,
+                 "--runs", json.dumps(spec)], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=launcher.job_env(), start_new_session=True)
+        tracker.add(proc.pid)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise MoeHangError(f"the single-process reference did not finish within "
+                               f"{timeout_s:.0f} s (see {log_path})") from None
+    finally:
+        end_tree(proc, tracker, grace=1.0)
+    for r in runs:
+        try:
+            r.reference = ReferenceReport.parse(json.loads(
+                RunLayout(Path(r.run_dir)).reference.read_text()))
+        except (OSError, ValueError, TypeError):
+            tail = log_path.read_text(errors="replace").strip()[-400:]
+            raise MoeHangError(f"the single-process reference failed: {tail or 'no output'}"
+                               ) from None
+    res.compared = True
+    rundir.write_json(res.run_dir / "check.json", res.to_dict())

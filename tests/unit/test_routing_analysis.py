@@ -10,6 +10,7 @@ from rich.text import Text
 
 from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.analysis.plans import CheckResult, Found, PlanResult, plans_for
+from moe_hang.analysis.runs import ReferenceReport
 from moe_hang.analysis.routing import (
     RoutingReport,
     gap_sentence,
@@ -197,3 +198,69 @@ def test_check_html_links_each_reproducing_run_to_its_own_report(tmp_path: Path)
     assert f'href="c/{names[0]}/report.html"' in html  # relative, to its own page
     assert (Path(results[0].run_dir) / "report.html").exists()
     assert not (Path(results[1].run_dir) / "report.html").exists()  # clean runs: the dir
+
+
+def _compared(failures: list[str] | None = None, error: str | None = None) -> ReferenceReport:
+    return ReferenceReport(ok=not failures and error is None, max_rel_err=3e-7, compared=66,
+                           failures=failures or [], steps=3, error=error)
+
+
+def test_check_screen_says_what_the_reference_proved() -> None:
+    names = [p.name for p in plans_for(Found(2, 3, [L0, L1], 8), 10)][:3]
+
+    def res(refs: list[ReferenceReport]) -> CheckResult:
+        runs = [_result(None, "healthy", []), *(_result(n, "healthy", []) for n in names)]
+        for r, ref in zip(runs, refs, strict=True):
+            r.reference = ref
+        return CheckResult(Path("/runs/c"), runs[0], Found(2, 3, [L0], 8), runs[1:],
+                           compared=True)
+
+    same = res([_compared()] * 4)
+    text = "\n".join(t.plain for t in check_screen(same, 80))
+    assert "every plan ran clean (3 of 3) and matches the single-process reference (max " \
+           "rel err 3.0e-07)" in " ".join(text.split())
+    assert "reference=" not in text and same.exit_code == 0  # nothing left untried there
+    bad = res([_compared(), _compared(["step 1 rank 1 output: max abs err 0.005 > tolerance "
+                                       "4e-08"]), _compared(), _compared()])
+    lines = check_screen(bad, 80)
+    text = " ".join("\n".join(t.plain for t in lines).split())
+    assert lines[0].plain == "moe-hang check: DIFFERS from the single-process reference in 1 " \
+                             "of 4 runs"
+    assert f"{names[0]}: every step finished, not as the single-process reference did: step " \
+           "1 rank 1 output" in text
+    assert f"details in /runs/c/{names[0]}/reference.json" in text
+    assert bad.exit_code == 4 and bad.to_dict()["differs"] == 1
+    odd = res([_compared(), _compared(), _compared(),
+               _compared(error="on rank 1's batch at step 1: IndexError: index 0")])
+    text = " ".join("\n".join(t.plain for t in check_screen(odd, 80)).split())
+    assert "3 of 4 runs match the single-process reference" in text
+    assert "1 could not be compared" in text and "(not compared)" in text
+    assert f"{names[2]}: not compared, the single-process reference itself failed on rank 1's" \
+           in text
+    assert odd.exit_code == 0 and not odd.differs and odd.to_dict()["uncompared"] == 1
+    assert all(screen_lines(check_screen(r, 80), 80) <= 15 for r in (same, bad, odd))
+
+
+def test_without_a_reference_the_screen_says_the_outputs_were_not_compared() -> None:
+    clean = CheckResult(Path("/runs/c"), _result(None, "healthy", []), Found(2, 3, [L0], 8),
+                        [_result("starve-e0-r1", "healthy", [])])
+    text = " ".join("\n".join(t.plain for t in check_screen(clean, 80)).split())
+    assert "not tried: " in text and "single-process reference (moe_hang.check(..., " \
+           "reference=build_reference))" in text
+
+
+def test_the_comparison_is_normwise_and_a_missing_gradient_is_zero() -> None:
+    import torch
+
+    from moe_hang.usercheck.compare import Comparison
+
+    c = Comparison(rtol=1e-5)
+    c.check("a", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-6]))
+    c.check("none", None, torch.zeros(3))  # no token reached it: a zero gradient
+    c.check("both", None, None)
+    assert c.report(1, "x")["ok"] and c.compared == 3
+    c.check("b", torch.tensor([1.0]), torch.tensor([1.1]))
+    c.check("shape", torch.zeros(2), torch.zeros(3))
+    r = c.report(1, "x")
+    assert not r["ok"] and r["worst"] == "b" and len(r["failures"]) == 2
+    assert r["failures"][1] == "shape: shape [2] != [3]"

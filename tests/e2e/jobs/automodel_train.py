@@ -38,6 +38,8 @@ class MoEBlock(torch.nn.Module):
             base.gate_and_up_projs.normal_(0.0, 0.02)
             base.down_projs.normal_(0.0, 0.02)
         self.experts = GroupedExpertsLoRA(base, lora_dim=8, alpha=16)
+        if ep_mesh is None:  # every expert local: the single-process reference
+            return
         for name, param in list(self.experts.named_parameters(recurse=False)):
             sharded = torch.nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]))
             sharded.requires_grad = param.requires_grad
