@@ -48,6 +48,9 @@ lint: setup
 # torch only, and 0.5.0 pins transformers 5), which their cases put on the job's PYTHONPATH;
 # a release that cannot be fetched leaves its cases skipped, with the reason
 AUTOMODEL_VERSIONS ?= 0.5.0 0.7.0
+# transformers 5 (fused experts) in a directory of its own, with its dependencies (huggingface_hub
+# 1.x and the rest; not torch): its job puts it first on PYTHONPATH
+TRANSFORMERS5 ?= 5.25.0
 CORPUS_PKGS := $(VENV)/corpus
 
 corpus-deps: setup
@@ -57,6 +60,10 @@ corpus-deps: setup
 	  if $(PY) -m pip install -q --no-deps --no-compile --target $$d.tmp "nemo-automodel==$$v"; \
 	  then mv $$d.tmp $$d; else rm -rf $$d.tmp; \
 	  echo "corpus: nemo-automodel $$v not installed: its cases will be skipped"; fi; done
+	@d=$(CORPUS_PKGS)/transformers-$(TRANSFORMERS5); test -d $$d/transformers-$(TRANSFORMERS5).dist-info || \
+	  { rm -rf $$d $$d.tmp; if $(PY) -m pip install -q --no-compile --target $$d.tmp "transformers==$(TRANSFORMERS5)"; \
+	  then mv $$d.tmp $$d; else rm -rf $$d.tmp; \
+	  echo "corpus: transformers $(TRANSFORMERS5) not installed: its cases will be skipped"; fi; }
 
 corpus: corpus-deps
 	$(PY) scripts/corpus.py --json runs/corpus.json

@@ -85,6 +85,7 @@ class Found:
     steps: int  # the last step any rank counted + 1
     blocks: list[str] = field(default_factory=list)
     experts: int = 0
+    fused: list[str] = field(default_factory=list)  # blocks whose experts are one module
 
 
 @dataclass
@@ -122,6 +123,7 @@ class CheckResult:
                 "baseline": self.baseline.to_dict(),
                 "routers": None if self.found is None else {
                     "blocks": self.found.blocks, "experts": self.found.experts,
+                    "fused": self.found.fused,
                     "steps": self.found.steps, "world": self.found.world},
                 "plans": [r.to_dict() for r in self.results],
                 "untried": list(UNTRIED), "reproduced": len(self.reproduced),

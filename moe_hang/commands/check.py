@@ -44,7 +44,8 @@ def found_in(layout: RunLayout) -> Found | None:
     every = [c for cs in calls.values() for c in cs]
     return Found(world=len(layout.rank_numbers()), steps=max(c.step for c in every) + 1,
                  blocks=list(dict.fromkeys(c.block for c in every)),
-                 experts=max(len(c.counts) for c in every))
+                 experts=max(len(c.counts) for c in every),
+                 fused=list(dict.fromkeys(c.block for c in every if c.fused)))
 
 
 def plan_env(plan: Plan) -> tuple[tuple[str, str], ...]:

@@ -19,6 +19,7 @@ class RouterCall:
     counts: tuple[int, ...]  # tokens per expert (a token counts once per expert it chose)
     top_k: int | None = None
     planned: bool = False  # routed by moe-hang check's plan, not the model
+    fused: bool = False  # the block's experts are one module (3-D weights), not one each
 
     @classmethod
     def parse(cls, d: Any) -> RouterCall | None:
@@ -26,14 +27,14 @@ class RouterCall:
             return cls(int(d["step"]), str(d["block"]), int(d["call"]), int(d["tokens"]),
                        tuple(int(c) for c in d["counts"]),
                        None if d.get("top_k") is None else int(d["top_k"]),
-                       bool(d.get("plan", False)))
+                       bool(d.get("plan", False)), bool(d.get("fused", False)))
         except (KeyError, TypeError, ValueError):
             return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "block": self.block, "call": self.call,
                 "tokens": self.tokens, "counts": list(self.counts), "top_k": self.top_k,
-                "plan": self.planned}
+                "plan": self.planned, **({"fused": True} if self.fused else {})}
 
 
 def read_routing(path: Path) -> tuple[list[RouterCall], int]:

@@ -47,6 +47,7 @@ class _Router:
     experts: int | None
     top_k: int | None
     calls: int = 0  # calls in the current step
+    fused: bool = False  # every expert's weights in one module (3-D parameters [E, ...])
 
 
 def _int_attr(objs: tuple[Any, ...], names: tuple[str, ...]) -> int | None:
@@ -146,6 +147,9 @@ class Routing:
                 n = len(experts) if isinstance(experts, nn.ModuleList) else None
                 self._add(router, module, (module, router, experts,
                                            getattr(module, "config", None)), n)
+                # 3-D weights [E, ...] anywhere in it (a LoRA wrapper holds them below)
+                self._routers[id(router)].fused = n is None and any(
+                    p.dim() >= 3 for p in experts.parameters())
                 if self.plan is not None and self.plan.keep is not None:
                     self._handles += [
                         module.register_forward_pre_hook(self._shrink, with_kwargs=True),
@@ -195,6 +199,8 @@ class Routing:
             rec = {"step": self.step, "block": info.block, "call": info.calls,
                    "tokens": int(idx.shape[0]), "experts": int(counts.numel()),
                    "top_k": top_k, "plan": new is not None or self._planned_here(info)}
+            if info.fused:
+                rec["fused"] = True
             info.calls += 1
             self._count(rec, counts)
             return new

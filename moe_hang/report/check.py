@@ -65,7 +65,9 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
             "pkg.mod.Class)", style="dim"), width, hang=2)
     elif res.found is not None:
         f = res.found
-        lines += wrap(Text(f"found {len(f.blocks)} MoE block(s) x {f.experts} experts; "
+        fused = ("" if not f.fused else ", every expert of a block in one module (fused)"
+                 if len(f.fused) == len(f.blocks) else f", {len(f.fused)} with fused experts")
+        lines += wrap(Text(f"found {len(f.blocks)} MoE block(s) x {f.experts} experts{fused}; "
                            f"{f.world} ranks, {f.steps} steps a run", style="dim"),
                       width, hang=2)
     first = res.reproduced[0] if res.reproduced else None

@@ -28,6 +28,7 @@ from conftest import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 HF = all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft"))
 AUTOMODEL = ROOT / ".venv" / "corpus"
+TRANSFORMERS5 = AUTOMODEL / "transformers-5.25.0"
 
 
 def _job(script: str, *extra: str) -> list[str]:
@@ -112,6 +113,18 @@ def test_nemo_automodel_grouped_experts_lora_before_and_after_pr_3631(tmp_path):
     code, d = check("0.7.0", tmp_path / "b")
     assert code == 0 and [p["verdict"] for p in d["plans"]] == ["healthy"] * 4
     assert all(p["planned"] for p in d["plans"])
+
+
+@pytest.mark.skipif(not (HF and TRANSFORMERS5.is_dir()),
+                    reason="transformers 5 not installed (make corpus-deps)")
+def test_transformers_5_fused_experts_found_and_every_plan_clean(tmp_path):
+    """transformers 5's Mixtral: the experts are one module, called whatever the routing."""
+    code, d = _check(tmp_path, "hf5_moe_train.py", plans=4, PYTHONPATH=str(TRANSFORMERS5))
+    blocks = ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert d["routers"]["blocks"] == blocks and d["routers"]["fused"] == blocks
+    assert d["routers"]["experts"] == 4
+    assert code == 0 and [p["verdict"] for p in d["plans"]] == ["healthy"] * 4
+    assert all(p["planned"] for p in d["plans"])  # the index router was rerouted
 
 
 def test_check_refuses_bad_input_before_starting_anything(tmp_path):

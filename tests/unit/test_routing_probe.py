@@ -96,9 +96,8 @@ def counted(tmp_path: Path):
         return r
 
     yield make
-    for r in made:  # the global hook goes with the test, even when it failed before a step
-        if r._global is not None:
-            r._global.remove()
+    for r in made:  # every hook goes with the test, even when it failed before a step
+        r.remove()
 
 
 def test_counts_every_block_per_step(counted, tmp_path: Path) -> None:
@@ -278,3 +277,47 @@ def test_a_compiled_model_gets_no_graph_break_from_the_hooks(counted) -> None:
         opt.zero_grad()
     assert sum(counters["graph_break"].values()) == 0 and r.broken is None
     torch._dynamo.reset()
+
+
+class FusedExperts(torch.nn.Module):
+    """Every expert's weights in one 3-D parameter, as transformers 5's and NeMo's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_edd = torch.nn.Parameter(torch.randn(E, D, D) * 0.1)
+
+    def forward(self, x_td: torch.Tensor, chosen_tk: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("td,tde->te", x_td, self.w_edd[chosen_tk[:, 0]])
+
+
+class FusedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(D, E, bias=False)
+        self.experts = FusedExperts()
+        self.top_k = K
+
+    def forward(self, x_td: torch.Tensor) -> torch.Tensor:
+        return self.experts(x_td, self.gate(x_td).topk(K, dim=-1).indices)
+
+
+def test_fused_experts_are_told_from_one_module_each(counted) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(FusedBlock(), Block())
+    r = counted()
+    _train(model, 2)
+    calls, _ = read_routing(r.path)
+    assert {(c.block, c.fused) for c in calls} == {("0", True), ("1", False)}
+    assert all(len(c.counts) == E for c in calls)  # the count from the router's width
+
+
+def test_remove_takes_every_hook_off(counted) -> None:
+    torch.manual_seed(0)
+    model = Model(Block)
+    r = counted(Plan(rank=1, step=0, keep=0.5))
+    _train(model, 1)
+    lines = r.path.read_bytes()
+    r.remove()
+    _train(model, 2)
+    assert r.path.read_bytes() == lines and r.step == 1  # no count, no step, no cut
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
