@@ -94,7 +94,7 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
             detail += wrap(t, width, hang=2)
     tail: list[Text] = []
     if res.found is not None and not base.reproduced:
-        untried = list(UNTRIED) + ([] if res.compared else [
+        untried = list(UNTRIED) + ([] if res.compared or res.reproduced else [
             "outputs and gradients against a single-process reference (moe_hang.check(..., "
             "reference=build_reference))"])
         tail += wrap(Text("not tried: " + "; ".join(untried), style="dim"), width, hang=2)
@@ -110,8 +110,9 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
     if screen_lines(plans, width) > room:  # the clean runs folded into one line, then more
         runs = [base, *res.results]
         bad = [p for p, r in zip(plans, runs, strict=True) if r.verdict != "healthy"
-               or r.differs]
-        clean = [r for r in runs if r.verdict == "healthy" and not r.differs]
+               or r.differs or r.uncompared]
+        clean = [r for r in runs if r.verdict == "healthy" and not r.differs
+                 and not r.uncompared]
         words = ["the baseline"] if base in clean else []
         rest = len(clean) - len(words)
         words += [f"{rest} other plan(s)"] if rest else []

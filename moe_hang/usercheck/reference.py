@@ -73,7 +73,10 @@ def reference_steps(reference: Any, batch: Any, *, world: int, steps: int, reduc
                 try:
                     out = forward(model, batch(rank, step))
                     loss = loss_of(out)
-                    (loss / world if reduce == "mean" else loss).backward()
+                    # a loss no trainable weight reached (a batch the plan left no token in a
+                    # model that then passes it through) has a zero gradient: nothing to add
+                    if loss.requires_grad:
+                        (loss / world if reduce == "mean" else loss).backward()
                 except Exception as exc:  # e.g. a model that cannot take a batch of 0 tokens
                     raise ReferenceFailed(f"on rank {rank}'s batch at step {step}: "
                                           f"{_short(exc)}") from exc

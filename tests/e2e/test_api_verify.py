@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -131,7 +130,7 @@ def test_verify_refuses_bad_input_before_starting_anything(tmp_path) -> None:
 VOCAB, SEQ = 64, 16
 
 
-def _mixtral(fixed: bool, shard: bool):  # noqa: ANN202 - transformers is optional
+def _mixtral(fixed: bool, shard: bool):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, MixtralConfig
     from transformers.models.mixtral import modeling_mixtral
@@ -157,11 +156,11 @@ def _mixtral(fixed: bool, shard: bool):  # noqa: ANN202 - transformers is option
     return model
 
 
-def build_mixtral_fixed():  # noqa: ANN201
+def build_mixtral_fixed():
     return _mixtral(fixed=True, shard=True)
 
 
-def reference_mixtral():  # noqa: ANN201
+def reference_mixtral():
     return _mixtral(fixed=False, shard=False)  # as transformers ships it: right in one process
 
 
@@ -183,7 +182,7 @@ def test_transformers_mixtral_peft_fsdp2_fixed_matches_its_reference(moe_hang_ch
 
 
 # ------------------------------------------------ NeMo Automodel's GroupedExpertsLoRA (EP)
-def _nemo_block(ep: bool):  # noqa: ANN202 - nemo_automodel is optional
+def _nemo_block(ep: bool):
     sys.path.insert(0, str(Path(__file__).parent / "jobs"))
     from automodel_train import DIM as NEMO_DIM
     from automodel_train import EXPERTS as NEMO_EXPERTS

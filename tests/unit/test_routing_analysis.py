@@ -10,13 +10,13 @@ from rich.text import Text
 
 from moe_hang.analysis.diagnosis import Diagnosis, Verdict
 from moe_hang.analysis.plans import CheckResult, Found, PlanResult, plans_for
-from moe_hang.analysis.runs import ReferenceReport
 from moe_hang.analysis.routing import (
     RoutingReport,
     gap_sentence,
     routing_report,
     routing_sentence,
 )
+from moe_hang.analysis.runs import ReferenceReport
 from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.routing import RouterCall
 from moe_hang.report.check import check_screen
