@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from moe_hang.analysis.routing import RoutingReport
+from moe_hang.analysis.routing import RoutingReport, routing_sentence
 from moe_hang.errors import EXIT_OK, EXIT_PROBLEM
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
 from moe_hang.evidence.stacks import Frame
@@ -301,6 +301,16 @@ class Diagnosis:
 
     def rank(self, r: int) -> RankReport | None:
         return next((x for x in self.ranks if x.rank == r), None)
+
+    def routing_sentence(self) -> str | None:
+        """The data decision beside a problem, in one sentence (the first screen's, check's):
+        token counts where the divergence is one of sizes, else the culprit's starved
+        expert; None beside a healthy job or where no router was counted."""
+        if self.routing is None or self.verdict in (Verdict.HEALTHY, Verdict.STRAGGLER):
+            return None
+        size = self.first_divergence is not None and \
+            self.first_divergence.kind == MismatchKind.SIZE
+        return routing_sentence(self.routing, self.culprit_ranks, size)
 
     @property
     def timings(self) -> Timings | None:

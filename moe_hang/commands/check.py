@@ -19,9 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moe_hang.analysis.diagnosis import Diagnosis, MismatchKind
+from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.plans import PROBLEMS, CheckResult, Found, Plan, PlanResult, plans_for
-from moe_hang.analysis.routing import routing_sentence
 from moe_hang.commands.session import Phase
 from moe_hang.commands.supervise import WatchOptions
 from moe_hang.commands.watch import watch_command
@@ -58,8 +57,7 @@ def _result(plan: Plan | None, res: Any, wall: float) -> PlanResult:
     gap = None
     planned = False
     if d is not None and verdict in PROBLEMS:
-        gap = routing_sentence(d.routing, d.culprit_ranks, d.first_divergence is not None
-                               and d.first_divergence.kind == MismatchKind.SIZE)
+        gap = d.routing_sentence()
     if plan is not None:  # the plan's calls are kept in its rank's file, applied or not
         got, _ = read_routing(res.run_dir.rank(plan.rank).routing)
         planned = any(c.planned for c in got)

@@ -45,6 +45,7 @@ from moe_hang.evidence.vocab import JobState, who
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
+from moe_hang.runtime.procs import is_alive
 
 SAMPLES = window.SAMPLES
 
@@ -217,6 +218,7 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
     with _capture_dir(out) as d:
         rundir.write_json(d.meta, rundir.meta(command or ["moe-hang", "diagnose", str(pid)]))
         capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
+        _refuse_an_ended_job(job, pid)
         if not ras:  # NCCL RAS, two polls (NCCL jobs only); --ras FILE replaces them
             capture_ras(d, envs=[r.env for r in job.ranks], say=say)
         errs = [d.rank(r.rank).pyspy_error for r in job.ranks]
@@ -245,6 +247,26 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
         if out is not None:
             rundir.write_json(d.diagnosis, rankid.relabel_json(diag.to_dict()))
         return diag
+
+
+# a rank gone while we looked: this long for the whole job to end too (ranks of a job that
+# finishes exit within a second or two of each other)
+ENDING_WAIT_S = 3.0
+
+
+def _refuse_an_ended_job(job: FoundJob, pid: int) -> None:
+    """A job that ended while we looked is not stuck, and what its ranks left (stacks of
+    exiting processes, none at all) says nothing of a hang: no verdict, one line, exit 1."""
+    deadline = time.monotonic() + ENDING_WAIT_S
+    while True:
+        gone = [r.rank for r in job.ranks if not is_alive(r.pid, r.create_time or None)]
+        ended = not is_alive(job.target) or (job.ranks and len(gone) == len(job.ranks))
+        if ended or not gone or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if ended:
+        raise MoeHangError(f"PID {pid}'s job ended while it was being diagnosed: nothing is "
+                           "stuck (whether it succeeded is its launcher's exit status to say)")
 
 
 def _name_unidentified(diag: Diagnosis, keys: set[int]) -> None:

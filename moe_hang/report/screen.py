@@ -21,10 +21,8 @@ from rich.text import Text
 from moe_hang.analysis.diagnosis import (
     Certainty,
     Diagnosis,
-    MismatchKind,
     Verdict,
 )
-from moe_hang.analysis.routing import routing_sentence
 from moe_hang.analysis.runs import ScenarioRun
 from moe_hang.evidence.vocab import who
 from moe_hang.report.words import (
@@ -154,12 +152,8 @@ def _routing_section(d: Diagnosis, width: int) -> _Section | None:
     """The data decision at the step the job stopped in: ranks that sent different numbers
     of tokens into a block (beside a size mismatch), or an expert some ranks starved; only
     beside a problem."""
-    r = d.routing
-    if r is None or d.verdict in (Verdict.HEALTHY, Verdict.STRAGGLER):
-        return None
-    size = d.first_divergence is not None and d.first_divergence.kind == MismatchKind.SIZE
-    sentence = routing_sentence(r, d.culprit_ranks, size)
-    if sentence is None:
+    r, sentence = d.routing, d.routing_sentence()
+    if r is None or sentence is None:
         return None
     line = Text("routing: ", style="bold")
     line.append(sentence)

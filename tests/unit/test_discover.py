@@ -30,3 +30,31 @@ def test_a_dead_ranks_fork_under_a_subreaper_is_not_taken_for_the_rank(monkeypat
              discover.RankProc(rank=1, pid=102, host="h", create_time=2.0)]
     ranks, orphans = discover._split_orphans(cands)
     assert [r.pid for r in ranks] == [101] and [o.pid for o in orphans] == [102]
+
+
+def test_a_job_that_ends_while_diagnosed_gets_no_verdict() -> None:
+    """Its ranks exit under the capture (a healthy job finishing): one line, no verdict (an
+    `inconclusive` there was a false alarm, exit 3); a job whose ranks live on is diagnosed."""
+    import subprocess
+    import sys
+
+    from moe_hang.commands.diagnose import _refuse_an_ended_job
+    from moe_hang.errors import MoeHangError
+    from moe_hang.runtime.discover import FoundJob
+    from moe_hang.runtime.rankprocs import RankProc
+
+    live = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            for _ in range(2)]
+    try:
+        job = FoundJob(live[0].pid, None, [RankProc(i, p.pid, "h") for i, p in
+                                           enumerate(live)], 2)
+        _refuse_an_ended_job(job, live[0].pid)  # alive: nothing raised
+        for p in live:
+            p.kill()
+            p.wait()
+        with pytest.raises(MoeHangError, match="ended while it was being diagnosed"):
+            _refuse_an_ended_job(job, live[0].pid)
+    finally:
+        for p in live:
+            p.kill()
+            p.wait()

@@ -360,3 +360,21 @@ def test_a_mesh_skip_whose_culprit_shares_its_line_runs_under_watch() -> None:
                 found += 1
                 assert spec.mode == "watch", spec.name
     assert found
+
+
+def test_the_false_alarm_jobs_cover_every_family_and_layout_healthily() -> None:
+    from moe_hang.testing.fuzz.alarms import healthy_jobs, table
+
+    jobs = healthy_jobs(SEED, 12.0, None)
+    assert {s.family for s, _ in jobs} == set(families.FAMILIES)
+    assert {s.shape for s, _ in jobs} == {"plain", "loss", "ntok", "async", "thread"}
+    assert len({(s.family, s.shape) for s, _ in jobs}) == len(jobs)  # one job each
+    for spec, t in jobs:
+        assert spec.kind == "busy" and spec.mode == "diagnose" and spec.plant.seconds == 12.0
+        assert t.verdicts == truth.HEALTHY and all(rt.outcome.state == "finished"
+                                                   for rt in t.roles())
+        ast.parse(job_source(spec))
+    assert sum(s.neighbour for s, _ in jobs) == (len(jobs) + 2) // 3
+    assert [s.name for s, _ in healthy_jobs(SEED, 12.0, None)] == [s.name for s, _ in jobs]
+    assert {s.family for s, _ in healthy_jobs(SEED, 3.0, {"p2p"})} == {"p2p"}
+    assert table([]).startswith("family")
