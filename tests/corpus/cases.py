@@ -284,6 +284,20 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "barrier"), at(others(C, 2), "post")),
          fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE + VARLEN_ADVICE,
          note="the same under watch: the recorder holds the posts"),
+    Case("async_sync_helper", "async_sync_helper.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier"), at(others(C, 2), "post_b")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE + VARLEN_ADVICE,
+         note="two collectives in flight each step, waited in a synchronize() helper: the "
+              "recorder holds the posts, so the other rank's line is the bucket it posted "
+              "and rank C did not"),
+    Case("async_sync_helper_attach", "async_sync_helper.py", 2, DESYNC_OR_HANG,
+         mode="diagnose", env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier"),),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE + VARLEN_ADVICE,
+         note="stacks alone: the other rank's main thread is in the helper's work.wait(), "
+              "two posts behind it and no handle named at either: which collective it waits "
+              "on is not in the evidence; the verdict must not invent a line for it"),
     Case("dataloader_worker_stuck_attach", "dataloader_worker_busy.py", 2, STALLED,
          mode="diagnose", env={**culprit_env(1), "STUCK": "1"}, mirror=culprit_env(0),
          culprits=C, lines=(at(others(C, 2), "allreduce"),),

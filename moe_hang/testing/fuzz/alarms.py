@@ -61,6 +61,9 @@ class JobRun:
     busy_s: float
     diagnosed: list[Diagnosed] = field(default_factory=list)
     job_exit: int | None = None
+    # every rank printed "done", then one aborted in gloo's teardown ("terminate called
+    # without an active exception"): torch's, seen without the tool too (docs/accuracy.md)
+    teardown_abort: bool = False
     error: str | None = None
     survivors: list[str] = field(default_factory=list)
 
@@ -143,6 +146,9 @@ def run_job(spec: JobSpec, t: Truth, work: Path, per_job: int, harness: Any) -> 
                 res.job_exit = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 res.error = f"the job did not finish within {limit:.0f} s after being diagnosed"
+            log_text = (run_dir / "job.log").read_text(errors="replace")
+            res.teardown_abort = res.job_exit != 0 and log_text.count(": done") >= spec.world \
+                and "terminate called without an active exception" in log_text
         finally:
             with contextlib.suppress(OSError):
                 proc.kill()
@@ -206,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; LEFT {r.survivors}" if r.survivors else ""), flush=True)
     n = sum(len(r.diagnosed) for r in runs)
     alarms = sum(r.false_alarms for r in runs)
-    unfinished = [r.name for r in runs if r.job_exit != 0]
+    unfinished = [r.name for r in runs if r.job_exit != 0 and not r.teardown_abort]
+    aborted = [r.name for r in runs if r.teardown_abort]
     out = written(Path(args.json) if args.json else work / "alarms.json")
     out.write_text(json.dumps({"schema": "moe-hang/alarms/v1", "seed": args.seed,
                                "per_job": args.per_job, "busy_s": args.busy,
@@ -216,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(runs))
     print(f"\nJSON {out} · {time.monotonic() - t0:.0f} s wall")
-    print(f"jobs that did not finish with exit 0: {len(unfinished)} {unfinished or ''}")
+    print(f"jobs that did not finish: {len(unfinished)} {unfinished or ''}")
+    print(f"jobs that finished, then a rank aborted in gloo's teardown (torch's, not the "
+          f"tool's): {len(aborted)} {aborted or ''}")
     errors = [d.error for r in runs for d in r.diagnosed if d.exit_code not in (0, EXIT_PROBLEM)]
     print(f"the tool's errors: {len(errors)}" + "".join(f"\n  {e}" for e in errors))
     print(f"false alarms: {alarms}/{n} diagnoses of healthy jobs")
