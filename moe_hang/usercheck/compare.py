@@ -9,6 +9,17 @@ from typing import Any
 import torch
 
 RTOL = 1e-5  # the built-in model's: float32 throughout, the same reductions
+# by the least precise dtype a model computes in: a sum in another order differs by a few
+# units of its last place, summed over a step (float32: ~1e-7 each; bfloat16: ~4e-3)
+RTOL_BY_DTYPE = {"float64": 1e-9, "float32": RTOL, "float16": 5e-3, "bfloat16": 2e-2}
+
+
+def rtol_for(dtypes: set[str]) -> float:
+    """The tolerance for a model computing in ``dtypes`` (``torch.bfloat16`` or
+    ``bfloat16``): the least precise one's; float32's where none is a float known here."""
+    known = [RTOL_BY_DTYPE[d.removeprefix("torch.")] for d in dtypes
+             if d.removeprefix("torch.") in RTOL_BY_DTYPE]
+    return max(known, default=RTOL)
 
 
 class Comparison:

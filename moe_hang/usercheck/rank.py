@@ -82,6 +82,12 @@ def clean_name(name: str) -> str:
     return name
 
 
+def dtypes(model: Any, out: Any) -> list[str]:
+    """The floating dtypes the model computes in: its parameters' and its output's."""
+    found = {str(p.dtype) for p in model.parameters() if p.is_floating_point()}
+    return sorted(found | {str(output(out).dtype)})
+
+
 def stepped_grads(model: Any, opt: Any) -> dict[str, Any]:
     """The whole gradient of every parameter ``opt`` steps, by name (None: no gradient). A
     DTensor's is gathered: a collective, posted by every rank in the same order."""
@@ -113,11 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(SEED)
     model, opt = model_and_optimizer(build())
     kept: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for step in range(args.steps):
         out = forward(model, batch(rank, step))
         loss = loss_of(out)
         loss.backward()
         if args.save:
+            seen.update(dtypes(model, out))
             kept.append({"out": output(out).detach().float().cpu().clone(),
                          "loss": float(loss.item()), "grads": stepped_grads(model, opt)})
         opt.step()
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
 
         ranks_dir = os.environ.get(ENV_DIR)
         if ranks_dir:  # under moe-hang's watch (always, from moe_hang.check)
-            torch.save({"rank": rank, "steps": kept}, RankFiles(Path(ranks_dir), rank).result)
+            torch.save({"rank": rank, "steps": kept, "dtypes": sorted(seen)},
+                       RankFiles(Path(ranks_dir), rank).result)
     dist.destroy_process_group()
 
 

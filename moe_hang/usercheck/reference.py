@@ -32,9 +32,10 @@ from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.probe.probe import write_atomic
 from moe_hang.probe.routeplan import Plan
 from moe_hang.probe.routing import Routing
-from moe_hang.usercheck.compare import Comparison
+from moe_hang.usercheck.compare import Comparison, rtol_for
 from moe_hang.usercheck.rank import (
     SEED,
+    dtypes,
     forward,
     load,
     loss_of,
@@ -65,6 +66,7 @@ def reference_steps(reference: Any, batch: Any, *, world: int, steps: int, reduc
     routing = Routing(torch, 0, routing_path, plan, router)
     routing.install()
     kept: list[dict[str, Any]] = []
+    seen: set[str] = set()
     try:
         for step in range(steps):
             outs, losses = [], []
@@ -81,8 +83,10 @@ def reference_steps(reference: Any, batch: Any, *, world: int, steps: int, reduc
                     raise ReferenceFailed(f"on rank {rank}'s batch at step {step}: "
                                           f"{_short(exc)}") from exc
                 outs.append(output(out).detach().float().cpu().clone())
+                seen.update(dtypes(model, out))
                 losses.append(float(loss.item()))
-            kept.append({"outs": outs, "losses": losses, "grads": stepped_grads(model, opt)})
+            kept.append({"outs": outs, "losses": losses, "grads": stepped_grads(model, opt),
+                         "dtypes": sorted(seen)})
             opt.step()
             opt.zero_grad()
     finally:
@@ -91,9 +95,14 @@ def reference_steps(reference: Any, batch: Any, *, world: int, steps: int, reduc
 
 
 def compare_run(ref: list[dict[str, Any]], results: dict[int, dict[str, Any]], world: int,
-                rtol: float) -> dict[str, Any]:
+                rtol: float | None) -> dict[str, Any]:
     """Step by step (the first failure is the earliest), each rank's output and loss, then
-    its gradients."""
+    its gradients; within ``rtol``, else the tolerance of the least precise dtype the ranks
+    or the reference computed in."""
+    if rtol is None:
+        seen = {d for step in ref for d in step.get("dtypes", ())}
+        seen |= {d for res in results.values() for d in res.get("dtypes", ())}
+        rtol = rtol_for(seen)
     c = Comparison(rtol)
     ranks = []
     for rank in range(world):
@@ -128,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", required=True)
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--rtol", type=float, required=True)
+    ap.add_argument("--rtol", type=float, help="default: by the least precise dtype")
     ap.add_argument("--reduce", choices=("mean", "sum"), default="mean")
     ap.add_argument("--router")
     ap.add_argument("--runs", required=True)
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                                   routing_path=layout.reference_routing, router=args.router)
         except ReferenceFailed as exc:
             traceback.print_exc()  # into reference.log: the whole story, for the curious
-            report: dict[str, Any] = {"ok": False, "error": str(exc), "rtol": args.rtol,
+            report: dict[str, Any] = {"ok": False, "error": str(exc), "rtol": args.rtol or 0.0,
                                       "steps": args.steps, "what": WHAT}
         else:
             results = {}

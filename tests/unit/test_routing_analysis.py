@@ -264,3 +264,24 @@ def test_the_comparison_is_normwise_and_a_missing_gradient_is_zero() -> None:
     r = c.report(1, "x")
     assert not r["ok"] and r["worst"] == "b" and len(r["failures"]) == 2
     assert r["failures"][1] == "shape: shape [2] != [3]"
+
+
+def test_the_default_tolerance_is_the_least_precise_dtypes() -> None:
+    import torch
+
+    from moe_hang.usercheck.compare import rtol_for
+    from moe_hang.usercheck.reference import compare_run
+
+    assert rtol_for({"torch.float32"}) == 1e-5 and rtol_for(set()) == 1e-5
+    assert rtol_for({"torch.float32", "torch.bfloat16"}) == 2e-2
+    assert rtol_for({"float16", "torch.int64"}) == 5e-3
+    # a bfloat16 model's ranks and its reference differ in the last bits: no mismatch there,
+    # unless the caller asks for float32's tolerance
+    want = torch.tensor([1.0, 2.0, 3.0])
+    ref = [{"outs": [want], "losses": [1.0], "grads": {}, "dtypes": ["torch.bfloat16"]}]
+    got = {0: {"steps": [{"out": want * 1.004, "loss": 1.0, "grads": {}}],
+               "dtypes": ["torch.bfloat16"]}}
+    loose = compare_run(ref, got, 1, None)
+    assert loose["ok"] and loose["rtol"] == 2e-2
+    strict = compare_run(ref, got, 1, 1e-5)
+    assert not strict["ok"] and strict["failures"][0].startswith("step 0 rank 0 output")
