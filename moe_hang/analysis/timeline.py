@@ -32,7 +32,9 @@ from moe_hang.evidence.stacks import (
     is_library_frame,
     is_tool_frame,
     main_thread,
+    other_thread,
     parse_faulthandler,
+    thread_number,
     view,
 )
 from moe_hang.evidence.vocab import RankState
@@ -188,15 +190,6 @@ def _posting_order(v: RankView) -> list[Collective]:
     return []
 
 
-def _thread_number(tid: str) -> int | None:
-    """A thread id as the recorder (decimal), py-spy (decimal) or faulthandler (hex) write
-    it: the same pthread id."""
-    try:
-        return int(tid, 0)
-    except ValueError:
-        return None
-
-
 class RankViews(dict[int, RankView]):
     """Every rank's view for one diagnosis, and what is worked out once from all of them —
     on thousands of ranks the same is asked once per wait-for edge or cycle: each rank's
@@ -273,8 +266,8 @@ class RankViews(dict[int, RankView]):
         ids = {c.thread_id for c in v.tl.by_pg.get(pg, {}).values() if c.thread_id}
         if len(ids) != 1:
             return False
-        live = {_thread_number(t) for t in known}
-        poster = _thread_number(next(iter(ids)))
+        live = {thread_number(t) for t in known}
+        poster = thread_number(next(iter(ids)))
         return poster is not None and None not in live and poster not in live
 
     def posting_keys(self, r: int) -> list[PostingKey]:
@@ -295,8 +288,10 @@ def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
         # watcher's measure of the rank's movement does (a remote rank's summary has no
         # py-spy stack; outside collectives, unmoving, it is idle — not unknown)
         # (with the send/recv it sampled the thread inside, and its peer)
+        hb = ev.heartbeat
         return view(ThreadStack("MainThread", frames, is_main=True, active=ev.progressed,
-                                p2p=ev.heartbeat.p2p if ev.heartbeat else None)), "probe"
+                                thread_id=(hb.main_thread or "") if hb else "",
+                                p2p=hb.p2p if hb else None)), "probe"
     return StackView(RankState.UNKNOWN), None
 
 
@@ -398,8 +393,24 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
         # it died raising: the raising line, not that of its last (long finished) collective
         site = callsite(ev.error.frames)
     else:
-        site = _posting_site(current, sv, current, state) or sv.callsite
+        site = _posting_site(current, sv, current, state) or (
+            None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site)
+
+
+def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) -> bool:
+    """``coll`` was posted by another thread than the one ``sv`` is, and ``sv``'s line is
+    not where: that thread is inside a collective of its own, or the poster is one of the
+    job's threads (with lines of the job's on its stack). A collective the autograd engine's
+    thread posted (DDP's buckets, FSDP's reduce-scatters on a GPU) has no line of its own:
+    the main thread's ``backward()`` is its line."""
+    if coll is None or not other_thread(coll.thread_id, sv.thread_id):
+        return False
+    if sv.op is not None:
+        return True
+    poster = thread_number(coll.thread_id or "")
+    return any(thread_number(t.thread_id) == poster and callsite(t.frames) is not None
+               for t in ev.threads or [] if t.thread_id)
 
 
 def posting_site(coll: Collective | None, v: RankView) -> Frame | None:
@@ -420,16 +431,19 @@ def site_key(c: Collective) -> tuple[str, object] | None:
 def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
                   state: RankState) -> Frame | None:
     """The recorder's frames are exact; a stack is exact while it is still inside that same
-    collective (same op, and ``coll`` is the one pending); the probe's own record, taken just
+    collective (same op, and ``coll`` is the one pending) — the stack of the thread that
+    posted it: another thread's stack never places it (a rank's main thread in ``join()``
+    while its metrics thread waits in its all-reduce); the probe's own record, taken just
     before the call, points near it."""
     if coll is not None and coll.frames and coll.source != "probe":
         return callsite(coll.frames)
     # an ended rank died in its last one; never in one of its group it had gone past
     went_past = pending is not None and pending.pg == coll.pg and pending.seq > coll.seq \
         if coll is not None else False
-    in_it = coll is None or (sv.op == coll.op and (
-        pending is None or (state == RankState.EXITED and not went_past)
-        or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
+    in_it = coll is None or (
+        sv.op == coll.op and not other_thread(coll.thread_id, sv.thread_id)
+        and (pending is None or (state == RankState.EXITED and not went_past)
+             or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
     if in_it and sv.callsite is not None:
         return sv.callsite
     if coll is not None and coll.frames:

@@ -75,6 +75,9 @@ class Heartbeat:
     pg_status: dict[str, PgStatus] | None = None  # by process-group id; None: no recorder yet
     pending: list[dict[str, Any]] = field(default_factory=list)  # recorder entries, raw
     main_frame: list[list[Any]] | None = None  # the main thread, innermost first
+    # the main thread's id (its pthread id, as the recorder writes a posting thread's): a
+    # collective another thread posted is not placed by ``main_frame``
+    main_thread: str | None = None
     p2p: P2PCall | None = None  # the send/recv the main thread was inside, with its peer
     restart: int | None = None  # torchrun's restart count of the worker group (0: first)
     held: bool = False  # it raised, and its probe holds it for the capture (multi-node watch)
@@ -97,6 +100,7 @@ class Heartbeat:
             pending=[e for e in pending if isinstance(e, dict)] if isinstance(pending, list)
             else [],
             main_frame=list(frames) if isinstance(frames, list) else None,
+            main_thread=str(data["main_thread"])[:40] if data.get("main_thread") else None,
             p2p=parse_p2p(data.get("p2p")), restart=_int(data.get("restart")),
             held=data.get("held") is True)
 

@@ -130,6 +130,7 @@ class StackView:
     frames: list[Frame] = field(default_factory=list)
     p2p: P2PCall | None = None
     thread: str | None = None  # not the main thread's: the thread that is in the collective
+    thread_id: str | None = None  # the id of the thread it is (where the source gave one)
     # it waits on its collective at another line than the one that posted it (work.wait())
     waited_at: Frame | None = None
     counters: dict[Frame, dict[str, int]] = field(default_factory=dict)  # as ThreadStack's
@@ -362,11 +363,27 @@ def view(thread: ThreadStack | None) -> StackView:
         if p2p is None and op in ("send", "recv"):
             p2p = P2PCall(op, None)  # inside it, peer not visible (no --locals)
         return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p,
-                         counters=thread.counters)
+                         counters=thread.counters, thread_id=thread.thread_id or None)
     if thread.active is True:
         state = RankState.COMPUTING
     elif thread.active is False or _is_idle_wait(frames):
         state = RankState.IDLE
     else:
         state = RankState.UNKNOWN
-    return StackView(state, None, None, back, fn, site, frames, counters=thread.counters)
+    return StackView(state, None, None, back, fn, site, frames, counters=thread.counters,
+                     thread_id=thread.thread_id or None)
+
+
+def thread_number(tid: str) -> int | None:
+    """A thread id as the recorder (decimal), py-spy (decimal), the probe (decimal) or
+    faulthandler (hex) write it: the same pthread id."""
+    try:
+        return int(tid, 0)
+    except ValueError:
+        return None
+
+
+def other_thread(a: str | None, b: str | None) -> bool:
+    """Two thread ids that are known and name different threads (unknown: not other)."""
+    na, nb = (thread_number(a) if a else None), (thread_number(b) if b else None)
+    return na is not None and nb is not None and na != nb

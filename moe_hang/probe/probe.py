@@ -324,6 +324,7 @@ class Probe:
             "time": time.time(), "beat": self._beat, "cpu_s": round(time.process_time(), 3),
             "progress": progress, "pg_status": status, "pending": self._pending,
             "main_frame": sample.main_frame(self._main_ident),
+            "main_thread": str(self._main_ident),  # which thread ``main_frame`` is
             "p2p": sample.p2p_call(self._main_ident),
             "restart": _restart_count(), "held": self._held,
         }

@@ -293,11 +293,11 @@ def test_a_job_without_torchrun_plans_on_its_ranks_store() -> None:
 
 
 def _two_node_view(fixtures: Path, tmp_path: Path, run: str, analyst: str, world: int = 2,
-                   recorded: str = "/work/main/runs/fuzz-8123057/jobs") -> Evidence:
+                   recorded: str = "/work/main/runs/fuzz-8123057/jobs",
+                   jobs: str = "fuzz8123057_jobs") -> Evidence:
     """What the analysing node holds in a capture round: its own capture, and the other
     node's capture summary as it travels through the store."""
-    capture = relocated(fixtures / run, tmp_path / "run", recorded,
-                        str(fixtures / "fuzz8123057_jobs"))
+    capture = relocated(fixtures / run, tmp_path / "run", recorded, str(fixtures / jobs))
     other = "node1" if analyst == "node0" else "node0"
     ev = load_capture(capture / analyst, world=world, job="stalled")
     summary = multinode.capture_summary(RunLayout(capture / other), "1", "vm-b",
@@ -499,3 +499,24 @@ def test_a_remote_ranks_threads_and_posting_thread_ids_cross_nodes(fixtures: Pat
     assert merge_remote(ev, {"1": again}) == [1]
     assert ev.ranks[1].live_threads == r1.threads
     assert facts(ev).views.poster_ended(1, "2") is True
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("thread_two_nodes_0", 2),
+                                              ("thread_two_nodes_1", 5)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_metrics_threads_collective_is_at_its_line_from_either_node(
+        fixtures: Path, tmp_path: Path, run: str, culprit: int, analyst: str) -> None:
+    """Fuzz seed 7319044 job 002 (a 2x3 mesh on two nodes, mirrored): the culprit's metrics
+    thread posts one all-reduce too many on its own group and waits in it; its main thread
+    waits in ``LOGGER.join()`` (:76). Analysed from the other node, the culprit's evidence
+    is its summary: its main thread's sample, and the recorder's entries (no frames). The
+    line is the thread's all-reduce (:49), which its node read off that thread's stack; a
+    main thread's stack never places a collective another thread posted."""
+    ev = _two_node_view(fixtures, tmp_path, run, analyst, world=6,
+                        recorded="/tmp/fz2b/jobs", jobs="fuzz7319044_jobs")
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
+    (rc,) = [r for r in diag.ranks if r.rank == culprit]
+    assert rc.callsite is not None and (rc.callsite.line, rc.callsite.function) == \
+        (49, "log_metrics"), diag.summary
+    assert rc.collective is not None and rc.collective.op == "all_reduce"

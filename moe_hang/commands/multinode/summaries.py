@@ -18,7 +18,14 @@ from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.posted_log import PostedLog, read_posted_log
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, ThreadStack, is_library_frame, main_thread
+from moe_hang.evidence.stacks import (
+    Frame,
+    ThreadStack,
+    collective_of,
+    is_library_frame,
+    main_thread,
+    thread_number,
+)
 from moe_hang.evidence.torchrun_log import gloo_size_abort, parse_torchrun_failures, read_job_log
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
@@ -149,6 +156,32 @@ def _history(r: RankSummary, files: RankFiles) -> None:
     with contextlib.suppress(Exception):
         r.history, r.fr_status = history_of(dump, log=log,
                                             dead=r.state == RankState.EXITED)
+        _placed_by_poster(r.history, files)
+
+
+def _placed_by_poster(history: list[PendingCollective], files: RankFiles) -> None:
+    """A pending collective with no frames of its own, whose posting thread is inside that
+    same op in the probe's dump taken after it was posted: that thread's lines are where it
+    was posted. The analysing node has only the main thread's sample of this rank, and a
+    metrics thread's all-reduce on a group of its own is not at the main thread's line."""
+    try:
+        marker = json.loads(files.dump_marker.read_text())
+        text = files.stack.read_text(errors="replace")
+    except (OSError, ValueError):
+        return
+    t = marker.get("time") if isinstance(marker, dict) else None
+    if not isinstance(t, (int, float)):
+        return
+    threads = {n: th for th in dumped_threads(text)
+               if (n := thread_number(th.thread_id)) is not None}
+    for h in history:
+        n = thread_number(h.thread_id) if h.thread_id else None
+        th = threads.get(n) if n is not None else None
+        if th is None or h.frames or h.completed is not False or h.t_ns is None \
+                or t * 1e9 < h.t_ns or collective_of(th.frames)[0] != normalise_op(h.op):
+            continue
+        h.frames = [f"{f.file}:{f.line}:{f.function}" for f in th.frames
+                    if not is_library_frame(f)][:MAX_USER_FRAMES]
 
 
 def _fresher_stack(r: RankSummary, files: RankFiles) -> None:

@@ -114,7 +114,8 @@ def summarize_heartbeats(hbs: Mapping[int, Mapping[str, Any]], *, node: str,
             phase=None if progress.get("phase") is None else str(progress.get("phase")),
             moving=mv,
             beat_time=hb.get("time") if isinstance(hb.get("time"), (int, float)) else None,
-            exit_code=code, held=hb.get("held") is True, p2p=p2p_of(hb.get("p2p"))))
+            exit_code=code, held=hb.get("held") is True, p2p=p2p_of(hb.get("p2p")),
+            main_thread=str(hb["main_thread"])[:40] if hb.get("main_thread") else None))
     h = host or next((str(hb["host"]) for hb in hbs.values() if hb.get("host")),
                      socket.gethostname())
     return NodeSummary(node=node, host=h, ranks=ranks, world=world, local_world=local_world,
@@ -143,6 +144,7 @@ def to_heartbeats(summaries: Iterable[NodeSummary]) -> dict[int, dict[str, Any]]
                 "progress": progress, "pg_status": pg_status,
                 "pending": [p.to_fr_entry() for p in r.pending],
                 "main_frame": [_parse_frame(f) for f in r.stack] or None,
+                "main_thread": r.main_thread,
                 "state": r.state, "callsite": r.callsite, "held": r.held, "p2p": r.p2p}
     return out
 

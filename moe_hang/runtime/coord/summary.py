@@ -138,10 +138,12 @@ class RankSummary:
     # a capture only: the ids of the threads it had then (its probe's dump of every thread):
     # a thread of its whose id is gone will never post again
     threads: list[str] = field(default_factory=list)
+    main_thread: str | None = None  # the id of the thread ``stack`` is (its probe's beat)
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"rank": self.rank, "state": self.state}
-        for k in ("pid", "local_rank", "callsite", "step", "phase", "moving", "exit_code"):
+        for k in ("pid", "local_rank", "callsite", "step", "phase", "moving", "exit_code",
+                  "main_thread"):
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
@@ -203,7 +205,8 @@ class RankSummary:
                    held=d.get("held") is True,
                    fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None,
                    p2p=p2p_of(d.get("p2p")),
-                   threads=[str(t)[:40] for t in d.get("threads") or []][:256])
+                   threads=[str(t)[:40] for t in d.get("threads") or []][:256],
+                   main_thread=str(d["main_thread"])[:40] if d.get("main_thread") else None)
 
 
 FATAL_CHARS = 8000  # a faulthandler dump of every thread fits; a runaway one is cut
