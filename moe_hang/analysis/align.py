@@ -16,7 +16,8 @@ from moe_hang.analysis.blocks import EXTRA, Block, conditional_block, part, user
 from moe_hang.analysis.blocks import identity as identity_of
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
-from moe_hang.analysis.timeline import RankView, RankViews, rank_view, to_rc
+from moe_hang.analysis.rankstate import rank_view, to_rc
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Heartbeat, RankEvidence
 from moe_hang.evidence.stacks import in_backward

@@ -25,8 +25,9 @@ from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import signature
+from moe_hang.analysis.rankstate import site_key
 from moe_hang.analysis.source import excludes_ranks, path_condition
-from moe_hang.analysis.timeline import RankView, RankViews, group_kind, site_key
+from moe_hang.analysis.timeline import RankView, RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import Frame, is_library_frame
 

@@ -21,9 +21,10 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.ladder import Edit
+from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import Inversion
 from moe_hang.analysis.source import excludes_ranks
-from moe_hang.analysis.timeline import group_kind, to_rc
+from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective

@@ -14,7 +14,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.timeline import recorder_only
+from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.vocab import RankState, spans
 
 

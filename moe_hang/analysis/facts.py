@@ -20,8 +20,9 @@ from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
 from moe_hang.analysis.ladder import Context
 from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
+from moe_hang.analysis.rankstate import rank_view
 from moe_hang.analysis.reconcile import Disagreement, reconcile
-from moe_hang.analysis.timeline import RankViews, rank_view
+from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, RankEvidence, said_exiting

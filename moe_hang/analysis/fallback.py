@@ -16,9 +16,10 @@ from moe_hang.analysis.ladder import (
     progress,
     source,
 )
+from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import on_default_group
-from moe_hang.analysis.timeline import RankViews, to_rc
+from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ops import nbytes

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from moe_hang.analysis.diagnosis import Divergence, RankCollective, RankReport
-from moe_hang.analysis.timeline import RankView, posting_site, recorder_only, to_rc
+from moe_hang.analysis.rankstate import posting_site, recorder_only, to_rc
+from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.stacks import autograd_function, in_backward
 from moe_hang.evidence.vocab import RankState, exit_desc

@@ -9,13 +9,12 @@ say where the main thread is (docs/DESIGN.md §8).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import cast
 
 from moe_hang.analysis.diagnosis import (
     DEFAULT_PG,
     Divergence,
-    RankCollective,
     Timeline,
     TimelineCell,
 )
@@ -26,16 +25,9 @@ from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,
     StackView,
-    ThreadStack,
-    callsite,
     collective_of,
     is_library_frame,
-    is_tool_frame,
-    main_thread,
-    other_thread,
-    parse_faulthandler,
     thread_number,
-    view,
 )
 from moe_hang.evidence.vocab import RankState
 
@@ -275,191 +267,6 @@ class RankViews(dict[int, RankView]):
         if got is None:
             got = self._keys[r] = [posting_key(c) for c in self.posting_order(r)]
         return got
-
-
-def _threads(ev: RankEvidence) -> tuple[StackView, str | None]:
-    if ev.threads:
-        return _posting_thread(ev.threads), ev.stack_source
-    if ev.fatal and "File " in ev.fatal:
-        return view(main_thread(parse_faulthandler(ev.fatal))), "fatal"
-    frames = ev.heartbeat.frames() if ev.heartbeat is not None else []
-    if frames:
-        # the probe's sample of the main thread, which cannot tell on-CPU from waiting: the
-        # watcher's measure of the rank's movement does (a remote rank's summary has no
-        # py-spy stack; outside collectives, unmoving, it is idle — not unknown)
-        # (with the send/recv it sampled the thread inside, and its peer)
-        hb = ev.heartbeat
-        return view(ThreadStack("MainThread", frames, is_main=True, active=ev.progressed,
-                                thread_id=(hb.main_thread or "") if hb else "",
-                                p2p=hb.p2p if hb else None)), "probe"
-    return StackView(RankState.UNKNOWN), None
-
-
-def _posting_thread(threads: list[ThreadStack]) -> StackView:
-    """The rank's main thread — unless it is outside every collective while another thread
-    of the job's (a metrics or logging thread on a group of its own) is inside one: the rank
-    waits there, and the line is that thread's, whichever thread the program is in."""
-    main = view(main_thread(threads))
-    if main.state == RankState.IN_COLLECTIVE:
-        return main
-    inside = [v for t in threads if not t.is_main and t.frames
-              and not is_tool_frame(t.frames[-1])
-              and (v := view(t)).state == RankState.IN_COLLECTIVE]
-    if len(inside) == 1:
-        t = next(t for t in threads if not t.is_main and view(t) == inside[0])
-        inside[0].thread = t.name or t.thread_id
-        return inside[0]
-    return main
-
-
-def _pending(tl: RankTimeline) -> list[Collective]:
-    out: list[Collective] = []
-    for coll in tl.by_pg.values():
-        out.extend(c for c in coll.values() if c.completed is False)
-    return sorted(out, key=lambda c: (c.time_created_ns or 0, c.seq))
-
-
-def recorder_only(ev: RankEvidence) -> bool:
-    """All the tool has of this live, stuck rank is its Flight Recorder dump (post-mortem:
-    ``analyze`` on torch's dump files)."""
-    return (ev.fr is not None and ev.alive is True and ev.progressed is False
-            and not ev.threads and ev.heartbeat is None and not ev.fatal)
-
-
-def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
-                 ) -> StackView | None:
-    """The rank's main thread sits at its own line's wait (``work.wait()``) in every sample:
-    in a collective posted earlier, as NCCL jobs wait (blocked, or spinning in a stream's
-    synchronize). Where the source shows which call posted it, that is its op and its line
-    (a rank's line is where its pending collective was posted); else its op is unknown."""
-    if facts is None or ev.progressed is not False or sv.callsite is None \
-            or sv.state not in (RankState.IDLE, RankState.COMPUTING):
-        return None
-    at = sv.callsite
-    lf = facts.line(at.file, at.line)
-    if lf is None or lf.waits is None:
-        return None
-    if lf.posted is None:
-        return replace(sv, state=RankState.IN_COLLECTIVE, op=sv.op or "unknown",
-                       api=sv.api or f"{lf.waits}()")
-    posted = Frame(at.file, lf.posted[0], at.function)
-    return replace(sv, state=RankState.IN_COLLECTIVE, op=normalise_op(lf.posted[1]),
-                   api=lf.posted[1], callsite=posted, waited_at=at,
-                   frames=[posted if f == at else f for f in sv.frames])
-
-
-def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
-    """``facts``: what the source says of the rank's lines (a wait at its own line)."""
-    tl = timeline(ev)
-    sv, source = _threads(ev)
-    if source and not ev.stack_source:
-        ev.stack_source = source
-    # a rank held alive after it raised has failed there: it is not waiting, nor moving
-    exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True) \
-        or (ev.held and ev.error is not None)
-    pending = _pending(tl)
-    current: Collective | None = pending[0] if pending else None
-    state: RankState
-    if exited:
-        state = RankState.EXITED
-        if ev.exit_code == 0:
-            # finished cleanly: whatever its last heartbeat saw has long completed
-            current, sv = None, StackView(RankState.UNKNOWN)
-        elif current is None:
-            last = [c for coll in tl.by_pg.values() for c in coll.values()]
-            current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
-        elif ("fatal" in (source or "") and sv.op and sv.op != current.op
-              and sv.callsite is not None):
-            # it died inside another collective than its last heartbeat's pending one: that
-            # beat was older than the rank's last steps (a fast loop, a starved probe thread);
-            # the stack it died with is fresher (docs/DESIGN.md §8.1)
-            current = None
-    elif sv.state != RankState.UNKNOWN:
-        state = sv.state
-        if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
-            state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
-        elif (waiting := _waits_async(ev, sv, facts)) is not None:
-            state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
-    elif current is not None:
-        state = RankState.IN_COLLECTIVE
-    elif recorder_only(ev):
-        # a dump written while the rank was stuck, with nothing pending in it: the rank was
-        # outside every collective the recorder saw (in a send/recv gloo does not record, in
-        # a sleep, a lock, a read); where exactly, only its stack would say
-        state = RankState.IDLE
-    else:
-        state = RankState.UNKNOWN
-    if state == RankState.EXITED and ev.error is not None and ev.error.frames:
-        # it died raising: the raising line, not that of its last (long finished) collective
-        site = callsite(ev.error.frames)
-    else:
-        site = _posting_site(current, sv, current, state) or (
-            None if _posted_elsewhere(ev, current, sv) else sv.callsite)
-    return RankView(ev, tl, sv, state, current, site)
-
-
-def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) -> bool:
-    """``coll`` was posted by another thread than the one ``sv`` is, and ``sv``'s line is
-    not where: that thread is inside a collective of its own, or the poster is one of the
-    job's threads (with lines of the job's on its stack). A collective the autograd engine's
-    thread posted (DDP's buckets, FSDP's reduce-scatters on a GPU) has no line of its own:
-    the main thread's ``backward()`` is its line."""
-    if coll is None or not other_thread(coll.thread_id, sv.thread_id):
-        return False
-    if sv.op is not None:
-        return True
-    poster = thread_number(coll.thread_id or "")
-    return any(thread_number(t.thread_id) == poster and callsite(t.frames) is not None
-               for t in ev.threads or [] if t.thread_id)
-
-
-def posting_site(coll: Collective | None, v: RankView) -> Frame | None:
-    """The user line that posted ``coll`` on this rank (with no collective: where its stack
-    is) — the one rule for every place that names a line (:func:`site_key` compares them)."""
-    return _posting_site(coll, v.stack, v.current, v.state)
-
-
-def site_key(c: Collective) -> tuple[str, object] | None:
-    """Where ``c`` was posted, comparable across ranks and steps: the recorder's line, else
-    the probe's step name; None when neither is known."""
-    site = callsite(c.frames) if c.frames else None
-    if site is not None:
-        return (site.file, site.line)
-    return ("probe", c.name) if c.name else None
-
-
-def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
-                  state: RankState) -> Frame | None:
-    """The recorder's frames are exact; a stack is exact while it is still inside that same
-    collective (same op, and ``coll`` is the one pending) — the stack of the thread that
-    posted it: another thread's stack never places it (a rank's main thread in ``join()``
-    while its metrics thread waits in its all-reduce); the probe's own record, taken just
-    before the call, points near it."""
-    if coll is not None and coll.frames and coll.source != "probe":
-        return callsite(coll.frames)
-    # an ended rank died in its last one; never in one of its group it had gone past
-    went_past = pending is not None and pending.pg == coll.pg and pending.seq > coll.seq \
-        if coll is not None else False
-    in_it = coll is None or (
-        sv.op == coll.op and not other_thread(coll.thread_id, sv.thread_id)
-        and (pending is None or (state == RankState.EXITED and not went_past)
-             or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
-    if in_it and sv.callsite is not None:
-        return sv.callsite
-    if coll is not None and coll.frames:
-        return callsite(coll.frames)
-    return None
-
-
-def to_rc(c: Collective | None, v: RankView) -> RankCollective | None:
-    """A collective of this rank, as the diagnosis shows it, with the line that posted it."""
-    if c is None:
-        return None
-    site = posting_site(c, v)
-    return RankCollective(op=c.op, pg=c.pg, seq=c.seq, input_sizes=c.input_sizes,
-                          dtypes=c.dtypes, source=c.source, pg_desc=c.pg_desc,
-                          time_created_ns=c.time_created_ns, tag=c.tag, callsite=site,
-                          state=c.state)
 
 
 def _posted_upto(v: RankView, pg: str) -> int:

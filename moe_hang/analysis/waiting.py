@@ -11,7 +11,7 @@ from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Ver
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.timeline import recorder_only
+from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Helper, idle_in_backward
 from moe_hang.evidence.vocab import RankState, agree, spans, who
 

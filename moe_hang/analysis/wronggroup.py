@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from moe_hang.analysis.timeline import RankView, RankViews, group_kind, posting_site
+from moe_hang.analysis.rankstate import posting_site
+from moe_hang.analysis.timeline import RankView, RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import Frame
 

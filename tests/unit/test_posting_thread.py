@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_hang.analysis.timeline import rank_view
+from moe_hang.analysis.rankstate import rank_view
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import Heartbeat, RankEvidence
 from moe_hang.evidence.stacks import Frame, ThreadStack, other_thread
