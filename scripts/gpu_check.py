@@ -257,8 +257,8 @@ def _rank_pids(d: Path) -> dict[int, int]:
 def _observe_hang(work: Path, p: subprocess.Popen[bytes], d: Path, out: dict[str, Any]) -> None:
     import psutil
 
+    from moe_hang.analysis.ras.compare import compare_reports
     from moe_hang.capture.ras import take_two
-    from moe_hang.evidence.ras import compare_reports
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_pids(d)) < 2 and p.poll() is None:

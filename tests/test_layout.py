@@ -149,7 +149,8 @@ def test_detection_never_imports_the_sentence_builders() -> None:
 VERDICT_MAKERS = {"moe_hang.analysis.rules", "moe_hang.analysis.failures",
                   "moe_hang.analysis.p2p", "moe_hang.analysis.dumps_only",
                   "moe_hang.analysis.unreached", "moe_hang.analysis.diagnosis",
-                  "moe_hang.analysis.conclusion", "moe_hang.analysis.nccl",
+                  "moe_hang.analysis.conclusion", "moe_hang.analysis.ras.failures",
+                  "moe_hang.analysis.ras.launches",
                   "moe_hang.analysis.transport"}
 
 

@@ -31,7 +31,7 @@ class Verdict(StrEnum):
     HEALTHY = "healthy"
     INCONCLUSIVE = "inconclusive"
     # every rank in the same collective, posted alike, and it never completes (NCCL): the
-    # transport or a GPU, never the collective order (analysis/nccl.py)
+    # transport or a GPU, never the collective order (analysis/ras/)
     TRANSPORT_HANG = "transport_hang"
 
 
@@ -57,7 +57,7 @@ class CulpritBasis(StrEnum):
     WAITED_FOR = "waited_for"  # outside any collective while the others wait for it
     AMBIGUOUS = "ambiguous"  # the evidence does not decide: every candidate is named
     NONE = "none"  # no culprit (healthy, or nothing to blame)
-    # NCCL's own evidence (analysis/nccl.py)
+    # NCCL's own evidence (analysis/ras/)
     NCCL_ERROR = "nccl_error"  # NCCL reports an error or an abort on it (RAS)
     LAUNCH_COUNTS = "launch_counts"  # it never launched what the others launched (RAS)
     KERNEL_TIMING = "kernel_timing"  # its kernel started last, or never (the recorder's timing)
@@ -294,7 +294,7 @@ class Diagnosis:
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
     rule_id: str = ""  # its stable id (analysis.rules.RULES): what scripts key on
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
-    # NCCL RAS as the diagnosis read it (analysis/nccl.py ras_summary); None: no report
+    # NCCL RAS as the diagnosis read it (analysis/ras/reading.py ras_summary); None: no report
     nccl_ras: dict[str, Any] | None = None
     # the MoE routers' token counts at the step the job stopped in (analysis/routing.py)
     routing: RoutingReport | None = None

@@ -21,6 +21,7 @@ from moe_hang.analysis.ladder import Context
 from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.rankstate import rank_view
+from moe_hang.analysis.ras.reading import RasReading, read_ras
 from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
@@ -66,6 +67,7 @@ class Facts:
     activity: dict[int, Judgement] = field(default_factory=dict)
     # the program the ranks agreed on, learned from the steps before every divergence
     program: Program = field(default_factory=Program)
+    ras: RasReading | None = None  # what NCCL RAS's reports say together (None: none read)
 
     @property
     def ctx(self) -> Context:
@@ -191,7 +193,8 @@ def facts(ev: Evidence) -> Facts:
               alive, moving, waiting, agent_died, orphans_moving,
               evidence=_evidence_lines(ev) + [d.text for d in disagreements],
               disagreements=disagreements, activity={r: j for r, j in act.items() if r in alive},
-              finishing=finishing, program=program)
+              finishing=finishing, program=program,
+              ras=read_ras(ev.ras) if ev.ras is not None else None)
     f.evidence.extend(f"rank {r}: in a collective in every sample; {j.numbers}: "
                       f"{str(j.motion).replace('_', ' ')} ({j.why})"
                       for r, j in sorted(f.activity.items()))

@@ -48,23 +48,19 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.nccl import (
+from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
+from moe_hang.analysis.ras.launches import (
     counts_differ,
     frozen_mismatch,
-    gone,
-    nccl_errors,
     ras_all_moving,
     ras_desync,
-    ras_lines,
     ras_moving,
     ras_nothing_wrong,
     ras_one_poll_clean,
     ras_one_poll_mismatch,
-    ras_rank_died,
-    ras_rank_error,
-    ras_summary,
 )
-from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.routing import routing_report
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
@@ -355,9 +351,10 @@ def diagnose(ev: Evidence) -> Diagnosis:
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
         first_divergence=out.div, ranks=ranks, fix=out.advice.text,
         fix_code=out.advice.code, artifacts=ev.artifacts,
-        evidence=f.evidence + unreached_line(ev.unreached) + ras_lines(ev),
+        evidence=f.evidence + unreached_line(ev.unreached)
+        + (f.ras.lines() if f.ras is not None else []),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,
         certainty=out.certainty, rule=rule.name, rule_id=rule.id,
         divergences=[out.div, *out.more] if out.div is not None else [],
-        nccl_ras=ras_summary(ev), routing=routing_report(ev))
+        nccl_ras=ras_summary(f.ras), routing=routing_report(ev))
 

@@ -17,9 +17,11 @@ from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.nccl import cap, ras_of
+from moe_hang.analysis.ras.common import cap, ras_of
+from moe_hang.analysis.ras.counts import LAUNCH_COUNTS_CAVEAT
+from moe_hang.analysis.ras.findings import FindingKind
+from moe_hang.analysis.ras.reading import RasReading
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.ras import LAUNCH_COUNTS_CAVEAT, FindingKind, RasEvidence
 from moe_hang.evidence.vocab import RankState, spans
 
 TIMING_HINT = "TORCH_NCCL_ENABLE_TIMING=1"
@@ -70,7 +72,7 @@ def _same(c: Collective) -> tuple[str, int, str]:
     return (c.pg_desc if c.pg_desc and c.pg_desc != "undefined" else c.pg, c.seq, c.op)
 
 
-def _frozen_equal(ras: RasEvidence | None) -> bool:
+def _frozen_equal(ras: RasReading | None) -> bool:
     if ras is None or not ras.compared:
         return False
     cmp = ras.comparison

@@ -1,7 +1,7 @@
 """Ask a live NCCL job for its RAS report (NCCL >= 2.24), bounded: through ``ncclras`` when it
 is on PATH, else by speaking RAS's socket protocol at ``NCCL_RAS_ADDR`` (default
 ``localhost:28028``) — and two reports a few seconds apart, to tell frozen from moving
-(:func:`take_two`; :func:`moe_hang.evidence.ras.compare_reports` reads them).
+(:func:`take_two`; :func:`moe_hang.analysis.ras.compare.compare_reports` reads them).
 
 Nothing is left behind: no thread, a socket closed on every way out, ``ncclras`` in its own
 process group killed at the deadline. A failure is an answer with the reason (``error``), never

@@ -1,4 +1,4 @@
-"""The verdicts NCCL's own evidence gives (moe_hang.analysis.nccl, the RAS rows of
+"""The verdicts NCCL's own evidence gives (moe_hang.analysis.ras, the RAS rows of
 analysis/rules.py): on the layouts of real RAS captures (tests/unit/fixtures/ras: Ray's 2.28.9
 4-node mismatch and its callback test's reports incl. the missing comma, SGLang's 2.30.7 ones,
 NCCL's ras.rst samples) and on recorder dumps with and without TORCH_NCCL_ENABLE_TIMING=1
@@ -18,11 +18,12 @@ import pytest
 from conftest import FIXTURES, make_fr_set
 
 from moe_hang.analysis.diagnosis import Diagnosis
+from moe_hang.analysis.ras.counts import LAUNCH_COUNTS_CAVEAT
 from moe_hang.analysis.rules import RULES, diagnose
 from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.evidence.flight_recorder import FRDump, PgStatus
 from moe_hang.evidence.model import Evidence, RankEvidence
-from moe_hang.evidence.ras import LAUNCH_COUNTS_CAVEAT, RasPoll, parse_report
+from moe_hang.evidence.ras import RasPoll, parse_report
 from moe_hang.evidence.ras_files import attach_ras, read_ras_files
 
 RAS = FIXTURES / "ras"

@@ -11,22 +11,19 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+from moe_hang.analysis.ras.compare import compare_reports
+from moe_hang.analysis.ras.counts import LAUNCH_COUNTS_CAVEAT, launched, ordinal, with_launch_caveat
+from moe_hang.analysis.ras.findings import COUNT_KINDS, FindingKind
 from moe_hang.evidence.ras import (
-    COUNT_KINDS,
-    LAUNCH_COUNTS_CAVEAT,
-    FindingKind,
     RankState,
     RasCommunicator,
     RasRankFlags,
     RasReport,
     RasReportError,
     comm_global_ranks,
-    compare_reports,
     load_report,
     parse_report,
-    with_launch_caveat,
 )
-from moe_hang.evidence.ras.counts import launched, ordinal
 from moe_hang.evidence.ras.jsonreport import REPAIRED_COMMA, canonical_hash
 
 RAS = FIXTURES / "ras"

@@ -13,10 +13,11 @@ import pytest
 from conftest import FIXTURES, run_cli
 from test_ras_client import JSON, FakeRas
 
+from moe_hang.analysis.ras.findings import FindingKind
+from moe_hang.analysis.ras.reading import read_ras
 from moe_hang.capture import ncclras
 from moe_hang.capture.ras_job import backend_of, capture_ras, poll_into
 from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
-from moe_hang.evidence.ras import FindingKind
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.probe.layout import RunLayout
 
@@ -78,8 +79,8 @@ def test_two_polls_into_the_run_directory_and_back(tmp_path):
              for r in range(4)}
     ev = Evidence(ranks=ranks, world_size=4)
     attach_run_ras(ev, tmp_path)
-    assert ev.ras is not None and ev.ras.compared
-    (f,) = ev.ras.comparison.of(FindingKind.FROZEN_MISMATCH)
+    assert ev.ras is not None and read_ras(ev.ras).compared
+    (f,) = read_ras(ev.ras).comparison.of(FindingKind.FROZEN_MISMATCH)
     assert f.global_ranks == (3,)
 
 
@@ -90,7 +91,7 @@ def test_ras_off_or_unreachable_is_a_note(tmp_path):
     assert not poll_into(layout, backend="nccl", env={"NCCL_RAS_ENABLE": "0"})
     ev = Evidence(ranks={})
     attach_run_ras(ev, layout.root)
-    assert ev.ras is not None and "RAS is off" in ev.ras.lines()[0]
+    assert ev.ras is not None and "RAS is off" in read_ras(ev.ras).lines()[0]
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,7 +103,7 @@ def test_ras_off_or_unreachable_is_a_note(tmp_path):
     ev = Evidence(ranks={})
     attach_run_ras(ev, layout.root)
     assert ev.ras is not None and ev.ras.polls == ()
-    assert "127.0.0.1" in ev.ras.lines()[0]
+    assert "127.0.0.1" in read_ras(ev.ras).lines()[0]
 
 
 # ----------------------------------------------------------------------------- the CLI

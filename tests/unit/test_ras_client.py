@@ -15,10 +15,11 @@ import psutil
 import pytest
 from conftest import FIXTURES
 
+from moe_hang.analysis.ras.compare import compare_reports
+from moe_hang.analysis.ras.findings import FindingKind
 from moe_hang.capture import ncclras
 from moe_hang.capture.ras import RasEndpoint, query_ras, ras_endpoint, take_two
 from moe_hang.errors import MoeHangError
-from moe_hang.evidence.ras import FindingKind, compare_reports
 
 RAS = FIXTURES / "ras"
 JSON = (RAS / "frozen_mismatch_poll1.json").read_bytes()

@@ -11,12 +11,13 @@ import shutil
 import pytest
 from conftest import FIXTURES
 
+from moe_hang.analysis.ras.counts import LAUNCH_COUNTS_CAVEAT
+from moe_hang.analysis.ras.findings import FindingKind
+from moe_hang.analysis.ras.reading import read_ras
 from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.ras import (
     BY_PROCESS,
     BY_WORLD,
-    LAUNCH_COUNTS_CAVEAT,
-    FindingKind,
     RasPoll,
     RasReportError,
     infer_global_ranks,
@@ -35,7 +36,7 @@ def polls(*names: str) -> list[RasPoll]:
 
 
 def test_two_polls_are_ordered_by_their_timestamps_whatever_the_order_given():
-    ev = ras_evidence(polls("frozen_mismatch_poll2.json", "frozen_mismatch_poll1.json"))
+    ev = read_ras(ras_evidence(polls("frozen_mismatch_poll2.json", "frozen_mismatch_poll1.json")))
     assert [p.source.rsplit("/", 1)[-1] for p in ev.polls] == [
         "frozen_mismatch_poll1.json", "frozen_mismatch_poll2.json"]
     assert ev.compared and ev.interval_s == 5.0
@@ -43,7 +44,7 @@ def test_two_polls_are_ordered_by_their_timestamps_whatever_the_order_given():
 
 
 def test_one_poll_cannot_tell_frozen_but_says_where_counts_differ():
-    ev = ras_evidence(polls("mismatch_4node_2.28.9.json"))
+    ev = read_ras(ras_evidence(polls("mismatch_4node_2.28.9.json")))
     assert not ev.compared and ev.interval_s is None
     (f,) = ev.comparison.of(FindingKind.COUNTS_DIFFER)
     assert f.ranks == (1,) and f.count == 100 and f.ahead == 101 and f.ahead_ranks == (0, 2, 3)
@@ -54,7 +55,7 @@ def test_one_poll_cannot_tell_frozen_but_says_where_counts_differ():
 
 def test_the_same_second_twice_is_one_poll():
     p = polls("frozen_mismatch_poll1.json")[0]
-    ev = ras_evidence([p, RasPoll(p.report, "again")])
+    ev = read_ras(ras_evidence([p, RasPoll(p.report, "again")]))
     assert not ev.compared and any("cannot be told" in n for n in ev.notes)
 
 
@@ -130,9 +131,11 @@ def test_a_captures_polls_are_read_back_with_its_processes(tmp_path):
     ev = Evidence(ranks={r: RankEvidence(rank=r, pid=23300 + r, host="node-a" if r < 2
                                          else "node-b") for r in range(4)}, world_size=4)
     attach_run_ras(ev, tmp_path)
-    assert ev.ras is not None and ev.ras.compared and ev.ras.interval_s == 3.02
+    assert ev.ras is not None and ev.ras.interval_s == 3.02
     assert ev.ras.mapped_by == BY_PROCESS
-    (f,) = ev.ras.comparison.of(FindingKind.FROZEN_MISMATCH)
+    reading = read_ras(ev.ras)
+    assert reading.compared and reading.interval_s == 3.02
+    (f,) = reading.comparison.of(FindingKind.FROZEN_MISMATCH)
     assert f.global_ranks == (3,)
 
 
@@ -144,7 +147,7 @@ def test_a_failed_live_poll_is_a_note(tmp_path):
     ev = Evidence(ranks={})
     attach_run_ras(ev, tmp_path)
     assert ev.ras is not None and ev.ras.polls == ()
-    assert ev.ras.lines() == ["NCCL RAS: RAS at localhost:28028: connection refused"]
+    assert read_ras(ev.ras).lines() == ["NCCL RAS: RAS at localhost:28028: connection refused"]
 
 
 def test_no_ras_directory_no_ras_evidence(tmp_path):

@@ -1,4 +1,4 @@
-"""NCCL's own evidence: the RAS status report (NCCL >= 2.24), read and compared — pure.
+"""NCCL's own evidence: the RAS status report (NCCL >= 2.24), read — pure.
 
 Every NCCL process runs a RAS thread; any of them answers a client on ``localhost:28028``
 (``NCCL_RAS_ADDR``) with the state of every communicator of the job, gathered from all its
@@ -9,34 +9,22 @@ launched.
 Those counts are **launch counts, without send/recv**: NCCL bumps them when a collective's
 kernel is launched, not when it completes, only for Broadcast, Reduce, AllGather, ReduceScatter
 and AllReduce (no send/recv, hence no all-to-all), and not for collectives captured in CUDA
-graphs. Every sentence built from them says so (:func:`with_launch_caveat`,
-:data:`LAUNCH_COUNTS_CAVEAT`). Two reports a few seconds apart tell moving from frozen, and in a
-frozen communicator whose counts disagree, the ranks behind never launched what the others
-wait in (:func:`compare_reports`).
+graphs. Two reports a few seconds apart tell moving from frozen, and in a frozen communicator
+whose counts disagree, the ranks behind never launched what the others wait in.
 
 ``read`` (either format) -> ``records`` (:class:`RasReport`); ``ranks`` maps communicator ranks
 to global ranks by (host, pid), ``mapping`` infers what the tool knows no alias for;
-``compare`` (+ ``states``) turns two reports (or one) into :class:`RasFinding` s;
 ``evidence`` (:class:`RasEvidence`) is what a diagnosis holds of them; the capture side
-(asking a live job) is :mod:`moe_hang.capture.ras`.
+(asking a live job) is :mod:`moe_hang.capture.ras`. What they say together (moving, frozen,
+behind, and the sentences, each with the launch caveat) is :mod:`moe_hang.analysis.ras`'s.
 """
 
-from moe_hang.evidence.ras.compare import compare_reports, one_report
-from moe_hang.evidence.ras.counts import LAUNCH_COUNTS_CAVEAT, launched, with_launch_caveat
 from moe_hang.evidence.ras.evidence import (
-    MIN_INTERVAL_S,
     RasEvidence,
     RasPoll,
     differ,
     order_polls,
     ras_evidence,
-)
-from moe_hang.evidence.ras.findings import (
-    COUNT_KINDS,
-    FindingKind,
-    RasCommProgress,
-    RasComparison,
-    RasFinding,
 )
 from moe_hang.evidence.ras.mapping import BY_PROCESS, BY_WORLD, infer_global_ranks
 from moe_hang.evidence.ras.ranks import ProcessKey, comm_global_ranks, global_rank_maps
@@ -56,11 +44,9 @@ from moe_hang.evidence.ras.records import (
 )
 
 __all__ = [
-    "BY_PROCESS", "BY_WORLD", "COUNTED_OPS", "COUNT_KINDS", "DEFAULT_PORT",
-    "LAUNCH_COUNTS_CAVEAT", "MIN_INTERVAL_S", "FindingKind", "ProcessKey", "RankState",
-    "RasCommProgress", "RasCommunicator", "RasComparison", "RasCountGroup", "RasEvidence",
-    "RasFinding", "RasMissingRank", "RasPoll", "RasRank", "RasRankFlags", "RasReport",
-    "RasReportError", "RasStatusGroup", "comm_global_ranks", "compare_reports", "differ",
-    "global_rank_maps", "infer_global_ranks", "launched", "load_report", "one_report",
-    "order_polls", "parse_report", "ras_evidence", "with_launch_caveat",
+    "BY_PROCESS", "BY_WORLD", "COUNTED_OPS", "DEFAULT_PORT", "ProcessKey", "RankState",
+    "RasCommunicator", "RasCountGroup", "RasEvidence", "RasMissingRank", "RasPoll", "RasRank",
+    "RasRankFlags", "RasReport", "RasReportError", "RasStatusGroup", "comm_global_ranks",
+    "differ", "global_rank_maps", "infer_global_ranks", "load_report", "order_polls",
+    "parse_report", "ras_evidence",
 ]

@@ -9,7 +9,7 @@ hang inside one collective everyone launched â€” a transport or hardware fault â
 outside NCCL): *frozen equal*. Counts that went down are not compared (a communicator re-made
 under the same hash; SGLang reports all-zero samples from busy jobs). States come from the
 second, latest report. Every sentence built from counts carries the launch caveat
-(:mod:`moe_hang.evidence.ras.counts`).
+(:mod:`moe_hang.analysis.ras.counts`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from moe_hang.evidence.ras.counts import launched, ordinal, with_launch_caveat
-from moe_hang.evidence.ras.findings import (
+from moe_hang.analysis.ras.counts import launched, ordinal, with_launch_caveat
+from moe_hang.analysis.ras.findings import (
     FindingKind,
     Namer,
     RasCommProgress,
     RasComparison,
     RasFinding,
 )
+from moe_hang.analysis.ras.states import state_findings
 from moe_hang.evidence.ras.ranks import ProcessKey, global_rank_maps
 from moe_hang.evidence.ras.records import (
     COUNTED_OPS,
@@ -32,7 +33,6 @@ from moe_hang.evidence.ras.records import (
     RasCountGroup,
     RasReport,
 )
-from moe_hang.evidence.ras.states import state_findings
 from moe_hang.evidence.vocab import who
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S"  # the writer's strftime("%F %T"), local time

@@ -3,7 +3,7 @@ errors, aborts, finalizing and initializing ranks — pure (no counts: no launch
 
 from __future__ import annotations
 
-from moe_hang.evidence.ras.findings import FindingKind, Namer, RasFinding
+from moe_hang.analysis.ras.findings import FindingKind, Namer, RasFinding
 from moe_hang.evidence.ras.records import (
     NCCL_IN_PROGRESS,
     RankState,
