@@ -19,7 +19,8 @@ from moe_hang.analysis.mismatch import mismatch_kind
 from moe_hang.analysis.rankstate import rank_view, to_rc
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.model import Heartbeat, RankEvidence
+from moe_hang.evidence.model import RankEvidence
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import in_backward
 from moe_hang.evidence.vocab import RankState
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_hang.analysis.timeline import RankView, RankViews, StackView, beat_counts
-from moe_hang.evidence.model import said_exiting
+from moe_hang.evidence.probe_records import said_exiting
 from moe_hang.evidence.vocab import RankState
 
 

@@ -26,7 +26,8 @@ from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
-from moe_hang.evidence.model import Evidence, RankError, RankEvidence, said_exiting
+from moe_hang.evidence.model import Evidence, RankError, RankEvidence
+from moe_hang.evidence.probe_records import said_exiting
 from moe_hang.evidence.vocab import JobState, RankState
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own

@@ -19,8 +19,9 @@ from moe_hang.analysis.diagnosis import (
     TimelineCell,
 )
 from moe_hang.evidence.flight_recorder import Collective, entry_to_collective
-from moe_hang.evidence.model import Heartbeat, PostedRecord, RankEvidence
+from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
+from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,

@@ -31,14 +31,8 @@ from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence import identity, rankid
 from moe_hang.evidence.flight_recorder import postmortem
 from moe_hang.evidence.load import load_capture, load_captures
-from moe_hang.evidence.model import (
-    Evidence,
-    Heartbeat,
-    ProcessRecord,
-    ProcessTable,
-    RankEvidence,
-    Unreached,
-)
+from moe_hang.evidence.model import Evidence, ProcessRecord, ProcessTable, RankEvidence, Unreached
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.ras import RasPoll
 from moe_hang.evidence.ras_files import attach_ras, other_job
 from moe_hang.evidence.vocab import JobState, who

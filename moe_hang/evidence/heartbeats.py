@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moe_hang.evidence.model import Heartbeat
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.probe.layout import RankFiles
 
 

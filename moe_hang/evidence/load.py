@@ -14,16 +14,9 @@ from typing import Any
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.errors import log_tracebacks, unwrap, with_original
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
-from moe_hang.evidence.model import (
-    Evidence,
-    Heartbeat,
-    PostedRecord,
-    ProcessTable,
-    RankError,
-    RankEvidence,
-    Restarts,
-)
+from moe_hang.evidence.model import Evidence, ProcessTable, RankError, RankEvidence, Restarts
 from moe_hang.evidence.posted_log import read_posted_log
+from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.evidence.routing import read_routing
 from moe_hang.evidence.source import SourceFacts

@@ -23,7 +23,7 @@ from typing import Any
 
 from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.heartbeats import read_heartbeats
-from moe_hang.evidence.model import Heartbeat
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import collective_of
 from moe_hang.evidence.vocab import JobState, StrEnum, who
 from moe_hang.probe.layout import RankFiles

@@ -218,7 +218,8 @@ def test_a_computing_rank_is_a_straggler_not_a_hang():
 
 def test_same_op_same_size_but_different_expert_is_a_skip():
     """FSDP all-gathers of two experts look identical to the recorder; the probe's tags don't."""
-    from moe_hang.evidence.model import PostedRecord, RankEvidence
+    from moe_hang.evidence.model import RankEvidence
+    from moe_hang.evidence.probe_records import PostedRecord
 
     def recs(tags, start=10):
         return [PostedRecord(seq=start + i, op="all_gather", pg="0", phase="forward", tag=t,
@@ -237,7 +238,7 @@ def test_same_op_same_size_but_different_expert_is_a_skip():
 
 def test_heartbeats_alone_catch_a_size_mismatch():
     from moe_hang.analysis.align import quick_divergence
-    from moe_hang.evidence.model import Heartbeat
+    from moe_hang.evidence.probe_records import Heartbeat
 
     def hb(rank, rows):
         return Heartbeat.parse({"rank": rank, "pid": 100 + rank, "pg_status": {"0": {"enqueued": 5,
@@ -256,7 +257,8 @@ def test_two_groups_each_missing_a_rank_blames_the_one_that_went_past(barrier_fi
     """Rank 3 skipped group 2's all-reduce and waits in the barrier; rank 2 waits in that
     all-reduce, so it is also missing from the barrier. Only rank 3 skipped anything,
     whichever collective the recorder saw first."""
-    from moe_hang.evidence.model import Heartbeat, PostedRecord, RankEvidence
+    from moe_hang.evidence.model import RankEvidence
+    from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 
     t_ar, t_bar = (2e18, 1e18) if barrier_first else (1e18, 2e18)
 

@@ -13,7 +13,8 @@ from conftest import captured
 
 from moe_hang.analysis.rules import diagnose as _diagnose
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
-from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence, SizeAbort
+from moe_hang.evidence.model import Evidence, RankEvidence, SizeAbort
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import JobState
 

@@ -22,7 +22,8 @@ from moe_hang.analysis.source import (
 from moe_hang.capture.source import read_facts
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.model import Evidence, Heartbeat, PostedRecord, RankError, RankEvidence
+from moe_hang.evidence.model import Evidence, RankError, RankEvidence
+from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
 

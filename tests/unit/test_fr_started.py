@@ -160,7 +160,7 @@ def test_a_coalesced_op_is_as_far_as_its_least_advanced_member():
 
 
 def test_the_probe_keeps_states_and_times_of_pending_entries():
-    from moe_hang.evidence.model import parse_pg_status
+    from moe_hang.evidence.probe_records import parse_pg_status
     from moe_hang.probe import sample
 
     for k in ("state", "time_discovered_started_ns", "time_discovered_completed_ns",

@@ -443,7 +443,7 @@ def test_two_communicators_waiting_on_each_other_name_both_uncertainly():
 @pytest.mark.parametrize("never", [None, 2])
 def test_from_the_probes_heartbeats_as_watch_sees_them(never):
     """watch's view: no dump, each rank's heartbeat with its pending entry and pg_status."""
-    from moe_hang.evidence.model import Heartbeat
+    from moe_hang.evidence.probe_records import Heartbeat
 
     ranks = {}
     for r in range(4):

@@ -9,7 +9,8 @@ import pytest
 
 from moe_hang.analysis.rankstate import rank_view
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
-from moe_hang.evidence.model import Heartbeat, RankEvidence
+from moe_hang.evidence.model import RankEvidence
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import Frame, ThreadStack, other_thread
 from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime import coord

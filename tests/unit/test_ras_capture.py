@@ -17,7 +17,8 @@ from moe_hang.analysis.ras.findings import FindingKind
 from moe_hang.analysis.ras.reading import read_ras
 from moe_hang.capture import ncclras
 from moe_hang.capture.ras_job import backend_of, capture_ras, poll_into
-from moe_hang.evidence.model import Evidence, Heartbeat, RankEvidence
+from moe_hang.evidence.model import Evidence, RankEvidence
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.probe.layout import RunLayout
 

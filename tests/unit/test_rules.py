@@ -21,13 +21,13 @@ from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import (
     Evidence,
-    Heartbeat,
     RankError,
     RankEvidence,
     Restarts,
     SizeAbort,
     Unreached,
 )
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import Frame, ThreadStack
 from moe_hang.evidence.vocab import JobState
 

@@ -14,9 +14,10 @@ from moe_hang.evidence.errors import unwrap
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective, FRDump, PgStatus
 from moe_hang.evidence.flight_recorder import load as load_dump
 from moe_hang.evidence.load import dumped_threads, load_capture, read_source
-from moe_hang.evidence.model import Evidence, Heartbeat, RankError, RankEvidence, SizeAbort
+from moe_hang.evidence.model import Evidence, RankError, RankEvidence, SizeAbort
 from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.posted_log import PostedLog, read_posted_log
+from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
     Frame,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_hang.evidence.model import parse_p2p
+from moe_hang.evidence.probe_records import parse_p2p
 from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.coord.codec import SCHEMA, _int_or_none, decode, encode
 
