@@ -36,8 +36,9 @@ from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import FROZEN, EventKind, WatchEvent, WatchSettings, watch
+from moe_hang.runtime.monitor import watch
 from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
+from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, WatchSettings
 from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from moe_hang.analysis.activity import Motion, judge
 from moe_hang.capture import window
-from moe_hang.runtime.monitor import RoundRank, Sampler
+from moe_hang.runtime.watchevent import RoundRank, Sampler
 
 
 def sampler(*, native: bool = False) -> Sampler:

@@ -22,8 +22,9 @@ from moe_hang.evidence.model import Evidence, ProcessRecord, ProcessTable, Unrea
 from moe_hang.evidence.torchrun_log import parse_torchrun_failures, read_job_log
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
-from moe_hang.runtime.monitor import FROZEN, EventKind, Phase, ProgressSample, WatchEvent
 from moe_hang.runtime.procs import defer_interrupt, is_alive
+from moe_hang.runtime.progress import ProgressSample
+from moe_hang.runtime.watchevent import FROZEN, EventKind, Phase, WatchEvent
 
 __all__ = ["Interrupted", "Phase", "capture_frozen", "crash_onset", "diagnose_capture",
            "interruptible", "record_source", "save"]

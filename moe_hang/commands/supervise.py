@@ -30,14 +30,9 @@ from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.evidence.vocab import who
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import rundir
-from moe_hang.runtime.monitor import (
-    FROZEN,
-    ON_DEMAND,
-    EventKind,
-    Monitor,
-    WatchEvent,
-)
+from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive
+from moe_hang.runtime.watchevent import FROZEN, ON_DEMAND, EventKind, WatchEvent
 
 
 @dataclass

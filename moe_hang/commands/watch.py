@@ -49,8 +49,9 @@ from moe_hang.probe import probe
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, launcher, rundir, shim
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent, WatchSettings, world_of
+from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive, starting_child
+from moe_hang.runtime.watchevent import EventKind, WatchEvent, WatchSettings, world_of
 
 PROBE_SITE = Path(probe.__file__).resolve().parent / "_site"
 

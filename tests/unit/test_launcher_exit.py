@@ -13,7 +13,7 @@ from conftest import ROOT
 
 from moe_hang.commands import watch as watch_cmd
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import EventKind, WatchEvent
+from moe_hang.runtime.watchevent import EventKind, WatchEvent
 
 pytestmark = pytest.mark.timeout(60)
 

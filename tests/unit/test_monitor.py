@@ -19,7 +19,8 @@ import pytest
 from conftest import ROOT
 
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import WatchSettings, watch
+from moe_hang.runtime.monitor import watch
+from moe_hang.runtime.watchevent import WatchSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,7 +118,7 @@ def test_progress_sample_tells_running_orphans_from_frozen_ones(tmp_path):
     answering a dump request); one gone has no answer."""
     from conftest import wait_blocked
 
-    from moe_hang.runtime.monitor import ProgressSample
+    from moe_hang.runtime.progress import ProgressSample
 
     busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=20)], start_new_session=True)
     idle = subprocess.Popen([sys.executable, "-c", IDLE.format(s=20)], start_new_session=True)

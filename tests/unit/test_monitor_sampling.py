@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import EventKind, Monitor, RoundRank, WatchSettings
+from moe_hang.runtime.monitor import Monitor
+from moe_hang.runtime.watchevent import EventKind, RoundRank, WatchSettings
 
 pytestmark = pytest.mark.timeout(60)
 

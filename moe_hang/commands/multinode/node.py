@@ -35,8 +35,9 @@ from moe_hang.runtime.coord import (
     StoreChannel,
 )
 from moe_hang.runtime.coord.relay import RELAY_KEY, Relay, local_address, open_relay
-from moe_hang.runtime.monitor import FROZEN, EventKind, Monitor, WatchEvent, world_of
+from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive
+from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, world_of
 
 if TYPE_CHECKING:
     from moe_hang.runtime.launcher import LaunchedJob

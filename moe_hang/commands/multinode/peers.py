@@ -9,7 +9,8 @@ from collections.abc import Callable
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.commands.multinode.node import Node
 from moe_hang.commands.supervise import AloneOnNode, Peers
-from moe_hang.runtime.monitor import EventKind, Monitor, WatchEvent
+from moe_hang.runtime.monitor import Monitor
+from moe_hang.runtime.watchevent import EventKind, WatchEvent
 
 
 class NodePeers:

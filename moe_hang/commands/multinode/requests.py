@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from moe_hang.runtime.coord import CaptureRequest
-from moe_hang.runtime.monitor import EventKind
+from moe_hang.runtime.watchevent import EventKind
 
 
 def request_kind(req: CaptureRequest | None) -> EventKind:
