@@ -150,20 +150,34 @@ VERDICT_MAKERS = {"moe_hang.analysis.rules", "moe_hang.analysis.failures",
                   "moe_hang.analysis.p2p", "moe_hang.analysis.dumps_only",
                   "moe_hang.analysis.unreached", "moe_hang.analysis.diagnosis",
                   "moe_hang.analysis.conclusion", "moe_hang.analysis.ras.failures",
-                  "moe_hang.analysis.ras.launches",
-                  "moe_hang.analysis.transport"}
+                  "moe_hang.analysis.ras.launches", "moe_hang.analysis.cycles",
+                  "moe_hang.analysis.waiting", "moe_hang.analysis.transport"}
 
 
 def _sets_verdict(path: Path) -> list[int]:
+    """Lines that make a verdict: ``verdict=`` or ``.verdict =``, and any ``Verdict.X`` that is
+    not read (``Conclusion(Verdict.HANG, ...)``, ``v = Verdict.DESYNC``)."""
+    tree = ast.parse(path.read_text())
+    # read, not made: compared with, a member of a set of verdicts, a key of a lookup
+    compared = {id(a) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                for a in ast.walk(node)}
+    compared |= {id(e) for node in ast.walk(tree) if isinstance(node, (ast.Tuple, ast.List,
+                                                                      ast.Set))
+                 for e in node.elts}
+    compared |= {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict)
+                 for k in node.keys if k is not None}
     lines = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "verdict":
             lines.append(node.value.lineno)
         targets = node.targets if isinstance(node, ast.Assign) else (
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         lines.extend(t.lineno for t in targets
                      if isinstance(t, ast.Attribute) and t.attr == "verdict")
-    return lines
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "Verdict" and id(node) not in compared):
+            lines.append(node.lineno)
+    return sorted(set(lines))
 
 
 def test_verdicts_are_made_only_in_the_rules() -> None:
@@ -173,6 +187,16 @@ def test_verdicts_are_made_only_in_the_rules() -> None:
     assert not bad, bad
 
 
+def test_the_verdict_check_sees_a_verdict_passed_by_position(tmp_path: Path) -> None:
+    p = tmp_path / "m.py"
+    p.write_text("def f(d):\n    if d.verdict == Verdict.HANG:\n        return 1\n"
+                 "    v = Verdict.DESYNC if d else Verdict.HANG\n"
+                 "    if d.verdict in (Verdict.HANG, Verdict.CRASH):\n        return 2\n"
+                 "    return Conclusion(Verdict.CRASH, [])\n")
+    assert _sets_verdict(p) == [4, 7]
+
+
+_CACHES = {"lru_cache", "cache"}  # a memo kept between calls is state
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault",
              "add", "discard", "remove", "__setitem__"}
 
@@ -193,6 +217,8 @@ def _module_state(path: Path) -> list[str]:
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
+        found.extend(f"{ast.unparse(d)} on {fn.name}" for d in fn.decorator_list
+                     if ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] in _CACHES)
         for node in ast.walk(fn):
             if isinstance(node, ast.Global):
                 found.append(f"global {', '.join(node.names)} in {fn.name}")
@@ -218,6 +244,9 @@ def test_the_state_check_can_fail(tmp_path: Path) -> None:
     p = tmp_path / "m.py"
     p.write_text("_CACHE = {}\n\ndef f(k):\n    _CACHE[k] = 1\n    _CACHE.clear()\n")
     assert sorted(_module_state(p)) == ["_CACHE.clear in f", "_CACHE[...] = in f"]
+    p.write_text("import functools\n\n@functools.lru_cache(maxsize=8)\ndef g(k):\n"
+                 "    return k\n")
+    assert _module_state(p) == ["functools.lru_cache(maxsize=8) on g"]
 
 
 RUN_FILES = {"meta.json", "config.json", "processes.json", "diagnosis.json", "console.log",

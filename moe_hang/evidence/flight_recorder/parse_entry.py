@@ -4,7 +4,6 @@ the small field parsers, operation names, frames, and an entry as a :class:`Coll
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -122,7 +121,6 @@ _COALESCED = {"allgather_coalesced": "all_gather", "reduce_scatter_coalesced": "
 _P2P_NAME = re.compile(r"^(send|recv)\s*(-?\d+)?\s*(->|<-)?\s*(-?\d+)?$")
 
 
-@functools.lru_cache(maxsize=4096)  # a few dozen distinct names, millions of entries
 def op_name(profiling_name: str) -> str:
     """``nccl:ALLGATHER_coalesced`` -> ``all_gather``; ``nccl:send 0->1`` -> ``send``."""
     tail = profiling_name.rsplit(":", 1)[-1].strip()
@@ -144,10 +142,18 @@ def _p2p_locals(profiling_name: str) -> tuple[int | None, int | None]:
 
 class _Frames:
     """Frames converted once per distinct recorded stack (the pickle shares frame dicts, and
-    often the list, between entries)."""
+    often the list, between entries), and op names once per distinct name (a few dozen in
+    a dump of millions of entries) — for one dump's parse, never kept beyond it."""
 
     def __init__(self) -> None:
         self._by_id: dict[tuple[int, ...], list[Frame]] = {}
+        self._ops: dict[str, str] = {}
+
+    def op(self, profiling_name: str) -> str:
+        hit = self._ops.get(profiling_name)
+        if hit is None:
+            hit = self._ops[profiling_name] = op_name(profiling_name)
+        return hit
 
     def __call__(self, raw: Any) -> list[Frame]:
         if not raw or not isinstance(raw, list):
@@ -173,12 +179,13 @@ def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
         return None
     raw = str(e.get("profiling_name", ""))
     rid = e.get("record_id")
+    memo = frames or _Frames()
     return Collective(
-        pg=pg_name, seq=seq, op=op_name(raw), raw_op=raw, pg_desc=pg_desc,
+        pg=pg_name, seq=seq, op=memo.op(raw), raw_op=raw, pg_desc=pg_desc,
         input_sizes=_sizes(e.get("input_sizes")), output_sizes=_sizes(e.get("output_sizes")),
         dtypes=[str(d) for d in e.get("input_dtypes") or []],
         time_created_ns=_time(e.get("time_created_ns")),
-        frames=(frames or _Frames())(e.get("frames")),
+        frames=memo(e.get("frames")),
         completed=True if e.get("state") == "completed" else None, source=source,
         record_id=rid if isinstance(rid, int) else None, **_timing(e), **_thread(e))
 
@@ -187,7 +194,7 @@ def _p2p_entry(e: dict[str, Any], completed: bool | None,
                pg_ranks: dict[str, tuple[int, ...]],
                frames: _Frames) -> P2PEntry | None:
     raw = str(e.get("profiling_name", ""))
-    op = op_name(raw)
+    op = frames.op(raw)
     if op not in ("send", "recv"):
         return None  # the "nccl:coalesced" that closes a batch
     pg_name, pg_desc = _pg_of(e)
