@@ -38,6 +38,7 @@ from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import watch
 from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
+from moe_hang.runtime.reference import await_reference, reference_report
 from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, WatchSettings
 from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
 
@@ -77,17 +78,8 @@ def _finish_reference(ref: subprocess.Popen[bytes], layout: RunLayout, compare: 
                 ref.stdin.close()
         if not compare:
             return None
-        try:
-            ref.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise MoeHangError(f"the single-process reference did not finish within "
-                               f"{timeout:.0f} s (see {layout.reference_log})") from None
-        try:
-            return ReferenceReport.parse(json.loads(layout.reference.read_text()))
-        except (OSError, ValueError, TypeError):
-            tail = layout.reference_log.read_text(errors="replace").strip()[-300:]
-            raise MoeHangError(f"the single-process reference failed: {tail or 'no output'}"
-                               ) from None
+        await_reference(ref, timeout, layout.reference_log)
+        return reference_report(layout.reference, layout.reference_log)
     finally:
         end_tree(ref, tracker, grace=1.0)
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.analysis.plans import CheckResult
-from moe_hang.analysis.runs import ReferenceReport
 from moe_hang.errors import MoeHangError
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.routing import ENV_ROUTER
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.procs import Tracker, end_tree
+from moe_hang.runtime.reference import await_reference, reference_report
 
 
 class HangReproduced(AssertionError):
@@ -146,20 +146,10 @@ def _compare(res: CheckResult, args: list[str], timeout_s: float) -> None:
                  "--runs", json.dumps(spec)], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, env=launcher.job_env(), start_new_session=True)
         tracker.add(proc.pid)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise MoeHangError(f"the single-process reference did not finish within "
-                               f"{timeout_s:.0f} s (see {log_path})") from None
+        await_reference(proc, timeout_s, log_path)
     finally:
         end_tree(proc, tracker, grace=1.0)
     for r in runs:
-        try:
-            r.reference = ReferenceReport.parse(json.loads(
-                RunLayout(Path(r.run_dir)).reference.read_text()))
-        except (OSError, ValueError, TypeError):
-            tail = log_path.read_text(errors="replace").strip()[-400:]
-            raise MoeHangError(f"the single-process reference failed: {tail or 'no output'}"
-                               ) from None
+        r.reference = reference_report(RunLayout(Path(r.run_dir)).reference, log_path)
     res.compared = True
     rundir.write_json(res.run_dir / "check.json", res.to_dict())

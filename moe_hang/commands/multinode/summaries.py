@@ -165,14 +165,9 @@ def _placed_by_poster(history: list[PendingCollective], files: RankFiles) -> Non
     same op in the probe's dump taken after it was posted: that thread's lines are where it
     was posted. The analysing node has only the main thread's sample of this rank, and a
     metrics thread's all-reduce on a group of its own is not at the main thread's line."""
-    try:
-        marker = json.loads(files.dump_marker.read_text())
-        text = files.stack.read_text(errors="replace")
-    except (OSError, ValueError):
+    if (dump := _probe_dump(files)) is None:
         return
-    t = marker.get("time") if isinstance(marker, dict) else None
-    if not isinstance(t, (int, float)):
-        return
+    t, _reason, text = dump
     threads = {n: th for th in dumped_threads(text)
                if (n := thread_number(th.thread_id)) is not None}
     for h in history:
@@ -191,14 +186,10 @@ def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
     collectives between two beats, and the capture's own loader reads the dump, so the
     node's summary must say the same (fuzz 4071993 job 44: a beat from init_process_group,
     a SIGTERM dump a tenth of a second later in the step's all-reduce)."""
-    try:
-        marker = json.loads(files.dump_marker.read_text())
-        text = files.stack.read_text(errors="replace")
-    except (OSError, ValueError):
+    if (dump := _probe_dump(files)) is None:
         return
-    t = marker.get("time") if isinstance(marker, dict) else None
-    if not isinstance(t, (int, float)) or marker.get("reason") == "exception" \
-            or (r.beat_time is not None and t <= r.beat_time):
+    t, reason, text = dump
+    if reason == "exception" or (r.beat_time is not None and t <= r.beat_time):
         return
     main = main_thread(dumped_threads(text))
     if main is None or not main.frames:
@@ -206,6 +197,17 @@ def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
     r.stack = [f"{f.file}:{f.line}:{f.function}" for f in main.frames][:MAX_STACK_FRAMES]
     r.callsite = next((f"{f.file}:{f.line}:{f.function}" for f in main.frames
                        if not is_library_frame(f)), None)
+
+
+def _probe_dump(files: RankFiles) -> tuple[float, object, str] | None:
+    """The probe's last dump of every thread: when it was written, why, and its text."""
+    try:
+        marker = json.loads(files.dump_marker.read_text())
+        text = files.stack.read_text(errors="replace")
+    except (OSError, ValueError):
+        return None
+    t = marker.get("time") if isinstance(marker, dict) else None
+    return (float(t), marker.get("reason"), text) if isinstance(t, (int, float)) else None
 
 
 def _thread_ids(files: RankFiles) -> list[str]:
