@@ -18,7 +18,7 @@ from moe_hang.analysis.ladder import (
 )
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
-from moe_hang.analysis.source import on_default_group
+from moe_hang.analysis.source import module_group, on_default_group
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -86,9 +86,11 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # the others' main threads are not in): counting ranks across groups says nothing
     # — unless the camp is a thread of the job's whose namesake on every other rank has
     # ended: those ranks will never post it, so it is one collective they all lack
-    apart = any(on_default_group(views.source, cs.file, cs.line) is False
-                and not _thread_gone_elsewhere(views, rs, sorted(ops))
-                for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
+    # (camps that all pass one group the module names once are on that one group)
+    apart = not _one_named_group(views, camps) and any(
+        on_default_group(views.source, cs.file, cs.line) is False
+        and not _thread_gone_elsewhere(views, rs, sorted(ops))
+        for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []
     for x in camp_readings("?", None, list(camps.values()), {}, views):
         x = replace(x, given={**x.given, CulpritBasis.SOURCE: _branch_of_all(x, camps, ctx)})
@@ -106,6 +108,15 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _one_named_group(views: RankViews, camps: dict[object, list[int]]) -> bool:
+    """Every camp's collective passes the same group, one the module names once at its top
+    level (``group=LOG`` on both lines): the ranks are counted on that one group."""
+    sites = [views[rs[0]].stack.callsite for rs in camps.values()]
+    names = {(cs.file, module_group(views.source, cs.file, cs.line)) if cs is not None
+             else ("", None) for cs in sites}
+    return len(names) == 1 and next(iter(names))[1] is not None
 
 
 def _thread_gone_elsewhere(views: RankViews, camp: list[int], ranks: list[int]) -> bool:

@@ -199,6 +199,13 @@ def enclosing_loop(src: SourceFacts, path: str, line: int) -> str | None:
     return loops[-1].header if loops else None
 
 
+def module_group(src: SourceFacts, path: str, line: int) -> str | None:
+    """The group the collective at ``line`` passes, where the module names it once at its
+    top level (the same object on every line that passes that name); None: not known."""
+    lf: LineFacts | None = src.line(path, line)
+    return lf.group if lf is not None else None
+
+
 def on_default_group(src: SourceFacts, path: str, line: int) -> bool | None:
     """Does the collective called at ``line`` run on the default group (no ``group=``)?
     None when the source does not say."""

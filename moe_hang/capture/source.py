@@ -63,6 +63,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         if tree is None:
             continue
         names, calls = _rank_names(tree), _collective_calls(tree)
+        once = _assigned_once(tree)
         waits = _wait_calls(tree)
         posted = {n: p for n in lines if (p := _posted_by(tree, waits, calls, n)) is not None}
         # the line a wait's collective was posted from is read too: its branch, its group
@@ -70,7 +71,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         _rank_condition(tree, n, names),
                                         _default_group(calls, n), _waits(waits, n),
-                                        posted.get(n))
+                                        posted.get(n), _group_name(calls, n, once))
                            for n in sorted(lines)}
     return out
 
@@ -279,6 +280,28 @@ def _default_group(calls: list[ast.Call], line: int) -> bool | None:
     if any(k.arg in ("group", "process_group") or k.arg is None for k in call.keywords):
         return False
     return True if len(call.args) <= 2 else None
+
+
+def _assigned_once(tree: ast.Module) -> set[str]:
+    """Names the module assigns exactly once, at its top level (``LOG = dist.new_group()``):
+    one object wherever the module passes them."""
+    top = [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+           for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+           if isinstance(t, ast.Name)]
+    anywhere = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)]
+    return {name for name in top if top.count(name) == 1 and anywhere.count(name) == 1}
+
+
+def _group_name(calls: list[ast.Call], line: int, once: set[str]) -> str | None:
+    """The group the collective at ``line`` passes (``group=LOG``), where it is a name the
+    module assigns once at its top level."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1:
+        return None
+    got = next((k.value for k in here[0].keywords if k.arg in ("group", "process_group")),
+               None)
+    return got.id if isinstance(got, ast.Name) and got.id in once else None
 
 
 def _wait_calls(tree: ast.Module) -> list[ast.Call]:

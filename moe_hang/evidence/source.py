@@ -70,6 +70,9 @@ class LineFacts:
     # (``work = dist.all_reduce(g, async_op=True)`` ... ``work.wait()``), where the source
     # shows one assignment of that name from a collective before the wait
     posted: tuple[int, str] | None = None
+    # the group it passes, where that is a name the module assigns once, at its top level
+    # (``LOG = dist.new_group(...)``): every line that passes it posts on the same group
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -81,6 +84,8 @@ class LineFacts:
             d["waits"] = self.waits
         if self.posted is not None:
             d["posted"] = list(self.posted)
+        if self.group is not None:
+            d["group"] = self.group
         return d
 
     @classmethod
@@ -94,9 +99,11 @@ class LineFacts:
         raw = d.get("posted")
         posted = (raw[0], raw[1]) if isinstance(raw, list) and len(raw) == 2 \
             and isinstance(raw[0], int) and isinstance(raw[1], str) else None
+        group = d.get("group")
         return cls(tuple(steps), str(cond) if cond is not None else None,
                    dg if isinstance(dg, bool) else None,
-                   waits if waits in WAIT_METHODS else None, posted)
+                   waits if waits in WAIT_METHODS else None, posted,
+                   group if isinstance(group, str) and group else None)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import relocated
+from conftest import captured, relocated
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
@@ -867,3 +867,23 @@ def test_a_skipped_broadcast_in_an_fsdp_job_gets_no_module_advice(
     d = _diag(run)
     assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
     assert "dummy input" not in d["fix"] and ":79 <module>" in d["fix"], d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("op_swap_named_group_0", 4),
+                                           ("op_swap_named_group_1", 3)])
+def test_stacks_alone_count_ranks_on_one_group_the_module_names_once(
+        fixtures, tmp_path, name, culprit):
+    """FSDP2 on 6 ranks under diagnose, no probe, a busy neighbour (fuzz seed 58213907 job
+    18, and its mirror): one rank takes `if FAULTY and step == FAULT_STEP:` into
+    `dist.barrier(group=LOG)` (:79) while five wait in `all_gather_into_tensor(...,
+    group=LOG)` (:81). Both lines pass LOG, which the module assigns once: one group, so
+    the lone rank is the minority (was: "the evidence does not decide", all six named)."""
+    run = relocated(fixtures / name, tmp_path / "run",
+                    "/work/wt-fuzz/runs/fuzz-58213907/jobs", str(fixtures / "fuzz58213907_jobs"))
+    ev = captured(load_capture(run))
+    job = str(fixtures / "fuzz58213907_jobs" / "fuzz58213907_018_op_swap_fsdp2.py")
+    assert ev.source is not None and ev.source.line(job, 79).group == "LOG"
+    d = diagnose(ev).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "majority"), d["summary"]
+    assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`")

@@ -77,3 +77,34 @@ def test_the_analysis_opens_no_source_file(fixtures: Path, tmp_path: Path,
     got = diagnose(ev).to_dict()
     assert {k: got[k] for k in ("verdict", "culprit_ranks", "summary", "fix")} == \
         {k: expected[k] for k in ("verdict", "culprit_ranks", "summary", "fix")}
+
+
+GROUPS = """\
+import torch.distributed as dist
+
+LOG = dist.new_group([0, 1])
+SUB = dist.new_group([0])
+SUB = dist.new_group([1])
+
+
+def step(tp):
+    dist.barrier(group=LOG)  # LOG1
+    dist.all_reduce(x, group=LOG)  # LOG2
+    dist.all_reduce(x, group=SUB)  # TWICE
+    dist.all_reduce(x, group=tp)  # LOCAL
+    dist.all_reduce(x)  # DEFAULT
+"""
+
+
+def test_a_group_the_module_names_once_is_one_group_on_every_line(tmp_path: Path) -> None:
+    """``group=LOG`` on two lines is one group where the module assigns LOG once at its top
+    level; a name assigned twice, or a function's own, says nothing of which group."""
+    job = tmp_path / "train.py"
+    job.write_text(GROUPS)
+    lines = {k: _line(GROUPS, f"# {k}") for k in ("LOG1", "LOG2", "TWICE", "LOCAL", "DEFAULT")}
+    src = read_facts(Frame(str(job), n, "step") for n in lines.values())
+    back = SourceFacts.from_dict(json.loads(json.dumps(src.to_dict())))
+    got = {k: (lf.group, lf.default_group) for k, n in lines.items()
+           if (lf := back.line(str(job), n)) is not None}
+    assert got == {"LOG1": ("LOG", False), "LOG2": ("LOG", False), "TWICE": (None, False),
+                   "LOCAL": (None, False), "DEFAULT": (None, True)}
