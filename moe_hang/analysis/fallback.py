@@ -39,6 +39,9 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     ops: dict[int, str] = {r: op for r in waiting if (op := views[r].stack.op) is not None}
     if all(op == "unknown" for op in ops.values()):
         return None  # waits on collectives posted earlier, and nothing says which
+    # a rank that waits outside every collective (a lock, a queue) can hold up a group's
+    # collective as much as one still computing
+    elsewhere = [*elsewhere, *(r for r in waiting if r not in ops)]
     if len(set(ops.values())) > 1:
         camps: dict[object, list[int]] = {}
         for r, op in sorted(ops.items()):

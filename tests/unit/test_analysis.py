@@ -887,3 +887,21 @@ def test_stacks_alone_count_ranks_on_one_group_the_module_names_once(
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
         "desync", [culprit], "majority"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`")
+
+
+@pytest.mark.parametrize("name, culprit", [("mesh_lock_subgroup_0", 3),
+                                           ("mesh_lock_subgroup_1", 0)])
+def test_stacks_alone_ranks_past_a_subgroup_collective_wait_for_a_rank_at_a_lock(
+        fixtures, tmp_path, name, culprit):
+    """A 2x2 mesh under diagnose, no probe, a busy neighbour (fuzz seed 58213907 job 24, and
+    its mirror): one rank deadlocks on a thread lock before its tp all-reduce (:74). Its tp
+    peer waits there; the other tp pair completed their own tp all-reduce and wait in the
+    dp all-reduce (:77). A rank waiting outside every collective holds up a subgroup's
+    collective as one still computing does: a hang at the lock (was: a desync blaming the
+    pair at :77, "make every rank post it, on the same group")."""
+    run = relocated(fixtures / name, tmp_path / "run",
+                    "/work/wt-fuzz/runs/fuzz-58213907/jobs", str(fixtures / "fuzz58213907_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "hang", [culprit], "waited_for"), d["summary"]
+    assert ":58 checkpoint_state" in d["fix"] and "same group" not in d["fix"]
