@@ -90,6 +90,15 @@ def cycle(f: Facts) -> Conclusion:
         text = ("Each rank waits to receive before it sends: order the calls so one side sends "
                 "first (e.g. even ranks send then receive, odd ranks receive then send), or "
                 "post both with isend/irecv (dist.batch_isend_irecv) and wait on them.")
+    elif b.basis == CulpritBasis.CYCLE and (ended := _ended_edge(cyc, f)) is not None:
+        # a thread that ended will never post what the other side's waits in: not an order
+        n_w, n_o = (len(f.views[r].tl.by_pg.get(ended.coll.pg, {}))  # type: ignore[union-attr]
+                    for r in (ended.waiter, ended.on))
+        text = (f"Rank {ended.on}'s thread that posts on the group of {ended.what} has ended: "
+                f"it will never post what rank {ended.waiter} waits in. Their threads posted "
+                f"different numbers of collectives there ({n_w} against {n_o}): make every "
+                "rank's thread post as many (one rank queued one more, or the other one "
+                "fewer; which one, this capture does not decide).")
     elif b.basis == CulpritBasis.CYCLE:
         text = ("The ranks post these collectives in opposite orders: post collectives on every "
                 "group in the same order on every rank.")
@@ -154,6 +163,13 @@ def cycle(f: Facts) -> Conclusion:
         div = next((g.div for g in f.divs if set(g.absent) & culprits
                     and (g.div.pg_desc or g.div.pg) == kind), div)
     return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+
+
+def _ended_edge(cyc: list[Edge], f: Facts) -> Edge | None:
+    """An edge whose rank waited on will never post its collective: its thread for that
+    group has ended."""
+    return next((e for e in cyc if e.coll is not None
+                 and f.views.poster_ended(e.on, e.coll.pg)), None)
 
 
 def _aligned(f: Facts, cyc: list[Edge], absent: bool = True

@@ -905,3 +905,24 @@ def test_stacks_alone_ranks_past_a_subgroup_collective_wait_for_a_rank_at_a_lock
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
         "hang", [culprit], "waited_for"), d["summary"]
     assert ":58 checkpoint_state" in d["fix"] and "same group" not in d["fix"]
+
+
+@pytest.mark.parametrize("name, extra", [("thread_extra_two_ranks_0", 0),
+                                         ("thread_extra_two_ranks_1", 1)])
+def test_a_metrics_thread_with_one_more_on_two_ranks_is_not_called_an_order(
+        fixtures, tmp_path, name, extra):
+    """Two ranks, a metrics thread each on a group of its own (fuzz seed 58213907 job 33,
+    and its mirror): one rank queues one more tensor, its thread waits in that all-reduce;
+    the other's thread ended, its main thread left the loop for the final barrier. The
+    barrier after the loop was never seen after the loop's broadcast: leaving the loop
+    breaks no order (was: "history", the other rank blamed). With two ranks nothing says
+    which queued the odd one: both named, and the advice says what the evidence holds —
+    never "opposite orders"."""
+    run = relocated(fixtures / name, tmp_path / "run",
+                    "/work/wt-fuzz/runs/fuzz-58213907/jobs", str(fixtures / "fuzz58213907_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [0, 1], "cycle"), d["summary"]
+    other = 1 - extra
+    assert d["fix"].startswith(f"Rank {other}'s thread that posts on the group of "), d["fix"]
+    assert "(6 against 5)" in d["fix"] and "opposite orders" not in d["fix"]
