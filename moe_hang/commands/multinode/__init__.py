@@ -25,6 +25,7 @@ the one watch policy, :mod:`moe_hang.commands.supervise`, sees them).
 
 from __future__ import annotations
 
+from moe_hang.commands.multinode.channel import CONNECT_S
 from moe_hang.commands.multinode.connect import (
     FRESH_S,
     Plan,
@@ -35,7 +36,6 @@ from moe_hang.commands.multinode.connect import (
     plan_from_ranks,
 )
 from moe_hang.commands.multinode.node import (
-    CONNECT_S,
     HOLD_S,
     MOVING_S,
     OFFER_S,

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.rules import diagnose
 from moe_hang.analysis.runs import RunInfo, WatchRun
-from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_channel
+from moe_hang.commands.multinode.channel import NodeChannel
+from moe_hang.commands.multinode.connect import Plan
 from moe_hang.commands.multinode.requests import reason_text, request_kind
 from moe_hang.commands.multinode.summaries import capture_summary, merge_remote, raw_heartbeats
 from moe_hang.commands.session import record_source
@@ -28,13 +29,11 @@ from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, rundir
 from moe_hang.runtime.coord import (
     CaptureRequest,
-    Channel,
     Coordinator,
     GlobalVerdict,
     NodeSummary,
-    StoreChannel,
 )
-from moe_hang.runtime.coord.relay import RELAY_KEY, Relay, local_address, open_relay
+from moe_hang.runtime.coord.relay import Relay
 from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive
 from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, world_of
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 
 
-CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
 MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
 OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
 # a rank that raised is held (its probe waits, bounded) until the round is over: a whole round
@@ -53,11 +51,6 @@ HOLD_S = 90.0
 # a round asked for while the channel is still being opened (a rank raised early): wait this
 # long for it rather than give a verdict of this node's ranks only
 READY_S = 15.0
-# the store's node names the relay before its ranks are up; the others wait this long for it
-# once theirs are (none: no watcher there, and they stay on the job's store)
-RELAY_WAIT_S = 10.0
-RELAY_CONNECT_S = 5.0
-FALLBACK_S = 5.0  # the relay gone: how long to try the job's store again
 # a rank here died, its launcher is still tearing the node down: how long the capture waits
 # for the launcher's failure report (each rank's exit code)
 LAUNCHER_REPORT_S = 5.0
@@ -71,7 +64,7 @@ class RoundOutcome:
     verdict: GlobalVerdict
 
 
-class Node:
+class Node(NodeChannel):
     """This watcher's part: a channel connected in the background, registration once the
     local ranks are up, summaries offered from the watch loop (no I/O there), and rounds."""
 
@@ -121,112 +114,6 @@ class Node:
         self._thread = threading.Thread(target=self._run, name="moe-hang-multinode",
                                         daemon=True)
         self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._connect()
-        finally:
-            self._ready.set()
-
-    def _connect(self) -> None:
-        ch: Channel | None = None
-        if self.plan.shared_dir is None:  # the store may appear after us: connect early
-            ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
-            if ch is None:
-                self.why_local = why
-                return
-        while not self._up.wait(0.25):
-            if self._closed.is_set():
-                if ch is not None:
-                    ch.close()
-                return
-            if isinstance(ch, StoreChannel) and self._relay is None \
-                    and self.plan.endpoint is not None and self._hosts_store(self.plan.endpoint):
-                # name the relay early: the others look for it once their ranks are up
-                self._serve_relay(ch)
-        pids = self._pids()
-        ep = self.plan.endpoint or _agent_endpoint(pids)
-        if ch is None:
-            if self.plan.endpoint is None and ep is not None:
-                # the watched command wraps torchrun (ip netns exec, bash -c, a container):
-                # the run id is the agent's, as diagnose will read it
-                self.plan.run = coord.run_key(ep.run_id)
-            ch, self.why_local = open_channel(self.plan, connect_s=0.0)
-            if ch is None:
-                return
-        self._hosts = hosts = ep is not None and self._hosts_store(ep)
-        if isinstance(ch, StoreChannel):
-            if hosts and self._relay is None:
-                self._serve_relay(ch)
-            job_store = ch
-            ch = self._to_relay(ch, wait_s=0.0 if hosts else RELAY_WAIT_S)
-            self._on_relay = ch is not job_store
-        self._start(ch)
-
-    def _fall_back(self, gone: str) -> None:
-        """The relay went while this node's job runs on: its watcher was killed alone (its
-        agent, and the job's store, may live). Back to the job's store, registered anew (the
-        others, losing the relay too, do the same); nothing if that store is gone as well."""
-        ch, _ = open_channel(self.plan, connect_s=FALLBACK_S, stop=self._closed)
-        if ch is None:
-            return
-        self.notice(f"the watchers' relay is gone ({gone[:120]}); back on "
-                    f"{self.plan.describe()}")
-        self._start(ch)
-
-    def _start(self, ch: Channel) -> None:
-        """Register on ``ch`` and start the coordinator's thread there."""
-        co = Coordinator(ch, self.node, self.host)
-        co.register(self.local_ranks, hosts_store=self._hosts, world=self.world,
-                    local_world=self.local_world)
-        with self._lock:
-            if self._closed.is_set():
-                co.close()
-                return
-            self.publish_s = max(2.0, len(self.expected()) / 100)
-            co.start(interval=1.0, publish_every_s=self.publish_s)
-            old, self.co = self.co, co
-        if old is not None:
-            old.close()  # the relay's, gone
-
-    def _pids(self) -> list[int]:
-        return [self.job.pid, *self.job.tracker.seen] if self.job is not None else []
-
-    def _hosts_store(self, ep: coord.StoreEndpoint) -> bool:
-        return coord.store_listener_pid(ep.port, self._pids()) is not None
-
-    def _serve_relay(self, ch: StoreChannel) -> None:
-        """This node's agent hosts the job's store: serve the watchers' own (the relay) and
-        name it there. Without it (no address, a failed write) the watchers stay on the
-        job's store, as before."""
-        addr = local_address(ch.host, ch.port)
-        if addr is None:
-            return
-        try:
-            relay = Relay(addr)
-        except Exception:  # a server we cannot start is only a relay we do not have
-            return
-        try:
-            ch.put(RELAY_KEY, relay.spec())
-        except coord.ChannelGone:
-            relay.close()
-            return
-        self._relay = relay
-
-    def _to_relay(self, ch: StoreChannel, wait_s: float) -> Channel:
-        """The relay's channel when one is named in the job's store (waiting up to ``wait_s``
-        for the store's node to name it), the job's store's otherwise."""
-        try:
-            raw = ch.get(RELAY_KEY)
-            if raw is None and wait_s > 0 and ch.wait(RELAY_KEY, wait_s):
-                raw = ch.get(RELAY_KEY)
-        except coord.ChannelGone:
-            return ch
-        relay = open_relay(raw, self.plan.run, connect_s=RELAY_CONNECT_S)
-        if relay is None:
-            return ch
-        ch.close()
-        return relay
 
     def expected(self) -> list[str]:
         return coord.expected_nodes(self.world, self.local_world)
