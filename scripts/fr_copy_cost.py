@@ -1,5 +1,5 @@
 """What the probe's per-tick copy of the Flight Recorder costs, by ring size (the numbers behind
-``probe.FR_BUFFER``; docs/DESIGN.md §9).
+``probe.env.FR_BUFFER``; docs/DESIGN.md §9).
 
     python scripts/fr_copy_cost.py [--sizes 64,128,256,512,1000,2000] [--repeat 30]
 

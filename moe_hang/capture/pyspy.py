@@ -19,8 +19,8 @@ from moe_hang.capture import source
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RunLayout
-from moe_hang.probe.probe import write_atomic
 from moe_hang.runtime.procs import descendants, is_stopped, starting_child
 
 PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))

@@ -33,8 +33,8 @@ from moe_hang.capture.ras import (
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.probe_records import Heartbeat
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RankFiles, RunLayout
-from moe_hang.probe.probe import write_atomic
 from moe_hang.runtime import rundir
 
 ENV_RAS_ENABLE = "NCCL_RAS_ENABLE"

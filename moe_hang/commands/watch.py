@@ -46,6 +46,7 @@ from moe_hang.commands.supervise import (
 )
 from moe_hang.errors import EXIT_OK, MoeHangError
 from moe_hang.probe import probe
+from moe_hang.probe.env import ENV_DIR, FR_BUFFER
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord, launcher, rundir, shim
 from moe_hang.runtime.launcher import LaunchedJob
@@ -68,14 +69,14 @@ def probe_env(layout: RunLayout, base: dict[str, str] | None = None) -> dict[str
     env = dict(os.environ if base is None else base)
     pp = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(PROBE_SITE) + (os.pathsep + pp if pp else "")
-    env[probe.ENV_DIR] = str(layout.ranks_dir)
+    env[ENV_DIR] = str(layout.ranks_dir)
     # a launch script that replaces PYTHONPATH would drop the probe: a torchrun first on PATH
     # puts it back (runtime/shim.py says what still drops it; then watch samples the ranks)
     env = shim.env_for(shim.install(layout.bin_dir), PROBE_SITE, env)
     # torchrun's --log-dir by environment: its logs stay in the run directory instead of an
     # empty /tmp/torchelastic_* tree left behind by every launch (a job's own flag still wins)
     env.setdefault("PET_LOG_DIR", str(layout.torchrun_dir))
-    env.setdefault("TORCH_FR_BUFFER_SIZE", probe.FR_BUFFER)
+    env.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -27,18 +27,29 @@ import contextlib
 import faulthandler
 import json
 import os
-import select
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
     from moe_hang.probe import appendlog, history, lastgasp, launchers, routing, sample
+    from moe_hang.probe.dumps import Dumps
+    from moe_hang.probe.env import (
+        ENV_DIR,
+        ENV_FR_STACKS,
+        ENV_INTERVAL,
+        ENV_OWNER,
+        Identity,
+        child_of_a_rank,
+        enable_flight_recorder,
+        pid_exists,
+        restart_count,
+        write_atomic,
+    )
     from moe_hang.probe.layout import RankFiles
 else:  # loaded by path into a job's own environment (watch's sitecustomize): the siblings too
     import importlib.util as _ilu
@@ -54,80 +65,29 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
 
     sample = _sibling("sample")
     launchers = _sibling("launchers")
+    _env = _sibling("env")  # after launchers: it reads its identity variables
+    ENV_DIR, ENV_FR_STACKS, ENV_INTERVAL, ENV_OWNER = (
+        _env.ENV_DIR, _env.ENV_FR_STACKS, _env.ENV_INTERVAL, _env.ENV_OWNER)
+    Identity = _env.Identity  # type: ignore[misc]
+    enable_flight_recorder, restart_count = _env.enable_flight_recorder, _env.restart_count
+    child_of_a_rank, pid_exists = _env.child_of_a_rank, _env.pid_exists
+    write_atomic = _env.write_atomic
     history = _sibling("history")
     appendlog = _sibling("appendlog")
     lastgasp = _sibling("lastgasp")
     routeplan = _sibling("routeplan")  # routing.py's own sibling: loaded before it
     routing = _sibling("routing")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
+    # after sample, env and layout: it reads them
+    Dumps = _sibling("dumps").Dumps  # type: ignore[misc]
 
-ENV_DIR = "MOE_HANG_PROBE_DIR"
-ENV_OWNER = "MOE_HANG_PROBE_OWNER"
-ENV_INTERVAL = "MOE_HANG_PROBE_INTERVAL"
-ENV_FR_STACKS = "MOE_HANG_FR_STACKS"
-FR_ENV = ("TORCH_FR_BUFFER_SIZE",)
-# the recorder's ring, when the job sets none: the probe copies it into the rank's posted log
-# on every tick that a group moved, and a copy costs ~7 µs an entry (scripts/fr_copy_cost.py:
-# 256, ~1.8 ms, 0.7 % of a core at 4 ticks a second; 2000, ~25 ms); the log, not the ring,
-# keeps the history, and says where more than 256 posted between two copies outran it (gap)
-FR_BUFFER = "256"
 # how often fr.saved.pkl is rewritten while the recorder moves (_record): at least this far
 # apart; every copy is spaced by history.COST_RATIO times what the last one cost (so a job's own
 # large ring cannot make the probe expensive: 2000 entries, one copy every ~2.5 s)
 SAVE_EVERY_S = 1.0
-# Only these variables of a rank's environment ever reach a file: torchrun's, and the other
-# launchers' rank and size numbers (srun, mpirun: probe/launchers.py)
-ENV_ALLOWLIST_EXACT = tuple(dict.fromkeys((
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "TORCHELASTIC_RUN_ID", *launchers.IDENTITY_VARS)))
-ENV_ALLOWLIST_PREFIX = ("TORCH_", "NCCL_")
 
 
-def allowed_env(env: dict[str, str]) -> dict[str, str]:
-    """The allowlisted part of an environment (never write anything else)."""
-    return {k: v for k, v in env.items()
-            if k in ENV_ALLOWLIST_EXACT or k.startswith(ENV_ALLOWLIST_PREFIX)}
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """temp file + rename: a reader never sees half a file, even if we die mid-write."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def enable_flight_recorder() -> None:
-    """Must run before the first process group is created (torch reads it once)."""
-    for name in FR_ENV:
-        os.environ.setdefault(name, FR_BUFFER)
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A rank's place in its job, as its heartbeat says it: from torchrun's variables, or,
-    for a rank found by its call to ``init_process_group``, from the process group itself."""
-
-    rank: int
-    world: int | None = None
-    local_rank: int | None = None
-    local_world: int | None = None
-
-    @classmethod
-    def from_torchrun_env(cls, rank: int) -> Identity:
-        def num(key: str) -> int | None:
-            v = os.environ.get(key)
-            return int(v) if v is not None and v.isdigit() else None
-
-        return cls(rank, num("WORLD_SIZE"), num("LOCAL_RANK"), num("LOCAL_WORLD_SIZE"))
-
-
-class Probe:
+class Probe(Dumps):
     def __init__(self, directory: Path, rank: int, interval: float,
                  identity: Identity | None = None):
         self.dir, self.rank, self.interval = directory, rank, interval
@@ -154,7 +114,7 @@ class Probe:
         self._routing_tried = False
         self.history = history.History(
             appendlog.PostedLog(self.files.posted), self._calling_torch,
-            {"kind": "start", "pid": os.getpid(), "rank": rank, "restart": _restart_count(),
+            {"kind": "start", "pid": os.getpid(), "rank": rank, "restart": restart_count(),
              "time": time.time()})
 
     # -------------------------------------------------------------- files
@@ -210,68 +170,6 @@ class Probe:
         with contextlib.suppress(Exception):
             self.heartbeat()
 
-    def _fr_status(self) -> dict[str, Any] | None:
-        with self._calling_torch() as torch:
-            return self._read_status(torch)
-
-    @staticmethod
-    def _read_status(torch: Any) -> dict[str, Any] | None:
-        """The recorder's counts per group (the caller holds the torch lock)."""
-        if torch is None:
-            return None
-        try:
-            raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)
-            status = json.loads(raw).get("pg_status", {})
-        except Exception:
-            return None
-        return {pg: {"enqueued": int(s.get("last_enqueued_collective", -1)),
-                     "completed": int(s.get("last_completed_collective", -1)),
-                     # -1 without start events (TORCH_NCCL_ENABLE_TIMING=1 gives them)
-                     "started": int(s.get("last_started_collective", -1))}
-                for pg, s in status.items()}
-
-    def _want_stacks(self) -> bool:
-        """Call-site frames in recorder dumps, when they are cheap.
-
-        torch symbolizes them through torch._dynamo: the first dump of a process that has not
-        imported it yet imports ~800 modules (about 2 s of CPU). Jobs that use DTensor, FSDP2
-        or torch.compile have it already; elsewhere stacks come from py-spy or faulthandler,
-        unless MOE_HANG_FR_STACKS=1 asks for them anyway."""
-        forced = os.environ.get(ENV_FR_STACKS)
-        if forced is not None:
-            return forced not in ("", "0")
-        # whole, not only begun: a module is in sys.modules from the start of its import (a
-        # second or so for this one), and symbolizing then imports torch._inductor from our
-        # thread while the job's imports it too; Python's deadlock avoidance hands one of
-        # them a half-made module, an ImportError in the job (watch on ragged_dtensor.py)
-        mod = sys.modules.get("torch._dynamo")
-        return mod is not None and not getattr(getattr(mod, "__spec__", None),
-                                               "_initializing", False)
-
-    def _stacks_at_capture(self) -> bool:
-        """At a capture, frames also where they are not cheap, while the import machinery
-        is quiet (:func:`sample.quiet_for_imports`): a capture is what the verdict is read
-        from, and the frames of every collective it holds are the history's lines."""
-        if self._want_stacks():
-            return True
-        if os.environ.get(ENV_FR_STACKS) is not None:
-            return False  # MOE_HANG_FR_STACKS=0: never
-        return sample.quiet_for_imports(self._main_ident)
-
-    def _fr_pickle(self, stacks: bool | None = None) -> bytes | None:
-        with self._calling_torch() as torch:
-            if torch is None:
-                return None
-            try:
-                return bytes(torch._C._distributed_c10d._dump_fr_trace(
-                    includeStackTraces=self._want_stacks() if stacks is None else stacks))
-            except Exception:
-                return None
-
-    def _pending_entries(self, status: dict[str, Any]) -> list[dict[str, Any]]:
-        raw = self._fr_pickle()
-        return [] if raw is None else sample.pending_entries(raw, status)
-
     def heartbeat(self) -> None:
         # the main thread writes the last beat at shutdown while ours may be mid-beat: one at
         # a time, so an older beat never lands after the final one
@@ -326,44 +224,9 @@ class Probe:
             "main_frame": sample.main_frame(self._main_ident),
             "main_thread": str(self._main_ident),  # which thread ``main_frame`` is
             "p2p": sample.p2p_call(self._main_ident),
-            "restart": _restart_count(), "held": self._held,
+            "restart": restart_count(), "held": self._held,
         }
         write_atomic(self.files.heartbeat, json.dumps(hb, default=str).encode())
-
-    def _groups(self) -> dict[str, list[int]] | None:
-        """Process group name -> global member ranks (subgroups, device-mesh dimensions)."""
-        with self._calling_torch() as torch:
-            if torch is None:
-                return None
-            try:
-                world = torch.distributed.distributed_c10d._world
-                return {str(pg.group_name): sorted(int(r) for r in ranks)
-                        for pg, ranks in world.pg_group_ranks.items()}
-            except Exception:
-                return None
-
-    def dump(self, request: str, reason: str) -> None:
-        """Flight Recorder pickle + all-thread stacks, then a marker naming the request."""
-        files = []
-        if self.routing is not None:  # a GPU's counts whose copy is done
-            with contextlib.suppress(Exception):
-                self.routing.drain()
-        raw = self._fr_pickle(stacks=self._stacks_at_capture())
-        if raw is not None:
-            write_atomic(self.files.fr, raw)
-            files.append(self.files.fr.name)
-        groups = self._groups()
-        if groups:
-            write_atomic(self.files.groups, json.dumps(groups).encode())
-            files.append(self.files.groups.name)
-        tmp = self.files.stack.with_name(self.files.stack.name + ".tmp")
-        with open(tmp, "w") as f:
-            faulthandler.dump_traceback(file=f, all_threads=True)
-        os.replace(tmp, self.files.stack)
-        files.append(self.files.stack.name)
-        marker = {"request": request, "reason": reason, "time": time.time(), "pid": os.getpid(),
-                  "rank": self.rank, "files": files}
-        write_atomic(self.files.dump_marker, json.dumps(marker).encode())
 
     def start_routing(self) -> None:
         """The MoE routers' token counts (probe/routing.py), once the job has joined a
@@ -381,42 +244,6 @@ class Probe:
 
     # -------------------------------------------------------------- threads
 
-    def _open_fifo(self) -> tuple[int, int] | None:
-        fifo = self.files.ctl
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                fifo.unlink()
-            os.mkfifo(fifo, 0o600)
-            rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-            # Hold a writer ourselves so the read end never sees EOF between requests.
-            wfd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            return None
-        return rfd, wfd
-
-    def _loop(self) -> None:
-        fds = self._open_fifo()
-        buf = b""
-        while True:
-            try:
-                if fds is not None:
-                    ready, _, _ = select.select([fds[0]], [], [], self.interval)
-                    if ready:
-                        buf += os.read(fds[0], 4096)
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            words = line.decode(errors="replace").split()
-                            if words and words[0] == "dump":
-                                self._requested = True
-                                self.dump(words[1] if len(words) > 1 else "", "request")
-                            elif words and words[0] == "release":
-                                self._release.set()
-                else:
-                    time.sleep(self.interval)
-                self.heartbeat()
-            except Exception:  # the probe must never take the rank down
-                time.sleep(self.interval)
-
     def record_exception(self, exc: BaseException) -> None:
         """The exception that ends a rank (type, first line, frames innermost first), plus a
         recorder dump: often the survivors' side of a peer's death or abort."""
@@ -432,7 +259,7 @@ class Probe:
         err = {"type": type(exc).__name__,
                "message": (str(exc).strip().splitlines() or [""])[0][:500],
                "frames": frames[::-1][:80],
-               "time": time.time(), "restart": _restart_count()}
+               "time": time.time(), "restart": restart_count()}
         # the record first: it is small, and torchrun's SIGTERM may end us during the dump
         write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
@@ -470,7 +297,7 @@ class Probe:
             self.heartbeat()
         deadline = time.monotonic() + limit
         while not self._release.wait(0.25) and time.monotonic() < deadline:
-            if watcher.isdigit() and not _exists(int(watcher)):
+            if watcher.isdigit() and not pid_exists(int(watcher)):
                 break
         self._held = False
 
@@ -495,35 +322,12 @@ class Probe:
         self.last_gasp("sigterm")
 
 
-def _restart_count() -> int | None:
-    """torchrun's restart count of this worker group (``--max-restarts``): 0 first."""
-    v = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-    return int(v) if v.isdigit() else None
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 _PROBE: Probe | None = None
 
 
 def _on_sigterm() -> None:
     if _PROBE is not None:
         _PROBE.on_sigterm()
-
-
-def _child_of_a_rank() -> bool:
-    """A rank's own child (a DataLoader worker, forked or spawned) inherits its environment,
-    our mark included: it is not a rank."""
-    owner = os.environ.get(ENV_OWNER)
-    return bool(owner) and owner != str(os.getpid())
 
 
 def install(directory: str | os.PathLike[str] | None = None, rank: int | None = None,
@@ -536,7 +340,7 @@ def install(directory: str | os.PathLike[str] | None = None, rank: int | None = 
     if identity is not None:
         rank = identity.rank
     rank_s = os.environ.get("RANK") if rank is None else str(rank)
-    if not directory or rank_s is None or _child_of_a_rank():
+    if not directory or rank_s is None or child_of_a_rank():
         return None
     os.environ[ENV_OWNER] = str(os.getpid())
     enable_flight_recorder()
@@ -557,7 +361,7 @@ def before_join() -> bool:
     with no rank in its environment: mp.spawn, srun, mpirun, a hand-written launcher): the
     recorder on and SIGTERM routed to us *before* the group creates its threads. False: this
     process is no rank of ours (a rank's child, or one already probed)."""
-    if _PROBE is not None or not os.environ.get(ENV_DIR) or _child_of_a_rank():
+    if _PROBE is not None or not os.environ.get(ENV_DIR) or child_of_a_rank():
         return False
     enable_flight_recorder()
     lastgasp.SigtermRelay.start(_on_sigterm)

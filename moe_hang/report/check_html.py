@@ -11,7 +11,7 @@ from pathlib import Path
 from moe_hang.analysis.diagnosis import Diagnosis
 from moe_hang.analysis.plans import UNTRIED, CheckResult, PlanResult
 from moe_hang.evidence.vocab import who
-from moe_hang.probe.probe import write_atomic
+from moe_hang.probe.env import write_atomic
 from moe_hang.report.check import check_screen
 from moe_hang.report.html import CSS, save_html
 from moe_hang.report.words import ReportContext

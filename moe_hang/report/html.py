@@ -24,7 +24,7 @@ from moe_hang.analysis.routing import gap_sentence, ragged_sentence
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun
 from moe_hang.evidence.rankid import rank_name
 from moe_hang.evidence.vocab import who
-from moe_hang.probe.probe import write_atomic
+from moe_hang.probe.env import write_atomic
 from moe_hang.report.console import (
     LOG_WIDTH,
     clean_evidence,

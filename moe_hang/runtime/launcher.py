@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from moe_hang.errors import MoeHangError
-from moe_hang.probe.probe import FR_BUFFER
+from moe_hang.probe.env import FR_BUFFER
 from moe_hang.runtime.procs import Tracker, end_tree
 
 

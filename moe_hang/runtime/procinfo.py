@@ -2,7 +2,7 @@
 settings that tell its launch apart, whether it has joined a process group (torch's backend
 threads among its threads), its parent. A process gone meanwhile reads as None: no rank.
 
-Only the allowlisted environment variables (probe.allowed_env: torchrun's and the launchers'
+Only the allowlisted environment variables (probe.env.allowed_env: torchrun's and the launchers'
 rank variables, MASTER_*, TORCH_*, NCCL_*, plus moe-hang's own probe directory) are kept; the
 launch settings (_JOB_KEYS) are compared, never kept.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from moe_hang.probe import launchers
-from moe_hang.probe.probe import ENV_DIR, allowed_env
+from moe_hang.probe.env import ENV_DIR, allowed_env
 
 LAUNCHER_MARKERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch",
                     "torch/distributed/run.py")

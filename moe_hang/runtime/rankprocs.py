@@ -28,7 +28,7 @@ import psutil
 from moe_hang.evidence.heartbeats import read_heartbeats
 from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.rankid import unidentified_key
-from moe_hang.probe.probe import ENV_DIR
+from moe_hang.probe.env import ENV_DIR
 from moe_hang.runtime.procinfo import ProcInfo, is_launcher, is_python, loads_torch
 
 

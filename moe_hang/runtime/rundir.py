@@ -12,8 +12,8 @@ from typing import Any
 
 from moe_hang import __version__
 from moe_hang.errors import MoeHangError
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RunLayout
-from moe_hang.probe.probe import write_atomic
 
 RUNS_DIR = "runs"
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from moe_hang.config import RunConfig
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RankFiles, RunLayout
-from moe_hang.probe.probe import write_atomic
 from moe_hang.scenarios.moe import LORA_NAMES, build_reference_model, global_batch, local_loss
 from moe_hang.usercheck.compare import RTOL, Comparison
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.probe import probe
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RankFiles, RunLayout
 
 
@@ -126,7 +127,7 @@ def run(run_dir: Path) -> int:
 
     built = build(cfg, mesh, rank, device, before_unshard)
     model = built.model
-    probe.write_atomic(files.coverage,
+    write_atomic(files.coverage,
                        json.dumps({"uncovered_trainable": built.uncovered}).encode())
 
     def on_route(layer_idx: int) -> Any:

@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         opt.zero_grad()
         print(f"rank {rank} step {step} done", flush=True)
     if args.save:
+        from moe_hang.probe.env import ENV_DIR
         from moe_hang.probe.layout import RankFiles
-        from moe_hang.probe.probe import ENV_DIR
 
         ranks_dir = os.environ.get(ENV_DIR)
         if ranks_dir:  # under moe-hang's watch (always, from moe_hang.check)

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RankFiles, RunLayout
-from moe_hang.probe.probe import write_atomic
 from moe_hang.probe.routeplan import Plan
 from moe_hang.probe.routing import Routing
 from moe_hang.usercheck.compare import Comparison, rtol_for

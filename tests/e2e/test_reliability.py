@@ -240,7 +240,7 @@ def test_no_shell_anywhere():
 
 
 def test_write_atomic_never_leaves_half_a_file(tmp_path):
-    from moe_hang.probe.probe import write_atomic
+    from moe_hang.probe.env import write_atomic
 
     target = tmp_path / "diagnosis.json"
     target.write_text("old")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from moe_hang.commands.watch import PROBE_SITE
-from moe_hang.probe import probe
+from moe_hang.probe.env import FR_BUFFER
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
@@ -77,7 +77,7 @@ def test_the_probe_starts_once_the_group_exists_with_the_groups_rank(tmp_path):
     assert {"moe-hang-probe", "moe-hang-sigterm"} <= set(got["after"])
     assert got["hb"] == [3, 4, got["pid"]]
     assert got["second"] != "no error"
-    assert got["fr"] == probe.FR_BUFFER  # the recorder was on before the group was made
+    assert got["fr"] == FR_BUFFER  # the recorder was on before the group was made
 
 
 def test_a_failed_call_raises_the_users_error_and_starts_nothing(tmp_path):
