@@ -32,9 +32,9 @@ demo: setup
 test: setup lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
-# the pure and in-process tests only (no process launches): about two minutes
+# the pure and in-process tests and the house rules (no torchrun): about two minutes
 test-fast: setup
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit tests/test_layout.py $(PYTEST_ARGS)
 
 test-matrix: setup
 	$(PY) -m pytest -q -m matrix --matrix $(PYTEST_ARGS)
