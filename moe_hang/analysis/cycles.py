@@ -92,7 +92,8 @@ def cycle(f: Facts) -> Conclusion:
                 "post both with isend/irecv (dist.batch_isend_irecv) and wait on them.")
     elif b.basis == CulpritBasis.CYCLE and (ended := _ended_edge(cyc, f)) is not None:
         # a thread that ended will never post what the other side's waits in: not an order
-        n_w, n_o = (len(f.views[r].tl.by_pg.get(ended.coll.pg, {}))  # type: ignore[union-attr]
+        # a group's seq counts what was posted on it (a ring buffer keeps fewer entries)
+        n_w, n_o = (max(f.views[r].tl.by_pg.get(ended.coll.pg, {}) or [0])  # type: ignore[union-attr]
                     for r in (ended.waiter, ended.on))
         text = (f"Rank {ended.on}'s thread that posts on the group of {ended.what} has ended: "
                 f"it will never post what rank {ended.waiter} waits in. Their threads posted "
