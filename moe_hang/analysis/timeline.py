@@ -114,7 +114,10 @@ def timeline(ev: RankEvidence) -> RankTimeline:
     for pg, coll in by_pg.items():
         if pg in done:
             for c in coll.values():
-                if c.completed is None or (ev.fr_saved and c.completed is False):
+                # a group completes in order: its count is the rank's latest word, where an
+                # entry's own "not yet" may be a copy's (the posted log, a beat) from before
+                if c.completed is None or (ev.fr_saved and c.completed is False) \
+                        or (c.completed is False and c.seq <= done[pg]):
                     c.completed = c.seq <= done[pg]
     _failed_in(ev, by_pg)
     return RankTimeline(by_pg, enq, done, has)

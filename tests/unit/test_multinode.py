@@ -520,3 +520,23 @@ def test_a_metrics_threads_collective_is_at_its_line_from_either_node(
     assert rc.callsite is not None and (rc.callsite.line, rc.callsite.function) == \
         (49, "log_metrics"), diag.summary
     assert rc.collective is not None and rc.collective.op == "all_reduce"
+
+
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_remote_ranks_collective_its_group_completed_is_not_pending(
+        fixtures: Path, tmp_path: Path, analyst: str) -> None:
+    """Fuzz seed 58213907 job 070 (a 2x4 mesh on two nodes): a remote rank's summary carries
+    an entry of its posted log copied before it completed (``retired: false``) while its
+    group's count at the capture says it completed. That stale "pending" was the rank's
+    current collective, and the divergence showed the rank with no line. A group completes
+    in order: its count is the rank's latest word."""
+    ev = _two_node_view(fixtures, tmp_path, "step_shift_two_nodes_0", analyst, world=8,
+                        recorded="/work/wt-fuzz/runs/fuzz-58213907/jobs",
+                        jobs="fuzz58213907_jobs")
+    diag = diagnose(ev)
+    assert diag.culprit_ranks == [4], diag.summary
+    fd = diag.first_divergence
+    assert fd is not None
+    lines = {r: c.callsite.line if c is not None and c.callsite is not None else None
+             for r, c in fd.per_rank.items()}
+    assert lines == {**dict.fromkeys([0, 1, 2, 3, 5, 6, 7], 55), 4: None}, lines
