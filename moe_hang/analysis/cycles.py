@@ -159,6 +159,10 @@ def cycle(f: Facts) -> Conclusion:
     div = aligned[0].div if aligned is not None else next(
         (g.div for g in on_cycle if set(g.absent) & culprits),
         on_cycle[0].div if on_cycle else None)
+    if b.basis == CulpritBasis.CYCLE and (ended := _ended_edge(cyc, f)) is not None \
+            and ended.coll is not None:
+        # the group whose poster ended on one side: where the two sides' counts part
+        div = next((g.div for g in on_cycle if g.div.pg == ended.coll.pg), div)
     if redirected:  # show the group it was meant for, where the others wait for it
         kind = redirected[0].meant_desc or redirected[0].meant
         div = next((g.div for g in f.divs if set(g.absent) & culprits

@@ -926,3 +926,6 @@ def test_a_metrics_thread_with_one_more_on_two_ranks_is_not_called_an_order(
     other = 1 - extra
     assert d["fix"].startswith(f"Rank {other}'s thread that posts on the group of "), d["fix"]
     assert "(6 against 5)" in d["fix"] and "opposite orders" not in d["fix"]
+    fd = d["first_divergence"]  # the thread's group, where the counts part
+    assert fd["per_rank"][str(extra)]["callsite"]["line"] == 53 and fd["per_rank"][str(other)] \
+        is None, fd
