@@ -242,16 +242,41 @@ def _owners(body: list[ast.stmt], line: int) -> list[tuple[ast.stmt, str]]:
 def _rank_condition(tree: ast.Module, line: int, names: set[str]) -> str | None:
     """``if rank == 0`` (its source) when ``line`` runs only under a condition on the rank —
     the innermost ``if`` whose test names the rank (or a module-level name set from it), the
-    line in its body or ``else``."""
-    for st, fld in reversed(_owners(tree.body, line)):
-        if not isinstance(st, ast.If):
-            continue
-        test = ast.unparse(st.test)
-        used = {n.id for n in ast.walk(st.test) if isinstance(n, ast.Name)}
-        if not _RANK_WORDS.search(test) and not used & names:
-            continue
-        return f"if {test}" if fld == "body" else f"if not ({test})"
+    line in its body or ``else``; or a guard before it in the same block that leaves the
+    block on such a condition (``if rank == bad and step == 3: continue``): ``if not (...)``."""
+    owners = _owners(tree.body, line)
+    blocks: list[list[ast.stmt]] = [tree.body]
+    for st, _fld in owners:
+        inner = _inner_block(st, line)
+        blocks.append(inner[0] if inner is not None else [])
+    for depth in range(len(owners), -1, -1):  # innermost first
+        for st in blocks[depth]:
+            if st.lineno > line or (getattr(st, "end_lineno", st.lineno) or st.lineno) >= line:
+                break  # the statement that holds the line, and what follows it
+            if (test := _guard_test(st, names)) is not None:
+                return f"if not ({test})"
+        if depth == 0:
+            break
+        st, fld = owners[depth - 1]
+        if isinstance(st, ast.If) and (test := _rank_test(st.test, names)) is not None:
+            return f"if {test}" if fld == "body" else f"if not ({test})"
     return None
+
+
+def _rank_test(e: ast.expr, names: set[str]) -> str | None:
+    """``e``'s source, where it names the rank (or a name set from it)."""
+    test = ast.unparse(e)
+    used = {n.id for n in ast.walk(e) if isinstance(n, ast.Name)}
+    return test if _RANK_WORDS.search(test) or used & names else None
+
+
+def _guard_test(st: ast.stmt, names: set[str]) -> str | None:
+    """``if TEST: continue`` (``break``, ``return``) on the rank, with no ``else``: the
+    statements after it in its block run only where TEST is false."""
+    if not isinstance(st, ast.If) or st.orelse or not st.body \
+            or not isinstance(st.body[-1], (ast.Continue, ast.Break, ast.Return)):
+        return None
+    return _rank_test(st.test, names)
 
 
 # ------------------------------------------------------------------------ group=

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import captured, relocated
+from conftest import ROOT, captured, relocated
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
@@ -929,3 +929,20 @@ def test_a_metrics_thread_with_one_more_on_two_ranks_is_not_called_an_order(
     fd = d["first_divergence"]  # the thread's group, where the counts part
     assert fd["per_rank"][str(extra)]["callsite"]["line"] == 53 and fd["per_rank"][str(other)] \
         is None, fd
+
+
+@pytest.mark.parametrize("name, culprit", [("metrics_thread_guard_0", 1),
+                                           ("metrics_thread_guard_1", 0)])
+def test_a_metrics_thread_that_skips_under_a_guard_on_its_rank_is_the_culprit(
+        fixtures, tmp_path, name, culprit):
+    """The corpus's `metrics_thread` on two ranks, both roles: the culprit's thread takes
+    `if rank == culprit and step == 3: continue` before its all-reduce, so its thread ends
+    with one post fewer; the other's waits in its last one. With one rank against one only
+    the source decides: the guard is the all-reduce's rank condition (was decided by
+    "history" from the final barrier, the reading that blamed the wrong rank of fuzz 58213907
+    job 33)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-corpus/tests/corpus/jobs",
+                    str(ROOT / "tests" / "corpus" / "jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "source"), d["summary"]

@@ -108,3 +108,35 @@ def test_a_group_the_module_names_once_is_one_group_on_every_line(tmp_path: Path
            if (lf := back.line(str(job), n)) is not None}
     assert got == {"LOG1": ("LOG", False), "LOG2": ("LOG", False), "TWICE": (None, False),
                    "LOCAL": (None, False), "DEFAULT": (None, True)}
+
+
+GUARDS = """\
+import torch.distributed as dist
+
+def report(rank, bad, steps, q):
+    while (step := q.get()) is not None:
+        if rank == bad and step == 3:
+            continue
+        if step > 100:
+            continue
+        dist.all_reduce(x, group=g)  # GUARDED
+    if rank == 0:
+        pass
+    else:
+        dist.barrier()  # ELSE
+    dist.barrier()  # AFTER
+"""
+
+
+def test_a_guard_that_leaves_the_loop_on_a_rank_condition_is_the_lines_condition(
+        tmp_path: Path) -> None:
+    """``if rank == bad and step == 3: continue`` before a collective in the same loop body:
+    the collective runs under ``not (...)``; a guard on something else, or an ``if`` with an
+    ``else``, is none; a line after the loop is not under the loop's guards."""
+    job = tmp_path / "metrics.py"
+    job.write_text(GUARDS)
+    lines = {k: _line(GUARDS, f"# {k}") for k in ("GUARDED", "ELSE", "AFTER")}
+    src = read_facts(Frame(str(job), n, "report") for n in lines.values())
+    got = {k: rank_condition(src, str(job), n) for k, n in lines.items()}
+    assert got == {"GUARDED": "if not (rank == bad and step == 3)",
+                   "ELSE": "if not (rank == 0)", "AFTER": None}
