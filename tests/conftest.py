@@ -305,6 +305,21 @@ def load_json(path: Path) -> dict:
 
 
 @pytest.fixture
+def short_tmp():
+    """A directory with a short path (/tmp/mh-XXXX), for tests that read a first screen at 80
+    columns: a run directory's path is one unbreakable word there, and pytest's own temporary
+    paths (longer under pytest-xdist's workers) would wrap it."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="mh-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
 

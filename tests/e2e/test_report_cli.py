@@ -63,8 +63,8 @@ class _Page(HTMLParser):
         return [a for t, a in self.tags if t == tag and cls in a.get("class", "")]
 
 
-def test_repro_answer_fits_one_screen_and_the_rest_is_in_the_files(tmp_path):
-    run = tmp_path / "run"
+def test_repro_answer_fits_one_screen_and_the_rest_is_in_the_files(short_tmp):
+    run = short_tmp / "run"
     page = run / "report.html"
     proc = run_cli("repro", "--out", str(run), "--html", str(page), env=COLS)
     assert proc.returncode == 3, proc.stderr
@@ -191,10 +191,10 @@ def _watch_argv(out: Path, script: Path, *opts: str) -> list[str]:
 
 
 @pytest.mark.timeout(200)
-def test_watch_passes_a_progress_bar_through_byte_for_byte(tmp_path):
+def test_watch_passes_a_progress_bar_through_byte_for_byte(tmp_path, short_tmp):
     script = _progress_job(tmp_path)
     for as_json in (False, True):
-        out = tmp_path / f"w-{as_json}"
+        out = short_tmp / f"w-{as_json}"
         proc = subprocess.run(_watch_argv(out, script, *(["--json"] if as_json else [])),
                               capture_output=True, timeout=150, env=job_env(**COLS), cwd=ROOT,
                               stdin=subprocess.DEVNULL)
