@@ -77,10 +77,14 @@ def _show(diag: Diagnosis, ctx: ReportContext, *, as_json: bool, verbose: bool,
     from moe_hang.report.html import save_console_log, save_html
     from moe_hang.report.json import to_json
 
-    if as_json:
-        typer.echo(to_json(diag))
-    else:
-        render(diag, make_console(), ctx, verbose=verbose)
+    try:
+        if as_json:
+            typer.echo(to_json(diag))
+        else:
+            render(diag, make_console(), ctx, verbose=verbose)
+    except BrokenPipeError:
+        # the reader went (``| head``): the files below and the verdict's exit code stand
+        _stdout_to_devnull()
     if console_log is not None:
         save_console_log(diag, ctx, console_log)
     if html is not None:
@@ -90,6 +94,14 @@ def _show(diag: Diagnosis, ctx: ReportContext, *, as_json: bool, verbose: bool,
             # checked up front; if it went away since, the verdict (and its exit code) stand
             typer.echo(f"[error] --html {html}: cannot write it ({exc.strerror}); the report "
                        "is in console.log", err=True)
+
+
+def _stdout_to_devnull() -> None:
+    """Whatever is still to be written to a closed pipe goes nowhere (the interpreter's
+    last flush would fail again)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _run_scenario(kind: str, *, variant: str, fix: str | None, opts: dict[str, Any]) -> None:

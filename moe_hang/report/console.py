@@ -7,6 +7,7 @@ stacks, the single-process reference, evidence, timings — with ``--verbose``, 
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -57,7 +58,15 @@ def make_console(*, file: TextIO | None = None, width: int | None = None) -> Con
     if width is None and not stream.isatty():
         cols = os.environ.get("COLUMNS", "")
         width = int(cols) if cols.isdigit() and int(cols) > 20 else 80
-    return Console(file=stream, width=width, highlight=False, soft_wrap=True)
+    return _Console(file=stream, width=width, highlight=False, soft_wrap=True)
+
+
+class _Console(Console):
+    """rich's console, whose reader closing the pipe (``| head``) is the caller's to handle:
+    rich's own way exits 1, which would take the verdict's exit code with it."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader closed the pipe")
 
 
 def clean_evidence(line: str, limit: int = 220) -> str:

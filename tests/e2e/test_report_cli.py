@@ -295,3 +295,21 @@ def test_on_a_terminal_the_status_line_never_lands_on_a_job_line(tmp_path):
     report = re.sub(r"\x1b\[[0-9;]*m", "", report.replace("\r\n", "\n"))  # bold, dim
     _first_screen_ok("moe-hang watch: " + report)
     assert_no_survivors(str(script))
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["screen", "json"])
+def test_a_reader_that_closed_the_pipe_keeps_the_verdicts_exit_code(as_json):
+    """`moe-hang analyze ... | head -1`: the reader is gone before the answer is written.
+    The verdict's exit code stands (3 here, as without the pipe), with no traceback — rich's
+    own handling exited 1, which a script would read as a tool error."""
+    dumps = ROOT / "tests" / "unit" / "fixtures" / "fr_started" / "json"
+    argv = [*moe_hang_argv(), "analyze", str(dumps), *(["--json"] if as_json else [])]
+    assert run_cli("analyze", str(dumps)).returncode == 3
+    r, w = os.pipe()
+    proc = subprocess.Popen(argv, stdout=w, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=job_env(), cwd=ROOT)
+    os.close(w)
+    os.close(r)  # before the tool has written a line
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err.decode(errors="replace")
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
