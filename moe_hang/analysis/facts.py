@@ -174,7 +174,7 @@ def facts(ev: Evidence) -> Facts:
             and said_exiting(ev.ranks[r].heartbeat)))]
     bad_exit = [r for r in exited if r not in clean]
     alive = [r for r in views if r not in exited]
-    moving = [r for r in alive if views[r].ev.progressed or r in counted
+    moving = [r for r in alive if views[r].ev.progressed or r in counted or views[r].moved
               or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)]
     waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
                and r not in moving]

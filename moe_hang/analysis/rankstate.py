@@ -99,6 +99,26 @@ def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
                    frames=[posted if f == at else f for f in sv.frames])
 
 
+# what gloo's and NCCL's recorders record when posted (not send/recv: gloo records none; not
+# monitored_barrier: send/recv underneath)
+_RECORDED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                       "reduce", "gather", "scatter", "barrier"})
+
+
+def _went_past(ev: RankEvidence, sv: StackView) -> bool:
+    """The rank's stack is in a collective its recorder records, and its recorder, dumped
+    on request during the same capture (not the probe's older periodic save), has nothing
+    pending though it holds collectives of that kind: it recorded the stack's collective when
+    the rank posted it, before the stack was taken, and saw it complete — or the rank posted
+    it after the dump. Either way the rank moved during the capture: the stack and the dump are
+    taken side by side, and on a loaded machine the stack can be seconds the older."""
+    fr = ev.fr
+    if fr is None or ev.fr_saved or sv.op not in _RECORDED or sv.api == "monitored_barrier":
+        return False
+    return any(normalise_op(c.op) == sv.op for c in fr.entries) \
+        and all(c.completed is not False for c in fr.entries)
+
+
 def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     """``facts``: what the source says of the rank's lines (a wait at its own line)."""
     tl = timeline(ev)
@@ -111,6 +131,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     pending = _pending(tl)
     current: Collective | None = pending[0] if pending else None
     state: RankState
+    moved = False
     if exited:
         state = RankState.EXITED
         if ev.exit_code == 0:
@@ -127,7 +148,9 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
             current = None
     elif sv.state != RankState.UNKNOWN:
         state = sv.state
-        if state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
+        if state == RankState.IN_COLLECTIVE and current is None and _went_past(ev, sv):
+            state, moved = RankState.COMPUTING, True  # the fresher source wins (§8.1)
+        elif state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
         elif (waiting := _waits_async(ev, sv, facts)) is not None:
             state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
@@ -146,7 +169,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     else:
         site = _posting_site(current, sv, current, state) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
-    return RankView(ev, tl, sv, state, current, site)
+    return RankView(ev, tl, sv, state, current, site, moved)
 
 
 def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) -> bool:

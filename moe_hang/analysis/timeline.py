@@ -144,6 +144,9 @@ class RankView:
     state: RankState
     current: Collective | None  # the collective it is blocked in / last posted
     site: Frame | None
+    # it moved during the capture: its stack, in a collective, is older than its recorder's
+    # dump, which has that collective done (rankstate._went_past)
+    moved: bool = False
 
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]

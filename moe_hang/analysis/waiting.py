@@ -107,12 +107,22 @@ def all_moving(f: Facts) -> Conclusion:
     # the counters first: they saw collectives complete, where a stack saw one collective
     counted = sorted(r for r in f.alive
                      if (j := f.activity.get(r)) is not None and j.motion == Motion.MOVING)
-    stacked = sorted(r for r in f.alive if r not in counted)
+    moved = sorted(r for r in f.alive if r not in counted and f.views[r].moved)
+    stacked = sorted(r for r in f.alive if r not in counted and r not in moved)
     parts = []
     if stacked:
-        parts.append("their stacks moved between samples" if not counted
+        parts.append("their stacks moved between samples" if not (counted or moved)
                      else f"{who(stacked)}'s stack moved between samples" if len(stacked) == 1
                      else f"the stacks of {who(stacked)} moved between samples")
+    if moved:
+        one = len(moved) == 1
+        ops = {f.views[r].stack.op or "a collective" for r in moved}
+        op = ops.pop() if len(ops) == 1 else "collectives"
+        parts.append(f"{who(moved)} {'was' if one else 'were'} in {op} in "
+                     f"{'its stack' if one else 'their stacks'}, but "
+                     f"{'its recorder' if one else 'their recorders'}, dumped beside "
+                     f"{'it' if one else 'them'}, had every collective completed: "
+                     f"{'it' if one else 'they'} moved on during the capture")
     if counted:
         ops = {f.views[r].stack.op or "a collective" for r in counted}
         op = ops.pop() if len(ops) == 1 else "collectives"
@@ -121,9 +131,14 @@ def all_moving(f: Facts) -> Conclusion:
                      f"new one each time: {'its main thread' if one else 'their main threads'}"
                      f" kept waking and {'its process' if one else 'their processes'} kept "
                      "moving data through syscalls (counters in the evidence)")
+    head = (f"All {len(f.alive)} ranks are" if len(f.alive) > 1
+            else f"{who(f.alive).capitalize()} is")
+    gone = [r for r in f.exited if r not in f.bad_exit]
+    ended = (f" ({who(gone)} {'has' if len(gone) == 1 else 'have'} finished: "
+             "exited normally)") if gone else ""
     return Conclusion(Verdict.HEALTHY, [], CulpritBasis.NONE, Certainty.LIKELY,
-                      f"All {len(f.alive)} ranks are making progress: {'; '.join(parts)}. No "
-                      "hang right now.")
+                      f"{head} making progress{ended}: {'; '.join(parts)}. No hang right "
+                      "now.")
 
 
 def all_in_one(f: Facts) -> Conclusion:

@@ -172,6 +172,11 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             rundir.write_json(layout.diagnosis, diag.to_dict())
             peers.next_round()
             continue
+        if rk == EventKind.STALLED and peers.alone() and mon.job.poll() == 0:
+            # the launcher exited 0 while we captured: every rank finished, so whatever the
+            # capture caught (a stack older than the rank's last steps) was no hang
+            notice(f"the job finished during the capture: not {diag.verdict} (watched on)")
+            continue
         if rk == EventKind.STALLED and diag.certainty == Certainty.UNCERTAIN:
             notice(f"{diag.summary} (not ended: still watching)"
                    if diag.rule_id == "unreached" else waiting_line(diag, opts.stall_s))

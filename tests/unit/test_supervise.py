@@ -1,0 +1,64 @@
+"""watch's policy (commands/supervise.py) on a scripted monitor: what it does with a verdict
+when the job itself says otherwise."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
+from moe_hang.commands.supervise import AloneOnNode, WatchOptions, supervise
+from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime.watchevent import EventKind, WatchEvent
+
+
+class _Job:
+    def __init__(self, rc: int | None) -> None:
+        self.rc = rc
+
+    def poll(self) -> int | None:
+        return self.rc
+
+
+class _Monitor:
+    """Says STALLED, then what the job did next."""
+
+    def __init__(self, rc: int | None) -> None:
+        self.job = _Job(rc)
+        self.held_since: float | None = None
+        self.events = [WatchEvent(kind=EventKind.STALLED), WatchEvent(kind=EventKind.COMPLETED,
+                                                                      returncode=0)]
+
+    def run(self, stop: object = None) -> WatchEvent:
+        return self.events.pop(0)
+
+    def hold(self) -> None:
+        self.held_since = 0.0
+
+    def held_for(self) -> float:
+        return 0.0
+
+
+def _died(event: WatchEvent, kind: EventKind) -> Diagnosis:
+    return Diagnosis(Verdict.RANK_DIED, "Rank 1 exited before the others.", [1],
+                     certainty=Certainty.DEFINITE)
+
+
+@pytest.mark.parametrize("rc", [0, None])
+def test_a_job_that_exits_0_during_the_capture_is_not_ended_by_its_verdict(
+        tmp_path: Path, rc: int | None) -> None:
+    """The launcher exited 0 while the stall was captured: every rank finished, so the
+    verdict (made on a stack older than the rank's last steps) is dropped and the job's own
+    completion is reported. While the launcher still runs, the verdict stands."""
+    notices: list[str] = []
+    mon = _Monitor(rc)
+    event, diag = supervise(mon, AloneOnNode(), _died, RunLayout(tmp_path),  # type: ignore[arg-type]
+                            notices.append, WatchOptions(), threading.Event())
+    if rc == 0:
+        assert (event.kind, diag) == (EventKind.COMPLETED, None), notices
+        assert any("finished during the capture" in n for n in notices), notices
+    else:
+        assert event.kind == EventKind.STALLED and diag is not None
+        assert diag.verdict == Verdict.RANK_DIED and not notices
