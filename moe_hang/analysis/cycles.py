@@ -22,6 +22,7 @@ from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
+from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
 from moe_hang.analysis.source import excludes_ranks
 from moe_hang.analysis.timeline import group_kind
@@ -136,6 +137,11 @@ def cycle(f: Facts) -> Conclusion:
                           f.views.source).text
     elif cond := _cycle_condition(cyc, culprits, f):
         text = cond.text
+    elif aligned is not None and b.basis == CulpritBasis.HISTORY and aligned[1].reading \
+            is not None and (rated := rate_advice(
+                aligned[1].reading.culprits, aligned[1].reading.others, aligned[0].div.pg,
+                f"on {pg_label(aligned[0].div.pg, aligned[0].div.pg_desc)}", f.views)):
+        text = rated
     elif aligned is not None and aligned[1].reading is not None \
             and aligned[1].reading.edit == Edit.EXTRA and aligned[0].absent:
         g = aligned[0]
@@ -185,11 +191,13 @@ def _aligned(f: Facts, cyc: list[Edge], absent: bool = True
     and the next all-reduce)."""
     groups = {e.coll.pg for e in cyc if e.coll is not None}
     # a member absent: a cause only where the absent ranks' thread for that group has
-    # ended (they will never post it) and the ladder read an extra — else they may be held
-    # up before it, by the cycle itself
+    # ended (they will never post it) and the ladder read an extra, or their own skip —
+    # else they may be held up before it, by the cycle itself
     found = [(g, b) for g, b in f.causal() if g.div.pg in groups
              and (not g.absent or (absent and b.reading is not None
-                                   and b.reading.edit == Edit.EXTRA
+                                   and (b.reading.edit == Edit.EXTRA
+                                        or (b.reading.edit == Edit.SKIP
+                                            and set(b.culprits) == set(g.absent)))
                                    and all(f.views.poster_ended(a, g.div.pg)
                                            for a in g.absent)))
              and b.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE)]

@@ -8,7 +8,8 @@ the first rung that singles out one reading decides, and names itself as the bas
 
 1. ``history`` — the program the ranks agreed on (:mod:`.program`): the reading whose
    culprits broke what always followed, or the shape a collective always had, while the
-   others kept it;
+   others kept it; on a helper thread's group, the one-per-lap rate its collectives kept
+   against the main loop on every rank (:mod:`.rate`);
 2. ``majority`` — its culprits are a strict minority of the ranks that posted there;
 3. ``source`` — a rank condition in the source (``if rank == 0:``) puts the culprits' own
    collective in a branch only they take, or leaves out the one they lack;
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
+from moe_hang.analysis.rate import rate_vote
 from moe_hang.analysis.source import (
     Order,
     enclosing_loop,
@@ -116,8 +118,16 @@ def _condition(ctx: Context, frames: Sequence[Frame]) -> str | None:
 
 def history(r: Reading, ctx: Context) -> bool | None:
     """The culprits broke what the agreed steps always did, the others kept it."""
-    if CulpritBasis.HISTORY in r.given:
+    if r.given.get(CulpritBasis.HISTORY) is not None:
         return r.given[CulpritBasis.HISTORY]
+    if r.edit in (Edit.SKIP, Edit.EXTRA) and r.block and r.culprits and r.others:
+        # a helper thread's group, where the steps cannot tell (a loop over a queue ends
+        # when it ends): the one-per-lap rate it kept on every rank (.rate)
+        vote = rate_vote(r.culprits, r.others, r.block[0].pg, ctx.views)
+        if vote is not None:
+            return vote
+    if CulpritBasis.HISTORY in r.given:
+        return None
     p = ctx.program
     if r.edit == Edit.BEHIND:
         return None

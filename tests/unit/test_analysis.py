@@ -909,24 +909,27 @@ def test_stacks_alone_ranks_past_a_subgroup_collective_wait_for_a_rank_at_a_lock
 
 @pytest.mark.parametrize("name, extra", [("thread_extra_two_ranks_0", 0),
                                          ("thread_extra_two_ranks_1", 1)])
-def test_a_metrics_thread_with_one_more_on_two_ranks_is_not_called_an_order(
+def test_a_metrics_thread_with_one_more_on_two_ranks_is_named_by_its_rate(
         fixtures, tmp_path, name, extra):
     """Two ranks, a metrics thread each on a group of its own (fuzz seed 58213907 job 33,
     and its mirror): one rank queues one more tensor, its thread waits in that all-reduce;
-    the other's thread ended, its main thread left the loop for the final barrier. The
-    barrier after the loop was never seen after the loop's broadcast: leaving the loop
-    breaks no order (was: "history", the other rank blamed). With two ranks nothing says
-    which queued the odd one: both named, and the advice says what the evidence holds —
-    never "opposite orders"."""
+    the other's thread ended, its main thread left the loop for the final barrier. No
+    majority on two ranks, and every all-reduce of the thread looks alike; what decides is
+    the rate: each thread's j-th all-reduce came within a lap of the main loop's j-th on both
+    ranks, and the extra rank's thread posted 6 for 5 laps (was: both named, "which one, this
+    capture does not decide"; before that "history" from the final barrier, the wrong rank).
+    Never "opposite orders"."""
     run = relocated(fixtures / name, tmp_path / "run",
                     "/work/wt-fuzz/runs/fuzz-58213907/jobs", str(fixtures / "fuzz58213907_jobs"))
     d = diagnose(captured(load_capture(run))).to_dict()
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
-        "desync", [0, 1], "cycle"), d["summary"]
-    other = 1 - extra
-    assert d["fix"].startswith(f"Rank {other}'s thread that posts on the group of "), d["fix"]
-    assert "(6 against 5)" in d["fix"] and "opposite orders" not in d["fix"]
+        "desync", [extra], "history"), d["summary"]
+    assert d["fix"].startswith(f"Rank {extra}'s thread that posts the all_reduce on group 2 "
+                               "at "), d["fix"]
+    assert ":53 log_metrics posted 6 for its main loop's 5 laps" in d["fix"], d["fix"]
+    assert "(one more)" in d["fix"] and "opposite orders" not in d["fix"]
     fd = d["first_divergence"]  # the thread's group, where the counts part
+    other = 1 - extra
     assert fd["per_rank"][str(extra)]["callsite"]["line"] == 53 and fd["per_rank"][str(other)] \
         is None, fd
 
@@ -937,12 +940,15 @@ def test_a_metrics_thread_that_skips_under_a_guard_on_its_rank_is_the_culprit(
         fixtures, tmp_path, name, culprit):
     """The corpus's `metrics_thread` on two ranks, both roles: the culprit's thread takes
     `if rank == culprit and step == 3: continue` before its all-reduce, so its thread ends
-    with one post fewer; the other's waits in its last one. With one rank against one only
-    the source decides: the guard is the all-reduce's rank condition (was decided by
+    with one post fewer; the other's waits in its last one. One rank against one: the rate
+    decides (one all-reduce per lap on both ranks, the culprit's thread ended one short),
+    and the guard, the all-reduce's rank condition, gives the advice (was decided by
     "history" from the final barrier, the reading that blamed the wrong rank of fuzz 58213907
     job 33)."""
     run = relocated(fixtures / name, tmp_path / "run", "/work/wt-corpus/tests/corpus/jobs",
                     str(ROOT / "tests" / "corpus" / "jobs"))
     d = diagnose(captured(load_capture(run))).to_dict()
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
-        "desync", [culprit], "source"), d["summary"]
+        "desync", [culprit], "history"), d["summary"]
+    assert d["fix"].startswith(f"Rank {culprit} does not take `if not (rank == culprit and "
+                               "step == 3)`"), d["fix"]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, assert_no_survivors, captured, relocated
 
-from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
+from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Diagnosis, Verdict
 from moe_hang.analysis.rules import diagnose
 from moe_hang.commands import multinode
 from moe_hang.commands.diagnose import pick_job
@@ -540,3 +540,24 @@ def test_a_remote_ranks_collective_its_group_completed_is_not_pending(
     lines = {r: c.callsite.line if c is not None and c.callsite is not None else None
              for r, c in fd.per_rank.items()}
     assert lines == {**dict.fromkeys([0, 1, 2, 3, 5, 6, 7], 55), 4: None}, lines
+
+
+@pytest.mark.parametrize(("run", "culprit"), [("thread_skip_two_nodes_0", 0),
+                                              ("thread_skip_two_nodes_1", 1)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_metrics_thread_one_short_on_one_of_two_nodes_is_named_by_its_rate(
+        fixtures: Path, tmp_path: Path, run: str, culprit: int, analyst: str) -> None:
+    """Fuzz seed 61120905 job 010 (DTensor, one rank on each of two nodes, mirrored): the
+    culprit's main loop hands its metrics thread no item at step 3, so its thread ends after
+    four all-reduces and its main thread waits in the final barrier; the other's thread waits
+    in its fifth, its main thread in ``LOGGER.join()``. One against one: the rate decides
+    (each thread's j-th all-reduce within a lap of the main loop's j-th, on both ranks; the
+    culprit's ended one short), from either node (was: both named, "which one, this capture
+    does not decide")."""
+    ev = _two_node_view(fixtures, tmp_path, run, analyst, world=2,
+                        recorded="/work/wt-f/runs/fuzz-61120905/jobs", jobs="fuzz61120905_jobs")
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks, diag.culprit_basis) == (
+        Verdict.DESYNC, [culprit], CulpritBasis.HISTORY), diag.summary
+    assert "posted 4 for its main loop's 5 laps (one fewer)" in diag.fix, diag.fix
+    assert ":53 log_metrics" in diag.fix, diag.fix

@@ -102,4 +102,5 @@ def test_a_thread_that_posted_one_more_than_every_ended_thread_posted_the_extra(
     ranks = {r: rank(r) for r in range(4)}
     d = diagnose(captured(Evidence(ranks=ranks, world_size=4, job=JobState.STALLED)))
     assert (d.verdict, d.culprit_ranks) == ("desync", [odd]), d.summary
-    assert "log_metrics" in d.fix, d.fix
+    assert "log_metrics" in d.fix and "posted 5 for its main loop's 4 laps (one more)" in d.fix, \
+        d.fix
