@@ -33,6 +33,7 @@ from moe_hang.cli_typer import _Command, _Group
 from moe_hang.config import build_config, require_gpu_per_rank
 from moe_hang.errors import EXIT_TOOL_ERROR, Interrupted, MoeHangError
 from moe_hang.probe.layout import RunLayout
+from moe_hang.settings import Settings
 
 if TYPE_CHECKING:
     from moe_hang.analysis.diagnosis import Diagnosis
@@ -113,13 +114,14 @@ def _run_scenario(kind: str, *, variant: str, fix: str | None, opts: dict[str, A
     out, as_json, html = opts.pop("out"), opts.pop("as_json"), opts.pop("html")
     verbose = opts.pop("verbose")
     with _errors("; every process this run started was ended"):
+        settings = Settings.from_env(os.environ)  # the tool's own waits: MOE_HANG_<FIELD>
         cfg = build_config(variant=variant, fix=fix, stall_s=opts.pop("stall"), **opts)
         _check_paths(out, html)
         if cfg.backend == "nccl":
-            require_gpu_per_rank(cfg.nproc)
-        with live_status(enabled=not as_json) as term:
+            require_gpu_per_rank(cfg.nproc, timeout_s=settings.gpu_check_timeout_s)
+        with live_status(enabled=not as_json, settings=settings) as term:
             run = commands.repro if kind == "repro" else commands.verify
-            res = run(cfg, str(out) if out else None, term.say, _command())
+            res = run(cfg, str(out) if out else None, term.say, _command(), settings)
     title = "moe-hang repro" if kind == "repro" else (
         "moe-hang verify --fixed" if variant == "fixed" else "moe-hang verify")
     nxt = (next_verify_command(given, _SCENARIO_DEFAULTS, res.scenario) if kind == "repro"
@@ -178,12 +180,14 @@ def diagnose(pid: Annotated[int | None, typer.Argument(
     from moe_hang.report.status import live_status
 
     with _errors(""):
+        settings = Settings.from_env(os.environ)
         _check_paths(out, html)
         polls = check_ras(ras)
         pid = pid if pid is not None else pick_job()
-        with interruptible(), live_status(enabled=not as_json) as term:
-            diag = diagnose_pid(pid, term.say, out=out, native=native, fr_dir=fr_dir,
-                                command=_command(), shared_dir=shared_dir, ras=polls)
+        with interruptible(), live_status(enabled=not as_json, settings=settings) as term:
+            diag = diagnose_pid(pid, term.say, settings=settings, out=out, native=native,
+                                fr_dir=fr_dir, command=_command(), shared_dir=shared_dir,
+                                ras=polls)
     _show(diag, ReportContext("diagnose", f"moe-hang diagnose {pid}"), as_json=as_json,
           verbose=verbose, html=html,
           console_log=RunLayout(Path(diag.artifacts)).console_log if diag.artifacts else None)
@@ -221,20 +225,21 @@ def watch(command: Annotated[list[str] | None, typer.Argument(
     # the job's bytes go through untouched: to stdout, or to stderr with --json
     job_stream = (sys.stderr if as_json else sys.stdout).buffer
     with _errors("; the job and every process it started were ended"):
+        settings = Settings.from_env(os.environ)
         if stall <= 0:
             raise MoeHangError(f"--stall {stall}: must be a positive number of seconds")
         if hang_after < 0:
             raise MoeHangError(f"--hang-after {hang_after}: must be 0 (never) or a number of "
                                "seconds")
         _check_paths(out, html)
-        with live_status(enabled=not as_json, job=job_stream) as term:
+        with live_status(enabled=not as_json, settings=settings, job=job_stream) as term:
             res = watch_command(list(command or []), term.say, JobOutput(term),
                                 out=str(out) if out else None, command=_command(),
                                 options=WatchOptions(stall_s=stall, hang_after_s=hang_after,
                                                      keep_running=keep_running,
                                                      native=native,
                                                      shared_dir=str(shared_dir) if shared_dir
-                                                     else None))
+                                                     else None, timings=settings))
     if res.diagnosis is not None:
         _show(res.diagnosis, ReportContext("watch", "moe-hang watch"), as_json=as_json,
               verbose=verbose, html=html, console_log=res.run_dir.console_log)
@@ -271,6 +276,7 @@ def check(command: Annotated[list[str] | None, typer.Argument(
     from moe_hang.report.status import live_status
 
     with _errors("; the job and every process it started were ended"):
+        settings = Settings.from_env(os.environ)
         cmd = resolve_command(list(command or []))
         if stall <= 0 or timeout <= 0:
             raise MoeHangError("--stall and --timeout must be positive numbers of seconds")
@@ -279,9 +285,10 @@ def check(command: Annotated[list[str] | None, typer.Argument(
         _check_paths(out, html)
         if router is not None:
             os.environ[ENV_ROUTER] = router  # the job's ranks inherit it
-        with live_status(enabled=not as_json) as term:
-            res = check_command(cmd, term.say, out=str(out) if out else None, stall_s=stall,
-                                timeout_s=timeout, max_plans=plans, command=_command())
+        with live_status(enabled=not as_json, settings=settings) as term:
+            res = check_command(cmd, term.say, settings=settings, out=str(out) if out else None,
+                                stall_s=stall, timeout_s=timeout, max_plans=plans,
+                                command=_command())
     if html is not None:
         from moe_hang.report.check_html import save_check_html
 
@@ -317,12 +324,13 @@ def analyze(paths: Annotated[list[Path] | None, typer.Argument(
     from moe_hang.report.screen import ReportContext
 
     with _errors(""):
+        settings = Settings.from_env(os.environ)
         _check_paths(None, html)
         polls = check_ras(ras)
         if not paths and not polls:
             raise MoeHangError("nothing to analyze: give PATH... (captures or Flight "
                                "Recorder dumps) or --ras FILE")
-        diag = analyze_paths(list(paths or []), force=force, ras=polls)
+        diag = analyze_paths(list(paths or []), force=force, ras=polls, settings=settings)
     _show(diag, ReportContext("analyze", "moe-hang analyze"), as_json=as_json,
           verbose=verbose, html=html, console_log=None)
     raise typer.Exit(exit_code_for(diag.verdict))

@@ -219,15 +219,14 @@ def build_config(
 # Prints the CUDA version torch was built with ('' for a CPU build) and the devices it sees.
 _COUNT_GPUS = ("import torch; c = torch.version.cuda; "
                "print(c or ''); print(torch.cuda.device_count() if c else 0)")
-GPU_CHECK_TIMEOUT_S = 60.0
 
 
-def require_gpu_per_rank(nproc: int, *, python: str = sys.executable,
-                         timeout_s: float = GPU_CHECK_TIMEOUT_S) -> None:
+def require_gpu_per_rank(nproc: int, *, timeout_s: float,
+                         python: str = sys.executable) -> None:
     """``--backend nccl`` needs a CUDA build of torch and one GPU per rank; refused before
     anything is launched, instead of every rank failing in init_process_group. Asked of a
-    short subprocess, and only when nccl is requested: importing torch here would cost every
-    command about 2 s."""
+    short subprocess (bounded by ``timeout_s``: ``Settings.gpu_check_timeout_s``), and only
+    when nccl is requested: importing torch here would cost every command about 2 s."""
     try:
         proc = subprocess.run([python, "-c", _COUNT_GPUS], capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)

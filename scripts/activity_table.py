@@ -41,6 +41,7 @@ from _wait import wait_marks  # noqa: E402
 from moe_hang.capture.window import activity_between, sample_window  # noqa: E402
 from moe_hang.evidence.activity import Activity  # noqa: E402
 from moe_hang.runtime.procs import read_counters  # noqa: E402
+from moe_hang.settings import Settings  # noqa: E402
 
 MODES = ("healthy", "sleep", "compute", "skip", "stop", "probe")
 
@@ -107,7 +108,7 @@ def measure(mode: str, nproc: int, windows: int, tmp: Path) -> list[dict]:
                 if ca is not None and cb is not None:
                     rows.append({"mode": mode, "nproc": nproc, "rank": r, "window": "plain",
                                  "round": w, **_rates(activity_between(ca, cb, attaches=0))})
-            for r, rw in sample_window(ranks).items():
+            for r, rw in sample_window(ranks, Settings()).items():
                 if rw.activity is not None:
                     rows.append({"mode": mode, "nproc": nproc, "rank": r, "window": "diagnose",
                                  "round": w, **_rates(rw.activity)})

@@ -91,6 +91,7 @@ def step_single(work: Path, out: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     from moe_hang.capture.ras import query_ras
+    from moe_hang.settings import Settings
 
     torch.cuda.set_device(0)
     store = dist.HashStore()
@@ -121,7 +122,7 @@ def step_single(work: Path, out: dict[str, Any]) -> None:
             "with_completed_ns": sum(1 for e in es if e.get("time_discovered_completed_ns")),
             "with_duration_ms": sum(1 for e in es if e.get("duration_ms") is not None)}
     out["recorder"] = by_pg
-    ras = query_ras(deadline_s=15)
+    ras = query_ras(ras_timeout_s=Settings().ras_timeout_s, deadline_s=15)
     out.update({"ras": {"ok": ras.ok, "via": ras.via, "fmt": ras.fmt, "error": ras.error,
                    "notes": list(ras.notes), "seconds": round(ras.seconds, 2),
                    "nccl_version": ras.report.nccl_version if ras.report else None,
@@ -260,6 +261,7 @@ def _observe_hang(work: Path, p: subprocess.Popen[bytes], d: Path, out: dict[str
 
     from moe_hang.analysis.ras.compare import compare_reports
     from moe_hang.capture.ras import take_two
+    from moe_hang.settings import Settings
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_rank_pids(d)) < 2 and p.poll() is None:
@@ -284,7 +286,7 @@ def _observe_hang(work: Path, p: subprocess.Popen[bytes], d: Path, out: dict[str
         out["recorder_rank0_last"] = [{k: e.get(k) for k in (
             "profiling_name", "collective_seq_id", "state", "time_discovered_started_ns",
             "time_discovered_completed_ns", "duration_ms")} for e in es[-3:]]
-    pair = take_two(3.0, deadline_s=10)
+    pair = take_two(3.0, ras_timeout_s=Settings().ras_timeout_s, deadline_s=10)
     out["ras"] = {"first": pair.first.error or pair.first.fmt,
                   "second": (pair.second.error or pair.second.fmt) if pair.second else None}
     if pair.second and pair.first.report and pair.second.report:

@@ -15,12 +15,10 @@ from pathlib import Path
 
 from moe_hang.probe.layout import RankFiles
 
-DUMP_TIMEOUT_S = 5.0
 
-
-def request_dumps(probe_dir: Path, ranks: list[int], *,
-                  timeout: float = DUMP_TIMEOUT_S) -> dict[int, str | None]:
-    """Ask each rank's probe thread for a Flight Recorder + stack dump; rank -> error or None."""
+def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float) -> dict[int, str | None]:
+    """Ask each rank's probe thread for a Flight Recorder + stack dump; rank -> error or None.
+    ``timeout``: ``Settings.dump_timeout_s``."""
     request = f"{os.getpid()}-{time.monotonic_ns()}"
     errors: dict[int, str | None] = {}
     waiting = []

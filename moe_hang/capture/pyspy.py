@@ -23,7 +23,6 @@ from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime.procs import descendants, is_stopped, starting_child
 
-PYSPY_TIMEOUT_S = float(os.environ.get("MOE_HANG_PYSPY_TIMEOUT", "10"))
 ENV_PYSPY = "MOE_HANG_PYSPY"  # a specific py-spy binary (else next to python, else PATH)
 
 
@@ -125,9 +124,10 @@ def strip_locals(data: Any) -> Any:
     return data
 
 
-def pyspy_many(pids: dict[int, int], *, native: bool = False, with_locals: bool = False,
-               timeout: float = PYSPY_TIMEOUT_S) -> dict[int, StackResult]:
-    """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``.
+def pyspy_many(pids: dict[int, int], *, timeout: float, native: bool = False,
+               with_locals: bool = False) -> dict[int, StackResult]:
+    """rank -> stacks: one py-spy per rank, all at once, each bounded by ``timeout``
+    (``Settings.pyspy_timeout_s``).
 
     Outputs go to temporary files (no pipe can fill up), and every py-spy still running when
     we leave (deadline, Ctrl-C, an error) is killed: none outlives this call. A rank whose
@@ -211,7 +211,8 @@ def save_stacks(results: dict[int, StackResult], layout: RunLayout) -> None:
 HELPERS_PER_RANK = 4  # the first few children: DataLoader workers come first
 
 
-def helper_stacks(pids: dict[int, int], outside: set[int]) -> dict[int, list[dict[str, Any]]]:
+def helper_stacks(pids: dict[int, int], outside: set[int], *,
+                  timeout: float) -> dict[int, list[dict[str, Any]]]:
     """rank -> py-spy of each of its own child processes (at most HELPERS_PER_RANK), for the
     ranks ``outside`` every collective: a rank waiting on its own worker is named with where
     the worker is. Bounded as :func:`pyspy_many` (one py-spy per process, all at once)."""
@@ -224,7 +225,7 @@ def helper_stacks(pids: dict[int, int], outside: set[int]) -> dict[int, list[dic
                 continue
     if not kids:
         return {}
-    got = pyspy_many({k: pid for k, (_, pid, _) in kids.items()})
+    got = pyspy_many({k: pid for k, (_, pid, _) in kids.items()}, timeout=timeout)
     out: dict[int, list[dict[str, Any]]] = {}
     for k, (r, pid, name) in kids.items():
         res = got.get(k)

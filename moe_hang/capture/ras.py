@@ -20,8 +20,6 @@ from moe_hang.errors import MoeHangError
 from moe_hang.evidence.ras import DEFAULT_PORT, RasReport, RasReportError, parse_report
 
 ENV_RAS_ADDR = "NCCL_RAS_ADDR"
-RAS_TIMEOUT_S = 5  # what RAS waits for each peer while gathering (ncclras -t; NCCL's default)
-DEFAULT_INTERVAL_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -72,12 +70,12 @@ class RasAnswer:
         return self.report is not None
 
 
-def query_ras(endpoint: RasEndpoint | None = None, *, fmt: str = "json",
-              ras_timeout_s: int = RAS_TIMEOUT_S, deadline_s: float | None = None,
-              use: str = "auto") -> RasAnswer:
-    """One RAS status report. ``use``: "auto" (ncclras if found, else the socket), "ncclras",
-    or "socket". ``deadline_s`` bounds the whole query (default: RAS's timeout + 8 s, what
-    ncclras itself would wait and a margin)."""
+def query_ras(endpoint: RasEndpoint | None = None, *, ras_timeout_s: int, fmt: str = "json",
+              deadline_s: float | None = None, use: str = "auto") -> RasAnswer:
+    """One RAS status report. ``ras_timeout_s``: what RAS waits for each peer while it
+    gathers (``Settings.ras_timeout_s``). ``use``: "auto" (ncclras if found, else the socket),
+    "ncclras", or "socket". ``deadline_s`` bounds the whole query (default: RAS's timeout +
+    8 s, what ncclras itself would wait and a margin)."""
     ep = endpoint or ras_endpoint()
     t0 = time.monotonic()
     deadline = t0 + (ras_timeout_s + 8.0 if deadline_s is None else deadline_s)
@@ -111,9 +109,8 @@ class RasPair:
     interval_s: float | None  # between the two status requests (monotonic clock)
 
 
-def take_two(interval_s: float = DEFAULT_INTERVAL_S, endpoint: RasEndpoint | None = None, *,
-             fmt: str = "json", ras_timeout_s: int = RAS_TIMEOUT_S,
-             deadline_s: float | None = None, use: str = "auto") -> RasPair:
+def take_two(interval_s: float, endpoint: RasEndpoint | None = None, *, ras_timeout_s: int,
+             fmt: str = "json", deadline_s: float | None = None, use: str = "auto") -> RasPair:
     """Two reports ``interval_s`` apart (request to request); the second only if the first
     came back. The other keywords are :func:`query_ras`'s, for each query."""
     ep = endpoint or ras_endpoint()

@@ -23,7 +23,6 @@ from typing import Any
 import psutil
 
 from moe_hang.capture.ras import (
-    DEFAULT_INTERVAL_S,
     ENV_RAS_ADDR,
     RasAnswer,
     RasPair,
@@ -36,9 +35,9 @@ from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.probe.env import write_atomic
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
+from moe_hang.settings import Settings
 
 ENV_RAS_ENABLE = "NCCL_RAS_ENABLE"
-QUERY_DEADLINE_S = 8.0  # RAS waits up to 5 s per peer while gathering (ncclras -t 5)
 Say = Callable[[str], None]
 
 
@@ -102,10 +101,11 @@ def _write(layout: RunLayout, pair: RasPair, aliases: dict[str, str]) -> None:
 
 
 def poll_into(layout: RunLayout, *, backend: str | None, env: Mapping[str, str],
-              say: Say | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+              settings: Settings, say: Say | None = None,
               take: Callable[..., RasPair] = take_two) -> bool:
-    """Two RAS reports ``interval_s`` apart into the run directory, if the job is NCCL's and
-    RAS is on; True when it asked. ``env``: the job's (allowlisted) environment."""
+    """Two RAS reports ``settings.ras_interval_s`` apart into the run directory, if the job
+    is NCCL's and RAS is on; True when it asked. ``env``: the job's (allowlisted)
+    environment."""
     if backend != "nccl":
         return False
     if env.get(ENV_RAS_ENABLE, "").strip() == "0":
@@ -120,8 +120,9 @@ def poll_into(layout: RunLayout, *, backend: str | None, env: Mapping[str, str],
         rundir.write_json(layout.ras_meta, {"polls": [], "notes": [str(exc)]})
         return False
     if say is not None:
-        say(f"asking NCCL RAS at {endpoint} twice, {interval_s:.0f} s apart")
-    pair = take(interval_s, endpoint, deadline_s=QUERY_DEADLINE_S)
+        say(f"asking NCCL RAS at {endpoint} twice, {settings.ras_interval_s:.0f} s apart")
+    pair = take(settings.ras_interval_s, endpoint, ras_timeout_s=settings.ras_timeout_s,
+                deadline_s=settings.ras_query_deadline_s)
     _write(layout, pair, local_aliases())
     return True
 
@@ -137,14 +138,16 @@ def _job_env(envs: Iterable[Mapping[str, str]]) -> dict[str, str]:
 
 
 def capture_ras(layout: RunLayout, heartbeats: Iterable[Heartbeat] = (),
-                envs: Iterable[Mapping[str, str]] = (), say: Say | None = None) -> bool:
+                envs: Iterable[Mapping[str, str]] = (), say: Say | None = None, *,
+                settings: Settings) -> bool:
     """At a capture (``watch``'s, ``diagnose``'s): the job's backend from what the capture
     holds, then :func:`poll_into`. ``heartbeats``: the ranks' latest (else read from the run
     directory); ``envs``: the ranks' allowlisted environments."""
     hbs = list(heartbeats) or _heartbeats(layout)
     env_list = [dict(e) for e in envs]
     backend = backend_of(hbs, _fr_files(layout), env_list)
-    return poll_into(layout, backend=backend, env=_job_env(env_list), say=say)
+    return poll_into(layout, backend=backend, env=_job_env(env_list), settings=settings,
+                     say=say)
 
 
 def _heartbeats(layout: RunLayout) -> list[Heartbeat]:

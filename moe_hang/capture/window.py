@@ -25,9 +25,9 @@ from moe_hang.runtime.procs import (
     main_thread_cpu,
     read_counters,
 )
+from moe_hang.settings import Settings
 
 SAMPLES = 4  # a fast job's rank can sit in a collective in two samples; rarely in four
-SAMPLE_INTERVAL_S = 0.25
 BUSY_CORES = 0.2  # a blocked rank's probe answering a dump uses ~0.01
 MAIN_BUSY_CORES = 0.1  # of its main thread alone
 
@@ -121,12 +121,11 @@ def _cores(before: float | None, after: float | None, span_s: float) -> float | 
     return None if before is None or after is None else (after - before) / span_s
 
 
-def sample_window(pids: dict[int, int], *, native: bool = False, samples: int = SAMPLES,
-                  interval_s: float = SAMPLE_INTERVAL_S,
-                  locals_last: bool = True) -> dict[int, RankWindow]:
-    """rank -> its window: ``samples`` py-spy samples ``interval_s`` apart (the last one with
-    the peers of send/recv calls when ``locals_last``), counters and CPU across them. Bounded:
-    every py-spy by its own timeout."""
+def sample_window(pids: dict[int, int], settings: Settings, *, native: bool = False,
+                  samples: int = SAMPLES, locals_last: bool = True) -> dict[int, RankWindow]:
+    """rank -> its window: ``samples`` py-spy samples ``settings.sample_interval_s`` apart
+    (the last one with the peers of send/recv calls when ``locals_last``), counters and CPU
+    across them. Bounded: every py-spy by ``settings.pyspy_timeout_s``."""
     clock = CpuClock()
     c0 = {r: read_counters(p) for r, p in pids.items()}
     cpu0, t0 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()
@@ -135,8 +134,8 @@ def sample_window(pids: dict[int, int], *, native: bool = False, samples: int = 
     taken: list[dict[int, StackResult]] = []
     for i in range(samples):
         if i:
-            time.sleep(interval_s)
-        taken.append(pyspy.pyspy_many(pids, native=native,
+            time.sleep(settings.sample_interval_s)
+        taken.append(pyspy.pyspy_many(pids, timeout=settings.pyspy_timeout_s, native=native,
                                       with_locals=locals_last and i == samples - 1))
     c1 = {r: read_counters(p) for r, p in pids.items()}
     cpu1, t1 = {r: clock.seconds(p) for r, p in pids.items()}, time.monotonic()

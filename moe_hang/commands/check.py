@@ -29,6 +29,7 @@ from moe_hang.evidence.routing import RouterCall, read_routing
 from moe_hang.probe import routing
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import rundir
+from moe_hang.settings import Settings
 
 
 def found_in(layout: RunLayout) -> Found | None:
@@ -67,7 +68,7 @@ def _result(plan: Plan | None, res: Any, wall: float) -> PlanResult:
                       planned)
 
 
-def check_command(cmd: list[str], say: Phase, *, out: str | None = None,
+def check_command(cmd: list[str], say: Phase, *, settings: Settings, out: str | None = None,
                   stall_s: float = 5.0, timeout_s: float = 300.0, max_plans: int = 8,
                   command: list[str] | None = None,
                   echo: Callable[[str], None] = lambda _: None) -> CheckResult:
@@ -86,7 +87,7 @@ def check_command(cmd: list[str], say: Phase, *, out: str | None = None,
                             out=str(root / f"{index:02d}-{name}"), command=command,
                             options=WatchOptions(stall_s=stall_s, hang_after_s=stall_s * 3,
                                                  env=() if plan is None else plan_env(plan),
-                                                 limit_s=timeout_s))
+                                                 limit_s=timeout_s, timings=settings))
         return _result(plan, res, time.monotonic() - t0), res.diagnosis
 
     base, diag = one(None, 0)

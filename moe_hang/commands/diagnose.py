@@ -40,6 +40,7 @@ from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import rundir
 from moe_hang.runtime.discover import FoundJob, find_job, find_jobs, launcher_of
 from moe_hang.runtime.procs import is_alive
+from moe_hang.settings import Settings
 
 SAMPLES = window.SAMPLES
 
@@ -83,8 +84,8 @@ def _copy_fr_dir(fr_dir: Path, out: RunLayout) -> list[str]:
     return notes
 
 
-def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = False,
-                fr_dir: Path | None = None) -> float:
+def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, settings: Settings,
+                native: bool = False, fr_dir: Path | None = None) -> float:
     t0 = time.monotonic()
     out.ranks_dir.mkdir(exist_ok=True, mode=0o700)
     pids = {r.rank: r.pid for r in job.ranks}
@@ -97,18 +98,20 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, native: bool = Fal
 
     def ask_probes() -> None:
         for d, ranks in probe_ranks.items():
-            dump_errors.update(dumps.request_dumps(Path(d), ranks))
+            dump_errors.update(dumps.request_dumps(Path(d), ranks,
+                                                   timeout=settings.dump_timeout_s))
 
     asker = threading.Thread(target=ask_probes, daemon=True)
     asker.start()
     done0 = _completed(job)
-    win = window.sample_window(pids, native=native)
+    win = window.sample_window(pids, settings, native=native)
     done1 = _completed(job)
-    asker.join(dumps.DUMP_TIMEOUT_S + 2.0)
+    asker.join(settings.dump_timeout_s + 2.0)  # its own bound, and a margin
     pyspy.save_stacks({r: w.final for r, w in win.items()}, out)
     outside = {r for r, w in win.items()
                if w.final.data is not None and not window.in_collective(w.final.data)}
-    pyspy.save_helpers(pyspy.helper_stacks(pids, outside), out)
+    pyspy.save_helpers(pyspy.helper_stacks(pids, outside, timeout=settings.pyspy_timeout_s),
+                       out)
     # a collective that completed on one rank while we looked completed on every member: the
     # job is progressing, however each stack looked (a fast job is caught in collectives)
     advanced = any(done1.get(r, {}).get(pg, -1) > c for r, st in done0.items()
@@ -165,7 +168,7 @@ def pick_job() -> int:
 
 
 def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
-                      say: Phase) -> Diagnosis | None:
+                      say: Phase, fresh_s: float) -> Diagnosis | None:
     """A multi-node job: the ranks of the other nodes from their watchers' latest summaries
     (where ``moe-hang watch`` runs there); ranks nobody speaks for are unknown, and this
     node's ranks are not blamed for waiting on them."""
@@ -179,7 +182,7 @@ def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
                if r.env.get("LOCAL_WORLD_SIZE", "").isdigit()), None) or len(local)
     cmd, env = launcher_of(job)
     say("reading the other nodes' summaries")
-    others, why = multinode.peers_for_diagnose(cmd, env, shared_dir, local)
+    others, why = multinode.peers_for_diagnose(cmd, env, shared_dir, local, fresh_s=fresh_s)
     added = multinode.merge_remote(ev, others)
     if added:
         ev.log_lines.append(f"{who(added)} from their nodes' watchers: "
@@ -194,16 +197,17 @@ def _with_other_nodes(ev: Evidence, job: FoundJob, shared_dir: Path | None,
     return diagnose(ev)
 
 
-def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool = False,
-                 fr_dir: Path | None = None, command: list[str] | None = None,
-                 shared_dir: Path | None = None, ras: list[RasPoll] | None = None) -> Diagnosis:
+def diagnose_pid(pid: int, say: Phase, *, settings: Settings, out: Path | None = None,
+                 native: bool = False, fr_dir: Path | None = None,
+                 command: list[str] | None = None, shared_dir: Path | None = None,
+                 ras: list[RasPoll] | None = None) -> Diagnosis:
     t0 = time.monotonic()
     say(f"finding the ranks of PID {pid}")
     job = find_job(pid)
     has_probe = any(r.probe_dir for r in job.ranks)
     if not has_probe and fr_dir is None:
         pyspy.require_pyspy()  # nothing else could tell us where the ranks are
-    identify.from_frames(job, say)
+    identify.from_frames(job, say, timeout=settings.pyspy_timeout_s)
     unknown = {r.rank for r in job.unidentified()}
     if unknown:
         # a rank of unknown number may be any one of the world's: with the world size the
@@ -211,10 +215,10 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
         job.world_size = None
     with _capture_dir(out) as d:
         rundir.write_json(d.meta, rundir.meta(command or ["moe-hang", "diagnose", str(pid)]))
-        capture_s = capture_job(job, d, say, native=native, fr_dir=fr_dir)
-        _refuse_an_ended_job(job, pid)
+        capture_s = capture_job(job, d, say, settings=settings, native=native, fr_dir=fr_dir)
+        _refuse_an_ended_job(job, pid, settings.ending_wait_s)
         if not ras:  # NCCL RAS, two polls (NCCL jobs only); --ras FILE replaces them
-            capture_ras(d, envs=[r.env for r in job.ranks], say=say)
+            capture_ras(d, envs=[r.env for r in job.ranks], say=say, settings=settings)
         errs = [d.rank(r.rank).pyspy_error for r in job.ranks]
         if all(p.exists() for p in errs) and not has_probe and fr_dir is None:
             raise MoeHangError(errs[0].read_text().strip() or "py-spy could not read any rank")
@@ -232,7 +236,8 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
                         f"its child process {o.pid} (a forked worker) still holds its "
                         "connections, so the other ranks got no error and wait forever")
         record_source(d, ev)
-        diag = _with_other_nodes(ev, job, shared_dir, say) or diagnose(ev)
+        diag = (_with_other_nodes(ev, job, shared_dir, say, settings.summary_fresh_s)
+                or diagnose(ev))
         _name_unidentified(diag, unknown)
         diag.artifacts = str(d.root) if out is not None else ""
         diag.run = AttachRun(target_pid=pid, agent_pid=job.agent or job.launcher,
@@ -243,15 +248,12 @@ def diagnose_pid(pid: int, say: Phase, *, out: Path | None = None, native: bool 
         return diag
 
 
-# a rank gone while we looked: this long for the whole job to end too (ranks of a job that
-# finishes exit within a second or two of each other)
-ENDING_WAIT_S = 3.0
-
-
-def _refuse_an_ended_job(job: FoundJob, pid: int) -> None:
+def _refuse_an_ended_job(job: FoundJob, pid: int, wait_s: float) -> None:
     """A job that ended while we looked is not stuck, and what its ranks left (stacks of
-    exiting processes, none at all) says nothing of a hang: no verdict, one line, exit 1."""
-    deadline = time.monotonic() + ENDING_WAIT_S
+    exiting processes, none at all) says nothing of a hang: no verdict, one line, exit 1. A
+    rank gone while we looked: ``wait_s`` (``Settings.ending_wait_s``) for the whole job to
+    end too."""
+    deadline = time.monotonic() + wait_s
     while True:
         gone = [r.rank for r in job.ranks if not is_alive(r.pid, r.create_time or None)]
         ended = not is_alive(job.target) or (job.ranks and len(gone) == len(job.ranks))
@@ -280,8 +282,8 @@ def analyze_dirs(dirs: list[Path]) -> Diagnosis:
     return analyze_paths(dirs, force=False)
 
 
-def analyze_paths(paths: list[Path], *, force: bool,
-                  ras: list[RasPoll] | None = None) -> Diagnosis:
+def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None = None,
+                  settings: Settings = Settings()) -> Diagnosis:
     """One verdict from moe-hang captures (run directories, one per node) and torch's own
     Flight Recorder dumps (directories, prefixes, files), alone or mixed, and NCCL RAS
     reports (``ras``: ``--ras FILE``, which replace a capture's own polls). Sources that are
@@ -296,7 +298,7 @@ def analyze_paths(paths: list[Path], *, force: bool,
     others = [p for p in paths if p.expanduser() not in captures]
     found = postmortem.find(others)
     try:
-        loaded = postmortem.load_sets(found.sets)
+        loaded = postmortem.load_sets(found.sets, settings=settings)
     except TimeoutError as exc:
         raise MoeHangError(str(exc)) from None
     readable = [ls for ls in loaded if ls.fr]

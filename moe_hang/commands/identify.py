@@ -15,13 +15,15 @@ from moe_hang.evidence.rankid import identity_from_locals
 from moe_hang.runtime.discover import FoundJob, RankProc, rank_order
 
 
-def from_frames(job: FoundJob, say: Phase) -> None:
-    """Name what can be named of ``job.unidentified()`` from their frames, in place."""
+def from_frames(job: FoundJob, say: Phase, *, timeout: float) -> None:
+    """Name what can be named of ``job.unidentified()`` from their frames, in place (py-spy
+    bounded by ``timeout``: ``Settings.pyspy_timeout_s``)."""
     unknown = job.unidentified()
     if not unknown or pyspy.find_pyspy() is None:
         return
     say(f"reading the frames of {len(unknown)} rank(s) with no rank in their environment")
-    stacks = pyspy.pyspy_many({r.rank: r.pid for r in unknown}, with_locals=True)
+    stacks = pyspy.pyspy_many({r.rank: r.pid for r in unknown}, timeout=timeout,
+                              with_locals=True)
     taken = {r.rank for r in job.ranks if r.identified}
     claims: dict[int, list[tuple[RankProc, int | None]]] = {}
     for r in unknown:

@@ -41,6 +41,7 @@ from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
 from moe_hang.runtime.reference import await_reference, reference_report
 from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, WatchSettings
 from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
+from moe_hang.settings import Settings
 
 
 @dataclass
@@ -85,7 +86,8 @@ def _finish_reference(ref: subprocess.Popen[bytes], layout: RunLayout, compare: 
 
 
 def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: list[str],
-                 with_reference: bool = False, native: bool = False) -> RunResult:
+                 settings: Settings, with_reference: bool = False,
+                 native: bool = False) -> RunResult:
     layout = RunLayout(rundir.create(out_dir, cfg.label).resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     t0 = time.time()
@@ -111,16 +113,16 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
                                           log_dir=layout.torchrun_dir)
             with starting_child():
                 job = launcher.start(argv, layout.job_log, launcher.job_env(), cwd=layout.root)
-            settings = WatchSettings(probe_dir=layout.ranks_dir, world=cfg.nproc,
-                                     stall_s=cfg.stall_s)
-            outcome = watch(job, settings, say, quick_check=lambda hbs: quick_divergence(
+            watching = WatchSettings(probe_dir=layout.ranks_dir, world=cfg.nproc,
+                                     stall_s=cfg.stall_s, timings=settings)
+            outcome = watch(job, watching, say, quick_check=lambda hbs: quick_divergence(
                 hbs, cfg.nproc) is not None)
             alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
             if outcome.kind == EventKind.FAILED and any(alive.values()):
                 # the agent died and left its ranks running: see where they are, then end them
-                capture_frozen(outcome, layout, say, native=native)
+                capture_frozen(outcome, layout, say, settings=settings, native=native)
             if outcome.kind in FROZEN:
-                capture_frozen(outcome, layout, say, native=native)
+                capture_frozen(outcome, layout, say, settings=settings, native=native)
                 say("analysing")
                 # before teardown: the ranks are frozen where they hung
                 diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc,
@@ -168,17 +170,20 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
     return RunResult(diag, layout, EXIT_OK, outcome)
 
 
-def repro(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
-    res = run_scenario(cfg, out_dir, say, command=command)
+def repro(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str],
+          settings: Settings) -> RunResult:
+    res = run_scenario(cfg, out_dir, say, command=command, settings=settings)
     res.exit_code = exit_code_for(res.diagnosis.verdict)
     res.scenario.reproduced = res.diagnosis.verdict in PROBLEM_VERDICTS
     save(res.run_dir, res.diagnosis)
     return res
 
 
-def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str]) -> RunResult:
+def verify(cfg: RunConfig, out_dir: str | None, say: Phase, command: list[str],
+          settings: Settings) -> RunResult:
     fixed = cfg.variant == "fixed"
-    res = run_scenario(cfg, out_dir, say, command=command, with_reference=fixed)
+    res = run_scenario(cfg, out_dir, say, command=command, settings=settings,
+                       with_reference=fixed)
     d, run = res.diagnosis, res.scenario
     uncovered = _uncovered(res.run_dir)
     if fixed:

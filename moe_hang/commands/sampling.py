@@ -9,12 +9,14 @@ from __future__ import annotations
 from moe_hang.analysis.activity import Motion, judge
 from moe_hang.capture import window
 from moe_hang.runtime.watchevent import RoundRank, Sampler
+from moe_hang.settings import Settings
 
 
-def sampler(*, native: bool = False) -> Sampler:
+def sampler(settings: Settings, *, native: bool = False) -> Sampler:
     def take(pids: dict[int, int]) -> dict[int, RoundRank]:
         out = {}
-        for r, w in window.sample_window(pids, native=native, locals_last=False).items():
+        for r, w in window.sample_window(pids, settings, native=native,
+                                         locals_last=False).items():
             data = w.final.data
             inside = data is not None and window.in_collective(data)
             j = judge(w.activity) if inside else None

@@ -25,6 +25,7 @@ from moe_hang.runtime import rundir
 from moe_hang.runtime.procs import defer_interrupt, is_alive
 from moe_hang.runtime.progress import ProgressSample
 from moe_hang.runtime.watchevent import FROZEN, EventKind, Phase, WatchEvent
+from moe_hang.settings import Settings
 
 __all__ = ["Interrupted", "Phase", "capture_frozen", "crash_onset", "diagnose_capture",
            "interruptible", "record_source", "save"]
@@ -61,7 +62,7 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, signal.SIG_IGN if fired else h)
 
 
-def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
+def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *, settings: Settings,
                    native: bool = False, ask_probes: bool = True) -> None:
     """Stacks from py-spy and Flight Recorder dumps from the probes, at the same time: of every
     rank of a stalled or desynced job, or of the survivors of one that failed (``ask_probes``
@@ -74,18 +75,21 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *,
 
     def ask() -> None:
         if ask_probes:
-            errors.update(dumps.request_dumps(layout.ranks_dir, sorted(live)))
+            errors.update(dumps.request_dumps(layout.ranks_dir, sorted(live),
+                                              timeout=settings.dump_timeout_s))
 
     # a stalled job cannot move by construction; orphans of a dead agent may still be stepping
     sample = None if stalled else ProgressSample(layout.ranks_dir, live)
     t = threading.Thread(target=ask, daemon=True)
     t.start()
-    stacks = pyspy.pyspy_many(live, native=native, with_locals=True)
-    t.join(dumps.DUMP_TIMEOUT_S + 2.0)
+    stacks = pyspy.pyspy_many(live, timeout=settings.pyspy_timeout_s, native=native,
+                              with_locals=True)
+    t.join(settings.dump_timeout_s + 2.0)  # its own bound, and a margin
     if sample is not None:
         out.progressed = sample.finish()
     pyspy.save_stacks(stacks, layout)
-    capture_ras(layout, out.heartbeats.values(), [dict(os.environ)], say)  # NCCL jobs only
+    # NCCL jobs only
+    capture_ras(layout, out.heartbeats.values(), [dict(os.environ)], say, settings=settings)
     for r, err in errors.items():
         if err:
             layout.rank(r).dump_error.write_text(err)

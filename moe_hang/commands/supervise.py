@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict, pg_label
@@ -33,6 +33,7 @@ from moe_hang.runtime import rundir
 from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive
 from moe_hang.runtime.watchevent import FROZEN, ON_DEMAND, EventKind, WatchEvent
+from moe_hang.settings import Settings
 
 
 @dataclass
@@ -46,6 +47,7 @@ class WatchOptions:
     # moe-hang check: at this many seconds the job is captured, diagnosed and ended, whatever
     # it does (a plan's run is bounded); None: watch as long as the job runs
     limit_s: float | None = None
+    timings: Settings = field(default_factory=Settings)  # the tool's own waits (the CLI's)
 
 
 # capture this node's ranks now and diagnose them; the kind says what the capture is for
@@ -207,7 +209,8 @@ def capture_and_diagnose(event: WatchEvent, kind: EventKind, layout: RunLayout,
     """Capture this node's ranks while they are frozen, and diagnose them. A rank of this node
     is never blamed for waiting on another node's: those are unreached here."""
     alive = {r: is_alive(pid) for r, pid in event.rank_pids.items()}
-    capture_frozen(event, layout, say, native=opts.native, ask_probes=not event.sampled)
+    capture_frozen(event, layout, say, settings=opts.timings, native=opts.native,
+                   ask_probes=not event.sampled)
     say("analysing")
     return diagnose_watched(layout, event, alive, cmd, kind)
 

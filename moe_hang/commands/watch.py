@@ -53,6 +53,7 @@ from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive, starting_child
 from moe_hang.runtime.watchevent import EventKind, WatchEvent, WatchSettings, world_of
+from moe_hang.settings import Settings
 
 PROBE_SITE = Path(probe.__file__).resolve().parent / "_site"
 
@@ -165,7 +166,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     restarts = coord.torchrun_max_restarts(cmd)
     # multi-node: a rank that raised is held for the round, unless the job is to keep running
     # or torchrun would restart it (a held rank would keep the restart from happening)
-    hold_s = None if opts.keep_running or restarts else multinode.HOLD_S
+    hold_s = None if opts.keep_running or restarts else opts.timings.hold_s
     layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
     rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
@@ -195,7 +196,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 pump.start()
                 if plan is not None:
                     node = multinode.Node(plan, layout, lambda text: echo(f"[moe-hang] {text}"),
-                                          stall_s=opts.stall_s, hold_s=hold_s)
+                                          timings=opts.timings, hold_s=hold_s,
+                                          stall_s=opts.stall_s)
                     node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
                 # a slower poll than repro's: watch sits beside long jobs, and on a small
@@ -204,13 +206,14 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                                          stall_s=opts.stall_s, startup_timeout_s=float("inf"),
                                          straggler_notice=True, poll_s=0.25, refresh_s=2.0,
                                          hang_after_s=opts.hang_after_s, watch_unprobed=True,
-                                         max_restarts=restarts)
+                                         max_restarts=restarts, timings=opts.timings)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (
                     quick_divergence(hbs, world_of(hbs)) is not None),
                     on_notice=lambda text: echo(f"[moe-hang] {text}"),
                     # one node: its ranks sampled when the probe is not in them; the nodes of
                     # a multi-node job speak through their probes' heartbeats
-                    sampler=sampling.sampler(native=opts.native) if node is None else None)
+                    sampler=sampling.sampler(opts.timings, native=opts.native)
+                    if node is None else None)
                 peers: Peers = AloneOnNode()
                 if node is not None:
                     peers = multinode.NodePeers(node)
@@ -249,7 +252,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                 # ignored by interruptible, so it cannot cut that teardown short)
                 if job is not None and not ended and interrupted is None \
                         and (diag is None or diag.verdict == Verdict.HEALTHY):
-                    _launcher_exit(job, outcome, say)
+                    _launcher_exit(job, outcome, say, opts.timings)
                 if job is not None and not ended:
                     say("ending the job")
                     job.terminate(grace=3.0)
@@ -296,24 +299,22 @@ def _join_spread(mon: Monitor, *, job: LaunchedJob, layout: RunLayout, opts: Wat
                "MASTER_PORT names their store: a verdict from this node's ranks only "
                "(give every watcher --shared-dir DIR)")
         return None
-    node = multinode.Node(p, layout, notice, stall_s=opts.stall_s, hold_s=hold_s)
+    node = multinode.Node(p, layout, notice, timings=opts.timings, hold_s=hold_s,
+                          stall_s=opts.stall_s)
     node.attach(job)
     return node
 
 
-# every rank gone, the launcher still up: how long its own teardown may take before watch ends
-# it (a torchrun agent leaves the rendezvous in a few seconds; when the agent that hosts the
-# store has gone first, the other one waits on it before it gives up)
-LAUNCHER_TEARDOWN_S = 20.0
-
-
-def _launcher_exit(job: LaunchedJob, outcome: WatchEvent, say: Phase) -> None:
+def _launcher_exit(job: LaunchedJob, outcome: WatchEvent, say: Phase,
+                   timings: Settings) -> None:
     """A job whose ranks have all exited: its exit code is the launcher's own, not the one of
-    ending it, so let its teardown finish (bounded)."""
+    ending it, so let its teardown finish, for ``timings.launcher_teardown_s`` at most (a
+    torchrun agent leaves the rendezvous in a few seconds; when the agent that hosts the
+    store has gone first, the other one waits on it before it gives up)."""
     if job.poll() is None and outcome.rank_pids \
             and not any(is_alive(pid) for pid in outcome.rank_pids.values()):
         say("every rank exited: waiting for the launcher's own exit")
-        job.wait_exit(LAUNCHER_TEARDOWN_S)
+        job.wait_exit(timings.launcher_teardown_s)
     rc = job.poll()
     if rc is not None and outcome.returncode is None:
         outcome.returncode = rc

@@ -5,8 +5,8 @@ Under ``watch`` two writers share one terminal: the job (its bytes, passed throu
 ``\\r`` progress bars included) and this status line. :class:`Terminal` holds the lock and the
 job's last byte: before job bytes are written the status line is erased (``\\r\\x1b[K``); it
 is drawn again only when the job's last byte was ``\\n`` and the job has been quiet for
-:data:`QUIET_S`. Without a terminal there is no status line at all; ``MOE_HANG_PROGRESS=1``
-prints the phases as plain lines instead (CI logs).
+``Settings.status_quiet_s``. Without a terminal there is no status line at all;
+``MOE_HANG_PROGRESS=1`` prints the phases as plain lines instead (CI logs).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
-QUIET_S = 0.3  # the job wrote nothing for this long: the status line may come back
-TICK_S = 0.1
+from moe_hang.settings import Settings
+
 ERASE = "\r\x1b[K"
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -29,9 +29,10 @@ _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 class Terminal:
     """Who writes to the terminal, and when (one lock; the job's last byte)."""
 
-    def __init__(self, *, live: bool, plain: bool, job: BinaryIO | None = None,
-                 status: TextIO | None = None) -> None:
+    def __init__(self, *, live: bool, plain: bool, settings: Settings,
+                 job: BinaryIO | None = None, status: TextIO | None = None) -> None:
         self._live, self._plain = live, plain
+        self._quiet_s, self._tick_s = settings.status_quiet_s, settings.status_tick_s
         self._job_stream = job
         self._status = status if status is not None else sys.stderr
         # reentrant: a Ctrl-C raised in the main thread while it holds the lock must not
@@ -102,7 +103,7 @@ class Terminal:
     # drawing ---------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while not self._stop.wait(self._tick_s):
             with self._lock:
                 self._frame = (self._frame + 1) % len(_FRAMES)
                 self._draw()
@@ -111,7 +112,7 @@ class Terminal:
         """Under the lock: draw the status line if the job is at a line start and quiet."""
         if self._stop.is_set() or not self._text:
             return
-        if self._last != b"\n" or time.monotonic() - self._last_t < QUIET_S:
+        if self._last != b"\n" or time.monotonic() - self._last_t < self._quiet_s:
             return
         cols = shutil.get_terminal_size((80, 24)).columns
         text = self._text[: max(cols - 3, 1)]  # one row: a wrapped status line cannot be erased
@@ -140,7 +141,8 @@ class JobOutput:
 
 
 @contextlib.contextmanager
-def live_status(enabled: bool = True, *, job: BinaryIO | None = None) -> Iterator[Terminal]:
+def live_status(enabled: bool = True, *, settings: Settings,
+                job: BinaryIO | None = None) -> Iterator[Terminal]:
     """A :class:`Terminal` for one command; ``job`` is where the job's bytes go (watch).
 
     The status line is drawn only when stderr is a terminal and ``enabled``; otherwise
@@ -148,7 +150,7 @@ def live_status(enabled: bool = True, *, job: BinaryIO | None = None) -> Iterato
     just the report and one-line errors). On the way out the status line is gone."""
     live = enabled and sys.stderr.isatty()
     plain = enabled and not live and os.environ.get("MOE_HANG_PROGRESS") == "1"
-    term = Terminal(live=live, plain=plain, job=job)
+    term = Terminal(live=live, plain=plain, settings=settings, job=job)
     try:
         yield term
     finally:

@@ -38,11 +38,6 @@ from moe_hang.runtime.watchevent import (
 )
 
 CPU_MOVING_RATE = 0.02  # of one core
-BEAT_STALE_S = 1.0  # the probe beats every 0.25 s: silent this long, its rank holds the GIL
-# nothing says how many ranks run on this node (no LOCAL_WORLD_SIZE: one srun or mpirun task
-# per node that starts its node's ranks itself): the ranks here are up once no new one joined
-# a group for this long and every process under the job that joined one has its heartbeat
-SETTLE_S = 1.0
 
 
 def _describe(hbs: dict[int, Heartbeat], world: int | None) -> str:
@@ -89,7 +84,7 @@ class Monitor(SamplingWatch):
         self.held_since: float | None = None  # a stall the command chose to wait out
         self.desync_seen = False
         self.attempt = 0  # torchrun's restart count of the ranks watched now
-        self._joined: tuple[frozenset[int], float] = (frozenset(), 0.0)  # SETTLE_S
+        self._joined: tuple[frozenset[int], float] = (frozenset(), 0.0)  # timings.settle_s
         self._settle_scan = -1e9
 
     # ------------------------------------------------------------------ the loop
@@ -242,8 +237,8 @@ class Monitor(SamplingWatch):
     def _expected_here(self, hbs: dict[int, Heartbeat], now: float) -> int | None:
         """How many ranks this node runs: LOCAL_WORLD_SIZE, else WORLD_SIZE; where the world
         is larger than the ranks here and nothing says how many run here, the ranks that have
-        joined once none joined for SETTLE_S and no process under the job that joined a group
-        lacks its heartbeat."""
+        joined once none joined for ``timings.settle_s`` and no process under the job that
+        joined a group lacks its heartbeat."""
         n = local_world_from(hbs)
         if n is None or len(hbs) >= n or any(hb.local_world for hb in hbs.values()):
             return n
@@ -251,7 +246,8 @@ class Monitor(SamplingWatch):
         if seen != self._joined[0]:
             self._joined = (seen, now)
             return n
-        if now - self._joined[1] < SETTLE_S or now - self._settle_scan < self.s.refresh_s:
+        if now - self._joined[1] < self.s.timings.settle_s \
+                or now - self._settle_scan < self.s.refresh_s:
             return n
         self._settle_scan = now
         beating = {hb.pid for hb in hbs.values()}
@@ -283,7 +279,7 @@ class Monitor(SamplingWatch):
                 first = st.beat < 0
                 st.beat = hb.beat
                 st.beat_at = (now - (time.time() - hb.time) if hb.time is not None
-                              else now - BEAT_STALE_S - 1.0) if first else now
+                              else now - self.s.timings.beat_stale_s - 1.0) if first else now
             cpu = main_thread_cpu(pid) if pid is not None else None
             fp = hb.fingerprint()
             moved = fp != st.fp
@@ -293,7 +289,7 @@ class Monitor(SamplingWatch):
                 busy = used > CPU_MOVING_S and rate > CPU_MOVING_RATE
                 # in a collective, CPU proves nothing (a spin-wait burns it too) — unless the
                 # heartbeat went silent: then the interpreter holds the GIL and works
-                stale = now - st.beat_at > BEAT_STALE_S
+                stale = now - st.beat_at > self.s.timings.beat_stale_s
                 moved = busy and (stale or not in_collective(hb))
             if moved or st.cpu is None:
                 st.fp, st.cpu = fp, cpu

@@ -14,6 +14,7 @@ from moe_hang.evidence.activity import Activity
 from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.stacks import collective_of
 from moe_hang.evidence.vocab import JobState, StrEnum
+from moe_hang.settings import Settings
 
 Phase = Callable[[str], None]  # what a command shows as its live phase ("capturing stacks")
 
@@ -48,6 +49,8 @@ class WatchSettings:
     max_restarts: int = 0
     # ... and how long it may take to start the next attempt's ranks (a re-rendezvous)
     restart_wait_s: float = 120.0
+    # the tool's own waits (a heartbeat gone stale, ranks settled): the command's Settings
+    timings: Settings = field(default_factory=Settings)
 
 
 class EventKind(StrEnum):

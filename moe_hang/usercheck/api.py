@@ -24,6 +24,7 @@ from moe_hang.probe.routing import ENV_ROUTER
 from moe_hang.runtime import launcher, rundir
 from moe_hang.runtime.procs import Tracker, end_tree
 from moe_hang.runtime.reference import await_reference, reference_report
+from moe_hang.settings import Settings
 
 
 class HangReproduced(AssertionError):
@@ -64,7 +65,8 @@ def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *,
           plans: int = 8, rtol: float | None = None, reduce: str = "mean", stall_s: float = 5.0,
           timeout_s: float = 300.0, router: type | str | None = None,
           out: str | os.PathLike[str] | None = None,
-          say: Callable[[str], None] = lambda _: None) -> CheckResult:
+          say: Callable[[str], None] = lambda _: None,
+          settings: Settings | None = None) -> CheckResult:
     """Run ``build``'s model for ``steps`` steps on ``world`` gloo ranks (torchrun) under
     every routing plan of moe-hang check; the result, or :class:`HangReproduced`.
 
@@ -77,10 +79,12 @@ def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *,
     how the ranks' gradients combine, ``"mean"`` (DDP, FSDP) or ``"sum"`` (expert parallel
     with no data-parallel averaging). ``router``: the class of your router (or
     ``"pkg.mod.Class"``) where the blocks have no ``experts`` child beside a
-    ``gate``/``router``."""
+    ``gate``/``router``. ``settings``: the tool's own waits (default: as the CLI reads them,
+    ``MOE_HANG_<FIELD>`` overrides from the environment)."""
     from moe_hang.commands.check import check_command
     from moe_hang.report.check import check_screen
 
+    timings = settings if settings is not None else Settings.from_env(os.environ)
     if world < 2:
         raise MoeHangError(f"world={world}: a hang needs at least 2 ranks")
     if reduce not in ("mean", "sum"):
@@ -107,8 +111,8 @@ def check(build: Callable[[], Any], batch: Callable[[int, int], Any], *,
     if router is not None:
         os.environ[ENV_ROUTER] = router  # the ranks inherit it
     try:
-        res = check_command(cmd, say, out=None if out is None else str(out), stall_s=stall_s,
-                            timeout_s=timeout_s, max_plans=plans,
+        res = check_command(cmd, say, settings=timings, out=None if out is None else str(out),
+                            stall_s=stall_s, timeout_s=timeout_s, max_plans=plans,
                             command=["moe_hang.check", b, x])
         if ref is not None and not res.reproduced:
             say("comparing with the single-process reference")

@@ -13,6 +13,7 @@ import pytest
 
 from moe_hang.probe import sample
 from moe_hang.runtime.procs import helpers_cpu
+from moe_hang.settings import Settings
 
 
 @pytest.mark.timeout(30)
@@ -66,7 +67,7 @@ def test_a_process_waiting_on_its_busy_worker_is_seen_moving():
         try:
             assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
             time.sleep(0.5)
-            got = window.sample_window({0: p.pid}, samples=2, interval_s=0.5,
+            got = window.sample_window({0: p.pid}, Settings(sample_interval_s=0.5), samples=2,
                                        locals_last=False)[0]
             assert (got.helpers_cores > window.BUSY_CORES) is want, got.helpers_cores
             if got.moved is not None:

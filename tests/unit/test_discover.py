@@ -48,12 +48,12 @@ def test_a_job_that_ends_while_diagnosed_gets_no_verdict() -> None:
     try:
         job = FoundJob(live[0].pid, None, [RankProc(i, p.pid, "h") for i, p in
                                            enumerate(live)], 2)
-        _refuse_an_ended_job(job, live[0].pid)  # alive: nothing raised
+        _refuse_an_ended_job(job, live[0].pid, 3.0)  # alive: nothing raised
         for p in live:
             p.kill()
             p.wait()
         with pytest.raises(MoeHangError, match="ended while it was being diagnosed"):
-            _refuse_an_ended_job(job, live[0].pid)
+            _refuse_an_ended_job(job, live[0].pid, 3.0)
     finally:
         for p in live:
             p.kill()

@@ -14,6 +14,7 @@ from conftest import ROOT
 from moe_hang.commands import watch as watch_cmd
 from moe_hang.runtime.launcher import LaunchedJob
 from moe_hang.runtime.watchevent import EventKind, WatchEvent
+from moe_hang.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,20 +36,20 @@ def test_the_launchers_own_code_once_every_rank_is_gone(tmp_path, code):
     job = _launcher(f"import sys, time; time.sleep(1.0); sys.exit({code})", tmp_path)
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: _gone_rank()})
     try:
-        watch_cmd._launcher_exit(job, outcome, lambda text: None)
+        watch_cmd._launcher_exit(job, outcome, lambda text: None, Settings())
         assert outcome.returncode == code
     finally:
         job.terminate(grace=1.0)
 
 
-def test_a_launcher_whose_ranks_live_is_not_waited_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(watch_cmd, "LAUNCHER_TEARDOWN_S", 30.0)
+def test_a_launcher_whose_ranks_live_is_not_waited_for(tmp_path):
     job = _launcher("import time; time.sleep(30)", tmp_path)
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: rank.pid})
     try:
         t0 = time.monotonic()
-        watch_cmd._launcher_exit(job, outcome, lambda text: None)
+        watch_cmd._launcher_exit(job, outcome, lambda text: None,
+                                 Settings(launcher_teardown_s=30.0))
         assert time.monotonic() - t0 < 5.0  # at once: a live rank is the job, not its teardown
         assert outcome.returncode is None
     finally:
@@ -57,13 +58,13 @@ def test_a_launcher_whose_ranks_live_is_not_waited_for(tmp_path, monkeypatch):
         job.terminate(grace=1.0)
 
 
-def test_the_wait_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(watch_cmd, "LAUNCHER_TEARDOWN_S", 0.5)
+def test_the_wait_is_bounded(tmp_path):
     job = _launcher("import time; time.sleep(30)", tmp_path)
     outcome = WatchEvent(kind=EventKind.STALLED, rank_pids={0: _gone_rank()})
     try:
         t0 = time.monotonic()
-        watch_cmd._launcher_exit(job, outcome, lambda text: None)
+        watch_cmd._launcher_exit(job, outcome, lambda text: None,
+                                 Settings(launcher_teardown_s=0.5))
         assert 0.4 < time.monotonic() - t0 < 5.0  # it waited, and no longer than its bound
         assert outcome.returncode is None
     finally:

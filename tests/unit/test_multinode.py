@@ -32,6 +32,7 @@ from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import CaptureRequest, NodeSummary
 from moe_hang.runtime.discover import find_jobs
+from moe_hang.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -407,7 +408,8 @@ def test_a_node_up_by_sampling_waits_for_its_ranks_heartbeats(fixtures: Path,
     shared.mkdir()
     plan = multinode.plan(["python", "train.py"], shared, env={})
     assert plan is not None
-    node = multinode.Node(plan, layout, lambda _text: None)
+    node = multinode.Node(plan, layout, lambda _text: None, timings=Settings(),
+                          hold_s=Settings().hold_s)
     assert not node.tick(_monitor(time.time(), True, {}))
     assert (node.node, node.local_ranks, node.world) == ("", [], None)
     node.tick(_monitor(time.time(), False, read_heartbeats(layout.ranks_dir)))

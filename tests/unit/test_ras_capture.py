@@ -21,6 +21,7 @@ from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.ras_files import attach_run_ras
 from moe_hang.probe.layout import RunLayout
+from moe_hang.settings import Settings
 
 RAS = FIXTURES / "ras"
 
@@ -57,7 +58,7 @@ def test_a_gloo_job_is_never_asked(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as srv:
         srv.setblocking(False)
         env = {"NCCL_RAS_ADDR": f"127.0.0.1:{srv.getsockname()[1]}", "NCCL_DEBUG": "INFO"}
-        assert not capture_ras(layout, [_hb("gloo:all_reduce")], [env])
+        assert not capture_ras(layout, [_hb("gloo:all_reduce")], [env], settings=Settings())
         with pytest.raises(BlockingIOError):
             srv.accept()  # nobody connected
     assert not layout.ras_dir.exists()
@@ -70,7 +71,8 @@ def test_two_polls_into_the_run_directory_and_back(tmp_path):
     said: list[str] = []
     with FakeRas([JSON, second]) as srv:
         env = {"NCCL_RAS_ADDR": f"127.0.0.1:{srv.port}"}
-        assert poll_into(layout, backend="nccl", env=env, say=said.append, interval_s=1.2)
+        assert poll_into(layout, backend="nccl", env=env, say=said.append,
+                         settings=Settings(ras_interval_s=1.2))
     assert said and "twice" in said[0]
     meta = json.loads(layout.ras_meta.read_text())
     assert [p["file"] for p in meta["polls"]] == ["poll1.json", "poll2.json"]
@@ -89,7 +91,8 @@ def test_two_polls_into_the_run_directory_and_back(tmp_path):
 def test_ras_off_or_unreachable_is_a_note(tmp_path):
     layout = RunLayout(tmp_path / "off")
     layout.root.mkdir()
-    assert not poll_into(layout, backend="nccl", env={"NCCL_RAS_ENABLE": "0"})
+    assert not poll_into(layout, backend="nccl", env={"NCCL_RAS_ENABLE": "0"},
+                         settings=Settings())
     ev = Evidence(ranks={})
     attach_run_ras(ev, layout.root)
     assert ev.ras is not None and "RAS is off" in read_ras(ev.ras).lines()[0]
@@ -100,7 +103,7 @@ def test_ras_off_or_unreachable_is_a_note(tmp_path):
     layout = RunLayout(tmp_path / "down")
     layout.root.mkdir()
     assert poll_into(layout, backend="nccl", env={"NCCL_RAS_ADDR": f"127.0.0.1:{port}"},
-                     interval_s=0.1)
+                     settings=Settings(ras_interval_s=0.1))
     ev = Evidence(ranks={})
     attach_run_ras(ev, layout.root)
     assert ev.ras is not None and ev.ras.polls == ()

@@ -186,7 +186,7 @@ def test_a_refused_connection_is_a_clear_answer():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    a = query_ras(RasEndpoint("127.0.0.1", port), deadline_s=3)
+    a = query_ras(RasEndpoint("127.0.0.1", port), ras_timeout_s=5, deadline_s=3)
     assert not a.ok and a.error is not None
     assert a.error.startswith(f"nothing listens at 127.0.0.1:{port}")
     assert "NCCL_RAS_ADDR" in a.error and a.seconds < 3
@@ -226,7 +226,7 @@ def test_take_two_stops_when_the_first_fails():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    pair = take_two(5.0, RasEndpoint("127.0.0.1", port))
+    pair = take_two(5.0, RasEndpoint("127.0.0.1", port), ras_timeout_s=5)
     assert pair.second is None and pair.interval_s is None and not pair.first.ok
     assert time.monotonic() - t0 < 2.0  # no sleep for a second poll that cannot work
 
@@ -325,6 +325,6 @@ def test_socket_is_forced_even_with_ncclras_on_path(tmp_path, monkeypatch):
 
 
 def test_asking_for_ncclras_without_it():
-    a = query_ras(RasEndpoint("127.0.0.1", 1), use="ncclras")
+    a = query_ras(RasEndpoint("127.0.0.1", 1), ras_timeout_s=5, use="ncclras")
     assert not a.ok and a.error == "ncclras is not on PATH"
     assert os.environ["PATH"] == "/nonexistent"

@@ -20,7 +20,7 @@ def test_spec(raw, want):
 
 
 def test_a_relay_is_reached_by_its_spec_and_ends_with_close():
-    relay = Relay("127.0.0.1")
+    relay = Relay("127.0.0.1", op_timeout_s=30.0)
     ch = open_relay(relay.spec(), "run1", connect_s=5.0)
     assert ch is not None
     try:
@@ -33,7 +33,7 @@ def test_a_relay_is_reached_by_its_spec_and_ends_with_close():
 
 
 def test_the_local_address_on_the_way_to_a_store():
-    relay = Relay("127.0.0.1")
+    relay = Relay("127.0.0.1", op_timeout_s=30.0)
     try:
         assert local_address("127.0.0.1", relay.port) == "127.0.0.1"
     finally:

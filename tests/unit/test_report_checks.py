@@ -65,13 +65,13 @@ def _fake_python(tmp_path: Path, body: str) -> str:
 ])
 def test_nccl_needs_a_cuda_build_and_a_gpu_per_rank(tmp_path, body, nproc, needle):
     with pytest.raises(MoeHangError) as exc:
-        require_gpu_per_rank(nproc, python=_fake_python(tmp_path, body))
+        require_gpu_per_rank(nproc, timeout_s=60.0, python=_fake_python(tmp_path, body))
     assert needle in str(exc.value)
 
 
 def test_nccl_check_passes_and_is_bounded(tmp_path):
-    require_gpu_per_rank(4, python=_fake_python(tmp_path, "print('noise'); print('12.4'); "
-                                                          "print(8)"))
+    require_gpu_per_rank(4, timeout_s=60.0,
+                         python=_fake_python(tmp_path, "print('noise'); print('12.4'); print(8)"))
     slow = _fake_python(tmp_path, "time.sleep(30)")
     with pytest.raises(MoeHangError, match="within 1 s"):
         require_gpu_per_rank(2, python=slow, timeout_s=1)

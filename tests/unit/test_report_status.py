@@ -11,7 +11,8 @@ import time
 import pytest
 
 from moe_hang.commands.watch import _Echo, _pump
-from moe_hang.report.status import ERASE, QUIET_S, JobOutput, Terminal
+from moe_hang.report.status import ERASE, JobOutput, Terminal
+from moe_hang.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,7 +49,8 @@ class _Stream:
 
 
 def _terminal(log: _Log) -> Terminal:
-    return Terminal(live=True, plain=False, job=log.stream("job"),  # type: ignore[arg-type]
+    return Terminal(live=True, plain=False, settings=Settings(),
+                    job=log.stream("job"),  # type: ignore[arg-type]
                     status=log.stream("status"))  # type: ignore[arg-type]
 
 
@@ -76,11 +78,11 @@ def test_status_line_waits_for_the_jobs_line_end_and_quiet():
     term.job_bytes(b"step 1/3\r")
     assert log.events[-2] == ("status", ERASE) and log.events[-1] == ("job", b"step 1/3\r")
     term.say("watching")
-    time.sleep(QUIET_S * 2.5)
+    time.sleep(Settings().status_quiet_s * 2.5)
     assert log.events[-1] == ("job", b"step 1/3\r"), "drawn on the job's progress line"
     term.job_bytes(b"step 2/3\rstep 3/3\n")
     n = len(log.draws())
-    time.sleep(QUIET_S * 2.5)
+    time.sleep(Settings().status_quiet_s * 2.5)
     assert len(log.draws()) > n, "not drawn again once the job ended its line and was quiet"
     term.notice("[moe-hang] rank 1 still computing")
     term.close()
@@ -121,12 +123,12 @@ def test_close_ends_an_unfinished_line_and_erases():
 
 def test_without_a_terminal_phases_are_plain_lines_or_nothing():
     out = io.StringIO()
-    plain = Terminal(live=False, plain=True, job=io.BytesIO(), status=out)
+    plain = Terminal(live=False, plain=True, settings=Settings(), job=io.BytesIO(), status=out)
     plain.say("launching 2 ranks")
     plain.close()
     assert out.getvalue() == "· launching 2 ranks\n"
     out = io.StringIO()
-    quiet = Terminal(live=False, plain=False, job=io.BytesIO(), status=out)
+    quiet = Terminal(live=False, plain=False, settings=Settings(), job=io.BytesIO(), status=out)
     quiet.say("launching 2 ranks")
     quiet.job_bytes(b"x\n")
     quiet.close()
@@ -136,7 +138,7 @@ def test_without_a_terminal_phases_are_plain_lines_or_nothing():
 def test_pump_passes_chunks_through_unchanged_and_the_gate_closes():
     r, w = os.pipe()
     log, job = io.BytesIO(), io.BytesIO()
-    term = Terminal(live=False, plain=False, job=job, status=io.StringIO())
+    term = Terminal(live=False, plain=False, settings=Settings(), job=job, status=io.StringIO())
     gate = _Echo(JobOutput(term))
     with os.fdopen(r, "rb", buffering=0) as stream:
         t = threading.Thread(target=_pump, args=(stream, log, gate))

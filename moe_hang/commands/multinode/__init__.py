@@ -25,9 +25,7 @@ the one watch policy, :mod:`moe_hang.commands.supervise`, sees them).
 
 from __future__ import annotations
 
-from moe_hang.commands.multinode.channel import CONNECT_S
 from moe_hang.commands.multinode.connect import (
-    FRESH_S,
     Plan,
     check_shared_dir,
     open_channel,
@@ -36,9 +34,6 @@ from moe_hang.commands.multinode.connect import (
     plan_from_ranks,
 )
 from moe_hang.commands.multinode.node import (
-    HOLD_S,
-    MOVING_S,
-    OFFER_S,
     Node,
     RoundOutcome,
     block_of,
@@ -56,13 +51,8 @@ from moe_hang.commands.multinode.summaries import (
 )
 
 __all__ = [
-    "CONNECT_S",
-    "FRESH_S",
     "HISTORY_PER_GROUP",
-    "HOLD_S",
     "MAX_USER_FRAMES",
-    "MOVING_S",
-    "OFFER_S",
     "Node",
     "NodePeers",
     "Plan",

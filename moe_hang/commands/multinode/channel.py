@@ -13,16 +13,10 @@ from moe_hang.commands.multinode.connect import Plan, _agent_endpoint, open_chan
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import Channel, Coordinator, StoreChannel
 from moe_hang.runtime.coord.relay import RELAY_KEY, Relay, local_address, open_relay
+from moe_hang.settings import Settings
 
 if TYPE_CHECKING:
     from moe_hang.runtime.launcher import LaunchedJob
-
-CONNECT_S = 24 * 3600.0  # the store appears when the head node's agent starts: keep trying
-# the store's node names the relay before its ranks are up; the others wait this long for it
-# once theirs are (none: no watcher there, and they stay on the job's store)
-RELAY_WAIT_S = 10.0
-RELAY_CONNECT_S = 5.0
-FALLBACK_S = 5.0  # the relay gone: how long to try the job's store again
 
 
 class NodeChannel:
@@ -30,6 +24,7 @@ class NodeChannel:
     holds the rest (and the methods this part calls back)."""
 
     plan: Plan
+    timings: Settings  # how long to try the store, wait for the relay, fall back
     notice: Callable[[str], None]
     node: str
     host: str
@@ -58,7 +53,8 @@ class NodeChannel:
     def _connect(self) -> None:
         ch: Channel | None = None
         if self.plan.shared_dir is None:  # the store may appear after us: connect early
-            ch, why = open_channel(self.plan, connect_s=CONNECT_S, stop=self._closed)
+            ch, why = open_channel(self.plan, connect_s=self.timings.store_connect_s,
+                                   stop=self._closed)
             if ch is None:
                 self.why_local = why
                 return
@@ -86,7 +82,7 @@ class NodeChannel:
             if hosts and self._relay is None:
                 self._serve_relay(ch)
             job_store = ch
-            ch = self._to_relay(ch, wait_s=0.0 if hosts else RELAY_WAIT_S)
+            ch = self._to_relay(ch, wait_s=0.0 if hosts else self.timings.relay_wait_s)
             self._on_relay = ch is not job_store
         self._start(ch)
 
@@ -94,7 +90,8 @@ class NodeChannel:
         """The relay went while this node's job runs on: its watcher was killed alone (its
         agent, and the job's store, may live). Back to the job's store, registered anew (the
         others, losing the relay too, do the same); nothing if that store is gone as well."""
-        ch, _ = open_channel(self.plan, connect_s=FALLBACK_S, stop=self._closed)
+        ch, _ = open_channel(self.plan, connect_s=self.timings.store_fallback_s,
+                             stop=self._closed)
         if ch is None:
             return
         self.notice(f"the watchers' relay is gone ({gone[:120]}); back on "
@@ -130,7 +127,7 @@ class NodeChannel:
         if addr is None:
             return
         try:
-            relay = Relay(addr)
+            relay = Relay(addr, self.timings.relay_op_timeout_s)
         except Exception:  # a server we cannot start is only a relay we do not have
             return
         try:
@@ -149,7 +146,7 @@ class NodeChannel:
                 raw = ch.get(RELAY_KEY)
         except coord.ChannelGone:
             return ch
-        relay = open_relay(raw, self.plan.run, connect_s=RELAY_CONNECT_S)
+        relay = open_relay(raw, self.plan.run, connect_s=self.timings.relay_connect_s)
         if relay is None:
             return ch
         ch.close()

@@ -25,8 +25,6 @@ from moe_hang.runtime.coord import (
 )
 from moe_hang.runtime.coord.relay import RELAY_KEY, open_relay
 
-FRESH_S = 30.0  # diagnose: an older periodic summary says nothing about now
-
 
 @dataclass
 class Plan:
@@ -124,9 +122,11 @@ def _agent_endpoint(pids: Iterable[int]) -> StoreEndpoint | None:
 
 def peers_for_diagnose(agent_cmdline: Sequence[str], agent_env: Mapping[str, str],
                        shared_dir: str | os.PathLike[str] | None, local_ranks: Iterable[int],
-                       *, connect_s: float = 3.0) -> tuple[dict[str, NodeSummary], str | None]:
+                       *, fresh_s: float,
+                       connect_s: float = 3.0) -> tuple[dict[str, NodeSummary], str | None]:
     """The other nodes' latest summaries, where their watchers publish them: (node ->
-    summary, None) or ({}, why not). Only summaries younger than FRESH_S; never this node's
+    summary, None) or ({}, why not). Only summaries younger than ``fresh_s``
+    (``Settings.summary_fresh_s``: an older one says nothing about now); never this node's
     own ranks."""
     p = plan(agent_cmdline, shared_dir, agent_env)
     if p is None:
@@ -151,6 +151,6 @@ def peers_for_diagnose(agent_cmdline: Sequence[str], agent_env: Mapping[str, str
         mine = set(local_ranks)
         now = time.time()
         return {n: s for n, s in sums.items()
-                if now - s.time <= FRESH_S and not mine & {r.rank for r in s.ranks}}, None
+                if now - s.time <= fresh_s and not mine & {r.rank for r in s.ranks}}, None
     finally:
         ch.close()

@@ -37,24 +37,10 @@ from moe_hang.runtime.coord.relay import Relay
 from moe_hang.runtime.monitor import Monitor
 from moe_hang.runtime.procs import is_alive
 from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, world_of
+from moe_hang.settings import Settings
 
 if TYPE_CHECKING:
     from moe_hang.runtime.launcher import LaunchedJob
-
-
-
-MOVING_S = 5.0  # a rank that moved this recently is "moving" in its node's summary
-OFFER_S = 1.0  # how often the watch loop hands a fresh summary to the coordinator
-# a rank that raised is held (its probe waits, bounded) until the round is over: a whole round
-# is bounded by its capture (30 s), verdict (20 s) and end (15 s) waits, plus the capture here
-HOLD_S = 90.0
-# a round asked for while the channel is still being opened (a rank raised early): wait this
-# long for it rather than give a verdict of this node's ranks only
-READY_S = 15.0
-# a rank here died, its launcher is still tearing the node down: how long the capture waits
-# for the launcher's failure report (each rank's exit code)
-LAUNCHER_REPORT_S = 5.0
-JOIN_S = 10.0  # closing: how long the background thread may take to leave a store connect
 
 
 @dataclass
@@ -69,13 +55,14 @@ class Node(NodeChannel):
     local ranks are up, summaries offered from the watch loop (no I/O there), and rounds."""
 
     def __init__(self, p: Plan, layout: RunLayout, notice: Callable[[str], None], *,
-                 stall_s: float = 10.0, hold_s: float | None = HOLD_S) -> None:
-        self.plan, self.layout, self.notice = p, layout, notice
-        # None: a rank that raised ends at once (--keep-running; torchrun may restart it)
+                 timings: Settings, hold_s: float | None, stall_s: float = 10.0) -> None:
+        self.plan, self.layout, self.notice, self.timings = p, layout, notice, timings
+        # how long a rank that raised is held (timings.hold_s); None: it ends at once
+        # (--keep-running; torchrun may restart it)
         self.hold_s = hold_s
         # "moving" in a summary: moved this recently (well inside --stall, so that ranks that
         # just entered the collective the others wait in are not read as computing)
-        self.moving_s = min(MOVING_S, stall_s / 2)
+        self.moving_s = min(timings.summary_moving_s, stall_s / 2)
         self.publish_s = 2.0
         self.host = socket.gethostname()
         self.co: Coordinator | None = None
@@ -151,7 +138,7 @@ class Node(NodeChannel):
                                               name="moe-hang-fallback", daemon=True)
             self._fallback.start()
         now = time.monotonic()
-        if now - self._last_offer >= OFFER_S:
+        if now - self._last_offer >= self.timings.summary_offer_s:
             self._last_offer = now
             co.offer_summary(self.summary(mon))
         return co.capture_requested() is not None
@@ -166,9 +153,9 @@ class Node(NodeChannel):
 
     def summary_lag_s(self) -> float:
         """How late a summary can say that a rank stopped moving: the watch loop offers one
-        every OFFER_S, the coordinator publishes a changed one at most every publish_s, on
-        its next beat (1 s)."""
-        return OFFER_S + self.publish_s + 1.0 + self.moving_s + 0.5
+        every ``summary_offer_s``, the coordinator publishes a changed one at most every
+        publish_s, on its next beat (1 s)."""
+        return self.timings.summary_offer_s + self.publish_s + 1.0 + self.moving_s + 0.5
 
     def moving_elsewhere(self) -> dict[str, list[int]]:
         """Host -> its ranks that moved lately, from the other nodes' summaries (bounded).
@@ -222,7 +209,7 @@ class Node(NodeChannel):
         thread stops between attempts once closed."""
         for t in (self._thread, self._fallback):
             if t is not None and t is not threading.current_thread():
-                t.join(JOIN_S)
+                t.join(self.timings.channel_join_s)
 
     def next_round(self) -> None:
         if self.co is not None:
@@ -291,7 +278,8 @@ class Node(NodeChannel):
         """Capture here, the same on every node, one verdict; returns once this node may end
         its job (the store's host after every other node has the verdict)."""
         if self.co is None and self._thread is not None:
-            self._ready.wait(READY_S)  # still connecting: a rank raised early in the job
+            # still connecting: a rank raised early in the job
+            self._ready.wait(self.timings.round_ready_s)
         co = self.co
         req: CaptureRequest | None = None
         if co is not None:
@@ -359,7 +347,7 @@ class Node(NodeChannel):
         The capture waits for that (bounded) rather than call the rank gone without one."""
         job = self.job
         if job is not None and not all(is_alive(pid) for pid in outcome.rank_pids.values()):
-            job.wait_exit(LAUNCHER_REPORT_S)
+            job.wait_exit(self.timings.launcher_report_s)
 
     def finish(self, ended_after_verdict: bool) -> None:
         """After the job ended: where a verdict ended it, the run directory keeps the capture

@@ -18,11 +18,10 @@ from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, FRDump
 from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Problem
 from moe_hang.evidence.flight_recorder.parse_entry import RankLists
+from moe_hang.settings import Settings
 
 POOL_MIN_FILES = 24  # below this (or POOL_MIN_BYTES) forking workers costs more than it saves
 POOL_MIN_BYTES = 4_000_000
-LOAD_TIMEOUT_S = 120.0  # per chunk of files, plus LOAD_S_PER_MB of its size
-LOAD_S_PER_MB = 0.5
 
 
 @dataclass
@@ -107,9 +106,10 @@ def _workers(n_files: int, n_bytes: int) -> int:
 
 
 def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
-              workers: int | None = None) -> list[LoadedSet]:
+              workers: int | None = None, settings: Settings = Settings()) -> list[LoadedSet]:
     """Parse every file of every set (in parallel when it pays); unreadable files become
-    :class:`Problem` s of their set. Raises TimeoutError when the workers stall."""
+    :class:`Problem` s of their set. Raises TimeoutError when the workers stall (no chunk in
+    ``settings.fr_load_timeout_s``, plus ``fr_load_s_per_mb`` of its size)."""
     loaded = [LoadedSet(s) for s in sets]
     jobs = [(i, f) for i, s in enumerate(sets) for _r, f in sorted(s.files.items())]
     n_bytes = sum(f.size for _i, f in jobs)
@@ -138,12 +138,13 @@ def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
                 else:
                     loaded[i].fr[f.rank] = got
         else:
-            _load_parallel(jobs, n, n_bytes, context, take)
+            _load_parallel(jobs, n, n_bytes, context, take, settings)
     return loaded
 
 
 def _load_parallel(jobs: list[tuple[int, DumpFile]], n: int, n_bytes: int,
-                   context: int | None, take: Callable[[_Chunk], None]) -> None:
+                   context: int | None, take: Callable[[_Chunk], None],
+                   settings: Settings) -> None:
     """``n`` forked workers parse chunks of files; the results are taken as they come, so
     the parent holds windows only, never a whole dump."""
     import multiprocessing as mp  # not on the path of small sets
@@ -152,7 +153,9 @@ def _load_parallel(jobs: list[tuple[int, DumpFile]], n: int, n_bytes: int,
     per = max(4, math.ceil(len(jobs) / (n * 6)))
     chunks = [[(f.rank, str(f.path)) for _i, f in jobs[k:k + per]]
               for k in range(0, len(jobs), per)]
-    limit = LOAD_TIMEOUT_S + LOAD_S_PER_MB * (n_bytes / len(chunks)) / 1e6
+    # a worker that returns no chunk in this long has stalled
+    limit = (settings.fr_load_timeout_s
+             + settings.fr_load_s_per_mb * (n_bytes / len(chunks)) / 1e6)
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(n) as pool:  # __exit__ terminates the workers, also on Ctrl-C
         it = pool.imap_unordered(_load_chunk, [(c, context) for c in chunks])

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Found, Problem, find
 from moe_hang.evidence.flight_recorder.load_sets import (
-    LOAD_S_PER_MB,
-    LOAD_TIMEOUT_S,
     POOL_MIN_BYTES,
     POOL_MIN_FILES,
     LoadedSet,
@@ -29,8 +27,6 @@ from moe_hang.evidence.vocab import JobState
 # finding is find's job and loading load_sets's; this module turns what was loaded into
 # evidence, and is where the rest of the package imports all three from
 __all__ = [
-    "LOAD_S_PER_MB",
-    "LOAD_TIMEOUT_S",
     "NO_DUMP_NOTE",
     "POOL_MIN_BYTES",
     "POOL_MIN_FILES",

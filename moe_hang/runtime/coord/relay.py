@@ -20,7 +20,6 @@ from typing import Any
 from moe_hang.runtime.coord.store import StoreChannel, _import_dist
 
 RELAY_KEY = "relay"
-OP_TIMEOUT_S = 30.0  # the server's own timeout for a client's blocking operation
 
 
 def local_address(host: str, port: int, timeout: float = 2.0) -> str | None:
@@ -34,12 +33,13 @@ def local_address(host: str, port: int, timeout: float = 2.0) -> str | None:
 
 class Relay:
     """A TCPStore server in this watcher (port chosen by the system), and the address the
-    others connect to. Closing it ends the server."""
+    others connect to. Closing it ends the server. ``op_timeout_s``: the server's own timeout
+    for a client's blocking operation (``Settings.relay_op_timeout_s``)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, op_timeout_s: float) -> None:
         dist = _import_dist()
         self._server: Any = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False,
-                                          timeout=timedelta(seconds=OP_TIMEOUT_S))
+                                          timeout=timedelta(seconds=op_timeout_s))
         self.address, self.port = address, int(self._server.port)
 
     def spec(self) -> bytes:
