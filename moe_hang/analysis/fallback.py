@@ -18,7 +18,7 @@ from moe_hang.analysis.ladder import (
 )
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
-from moe_hang.analysis.source import module_group, on_default_group
+from moe_hang.analysis.source import module_group, on_every_rank
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -90,8 +90,10 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # — unless the camp is a thread of the job's whose namesake on every other rank has
     # ended: those ranks will never post it, so it is one collective they all lack
     # (camps that all pass one group the module names once are on that one group)
+    # (and camps whose groups each span every rank are counted as on one: every rank owes
+    # each of them, so no rank can be past one of its own group's)
     apart = not _one_named_group(views, camps) and any(
-        on_default_group(views.source, cs.file, cs.line) is False
+        on_every_rank(views.source, cs.file, cs.line) is False
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []
@@ -154,7 +156,7 @@ def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
 
 
 def _on_every_rank(site: Frame | None, views: RankViews) -> bool:
-    return site is not None and on_default_group(views.source, site.file, site.line) is True
+    return site is not None and on_every_rank(views.source, site.file, site.line) is True
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

@@ -211,3 +211,14 @@ def on_default_group(src: SourceFacts, path: str, line: int) -> bool | None:
     None when the source does not say."""
     lf: LineFacts | None = src.line(path, line)
     return lf.default_group if lf is not None else None
+
+
+def on_every_rank(src: SourceFacts, path: str, line: int) -> bool | None:
+    """Does the collective called at ``line`` run on a group of every rank (the default
+    group, or one the module creates once over every rank)? None when the source does not
+    say."""
+    lf: LineFacts | None = src.line(path, line)
+    if lf is None:
+        return None
+    # a capture stored before the fact was kept: the default group alone is known
+    return lf.every_rank if lf.every_rank is not None else lf.default_group

@@ -64,6 +64,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
             continue
         names, calls = _rank_names(tree), _collective_calls(tree)
         once = _assigned_once(tree)
+        everyone = _every_rank_groups(tree, once)
         waits = _wait_calls(tree)
         posted = {n: p for n in lines if (p := _posted_by(tree, waits, calls, n)) is not None}
         # the line a wait's collective was posted from is read too: its branch, its group
@@ -71,7 +72,8 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         _rank_condition(tree, n, names),
                                         _default_group(calls, n), _waits(waits, n),
-                                        posted.get(n), _group_name(calls, n, once))
+                                        posted.get(n), (g := _group_name(calls, n, once)),
+                                        _every_rank(calls, n, g, everyone))
                            for n in sorted(lines)}
     return out
 
@@ -316,6 +318,73 @@ def _assigned_once(tree: ast.Module) -> set[str]:
     anywhere = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Store)]
     return {name for name in top if top.count(name) == 1 and anywhere.count(name) == 1}
+
+
+def _top_values(tree: ast.Module) -> dict[str, ast.expr]:
+    """What each name the module stores exactly once, at its top level, is given
+    (``RANK, WORLD = dist.get_rank(), dist.get_world_size()`` too)."""
+    stores = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Store)]
+    out: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        t, v = node.targets[0], node.value
+        pairs = (list(zip(t.elts, v.elts, strict=True))
+                 if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
+                 and len(t.elts) == len(v.elts) else [(t, v)])
+        for name, value in pairs:
+            if isinstance(name, ast.Name) and stores.count(name.id) == 1:
+                out[name.id] = value
+    return out
+
+
+def _called(e: ast.expr | None, name: str) -> bool:
+    return isinstance(e, ast.Call) and (
+        e.func.attr if isinstance(e.func, ast.Attribute) else
+        e.func.id if isinstance(e.func, ast.Name) else None) == name
+
+
+def _every_rank_groups(tree: ast.Module, once: set[str]) -> set[str]:
+    """The group names the module assigns once, at its top level, to a ``new_group`` of
+    every rank: no ranks given, or ``range(W)`` / ``list(range(W))`` of the world size
+    (``W = dist.get_world_size()``, assigned once at the top)."""
+    values = _top_values(tree)
+
+    def world(e: ast.expr) -> bool:
+        if _called(e, "get_world_size"):
+            return True
+        return isinstance(e, ast.Name) and _called(values.get(e.id), "get_world_size")
+
+    def all_ranks(e: ast.expr | None) -> bool:
+        if e is None or (isinstance(e, ast.Constant) and e.value is None):
+            return True
+        if _called(e, "list") and isinstance(e, ast.Call) and len(e.args) == 1:
+            e = e.args[0]
+        return (_called(e, "range") and isinstance(e, ast.Call) and len(e.args) == 1
+                and not e.keywords and world(e.args[0]))
+
+    out = set()
+    for name in once:
+        v = values.get(name)
+        if not _called(v, "new_group") or not isinstance(v, ast.Call):
+            continue
+        ranks = v.args[0] if v.args else next(
+            (k.value for k in v.keywords if k.arg == "ranks"), None)
+        if all_ranks(ranks):
+            out.add(name)
+    return out
+
+
+def _every_rank(calls: list[ast.Call], line: int, group: str | None,
+                everyone: set[str]) -> bool | None:
+    """Does the collective at ``line`` run on a group of every rank: the default group, or a
+    name the module binds once to a group of every rank? False where it passes another
+    group (or one the source cannot place); None when the source does not say."""
+    dg = _default_group(calls, line)
+    if dg is True or (group is not None and group in everyone):
+        return True
+    return False if dg is False else None
 
 
 def _group_name(calls: list[ast.Call], line: int, once: set[str]) -> str | None:

@@ -73,6 +73,9 @@ class LineFacts:
     # the group it passes, where that is a name the module assigns once, at its top level
     # (``LOG = dist.new_group(...)``): every line that passes it posts on the same group
     group: str | None = None
+    # it runs on a group of every rank: the default group, or ``group=LOG`` where the
+    # module binds LOG once to ``new_group()`` of every rank (None: the source does not say)
+    every_rank: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -86,6 +89,8 @@ class LineFacts:
             d["posted"] = list(self.posted)
         if self.group is not None:
             d["group"] = self.group
+        if self.every_rank is not None:
+            d["every_rank"] = self.every_rank
         return d
 
     @classmethod
@@ -100,10 +105,12 @@ class LineFacts:
         posted = (raw[0], raw[1]) if isinstance(raw, list) and len(raw) == 2 \
             and isinstance(raw[0], int) and isinstance(raw[1], str) else None
         group = d.get("group")
+        every = d.get("every_rank")
         return cls(tuple(steps), str(cond) if cond is not None else None,
                    dg if isinstance(dg, bool) else None,
                    waits if waits in WAIT_METHODS else None, posted,
-                   group if isinstance(group, str) and group else None)
+                   group if isinstance(group, str) and group else None,
+                   every if isinstance(every, bool) else None)
 
 
 @dataclass

@@ -952,3 +952,25 @@ def test_a_metrics_thread_that_skips_under_a_guard_on_its_rank_is_the_culprit(
         "desync", [culprit], "history"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} does not take `if not (rank == culprit and "
                                "step == 3)`"), d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("stacks_order_swap_mesh2d_0", 0),
+                                           ("stacks_order_swap_mesh2d_1", 3),
+                                           ("stacks_order_swap_fsdp2_moe_0", 3),
+                                           ("stacks_order_swap_fsdp2_moe_1", 4)])
+def test_stacks_alone_a_rank_on_a_group_of_every_rank_is_counted_against_the_rest(
+        fixtures, tmp_path, name, culprit):
+    """Stacks alone (diagnose, fuzz seed 61120905 jobs 55 and 25, both roles): one rank
+    all-gathers on ``LOG = dist.new_group(list(range(WORLD)))`` while the others all-reduce
+    on the default group (it posted the two in the other order). Both groups span every
+    rank, so every rank owes both: the lone rank is the minority (was: "counting ranks
+    across groups says nothing", every rank named)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-61120905/jobs",
+                    str(fixtures / "fuzz61120905_jobs"))
+    ev = captured(load_capture(run))
+    job = next(iter(ev.source.files)) if ev.source is not None else ""
+    assert any(lf.group == "LOG" and lf.every_rank for lf in ev.source.files[job].values())
+    d = diagnose(ev).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "majority"), d["summary"]
+    assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`")

@@ -110,6 +110,42 @@ def test_a_group_the_module_names_once_is_one_group_on_every_line(tmp_path: Path
                    "LOCAL": (None, False), "DEFAULT": (None, True)}
 
 
+EVERY = """\
+import torch.distributed as dist
+
+RANK, WORLD = dist.get_rank(), dist.get_world_size()
+ALL = dist.new_group(list(range(WORLD)))
+NONE_GIVEN = dist.new_group(backend="gloo")
+PAIR = dist.new_group([0, 1])
+FIRST = dist.new_group(list(range(WORLD - 1)))
+
+
+def step(tp):
+    dist.all_reduce(x, group=ALL)  # ALL
+    dist.all_reduce(x, group=NONE_GIVEN)  # NONE_GIVEN
+    dist.all_reduce(x, group=PAIR)  # PAIR
+    dist.all_reduce(x, group=FIRST)  # FIRST
+    dist.all_reduce(x, group=tp)  # LOCAL
+    dist.all_reduce(x)  # DEFAULT
+"""
+
+
+def test_a_group_of_every_rank_is_known_as_such(tmp_path: Path) -> None:
+    """``new_group()`` with no ranks, or ``list(range(WORLD))`` of the world size, spans every
+    rank; a list of ranks, a shorter range or a group the function is handed does not say so
+    (False where the call passes another group: what counting ranks across camps needs)."""
+    job = tmp_path / "train.py"
+    job.write_text(EVERY)
+    names = ("ALL", "NONE_GIVEN", "PAIR", "FIRST", "LOCAL", "DEFAULT")
+    lines = {k: _line(EVERY, f"# {k}") for k in names}
+    src = read_facts(Frame(str(job), n, "step") for n in lines.values())
+    back = SourceFacts.from_dict(json.loads(json.dumps(src.to_dict())))
+    got = {k: lf.every_rank for k, n in lines.items()
+           if (lf := back.line(str(job), n)) is not None}
+    assert got == {"ALL": True, "NONE_GIVEN": True, "PAIR": False, "FIRST": False,
+                   "LOCAL": False, "DEFAULT": True}
+
+
 GUARDS = """\
 import torch.distributed as dist
 
