@@ -27,11 +27,11 @@ demo: setup
 	if [ $$rc -ne 3 ]; then echo "demo: repro did not reproduce the hang (exit $$rc)"; exit 1; fi
 	$(VENV)/bin/moe-hang verify --fixed
 
-# lint first, as its own step (a minute), then every test; JOBS=2 runs them on two
-# pytest-xdist workers (828 s of pytest against 1116 s, measured; but one of three such runs
-# called a healthy job dead: a race the load brings out, open), so CI runs them one at a time.
-# The 20 slowest are listed at the end (issue 29 asks for 12 minutes)
-JOBS ?= 0
+# lint first, as its own step (a minute), then every test on two pytest-xdist workers (828 s
+# of pytest against 1116 s one at a time, measured; JOBS=0 runs them one at a time). The load
+# brought out a race once (a healthy job called dead: a stack older than its rank's recorder
+# dump), fixed in the model since. The 20 slowest are listed at the end
+JOBS ?= 2
 test: setup lint
 	$(PY) -m pytest -q -n $(JOBS) --durations=20 $(PYTEST_ARGS)
 
