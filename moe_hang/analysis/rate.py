@@ -74,8 +74,8 @@ def laps(views: RankViews, pg: str, ranks: Sequence[int]) -> int | None:
     got: dict[int, tuple[list[Collective], list[Collective]]] = {}
     for r in ranks:
         g = _threads(views, pg, r)
-        if g is None:
-            return None
+        if g is None or not g[1]:
+            return None  # (one thread posts everything: no helper, no lap to count it by)
         got[r] = g
     if len(got) < 2:
         return None
