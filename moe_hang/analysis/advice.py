@@ -267,10 +267,19 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
     now_at = s.site(culprit)
     missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
     now = at_line(now_at) if now_at else collective_of_ranks(s, [culprit])
+    # the others where each is: one may have gone past the divergence (a recv of the next
+    # step) while another still waits in it
+    camps: dict[str, list[int]] = {}
+    for r in s.waiting():
+        rep = s.reports.get(r)
+        site = rep.callsite if rep is not None and rep.callsite is not None else s.site(r)
+        camps.setdefault(at_line(site) if site else missed, []).append(r)
+    where = " and ".join(f"{who(rs)} at {at}" for at, rs in camps.items())
+    others = (f"{who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at {missed}"
+              if len(camps) < 2 else f"the others are elsewhere ({where})")
     return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
-                  f"while {who(s.waiting())} {agree(s.waiting(), 'waits', 'wait')} at "
-                  f"{missed}: " + _ONE_ORDER)
+                  f"while {others}: " + _ONE_ORDER)
 
 
 def _advise_loop_left(s: Situation, loop: str) -> Advice:

@@ -40,16 +40,22 @@ NOTHING_PENDING = "no collective pending in its dump"
 def report(v: RankView, div: Divergence | None) -> RankReport:
     ev = v.ev
     coll = v.current
-    if coll is None and div is not None and div.per_rank.get(ev.rank) is not None:
+    # a live rank whose stack is in a collective its recorder does not hold pending (a
+    # send/recv gloo does not record) is there, past its side of the divergence
+    here = v.state == RankState.IN_COLLECTIVE and v.stack.op is not None \
+        and v.stack.callsite is not None and coll is None
+    side = div.per_rank.get(ev.rank) if div is not None and not here else None
+    if coll is None and side is not None and div is not None:
         # nothing pending (it died): show its side of the divergence
         pick = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         if pick is not None and v.state in (RankState.IN_COLLECTIVE, RankState.EXITED):
             coll = pick
     rc = to_rc(coll, v)
-    if rc is None and div is not None and div.per_rank.get(ev.rank) is not None:
-        rc = div.per_rank[ev.rank]  # known from the stack only (coll is None here)
+    if rc is None and side is not None:
+        rc = side  # known from the stack only (coll is None here)
     if rc is None and v.state == RankState.IN_COLLECTIVE and v.stack.op:
-        rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack")
+        rc = RankCollective(op=v.stack.op, pg="?", seq=None, source="stack",
+                            callsite=v.site if here else None)
     if v.state == RankState.EXITED and ev.error is not None and ev.error.frames:
         site = v.site  # the line it raised at: fresher than its last collective's
     else:

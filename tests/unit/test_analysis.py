@@ -974,3 +974,22 @@ def test_stacks_alone_a_rank_on_a_group_of_every_rank_is_counted_against_the_res
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
         "desync", [culprit], "majority"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`")
+
+
+@pytest.mark.parametrize("name, culprit, past", [("extra_p2p_past_0", 1, 2),
+                                                 ("extra_p2p_past_1", 2, 1)])
+def test_a_rank_past_its_side_of_the_divergence_is_shown_where_it_is(
+        fixtures, tmp_path, name, culprit, past):
+    """A 3-stage pipeline under watch (fuzz seed 61120905 job 35, both roles): the culprit
+    runs an evaluation's all-reduce against the others' broadcast at seq 8; the broadcast
+    reached one receiving stage, which went on to the next step's recv (its recorder has the
+    broadcast done). That rank is in the recv at its line, not at the broadcast (was: the
+    broadcast's line, and "wait at" it in the advice)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-61120905/jobs",
+                    str(fixtures / "fuzz61120905_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert (r[past]["collective"]["op"], r[past]["callsite"]["line"]) == ("recv", 52), r[past]
+    assert r[0]["callsite"]["line"] == 66 and r[culprit]["callsite"]["line"] == 39
+    assert f"rank {past} at " in d["fix"] and ":52 <module>" in d["fix"], d["fix"]
