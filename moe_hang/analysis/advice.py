@@ -145,8 +145,8 @@ def _advise_extra(s: Situation, b: Block) -> Advice:
     at = (f" from {site.function}() at {line}" if site is not None
           and site.function != "<module>" else f" at {line}" if site else "")
     cond = f" under `{b.condition}`" if b.condition else ""
-    head = (f"{who(b.having).capitalize()} posts {what}{at}{cond} that {who(b.lacking)} "
-            "never posts: ")
+    head = (f"{who(b.having).capitalize()} {agree(b.having, 'posts', 'post')} {what}{at}"
+            f"{cond} that {who(b.lacking)} never {agree(b.lacking, 'posts', 'post')}: ")
     if b.items and fsdp_unshard(b.items[0].frames):
         return Advice(head + "FSDP all-gathers the parameters of every module it wraps when "
                       "the module is called, so a forward on some ranks only (an evaluation, "

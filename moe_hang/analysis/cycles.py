@@ -29,7 +29,7 @@ from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.vocab import who
+from moe_hang.evidence.vocab import agree, who
 
 
 def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | None:
@@ -149,7 +149,8 @@ def cycle(f: Facts) -> Conclusion:
         at = f" at {site_str(f.views[min(g.have)].site)}" if f.views[min(g.have)].site else ""
         text = (f"{who(sorted(culprits)).capitalize()} posted {extra.op} "
                 f"{pg_label(extra.pg, extra.pg_desc)}#{extra.seq}{at}, which "
-                f"{who(sorted(g.absent))} never post: remove it there, or make every rank "
+                f"{who(sorted(g.absent))} never {agree(g.absent, 'posts', 'post')}: remove "
+                "it there, or make every rank "
                 "of that group post it as often.")
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)

@@ -119,6 +119,20 @@ def _went_past(ev: RankEvidence, sv: StackView) -> bool:
         and all(c.completed is not False for c in fr.entries)
 
 
+def _in_call(pending: list[Collective], sv: StackView) -> Collective | None:
+    """Of several collectives pending, the one whose call the stack is inside (its op, posted
+    from the stack's own line by the stack's thread): the rank is there, however many it
+    posted before are still in flight ahead of it (FSDP's prefetched all-gathers, gloo's
+    queue). None where the stack shows no such call."""
+    if len(pending) < 2 or sv.op is None or sv.callsite is None or sv.waited_at is not None:
+        return None
+    here = (sv.callsite.file, sv.callsite.line)
+    found = [c for c in pending if normalise_op(c.op) == sv.op and c.frames
+             and not other_thread(c.thread_id, sv.thread_id)
+             and (s := callsite(c.frames)) is not None and (s.file, s.line) == here]
+    return found[-1] if found else None
+
+
 def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     """``facts``: what the source says of the rank's lines (a wait at its own line)."""
     tl = timeline(ev)
@@ -129,7 +143,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True) \
         or (ev.held and ev.error is not None)
     pending = _pending(tl)
-    current: Collective | None = pending[0] if pending else None
+    current: Collective | None = _in_call(pending, sv) or (pending[0] if pending else None)
     state: RankState
     moved = False
     if exited:

@@ -993,3 +993,20 @@ def test_a_rank_past_its_side_of_the_divergence_is_shown_where_it_is(
     assert (r[past]["collective"]["op"], r[past]["callsite"]["line"]) == ("recv", 52), r[past]
     assert r[0]["callsite"]["line"] == 66 and r[culprit]["callsite"]["line"] == 39
     assert f"rank {past} at " in d["fix"] and ":52 <module>" in d["fix"], d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("fsdp_eval_abort_pending_0", 2),
+                                           ("fsdp_eval_abort_pending_1", 0)])
+def test_a_rank_with_two_all_gathers_pending_is_at_the_one_its_stack_is_in(
+        fixtures, tmp_path, name, culprit):
+    """FSDP2 MoE, 4 ranks, one rank's evaluation forward pairs silently until gloo aborts
+    (fuzz seed 61120905 job 50, both roles). A rank ended by the teardown has two all-gathers
+    pending: the forward's head (:70), still in flight, and the backward's (:86), whose call
+    its last stack is inside. Its line is :86, where it is (was: :70, the older one)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-61120905/jobs",
+                    str(fixtures / "fuzz61120905_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    lines = {x["rank"]: x["callsite"]["line"] for x in d["ranks"]}
+    assert lines == {r: 62 if r == culprit else 86 for r in range(4)}, lines
+    assert "never post:" in d["fix"], d["fix"]  # three ranks: "never post", not "posts"
