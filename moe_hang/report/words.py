@@ -36,8 +36,9 @@ BASIS_WORDS: dict[str, tuple[str, str]] = {
                             "they differ from the majority at the divergence"),
     CulpritBasis.PROGRAM_ORDER: ("it went past what the others wait in",
                                  "they went past what the others wait in"),
-    CulpritBasis.HISTORY: ("it broke the order its earlier iterations kept",
-                           "they broke the order their earlier iterations kept"),
+    # the order, a shape, or a helper thread's rate (one per lap): what the steps kept
+    CulpritBasis.HISTORY: ("it broke what its earlier iterations kept",
+                           "they broke what their earlier iterations kept"),
     CulpritBasis.CYCLE: ("it waits in a cycle", "they wait for each other in a cycle"),
     CulpritBasis.SOURCE: ("a rank condition in the source sets it apart",
                           "a rank condition in the source sets them apart"),
