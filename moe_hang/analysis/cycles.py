@@ -91,10 +91,11 @@ def cycle(f: Facts) -> Conclusion:
         text = ("Each rank waits to receive before it sends: order the calls so one side sends "
                 "first (e.g. even ranks send then receive, odd ranks receive then send), or "
                 "post both with isend/irecv (dist.batch_isend_irecv) and wait on them.")
-    elif b.basis == CulpritBasis.CYCLE and (ended := _ended_edge(cyc, f)) is not None:
+    elif b.basis == CulpritBasis.CYCLE and (got := _ended_edge(cyc, f)) is not None:
+        ended, ended_pg = got
         # a thread that ended will never post what the other side's waits in: not an order
         # a group's seq counts what was posted on it (a ring buffer keeps fewer entries)
-        n_w, n_o = (max(f.views[r].tl.by_pg.get(ended.coll.pg, {}) or [0])  # type: ignore[union-attr]
+        n_w, n_o = (max(f.views[r].tl.by_pg.get(ended_pg, {}) or [0])
                     for r in (ended.waiter, ended.on))
         text = (f"Rank {ended.on}'s thread that posts on the group of {ended.what} has ended: "
                 f"it will never post what rank {ended.waiter} waits in. Their threads posted "
@@ -166,10 +167,9 @@ def cycle(f: Facts) -> Conclusion:
     div = aligned[0].div if aligned is not None else next(
         (g.div for g in on_cycle if set(g.absent) & culprits),
         on_cycle[0].div if on_cycle else None)
-    if b.basis == CulpritBasis.CYCLE and (ended := _ended_edge(cyc, f)) is not None \
-            and ended.coll is not None:
+    if b.basis == CulpritBasis.CYCLE and (got := _ended_edge(cyc, f)) is not None:
         # the group whose poster ended on one side: where the two sides' counts part
-        div = next((g.div for g in on_cycle if g.div.pg == ended.coll.pg), div)
+        div = next((g.div for g in on_cycle if g.div.pg == got[1]), div)
     if redirected:  # show the group it was meant for, where the others wait for it
         kind = redirected[0].meant_desc or redirected[0].meant
         div = next((g.div for g in f.divs if set(g.absent) & culprits
@@ -177,10 +177,10 @@ def cycle(f: Facts) -> Conclusion:
     return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
 
 
-def _ended_edge(cyc: list[Edge], f: Facts) -> Edge | None:
+def _ended_edge(cyc: list[Edge], f: Facts) -> tuple[Edge, str] | None:
     """An edge whose rank waited on will never post its collective: its thread for that
-    group has ended."""
-    return next((e for e in cyc if e.coll is not None
+    group has ended (the edge, and that group)."""
+    return next(((e, e.coll.pg) for e in cyc if e.coll is not None
                  and f.views.poster_ended(e.on, e.coll.pg)), None)
 
 
