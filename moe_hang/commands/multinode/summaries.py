@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +104,12 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
     s = coord.summarize_heartbeats(raw_heartbeats(layout), node=node, host=host,
                                    moving=moving, alive=alive, kind="capture")
     for r in s.ranks:
-        _history(r, layout.rank(r.rank))
+        dump = _probe_dump(layout.rank(r.rank))  # its stack file, read once
+        _history(r, layout.rank(r.rank), dump)
         r.error = error_of(layout.rank(r.rank).error)
         if not r.held and r.error is None:
-            _fresher_stack(r, layout.rank(r.rank))
-        r.threads = _thread_ids(layout.rank(r.rank))
+            _fresher_stack(r, dump)
+        r.threads = [t.thread_id for t in dump.threads if t.thread_id] if dump else []
         with contextlib.suppress(OSError, UnicodeDecodeError):
             fatal = layout.rank(r.rank).fatal
             if not r.held and fatal.exists():
@@ -143,7 +145,7 @@ def _source_of(layout: RunLayout) -> dict[str, Any] | None:
     return stored.to_dict() if stored is not None and stored.files else None
 
 
-def _history(r: RankSummary, files: RankFiles) -> None:
+def _history(r: RankSummary, files: RankFiles, probe: _ProbeDump | None) -> None:
     """Its collectives from its dump at capture and its posted log (an aborted or killed
     rank has only the log); a dump cut short, or a log unreadable: the other, or the beat."""
     dump = log = None
@@ -157,18 +159,17 @@ def _history(r: RankSummary, files: RankFiles) -> None:
     with contextlib.suppress(Exception):
         r.history, r.fr_status = history_of(dump, log=log,
                                             dead=r.state == RankState.EXITED)
-        _placed_by_poster(r.history, files)
+        _placed_by_poster(r.history, probe)
 
 
-def _placed_by_poster(history: list[PendingCollective], files: RankFiles) -> None:
+def _placed_by_poster(history: list[PendingCollective], dump: _ProbeDump | None) -> None:
     """A pending collective with no frames of its own, whose posting thread is inside that
     same op in the probe's dump taken after it was posted: that thread's lines are where it
     was posted. The analysing node has only the main thread's sample of this rank, and a
     metrics thread's all-reduce on a group of its own is not at the main thread's line."""
-    if (dump := _probe_dump(files)) is None:
+    if dump is None or (t := dump.time) is None:
         return
-    t, _reason, text = dump
-    threads = {n: th for th in dumped_threads(text)
+    threads = {n: th for th in dump.threads
                if (n := thread_number(th.thread_id)) is not None}
     for h in history:
         n = thread_number(h.thread_id) if h.thread_id else None
@@ -180,18 +181,17 @@ def _placed_by_poster(history: list[PendingCollective], files: RankFiles) -> Non
                     if not is_library_frame(f)][:MAX_USER_FRAMES]
 
 
-def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
+def _fresher_stack(r: RankSummary, dump: _ProbeDump | None) -> None:
     """The stack of a dump the probe wrote after the rank's last beat (torchrun's SIGTERM,
     a dump asked for) in place of that beat's sample: a fast loop goes through several
     collectives between two beats, and the capture's own loader reads the dump, so the
     node's summary must say the same (fuzz 4071993 job 44: a beat from init_process_group,
     a SIGTERM dump a tenth of a second later in the step's all-reduce)."""
-    if (dump := _probe_dump(files)) is None:
+    if dump is None or (t := dump.time) is None:
         return
-    t, reason, text = dump
-    if reason == "exception" or (r.beat_time is not None and t <= r.beat_time):
+    if dump.reason == "exception" or (r.beat_time is not None and t <= r.beat_time):
         return
-    main = main_thread(dumped_threads(text))
+    main = main_thread(dump.threads)
     if main is None or not main.frames:
         return
     r.stack = [f"{f.file}:{f.line}:{f.function}" for f in main.frames][:MAX_STACK_FRAMES]
@@ -199,24 +199,29 @@ def _fresher_stack(r: RankSummary, files: RankFiles) -> None:
                        if not is_library_frame(f)), None)
 
 
-def _probe_dump(files: RankFiles) -> tuple[float, object, str] | None:
-    """The probe's last dump of every thread: when it was written, why, and its text."""
-    try:
-        marker = json.loads(files.dump_marker.read_text())
-        text = files.stack.read_text(errors="replace")
-    except (OSError, ValueError):
-        return None
-    t = marker.get("time") if isinstance(marker, dict) else None
-    return (float(t), marker.get("reason"), text) if isinstance(t, (int, float)) else None
+@dataclass(frozen=True)
+class _ProbeDump:
+    """The probe's last dump of every thread (``stack.txt``), parsed once: when it was
+    written and why (its marker; None: no marker), and the threads."""
+
+    time: float | None
+    reason: object
+    threads: list[ThreadStack]
 
 
-def _thread_ids(files: RankFiles) -> list[str]:
-    """The ids of the rank's threads in its probe's dump at the capture (every thread)."""
+def _probe_dump(files: RankFiles) -> _ProbeDump | None:
     try:
         text = files.stack.read_text(errors="replace")
     except OSError:
-        return []
-    return [t.thread_id for t in dumped_threads(text) if t.thread_id]
+        return None
+    try:
+        marker = json.loads(files.dump_marker.read_text())
+    except (OSError, ValueError):
+        marker = None
+    t = marker.get("time") if isinstance(marker, dict) else None
+    return _ProbeDump(float(t) if isinstance(t, (int, float)) else None,
+                      marker.get("reason") if isinstance(marker, dict) else None,
+                      dumped_threads(text))
 
 
 def error_of(path: Path) -> dict[str, Any] | None:
