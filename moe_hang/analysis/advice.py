@@ -177,6 +177,8 @@ def advise_order(s: Situation) -> Advice:
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken)
+    if s.lacks_fsdp_unshard() and s.behind and s.basis == CulpritBasis.MAJORITY:
+        return _advise_behind(s)
     if s.lacks_fsdp_unshard():
         called = s.waited_site()
         loop = enclosing_loop(s.src, called.file, called.line) if called is not None else None
@@ -258,6 +260,27 @@ def advise_order(s: Situation) -> Advice:
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
+
+
+def _advise_behind(s: Situation) -> Advice:
+    """The culprits are still at an earlier line of the iteration than the module call the
+    others are in: they never got to it, so nothing there was skipped. The others completed
+    the collective the culprits wait in with another of theirs of the same size (gloo pairs
+    equal sizes silently): the culprits posted one more before it."""
+    culprit = s.culprits[0]
+    rep = s.reports.get(culprit)
+    now = at_line(rep.callsite) if rep is not None and rep.callsite is not None \
+        else collective_of_ranks(s, [culprit])
+    op = rep.collective.op if rep is not None and rep.collective is not None else "collective"
+    called = s.waited_site()
+    there = f" (at {at_line(called)}, a module's FSDP all-gather)" if called else ""
+    return Advice(f"{who(s.culprits).capitalize()} {agree(s.culprits, 'is', 'are')} still in "
+                  f"the {op} at {now}, which {who(s.waiting())} went past{there}: they "
+                  f"completed theirs with another of {who(s.culprits)}'s collectives of the "
+                  "same size (gloo pairs equal sizes silently), so "
+                  f"{who(s.culprits)} posted one more before it than they did (a rank-only "
+                  "extra: a logging all-reduce, an evaluation). Post the same collectives on "
+                  "every rank; `moe-hang watch` (Flight Recorder) shows which one.")
 
 
 def _advise_branch(s: Situation, cond: str) -> Advice:

@@ -48,6 +48,7 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
+from moe_hang.analysis.ladder import position_order, progress
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
 from moe_hang.analysis.ras.launches import (
@@ -206,7 +207,14 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
         coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
     block = next((g.block for g in f.divs if g.div is div), None)
-    return Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
+    waiting = [r for r in div.per_rank if r not in culprits]
+    behind = bool(culprits and waiting) and all(
+        position_order(f.ctx, f.views[c].user_frames_outer_first(),
+                       f.views[w].user_frames_outer_first(), progress(f.views, [c]),
+                       progress(f.views, [w])) is False
+        for c in culprits for w in waiting if c in f.views and w in f.views)
+    return Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source,
+                     behind)
 
 
 def _held(f: Facts) -> Conclusion:

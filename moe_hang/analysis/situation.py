@@ -25,6 +25,9 @@ class Situation:
     frames: dict[int, list[Frame]] = field(default_factory=dict)
     block: Block | None = None  # where one side posted collectives the other did not
     src: SourceFacts = field(default_factory=SourceFacts)  # what the source said
+    # every culprit is behind every waiting rank where each is now (position_order: an
+    # earlier line of one iteration, by the source and the loop counters); False: not known
+    behind: bool = False
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]

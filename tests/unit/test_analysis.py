@@ -1010,3 +1010,21 @@ def test_a_rank_with_two_all_gathers_pending_is_at_the_one_its_stack_is_in(
     lines = {x["rank"]: x["callsite"]["line"] for x in d["ranks"]}
     assert lines == {r: 62 if r == culprit else 86 for r in range(4)}, lines
     assert "never post:" in d["fix"], d["fix"]  # three ranks: "never post", not "posts"
+
+
+@pytest.mark.parametrize("name, culprit", [("stacks_silent_extra_fsdp_0", 1),
+                                           ("stacks_silent_extra_fsdp_1", 3)])
+def test_stacks_alone_a_rank_behind_the_forward_is_not_told_it_skipped_a_module(
+        fixtures, tmp_path, name, culprit):
+    """FSDP2 MoE, 6 ranks, stacks alone (diagnose; fuzz seed 73920461 job 41, both roles):
+    the culprit posts one more all-reduce of the same size, which gloo pairs silently; it
+    ends in the next step's all-reduce (:75) while the others are in the forward's FSDP
+    all-gather (:52). It never got to the forward: nothing was skipped there (was: "did not
+    call the one ... run a skipped block on an empty or dummy input")."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f2/runs/fuzz-73920461/jobs",
+                    str(fixtures / "fuzz73920461_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "majority"), d["summary"]
+    assert d["fix"].startswith(f"Rank {culprit} is still in the all_reduce at "), d["fix"]
+    assert "dummy input" not in d["fix"] and "posted one more" in d["fix"]
