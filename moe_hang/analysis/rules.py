@@ -85,6 +85,7 @@ from moe_hang.analysis.waiting import (
     straggler,
 )
 from moe_hang.evidence.model import Evidence
+from moe_hang.evidence.stacks import callsite, is_library_frame
 from moe_hang.evidence.vocab import JobState, RankState, agree, who
 
 
@@ -206,6 +207,12 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
     for r, v in f.views.items():
         coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
         frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
+        if coll is not None and coll.frames and v.stack.frames \
+                and not any(is_library_frame(x) for x in coll.frames) \
+                and v.stack.callsite == callsite(coll.frames):
+            # a node's summary and the posted log keep a collective's user frames only; its
+            # stack, inside that same call, says how it was posted (FSDP's unshard, ...)
+            frames[r] = v.stack.frames
     block = next((g.block for g in f.divs if g.div is div), None)
     waiting = [r for r in div.per_rank if r not in culprits]
     behind = bool(culprits and waiting) and all(

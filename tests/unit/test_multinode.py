@@ -27,6 +27,7 @@ from moe_hang.commands.diagnose import pick_job
 from moe_hang.errors import MoeHangError
 from moe_hang.evidence.load import load_capture
 from moe_hang.evidence.model import Evidence, Unreached
+from moe_hang.evidence.stacks import is_library_frame
 from moe_hang.evidence.vocab import JobState
 from moe_hang.probe.layout import RunLayout
 from moe_hang.runtime import coord
@@ -563,3 +564,23 @@ def test_a_metrics_thread_one_short_on_one_of_two_nodes_is_named_by_its_rate(
         Verdict.DESYNC, [culprit], CulpritBasis.HISTORY), diag.summary
     assert "posted 4 for its main loop's 5 laps (one fewer)" in diag.fix, diag.fix
     assert ":53 log_metrics" in diag.fix, diag.fix
+
+
+@pytest.mark.parametrize(("run", "culprit", "analyst"), [("fsdp_skip_two_nodes_0", 2, "node0"),
+                                                         ("fsdp_skip_two_nodes_1", 0, "node1")])
+def test_an_fsdp_module_skip_is_advised_as_such_from_user_frames_only(
+        fixtures: Path, tmp_path: Path, run: str, culprit: int, analyst: str) -> None:
+    """Fuzz seed 73920461 job 072 (FSDP2, two nodes of two ranks, mirrored): the culprit's
+    forward skips block 1 (``continue`` in the block loop); gloo aborts it. The analysing
+    node's evidence of the pending all-gathers kept user frames only (a node's summary, a
+    posted log): the stack of each rank, inside that same call, says it is FSDP's unshard.
+    The advice is the module skip (was: "left the loop ... DistributedSampler")."""
+    ev = _two_node_view(fixtures, tmp_path, run, analyst, world=4,
+                        recorded="/work/wt-f2/runs/fuzz-73920461/jobs", jobs="fuzz73920461_jobs")
+    for e in ev.ranks.values():  # as a summary or a posted log has them: user frames only
+        for c in [*(e.fr.entries if e.fr else []), *e.posted_log]:
+            c.frames = [f for f in c.frames if not is_library_frame(f)]
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
+    assert diag.fix.startswith("FSDP all-gathers a module's parameters"), diag.fix
+    assert "left the loop" not in diag.fix
