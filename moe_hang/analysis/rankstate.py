@@ -121,16 +121,22 @@ def _went_past(ev: RankEvidence, sv: StackView) -> bool:
 
 def _in_call(pending: list[Collective], sv: StackView) -> Collective | None:
     """Of several collectives pending, the one whose call the stack is inside (its op, posted
-    from the stack's own line by the stack's thread): the rank is there, however many it
-    posted before are still in flight ahead of it (FSDP's prefetched all-gathers, gloo's
-    queue). None where the stack shows no such call."""
+    from the stack's own line by the stack's thread), where every one posted before it is an
+    FSDP unshard: FSDP waits for its all-gather before the module it gathers runs, so a rank
+    past that module is past it (its recorder marks completion late). A collective the user
+    posted with ``async_op=True`` before may still be in flight ahead of the call (gloo runs a
+    group's collectives in order): the rank is held there, the oldest. None otherwise."""
     if len(pending) < 2 or sv.op is None or sv.callsite is None or sv.waited_at is not None:
         return None
     here = (sv.callsite.file, sv.callsite.line)
     found = [c for c in pending if normalise_op(c.op) == sv.op and c.frames
              and not other_thread(c.thread_id, sv.thread_id)
              and (s := callsite(c.frames)) is not None and (s.file, s.line) == here]
-    return found[-1] if found else None
+    if not found:
+        return None
+    older = pending[:next(k for k, c in enumerate(pending) if c is found[-1])]
+    fsdp = all(any("torch/distributed/fsdp/" in f.file for f in c.frames) for c in older)
+    return found[-1] if fsdp else None
 
 
 def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:

@@ -1028,3 +1028,21 @@ def test_stacks_alone_a_rank_behind_the_forward_is_not_told_it_skipped_a_module(
         "desync", [culprit], "majority"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} is still in the all_reduce at "), d["fix"]
     assert "dummy input" not in d["fix"] and "posted one more" in d["fix"]
+
+
+@pytest.mark.parametrize("name, culprit", [("async_before_fsdp_0", 0), ("async_before_fsdp_1", 1)])
+def test_a_rank_behind_its_own_async_post_is_at_that_post_not_the_fsdp_call(
+        fixtures, tmp_path, name, culprit):
+    """FSDP2, 3 ranks, async all-reduces waited at the step's end (fuzz seed 73920461 job 54,
+    both roles): the culprit's extra pairs silently; its next step's ``ntok`` all-reduce,
+    posted with ``async_op=True`` at :70, never completes, and its stack is in the forward's
+    FSDP all-gather (:49), queued behind it on the same group. Its line is :70, the oldest
+    pending (an FSDP unshard before the stack's call would have been waited already; a
+    user's async post need not be)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f2/runs/fuzz-73920461/jobs",
+                    str(fixtures / "fuzz73920461_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert (r[culprit]["collective"]["op"], r[culprit]["callsite"]["line"]) == ("all_reduce", 70)
+    assert all(r[o]["callsite"]["line"] == 49 for o in r if o != culprit), r
