@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from moe_hang.testing import ports
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "unit" / "fixtures"
 JOBS = Path(__file__).resolve().parent / "e2e" / "jobs"
@@ -143,11 +145,7 @@ def make_fr_set(out: Path, *args: str) -> dict:
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # below the ephemeral range: moe_hang/testing/ports.py
 
 
 def torchrun_argv(script: str, nproc: int, *extra: str) -> list[str]:

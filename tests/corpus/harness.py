@@ -17,6 +17,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -138,6 +139,15 @@ def skip_reason(case: Case, missing: list[str]) -> str:
 # --- processes -----------------------------------------------------------------------------
 
 def free_port() -> int:
+    """Below the kernel's ephemeral range, in a block per pytest-xdist worker: a port bound
+    to 0 and freed can be taken by one of gloo's connections before torchrun binds it (why:
+    moe_hang/testing/ports.py; this harness imports nothing of the tool)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    base = 20000 + 2500 * (int(worker) if worker.isdigit() else 0)  # apart from conftest's
+    for port in random.sample(range(base, base + 2500), 50):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -11,7 +11,6 @@ import errno
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from moe_hang.runtime.coord import (
     StoreChannel,
     shareddir,
 )
+from moe_hang.testing import ports
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_WORLD = 2
@@ -187,9 +187,7 @@ def server_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # below the ephemeral range: moe_hang/testing/ports.py
 
 
 # ----------------------------------------------------------------------------- channels
