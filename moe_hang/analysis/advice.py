@@ -13,14 +13,13 @@ from moe_hang.analysis.diagnosis import (
     RankCollective,
     fmt_shape,
 )
+from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
     at_line,
     collective_of_ranks,
-    fsdp_unshard,
     user_autograd_backward,
-    uses_dtensor_gather,
 )
 from moe_hang.analysis.source import (
     enclosing_loop,

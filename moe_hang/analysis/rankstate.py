@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import RankCollective
+from moe_hang.analysis.frames import fsdp_unshard
 from moe_hang.analysis.timeline import RankTimeline, RankView, timeline
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankEvidence
@@ -135,8 +136,7 @@ def _in_call(pending: list[Collective], sv: StackView) -> Collective | None:
     if not found:
         return None
     older = pending[:next(k for k, c in enumerate(pending) if c is found[-1])]
-    fsdp = all(any("torch/distributed/fsdp/" in f.file for f in c.frames) for c in older)
-    return found[-1] if fsdp else None
+    return found[-1] if all(fsdp_unshard(c.frames) for c in older) else None
 
 
 def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:

@@ -88,10 +88,10 @@ def laps(views: RankViews, pg: str, ranks: Sequence[int]) -> int | None:
         per.append(n_of)
     counts = {k: {p.get(k, 0) for p in per} for p0 in per for k in p0}
     found: set[int] = set()
+    order = {r: views.posting_order(r) for r in got}
     for key, ns in counts.items():
         if len(ns) != 1 or (n := next(iter(ns))) < 2:
             continue  # not posted equally often on every rank, or no loop
-        order = {r: views.posting_order(r) for r in got}
         if all(_whole([c for c in order[r] if group_kind(c) == key[0]])
                and _keeps_pace(order[r], thread, key, upto)
                for r, (thread, _) in got.items()):

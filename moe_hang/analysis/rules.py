@@ -214,14 +214,17 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
             # stack, inside that same call, says how it was posted (FSDP's unshard, ...)
             frames[r] = v.stack.frames
     block = next((g.block for g in f.divs if g.div is div), None)
-    waiting = [r for r in div.per_rank if r not in culprits]
-    behind = bool(culprits and waiting) and all(
-        position_order(f.ctx, f.views[c].user_frames_outer_first(),
-                       f.views[w].user_frames_outer_first(), progress(f.views, [c]),
-                       progress(f.views, [w])) is False
-        for c in culprits for w in waiting if c in f.views and w in f.views)
-    return Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source,
-                     behind)
+    s = Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
+    if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
+        # asked only where the advice uses it (a culprit short of the others' FSDP call): on
+        # thousands of ranks it is a position order per culprit and waiting rank
+        waiting = s.waiting()
+        s.behind = bool(culprits and waiting) and all(
+            position_order(f.ctx, f.views[c].user_frames_outer_first(),
+                           f.views[w].user_frames_outer_first(), progress(f.views, [c]),
+                           progress(f.views, [w])) is False
+            for c in culprits for w in waiting if c in f.views and w in f.views)
+    return s
 
 
 def _held(f: Facts) -> Conclusion:

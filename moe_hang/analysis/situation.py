@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from moe_hang.analysis.blocks import Block
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, RankReport, pg_label
+from moe_hang.analysis.frames import fsdp_unshard
 from moe_hang.analysis.source import on_default_group
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, is_library_frame
@@ -64,24 +65,6 @@ class Situation:
 class Advice:
     text: str
     code: str | None = None  # a snippet to paste at the user's line
-
-
-def _torch_fn(frames: list[Frame], path_part: str, names: tuple[str, ...]) -> bool:
-    return any(path_part in f.file.replace("\\", "/") and f.function.rsplit(".", 1)[-1] in names
-               for f in frames)
-
-
-def uses_dtensor_gather(frames: list[Frame]) -> bool:
-    """``DTensor.from_local(...).full_tensor()`` / ``redistribute``: no size exchange."""
-    return _torch_fn(frames, "torch/distributed/tensor/", ("full_tensor", "redistribute",
-                                                           "from_local", "_to_replicate_tensor"))
-
-
-def fsdp_unshard(frames: list[Frame]) -> bool:
-    """FSDP2's pre-forward all-gather of a module's parameters."""
-    return _torch_fn(frames, "torch/distributed/fsdp/", (
-        "pre_forward", "_pre_forward", "unshard", "foreach_all_gather", "wait_for_unshard",
-        "_root_pre_forward", "lazy_init"))
 
 
 def user_autograd_backward(frames: list[Frame]) -> Frame | None:
