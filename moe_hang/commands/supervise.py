@@ -179,6 +179,13 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             # capture caught (a stack older than the rank's last steps) was no hang
             notice(f"the job finished during the capture: not {diag.verdict} (watched on)")
             continue
+        if rk == EventKind.STALLED and diag.verdict == Verdict.HEALTHY:
+            # the capture saw the ranks move (a rank past the collective its older stack
+            # showed): no stall to end the job for; watched on, as an uncertain one is
+            notice(f"{diag.summary} (watched on)")
+            mon.hold()
+            peers.next_round()
+            continue
         if rk == EventKind.STALLED and diag.certainty == Certainty.UNCERTAIN:
             notice(f"{diag.summary} (not ended: still watching)"
                    if diag.rule_id == "unreached" else waiting_line(diag, opts.stall_s))

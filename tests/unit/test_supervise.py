@@ -62,3 +62,20 @@ def test_a_job_that_exits_0_during_the_capture_is_not_ended_by_its_verdict(
     else:
         assert event.kind == EventKind.STALLED and diag is not None
         assert diag.verdict == Verdict.RANK_DIED and not notices
+
+
+def test_a_stall_the_capture_finds_moving_is_watched_on_not_ended(tmp_path: Path) -> None:
+    """The capture of a stall finds the ranks moving (healthy, likely: a rank past the
+    collective its stack showed) while the launcher still runs: the job is not ended for it;
+    watch goes on and reports the job's own end (a fresh-clone CI run ended such a job)."""
+    notices: list[str] = []
+    mon = _Monitor(None)
+
+    def moving(event: WatchEvent, kind: EventKind) -> Diagnosis:
+        return Diagnosis(Verdict.HEALTHY, "Rank 0 is making progress.", [],
+                         certainty=Certainty.LIKELY)
+
+    event, diag = supervise(mon, AloneOnNode(), moving, RunLayout(tmp_path),  # type: ignore[arg-type]
+                            notices.append, WatchOptions(), threading.Event())
+    assert (event.kind, diag) == (EventKind.COMPLETED, None), notices
+    assert any("making progress" in n and "watched on" in n for n in notices), notices
