@@ -1,0 +1,166 @@
+"""What a module's collective and wait calls say, for :mod:`moe_hang.capture.source`: the
+group a collective passes (the default group, a name bound once to a group of every rank), the
+wait a line calls and the collective whose result it waits on. Reads ``ast`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from moe_hang.evidence.source import WAIT_METHODS
+
+# the torch.distributed calls whose group is their ``group=`` (the default group without it)
+COLLECTIVE_CALLS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "barrier", "monitored_barrier", "reduce", "gather",
+    "scatter", "all_to_all", "all_to_all_single", "all_gather_object", "broadcast_object_list"})
+
+
+def collective_calls(tree: ast.Module) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and (n.func.attr if isinstance(n.func, ast.Attribute)
+                 else n.func.id if isinstance(n.func, ast.Name) else None) in COLLECTIVE_CALLS]
+
+
+def default_group(calls: list[ast.Call], line: int) -> bool | None:
+    """Does the collective called at ``line`` run on the default group (every rank): a call
+    of :data:`COLLECTIVE_CALLS` with no ``group=`` and no argument past its tensor and op?
+    None when the source does not say (no such call, a positional group)."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1:
+        return None
+    call = here[0]
+    if any(k.arg in ("group", "process_group") or k.arg is None for k in call.keywords):
+        return False
+    return True if len(call.args) <= 2 else None
+
+
+def assigned_once(tree: ast.Module) -> set[str]:
+    """Names the module assigns exactly once, at its top level (``LOG = dist.new_group()``):
+    one object wherever the module passes them."""
+    top = [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+           for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+           if isinstance(t, ast.Name)]
+    anywhere = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)]
+    return {name for name in top if top.count(name) == 1 and anywhere.count(name) == 1}
+
+
+def _top_values(tree: ast.Module) -> dict[str, ast.expr]:
+    """What each name the module stores exactly once, at its top level, is given
+    (``RANK, WORLD = dist.get_rank(), dist.get_world_size()`` too)."""
+    stores = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Store)]
+    out: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        t, v = node.targets[0], node.value
+        pairs = (list(zip(t.elts, v.elts, strict=True))
+                 if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
+                 and len(t.elts) == len(v.elts) else [(t, v)])
+        for name, value in pairs:
+            if isinstance(name, ast.Name) and stores.count(name.id) == 1:
+                out[name.id] = value
+    return out
+
+
+def _called(e: ast.expr | None, name: str) -> bool:
+    return isinstance(e, ast.Call) and (
+        e.func.attr if isinstance(e.func, ast.Attribute) else
+        e.func.id if isinstance(e.func, ast.Name) else None) == name
+
+
+def every_rank_groups(tree: ast.Module, once: set[str]) -> set[str]:
+    """The group names the module assigns once, at its top level, to a ``new_group`` of
+    every rank: no ranks given, or ``range(W)`` / ``list(range(W))`` of the world size
+    (``W = dist.get_world_size()``, assigned once at the top)."""
+    values = _top_values(tree)
+
+    def world(e: ast.expr) -> bool:
+        if _called(e, "get_world_size"):
+            return True
+        return isinstance(e, ast.Name) and _called(values.get(e.id), "get_world_size")
+
+    def all_ranks(e: ast.expr | None) -> bool:
+        if e is None or (isinstance(e, ast.Constant) and e.value is None):
+            return True
+        if _called(e, "list") and isinstance(e, ast.Call) and len(e.args) == 1:
+            e = e.args[0]
+        return (_called(e, "range") and isinstance(e, ast.Call) and len(e.args) == 1
+                and not e.keywords and world(e.args[0]))
+
+    out = set()
+    for name in once:
+        v = values.get(name)
+        if not _called(v, "new_group") or not isinstance(v, ast.Call):
+            continue
+        ranks = v.args[0] if v.args else next(
+            (k.value for k in v.keywords if k.arg == "ranks"), None)
+        if all_ranks(ranks):
+            out.add(name)
+    return out
+
+
+def every_rank(calls: list[ast.Call], line: int, group: str | None,
+                everyone: set[str]) -> bool | None:
+    """Does the collective at ``line`` run on a group of every rank: the default group, or a
+    name the module binds once to a group of every rank? False where it passes another
+    group (or one the source cannot place); None when the source does not say."""
+    dg = default_group(calls, line)
+    if dg is True or (group is not None and group in everyone):
+        return True
+    return False if dg is False else None
+
+
+def group_name(calls: list[ast.Call], line: int, once: set[str]) -> str | None:
+    """The group the collective at ``line`` passes (``group=LOG``), where it is a name the
+    module assigns once at its top level."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1:
+        return None
+    got = next((k.value for k in here[0].keywords if k.arg in ("group", "process_group")),
+               None)
+    return got.id if isinstance(got, ast.Name) and got.id in once else None
+
+
+def wait_calls(tree: ast.Module) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr in WAIT_METHODS]
+
+
+def waits_at(calls: list[ast.Call], line: int) -> str | None:
+    """The wait called at ``line`` (``work.wait()``: "wait"), where one is."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return here[0].func.attr if len(here) == 1 and isinstance(here[0].func, ast.Attribute) \
+        else None
+
+
+def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
+               ) -> tuple[int, str] | None:
+    """The collective whose result the wait at ``line`` waits on: ``NAME.wait()`` where the
+    last assignment of ``NAME`` before it, in the same function, is a collective call
+    (``NAME = dist.all_reduce(x, async_op=True)``)."""
+    here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
+            or not isinstance(here[0].func.value, ast.Name):
+        return None
+    name = here[0].func.value.id
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno) and \
+                node.lineno >= getattr(scope, "lineno", 0):
+            scope = node
+    found: tuple[int, str] | None = None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and node.lineno < line and \
+                any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            call = node.value
+            op = (call.func.attr if isinstance(call.func, ast.Attribute) else
+                  call.func.id if isinstance(call.func, ast.Name) else None) \
+                if isinstance(call, ast.Call) else None
+            if found is None or node.lineno > found[0]:
+                found = (node.lineno, op) if op in COLLECTIVE_CALLS and call in calls \
+                    else None
+    return found
