@@ -64,7 +64,8 @@ def open_channel(host: str, port: int, run: str, args: argparse.Namespace,
 def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace,
              requester: int, out: list[dict[str, Any]], done: threading.Barrier) -> None:
     world = args.nodes * args.ranks_per_node
-    culprit = world // 2 + 3
+    # a rank inside the job at every size (world // 2 + 3 alone is past a 4-rank job's end)
+    culprit = (world // 2 + 3) % world
     rec: dict[str, Any] = {"node": node}
     # watchers start seconds apart on a real cluster; here a burst of 256 connects at once
     # stalls many of them for 5-15 s (this machine's loopback): spread the start-up a little

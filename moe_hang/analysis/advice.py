@@ -225,10 +225,10 @@ def advise_order(s: Situation) -> Advice:
         return advise_condition(s.culprits, s.waiting()[0], op or "collective", missed_at,
                                 left_out, True)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
-        return Advice(f"{who(s.culprits).capitalize()} posted {'its collective at ' * bool(now_at)}"
-                      f"{now} where {who(s.waiting())} posted "
-                      f"{'theirs at ' * bool(missed_at)}{missed}: every rank must "
-                      "post the same collectives in the same order (a collective inside code "
+        here = _side(s, s.culprits, now, bool(now_at), "its collective")
+        return Advice(f"{here[0].upper()}{here[1:]} where "
+                      f"{_side(s, s.waiting(), missed, bool(missed_at), 'theirs')}: every rank "
+                      "must post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     loop = _loop_left(s, culprit)
     if loop is not None:
@@ -280,6 +280,17 @@ def _advise_behind(s: Situation) -> Advice:
                   f"{who(s.culprits)} posted one more before it than they did (a rank-only "
                   "extra: a logging all-reduce, an evaluation). Post the same collectives on "
                   "every rank; `moe-hang watch` (Flight Recorder) shows which one.")
+
+
+def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:
+    """``rank 0 posted its collective at f.py:61`` — or, where the stacks show these ranks in
+    a wait (``work.wait()``) whose collective no evidence names, ``ranks 1-5 wait at f.py:60 on
+    collectives they posted earlier``: a wait is not where anything was posted."""
+    ops = {c.op for r, c in s.div.per_rank.items() if r in ranks and c is not None}
+    if is_line and ops == {"unknown"}:
+        return (f"{who(ranks)} {agree(ranks, 'waits', 'wait')} at {where} on "
+                f"{agree(ranks, 'a collective it', 'collectives they')} posted earlier")
+    return f"{who(ranks)} posted {(what + ' at ') * is_line}{where}"
 
 
 def _advise_branch(s: Situation, cond: str) -> Advice:

@@ -38,11 +38,16 @@ KIND_PHRASE = {
 }
 
 
+WAITS = "\0waits"  # stands for WAIT_ONE / WAIT_MANY until the ranks are known
+WAIT_ONE = "waits on a collective it posted earlier (which one: its Flight Recorder)"
+WAIT_MANY = "wait on collectives they posted earlier (which ones: their Flight Recorders)"
+
+
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
     if c is None:
         return "nothing"
     if c.op == "unknown":  # a wait on a collective posted earlier: which, only a recorder says
-        return "waits on a collective it posted earlier (which one: its Flight Recorder)"
+        return WAIT_ONE
     sizes = fmt_shape(c.input_sizes)
     text = f"{c.op}({sizes})" if sizes else c.op
     return f"{text} of {c.tag}" if c.tag else text
@@ -78,11 +83,14 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
         if c is None:
             said.setdefault("never posted it", []).append(r)
             continue
-        text = fmt_sizes(c)
+        text = WAITS if c.op == "unknown" else fmt_sizes(c)
         if not same_site and r in callsites:
             text += f" at {callsites[r].short()}"
         said.setdefault(text, []).append(r)
-    parts = [f"{who(rs)} {text}" for text, rs in said.items()]
+    # a wait's clause agrees with its ranks: "rank 1 waits on a collective it posted", "ranks
+    # 1-5 wait on collectives they posted"
+    parts = [f"{who(rs)} " + text.replace(WAITS, agree(rs, WAIT_ONE, WAIT_MANY))
+             for text, rs in said.items()]
     site = f" at {next(iter(callsites.values())).short()}" if same_site and callsites else ""
     del exits  # how each rank ended is in its own line of the report
     tail = ""

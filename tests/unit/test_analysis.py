@@ -13,6 +13,7 @@ from moe_hang.analysis.rules import diagnose
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.flight_recorder import PgStatus
 from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.vocab import who
 
 
 def _diag(path, **kw):
@@ -974,6 +975,29 @@ def test_stacks_alone_a_rank_on_a_group_of_every_rank_is_counted_against_the_res
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
         "desync", [culprit], "majority"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`")
+
+
+@pytest.mark.parametrize("name, culprit, waiting", [("stacks_async_wait_0", 0, [1, 2, 3, 4, 5]),
+                                                    ("stacks_async_wait_1", 2, [0, 1, 3, 4, 5])])
+def test_stacks_alone_ranks_in_work_wait_wait_on_collectives_they_posted_earlier(
+        fixtures, tmp_path, name, culprit, waiting):
+    """Stacks alone, a 3x2 mesh, both roles (fuzz seed 11 job 19): every step posts three
+    all-reduces with ``async_op=True`` and waits on them in ``for work in pending:
+    work.wait()``; the culprit skips one and goes on to the final barrier. The others' stacks
+    show the wait, and nothing names the line that posted what they wait on: the advice says
+    they wait there on collectives posted earlier (was: "posted theirs at" the wait's line)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-11/jobs",
+                    str(fixtures / "fuzz11_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "majority"), d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert r[culprit]["callsite"]["line"] == 61
+    assert {r[w]["callsite"]["line"] for w in waiting} == {60}
+    assert f"{who(waiting)} wait at " in d["fix"] and "on collectives they posted earlier" \
+        in d["fix"] and "posted theirs" not in d["fix"], d["fix"]
+    assert f"{who(waiting)} wait on collectives they posted earlier" in d["summary"], \
+        d["summary"]
 
 
 @pytest.mark.parametrize("name, culprit, past", [("extra_p2p_past_0", 1, 2),

@@ -18,6 +18,7 @@ from moe_hang.testing.fuzz.gloo import ring
 from moe_hang.testing.fuzz.neighbour import busy_neighbour
 from moe_hang.testing.fuzz.plant import Plant, programs
 from moe_hang.testing.fuzz.simulate import simulate
+from moe_hang.testing.fuzz.truth import visible_at
 
 
 def _two(group: str, rank: int) -> tuple[int, ...]:
@@ -159,7 +160,10 @@ def test_a_rank_in_wait_is_at_the_line_that_posted_its_first_unfinished_collecti
     # rank 1's five posts pair silently with rank 0's first five; rank 0's sixth (its second
     # loss) meets rank 1's final barrier
     assert out.state == "hang"
-    assert out.at == {0: "loss", 1: "finish"} and out.hidden == {0}
+    assert out.at == {0: "loss", 1: "finish"} and out.hidden == {0: "wait"}
+    # stacks alone (diagnose) show rank 0 in its wait, not at the line that posted it
+    assert visible_at(out, "diagnose") == {0: "wait", 1: "finish"}
+    assert visible_at(out, "watch") == out.at
 
 
 def test_async_posts_keep_the_rank_going_until_a_sync_collective() -> None:
@@ -171,7 +175,7 @@ def test_async_posts_keep_the_rank_going_until_a_sync_collective() -> None:
     ag = Coll("world", "all_gather", "inp", "inp")
     out = simulate([[ar(1, "ntok", True), ag, Wait("wait"), FIN], [ag, Wait("wait"), FIN]],
                    _two)
-    assert out.state == "hang" and out.at == {0: "ntok", 1: "inp"} and out.hidden == {0}
+    assert out.state == "hang" and out.at == {0: "ntok", 1: "inp"} and out.hidden == {0: "inp"}
 
 
 def test_gloo_worker_threads_all_held_is_unpredictable() -> None:
@@ -185,7 +189,8 @@ def test_gloo_worker_threads_all_held_is_unpredictable() -> None:
     # one held: the other worker runs the rest, until the step's wait
     one = simulate([[ar(2, "y", True), ar(3, "z"), Wait("wait"), FIN],
                     [ag, ar(3, "z"), Wait("wait"), FIN]], _two)
-    assert one.state == "hang" and one.at == {0: "y", 1: "inp"} and one.hidden == {0, 1}
+    assert one.state == "hang" and one.at == {0: "y", 1: "inp"} and \
+        one.hidden == {0: "wait", 1: "wait"}
     assert one.posted == {0: {"world": 2}, 1: {"world": 2}}
 
 
@@ -194,8 +199,19 @@ def test_an_async_job_in_a_pipeline_runs_under_watch() -> None:
     t = truth.truth(fam, Plant("async", "acc", 2, 4, "skip"), catalogue.kind("async"),
                     frozenset({1}), frozenset({0}), "watch")
     assert t.primary.outcome.at == {0: "loss", 1: "finish"}
-    assert t.primary.outcome.hidden == {0}  # rank 0 shows work.wait(), posted at `loss`
+    # rank 0 shows work.wait(), posted at `loss`
+    assert t.primary.outcome.hidden == {0: "wait"}
     assert t.primary.env["FUZZ_AT_LOSS"] == "0" and t.primary.env["FUZZ_AT_FINISH"] == "1"
+
+
+def test_under_diagnose_a_rank_in_work_wait_is_at_its_wait() -> None:
+    """Stacks alone show the wait (``for work in pending: work.wait()``): no evidence names
+    the line that posted the collective it waits on, so the truth asks for the wait's line."""
+    fam = families.build("p2p", 2, shape="async")
+    t = truth.truth(fam, Plant("async", "acc", 2, 4, "skip"), catalogue.kind("async"),
+                    frozenset({1}), frozenset({0}), "diagnose")
+    assert t.primary.env["FUZZ_AT_WAIT"] == "0" and t.primary.env["FUZZ_AT_FINISH"] == "1"
+    assert "FUZZ_AT_LOSS" not in t.primary.env
 
 
 # --- a metrics thread on a group of its own -------------------------------------------------

@@ -19,7 +19,7 @@ import moe_hang.testing.fuzz.families as families
 from moe_hang.testing.fuzz.catalogue import Kind
 from moe_hang.testing.fuzz.plant import EXCEPTIONS, Plant, eligible_sites
 from moe_hang.testing.fuzz.sites import Family
-from moe_hang.testing.fuzz.truth import SHIFTED, RoleTruth, Truth, truth
+from moe_hang.testing.fuzz.truth import SHIFTED, RoleTruth, Truth, truth, visible_at
 
 Launch = Literal["torchrun", "two_nodes"]
 Mode = Literal["watch", "diagnose"]
@@ -149,7 +149,7 @@ def _plant(rng: random.Random, fam: Family, kind: Kind) -> Plant | None:
 def stacks_single_out(rt: RoleTruth) -> bool:
     """No culprit is at a line a rank that is not one is also at (ranks that stopped are
     at none): stacks alone can tell the culprits from the rest."""
-    at = rt.outcome.at
+    at = visible_at(rt.outcome, "diagnose")
     return not any(at.get(c) is not None and at.get(c) == m
                    for c in rt.culprits for r, m in at.items() if r not in rt.culprits)
 
@@ -186,10 +186,6 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
             # nothing stays stuck to attach to, or the stacks cannot tell who skipped
             mode = "watch"
         if mode == "diagnose" and kind.name in EXCLUSIVE and world < 3:
-            mode = "watch"
-        if mode == "diagnose" and any(rt.outcome.hidden for rt in t.roles()):
-            # a rank waits in work.wait() for a collective it posted earlier: its stack
-            # shows the wait, not the line it posted it from
             mode = "watch"
         if mode == "diagnose" and kind.name == "wrong_group" and len(culprits) == 1:
             # the culprit and its partner wait at one line; only the group (a local the

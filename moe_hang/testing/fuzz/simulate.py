@@ -54,9 +54,9 @@ class Outcome:
     # members some left while others are still in it (a broadcast's tree, gloo's ring letting
     # the smaller through): from stacks alone, which member skipped it cannot be told
     partial: bool = False
-    # ranks whose line is a collective they posted earlier and now wait for (work.wait()):
-    # their stack shows the wait, not the line
-    hidden: frozenset[int] = frozenset()
+    # ranks whose line is a collective they posted earlier and now wait for (work.wait()),
+    # with the marker their stack shows instead (the wait, or a later collective it blocks in)
+    hidden: dict[int, str] = field(default_factory=dict)
     # abort: the members blocked in it that certainly end there, and those gloo may kill
     # (SIGABRT: their recorder is never written)
     sure: frozenset[int] = frozenset()
@@ -258,22 +258,23 @@ class _Sim:
             return Outcome("unknown", why=self.unknown)
         return self.outcome()
 
-    def line(self, r: int, t: _Thread) -> tuple[str | None, bool]:
-        """Where thread ``t`` of rank ``r`` is (its marker, and whether that is a line its
-        stack does not show): the oldest collective it posted that never completes (as a
-        recorder reads a rank: an async one stuck before the one it blocks in, or the one
-        its ``work.wait()`` waits for), else what it blocks in."""
+    def line(self, r: int, t: _Thread) -> tuple[str | None, str | None]:
+        """Where thread ``t`` of rank ``r`` is: the oldest collective it posted that never
+        completes (as a recorder reads a rank: an async one stuck before the one it blocks
+        in, or the one its ``work.wait()`` waits for), else what it blocks in; and, where
+        that is not what its stack shows, the marker its stack shows (the wait, the later
+        collective)."""
         ev = t.current()
         if isinstance(ev, Stop):
-            return (None if ev.how in ("exit", "kill") else ev.marker), False
+            return (None if ev.how in ("exit", "kill") else ev.marker), None
         first = next((k for k in t.pending if not self.done(k, r)), None)
         if isinstance(ev, (Coll, P2P, Wait)) and first is not None:
-            return self.posts[first][r].marker, True
+            return self.posts[first][r].marker, ev.marker
         if isinstance(ev, (Coll, P2P, Wait)):
-            return ev.marker, isinstance(ev, Wait)
+            return ev.marker, ev.marker if isinstance(ev, Wait) else None
         if isinstance(ev, Join) and ev.thread in self.threads[r]:
             return self.line(r, self.threads[r][ev.thread])
-        return None, False
+        return None, None
 
     def workers_held(self) -> str:
         """A collective gloo would never run: posted after two of its group's on that rank
@@ -293,11 +294,11 @@ class _Sim:
             r: ev.how for r in range(self.world)
             if isinstance(ev := self.threads[r][MAIN].current(), Stop)}
         at: dict[int, str | None] = {}
-        hidden: set[int] = set()
+        hidden: dict[int, str] = {}
         for r in range(self.world):
-            at[r], hide = self.line(r, self.threads[r][MAIN])
-            if hide:
-                hidden.add(r)
+            at[r], shown = self.line(r, self.threads[r][MAIN])
+            if shown is not None:
+                hidden[r] = shown
         posted = {r: dict(self.seq[r]) for r in range(self.world)}
         if why := self.workers_held():
             return Outcome("unknown", at, stopped, why=why)
@@ -310,7 +311,7 @@ class _Sim:
                 return Outcome("unknown", at, stopped,
                                why="more than one mismatch at once (which shows first is "
                                    "timing)")
-            return Outcome("abort", at, stopped, markers, hidden=frozenset(hidden),
+            return Outcome("abort", at, stopped, markers, hidden=hidden,
                            sure=frozenset(m for m in meet.sure if (key, m) in blocked),
                            killed=meet.killed, posted=posted)
         if self.broken:
@@ -325,7 +326,7 @@ class _Sim:
                 return Outcome("unknown", at, stopped, why="a collective never waited for")
             return Outcome("finished", at, stopped, posted=posted)
         partial = any(left and not set(key[1]) <= left for key, left in self.left.items())
-        return Outcome("hang", at, stopped, partial=partial, hidden=frozenset(hidden),
+        return Outcome("hang", at, stopped, partial=partial, hidden=hidden,
                        posted=posted)
 
 

@@ -136,6 +136,14 @@ def _diverges(progs: list[list[Event]], group: GroupKey, culprit: int, ref: int
     return None
 
 
+def visible_at(out: Outcome, mode: str) -> dict[int, str | None]:
+    """Each rank's line as the evidence of ``mode`` can show it: under watch the collective
+    the recorder and the probe name (one posted earlier and waited in ``work.wait()`` too);
+    under diagnose, stacks alone, the line the stack shows (the wait, or the later
+    collective the rank blocks in)."""
+    return {r: out.hidden.get(r, m) if mode == "diagnose" else m for r, m in out.at.items()}
+
+
 def _shifted_lines(family: Family, plant: Plant, progs: list[list[Event]], out: Outcome,
                    culprits: frozenset[int], mode: str,
                    put: Callable[[set[int], str, str], None]) -> None:
@@ -159,7 +167,7 @@ def _shifted_lines(family: Family, plant: Plant, progs: list[list[Event]], out: 
             if posted & others - shown:
                 put(posted & others - shown, y.marker, "divergence?")
     if out.state == "hang":
-        for r, m in out.at.items():
+        for r, m in visible_at(out, mode).items():
             if m is not None:
                 put({r}, m, "rank")
     elif out.state == "abort":
@@ -198,7 +206,7 @@ def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int
         for r, m in out.abort.items():
             put({r}, m, "divergence" if r in culprits else "divergence?")
     else:
-        for r, m in out.at.items():
+        for r, m in visible_at(out, mode).items():
             if m is not None:
                 put({r}, m, "rank")
     full = {CULPRITS_VAR: _ranks(culprits), **{k: _ranks(v) for k, v in env.items()}}
