@@ -14,6 +14,7 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
 )
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
+from moe_hang.analysis.gates import advise_gate, gates_passed
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -224,6 +225,10 @@ def advise_order(s: Situation) -> Advice:
         op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
         return advise_condition(s.culprits, s.waiting()[0], op or "collective", missed_at,
                                 left_out, True)
+    if found := gates_passed(s, culprit, missed_at, now_at):
+        # the branch the culprit's data took past the others' collective
+        assert missed_at is not None
+        return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "

@@ -291,6 +291,7 @@ class Diagnosis:
     culprit_basis: CulpritBasis = CulpritBasis.NONE
     certainty: Certainty = Certainty.UNCERTAIN
     fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
+    fix_site: Frame | None = None  # the line the fix is about, where it is not the culprit's
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
     rule_id: str = ""  # its stable id (analysis.rules.RULES): what scripts key on
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
@@ -334,6 +335,8 @@ class Diagnosis:
         }
         if self.fix_code:
             d["fix_code"] = self.fix_code
+        if self.fix_site is not None:
+            d["fix_site"] = self.fix_site.as_dict()
         if len(self.divergences) > 1:
             d["divergences"] = [x.to_dict() for x in self.divergences]
         if self.timeline is not None:
@@ -363,7 +366,8 @@ class Diagnosis:
             timeline=Timeline.from_dict(d.get("timeline")),
             culprit_basis=CulpritBasis(d.get("culprit_basis", CulpritBasis.NONE)),
             certainty=Certainty(d.get("certainty", Certainty.UNCERTAIN)),
-            fix_code=d.get("fix_code"), rule=str(d.get("rule", "")),
+            fix_code=d.get("fix_code"), fix_site=Frame.from_dict(d.get("fix_site")),
+            rule=str(d.get("rule", "")),
             rule_id=str(d.get("rule_id", "")),
             divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])
                          if x is not None],

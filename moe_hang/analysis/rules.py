@@ -215,6 +215,11 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
             frames[r] = v.stack.frames
     block = next((g.block for g in f.divs if g.div is div), None)
     s = Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
+    for c in culprits:  # where each culprit posted last on the group before it parted
+        prev = f.views[c].tl.by_pg.get(div.pg, {}).get(div.seq - 1) \
+            if c in f.views and div.seq is not None else None
+        if prev is not None and (site := callsite(prev.frames)) is not None:
+            s.before[c] = site
     if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
         # asked only where the advice uses it (a culprit short of the others' FSDP call): on
         # thousands of ranks it is a position order per culprit and waiting rank
@@ -368,7 +373,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
     return Diagnosis(
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
         first_divergence=out.div, ranks=ranks, fix=out.advice.text,
-        fix_code=out.advice.code, artifacts=ev.artifacts,
+        fix_code=out.advice.code, fix_site=out.advice.site, artifacts=ev.artifacts,
         evidence=f.evidence + unreached_line(ev.unreached)
         + (f.ras.lines() if f.ras is not None else []),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,

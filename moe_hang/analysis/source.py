@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from enum import Enum
 
-from moe_hang.evidence.source import LineFacts, SourceFacts, Step
+from moe_hang.evidence.source import Gate, LineFacts, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame
 
 NO_FACTS = SourceFacts()
@@ -222,3 +222,10 @@ def on_every_rank(src: SourceFacts, path: str, line: int) -> bool | None:
         return None
     # a capture stored before the fact was kept: the default group alone is known
     return lf.every_rank if lf.every_rank is not None else lf.default_group
+
+
+def gates(src: SourceFacts, path: str, line: int) -> tuple[Gate, ...]:
+    """The ``if`` statements ``line`` sits in and the guards before it that leave early, in
+    its function, nearest first (nothing where the source was not read)."""
+    lf = src.line(path, line)
+    return lf.gates if lf is not None else ()

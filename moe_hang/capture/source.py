@@ -27,7 +27,7 @@ from moe_hang.capture.source_calls import (
     waits_at,
 )
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.source import LineFacts, SourceFacts, Step
+from moe_hang.evidence.source import Gate, LineFacts, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 
 # files larger than this are not read (a generated file; nothing a person wrote to train)
@@ -84,7 +84,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
                                         _rank_condition(tree, n, names),
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
-                                        every_rank(calls, n, g, everyone))
+                                        every_rank(calls, n, g, everyone), _gates(tree, n))
                            for n in sorted(lines)}
     return out
 
@@ -274,6 +274,39 @@ def _rank_condition(tree: ast.Module, line: int, names: set[str]) -> str | None:
         if isinstance(st, ast.If) and (test := _rank_test(st.test, names)) is not None:
             return f"if {test}" if fld == "body" else f"if not ({test})"
     return None
+
+
+_LEAVES = {ast.Return: "return", ast.Continue: "continue", ast.Break: "break",
+           ast.Raise: "raise"}
+
+
+def _gates(tree: ast.Module, line: int) -> tuple[Gate, ...]:
+    """The ``if`` statements ``line`` sits in, and the guards before it in its blocks that
+    leave early (``if TEST: return``, no ``else``), inside its innermost function (or the
+    module's top level), nearest first."""
+    owners = _owners(tree.body, line)
+    blocks: list[list[ast.stmt]] = [tree.body]
+    for st, _fld in owners:
+        inner = _inner_block(st, line)
+        blocks.append(inner[0] if inner is not None else [])
+    out: list[Gate] = []
+    for depth in range(len(owners), -1, -1):  # innermost first
+        before = [st for st in blocks[depth]
+                  if (getattr(st, "end_lineno", st.lineno) or st.lineno) < line]
+        for st in reversed(before):
+            if isinstance(st, ast.If) and not st.orelse and st.body \
+                    and (how := _LEAVES.get(type(st.body[-1]))) is not None:
+                out.append(Gate(st.lineno, st.end_lineno or st.lineno,
+                                ast.unparse(st.test), how))
+        if depth == 0:
+            break
+        st, fld = owners[depth - 1]
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            break  # the gates of the function's callers are the callers' lines'
+        if isinstance(st, ast.If) and fld in ("body", "orelse"):
+            out.append(Gate(st.lineno, st.end_lineno or st.lineno, ast.unparse(st.test),
+                            "if" if fld == "body" else "else"))
+    return tuple(out)
 
 
 def _rank_test(e: ast.expr, names: set[str]) -> str | None:

@@ -10,7 +10,10 @@ only what its collectives can. For each user line on a stack or in a recorder fr
   ``handlers0`` ...), its index there, and what kind of statement it is (a loop's header
   text too). Two lines of one file are ordered, exclusive or nested by comparing paths;
 - the rank condition it runs under (``if rank == 0``, ``if not (rank in bad)``), if any;
-- whether the collective called on it runs on the default group (no ``group=``).
+- whether the collective called on it runs on the default group (no ``group=``);
+- the *gates* on the way to it in its function: the ``if`` statements it sits in, and the
+  guards before it that leave early (``if remote == 0: return``): a rank whose data decides
+  otherwise at one never reaches the line.
 """
 
 from __future__ import annotations
@@ -53,6 +56,31 @@ class Step:
             return None
 
 
+@dataclass(frozen=True)
+class Gate:
+    """``if TEST:`` at ``line`` (ending at ``end``) on the way to a line: ``how`` is ``if``
+    (the line is in its body: reached only where TEST holds), ``else`` (in its ``else``), or
+    how a guard before the line leaves early where TEST holds (``return``, ``continue``,
+    ``break``, ``raise``: the line is not reached in that call of the function, that lap of
+    the loop)."""
+
+    line: int
+    end: int
+    test: str
+    how: str
+
+    def to_list(self) -> list[Any]:
+        return [self.line, self.end, self.test, self.how]
+
+    @classmethod
+    def from_list(cls, d: Any) -> Gate | None:
+        try:
+            line, end, test, how = d
+            return cls(int(line), int(end), str(test), str(how))
+        except (TypeError, ValueError):
+            return None
+
+
 # what a thread calls from its own line to wait on a collective posted earlier: NCCL jobs
 # wait this way (Work.wait, a Future's, a stream's synchronize, a tensor copied to the host)
 WAIT_METHODS = frozenset({"wait", "synchronize", "item", "cpu", "tolist", "result", "value"})
@@ -76,6 +104,8 @@ class LineFacts:
     # it runs on a group of every rank: the default group, or ``group=LOG`` where the
     # module binds LOG once to ``new_group()`` of every rank (None: the source does not say)
     every_rank: bool | None = None
+    # the gates on the way to it, in its function (or its module's top level), nearest first
+    gates: tuple[Gate, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -91,6 +121,8 @@ class LineFacts:
             d["group"] = self.group
         if self.every_rank is not None:
             d["every_rank"] = self.every_rank
+        if self.gates:
+            d["gates"] = [g.to_list() for g in self.gates]
         return d
 
     @classmethod
@@ -106,11 +138,14 @@ class LineFacts:
             and isinstance(raw[0], int) and isinstance(raw[1], str) else None
         group = d.get("group")
         every = d.get("every_rank")
+        raw_gates = d.get("gates")
+        gates = tuple(g for g in (Gate.from_list(x) for x in raw_gates) if g is not None) \
+            if isinstance(raw_gates, list) else ()
         return cls(tuple(steps), str(cond) if cond is not None else None,
                    dg if isinstance(dg, bool) else None,
                    waits if waits in WAIT_METHODS else None, posted,
                    group if isinstance(group, str) and group else None,
-                   every if isinstance(every, bool) else None)
+                   every if isinstance(every, bool) else None, gates)
 
 
 @dataclass
