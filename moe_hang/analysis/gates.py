@@ -32,36 +32,31 @@ def gates_passed(s: Situation, culprit: int, missed: Frame | None, now: Frame | 
     return [g for g in gates(s.src, missed.file, missed.line) if g.line > prev.line]
 
 
-def _taken(g: Gate, function: str) -> str:
-    """What taking gate ``g`` does, as a clause."""
-    where = f"`{g.test}`"
-    return {"return": f"`{function}` returns where {where}",
-            "raise": f"it raises where {where}",
-            "continue": f"the loop's lap ends where {where} (continue)",
-            "break": f"the loop ends where {where} (break)",
-            "if": f"it is posted only where {where}",
-            "else": f"it is posted only where {where} is false"}.get(g.how, where)
+def _code(g: Gate) -> str:
+    """Gate ``g`` as the source spells it."""
+    if g.how == "if":
+        return f"`if {g.test}:` around it"
+    if g.how == "else":
+        return f"the `else` of `if {g.test}:` around it"
+    return f"`if {g.test}: {g.how}`"
 
 
 def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[Gate]) -> Advice:
     """The branch that let ``culprit`` past the collective the others posted at ``missed``."""
     prev = s.before[culprit]
     op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
-    head = (f"{who([culprit]).capitalize()} went past the {op or 'collective'} at "
-            f"{at_line(missed)} by ")
+    head = (f"{who([culprit]).capitalize()} skipped the {op or 'collective'} at "
+            f"{at_line(missed)}: from its last collective ({at_line(prev)}) ")
     name, others = short_path(missed.file), who(s.waiting())
     if len(found) == 1:
         g = found[0]
         return Advice(
-            f"{head}the one way the source shows from its last collective ({at_line(prev)}): "
-            f"{_taken(g, missed.function)} ({name}:{g.line}). It took that branch, {others} "
-            "did not. Post the collective on every rank whatever the data (an empty tensor "
-            "where there is nothing to send), or decide the branch the same way on every "
-            "rank.",
+            f"{head}the one way past it the source shows is {_code(g)} ({name}:{g.line}), "
+            f"which it took and {others} did not. Post it on every rank whatever the data "
+            "(an empty tensor if need be), or decide the branch alike on every rank.",
             site=Frame(missed.file, g.line, missed.function))
-    ways = "; ".join(f"{_taken(g, missed.function)} ({name}:{g.line})" for g in found)
+    ways = "; ".join(f"{_code(g)} ({name}:{g.line})" for g in found)
     return Advice(
-        f"{head}one of the {len(found)} ways the source shows from its last collective "
-        f"({at_line(prev)}): {ways}. It took one, {others} did not. Post the "
-        "collective on every rank whatever the data, or decide those branches the same way "
-        "on every rank.")
+        f"{head}the source shows {len(found)} ways past it ({ways}), and it took one that "
+        f"{others} did not. Post it on every rank whatever the data, or decide those "
+        "branches alike on every rank.")

@@ -97,16 +97,33 @@ def test_the_branch_a_culprit_took_past_the_exchange_is_named(fixtures, tmp_path
     d = diagnose(captured(load_capture(_run(fixtures, tmp_path, name))))
     assert (d.verdict, d.culprit_ranks) == ("desync", [culprit]), d.summary
     fix = _fix(fixtures, d.fix)
-    assert fix.startswith(f"Rank {culprit} went past the all_to_all at ep_train.py:35 "
-                            "exchange by the one way the source shows from its last "
-                            "collective (ep_train.py:30 exchange): `exchange` returns where "
-                            "`remote == 0` (ep_train.py:32)."), fix
-    assert f"It took that branch, rank {other} did not." in fix
+    assert fix.startswith(f"Rank {culprit} skipped the all_to_all at ep_train.py:35 "
+                          "exchange: from its last collective (ep_train.py:30 exchange) the "
+                          "one way past it the source shows is `if remote == 0: return` "
+                          f"(ep_train.py:32), which it took and rank {other} did not."), fix
     assert d.fix_site is not None and (d.fix_site.line, d.fix_site.function) == (32, "exchange")
     assert d.to_dict()["fix_site"]["line"] == 32
     got = next_words(d, ReportContext(command="watch", title="moe-hang watch"))
     assert got is not None and got[0].endswith("ep_train.py:32"), got
     assert got[1] == f"exchange, the branch rank {culprit} took"
+
+
+@pytest.mark.parametrize("name, culprit, other", [("gate_continue_1", 1, 0),
+                                                  ("gate_continue_0", 0, 1)])
+def test_a_lap_cut_short_by_continue_is_named_where_gloo_aborted(fixtures, tmp_path, name,
+                                                                 culprit, other):
+    """Data parallel by hand: each step all-reduces its token count (:18), then ``if
+    x.shape[0] == 0: continue`` (:19), then the gradients (:25). The culprit's batch is
+    empty at step 5: its next token count meets the others' gradient and gloo aborts it
+    (SIGABRT, 64 bytes where 4 were expected)."""
+    d = diagnose(captured(load_capture(_run(fixtures, tmp_path, name))))
+    assert (d.verdict, d.culprit_ranks) == ("desync", [culprit]), d.summary
+    fix = _fix(fixtures, d.fix)
+    assert fix.startswith(f"Rank {culprit} skipped the all_reduce at skip_step.py:25 "
+                          "<module>: from its last collective (skip_step.py:18 <module>) the "
+                          "one way past it the source shows is `if x.shape[0] == 0: continue` "
+                          f"(skip_step.py:19), which it took and rank {other} did not."), fix
+    assert d.fix_site is not None and d.fix_site.line == 19
 
 
 def test_without_the_gates_the_advice_stays_what_the_collectives_say(fixtures, tmp_path):
@@ -133,5 +150,5 @@ def test_two_ways_past_are_both_named_and_no_line_is_chosen(fixtures, tmp_path):
     d = diagnose(ev)
     assert d.fix_site is None
     fix = _fix(fixtures, d.fix)
-    assert "exchange by one of the 2 ways the source shows" in fix and "(ep_train.py:34)" \
-        in fix and "(ep_train.py:32)" in fix, fix
+    assert "the source shows 2 ways past it (`if x.numel() == 0: return` (ep_train.py:34); " \
+        "`if remote == 0: return` (ep_train.py:32))" in fix, fix
