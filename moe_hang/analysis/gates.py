@@ -50,10 +50,14 @@ def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[Gate]) ->
     name, others = short_path(missed.file), who(s.waiting())
     if len(found) == 1:
         g = found[0]
+        # an `if` around it is passed by its test, not taken
+        took = {"if": f"its test was false on it, true on {others}",
+                "else": f"its test was true on it, false on {others}"}.get(
+            g.how, f"it took that branch, {others} did not")
         return Advice(
-            f"{head}the one way past it the source shows is {_code(g)} ({name}:{g.line}), "
-            f"which it took and {others} did not. Post it on every rank whatever the data "
-            "(an empty tensor if need be), or decide the branch alike on every rank.",
+            f"{head}the one way past it the source shows is {_code(g)} ({name}:{g.line}): "
+            f"{took}. Post it on every rank whatever the data (an empty tensor if need be), "
+            "or decide the branch alike on every rank.",
             site=Frame(missed.file, g.line, missed.function))
     ways = "; ".join(f"{_code(g)} ({name}:{g.line})" for g in found)
     return Advice(

@@ -100,7 +100,7 @@ def test_the_branch_a_culprit_took_past_the_exchange_is_named(fixtures, tmp_path
     assert fix.startswith(f"Rank {culprit} skipped the all_to_all at ep_train.py:35 "
                           "exchange: from its last collective (ep_train.py:30 exchange) the "
                           "one way past it the source shows is `if remote == 0: return` "
-                          f"(ep_train.py:32), which it took and rank {other} did not."), fix
+                          f"(ep_train.py:32): it took that branch, rank {other} did not."), fix
     assert d.fix_site is not None and (d.fix_site.line, d.fix_site.function) == (32, "exchange")
     assert d.to_dict()["fix_site"]["line"] == 32
     got = next_words(d, ReportContext(command="watch", title="moe-hang watch"))
@@ -122,7 +122,7 @@ def test_a_lap_cut_short_by_continue_is_named_where_gloo_aborted(fixtures, tmp_p
     assert fix.startswith(f"Rank {culprit} skipped the all_reduce at skip_step.py:25 "
                           "<module>: from its last collective (skip_step.py:18 <module>) the "
                           "one way past it the source shows is `if x.shape[0] == 0: continue` "
-                          f"(skip_step.py:19), which it took and rank {other} did not."), fix
+                          f"(skip_step.py:19): it took that branch, rank {other} did not."), fix
     assert d.fix_site is not None and d.fix_site.line == 19
 
 
@@ -152,3 +152,18 @@ def test_two_ways_past_are_both_named_and_no_line_is_chosen(fixtures, tmp_path):
     fix = _fix(fixtures, d.fix)
     assert "the source shows 2 ways past it (`if x.numel() == 0: return` (ep_train.py:34); " \
         "`if remote == 0: return` (ep_train.py:32))" in fix, fix
+
+
+def test_an_if_around_it_is_passed_by_its_test_not_taken(fixtures, tmp_path):
+    """``if remote > 0:`` around the exchange (the same job written the other way): the
+    culprit's test was false."""
+    ev = load_capture(_run(fixtures, tmp_path, "gate_return_1"))
+    assert ev.source is not None
+    job = next(f for f in ev.source.files if f.endswith("ep_train.py"))
+    lf = ev.source.files[job][35]
+    ev.source.files[job][35] = dataclasses.replace(lf, gates=(Gate(33, 36, "remote > 0", "if"),))
+    d = diagnose(ev)
+    fix = _fix(fixtures, d.fix)
+    assert "the one way past it the source shows is `if remote > 0:` around it " \
+        "(ep_train.py:33): its test was false on it, true on rank 0." in fix, fix
+    assert d.fix_site is not None and d.fix_site.line == 33
