@@ -225,9 +225,10 @@ def advise_order(s: Situation) -> Advice:
         op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
         return advise_condition(s.culprits, s.waiting()[0], op or "collective", missed_at,
                                 left_out, True)
-    if found := gates_passed(s, culprit, missed_at, now_at):
-        # the branch the culprit's data took past the others' collective
-        assert missed_at is not None
+    posted = next((s.frames[r] for r in s.waiting() if s.frames.get(r)), [])
+    if missed_at is not None and \
+            (found := gates_passed(s, culprit, posted, s.frames.get(culprit, []))):
+        # the branch the culprit took past the others' collective
         return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")

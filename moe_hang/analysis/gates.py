@@ -1,35 +1,45 @@
 """The data decision behind a skip (docs/DESIGN.md §8, advice): a culprit that posted its
-last agreed collective from a line of the function the others' next collective is in, and
-never posted that one, went past it through one of the *gates* the source shows between
-the two lines — an ``if`` the collective sits in, or a guard that leaves early (``if
-remote == 0: return``). Where the source shows exactly one, that is the branch the
-culprit's data took and the others' did not. Pure."""
+last agreed collective from a line of a function the others' next collective was posted
+through, and never posted that one, went past it through one of the *gates* the source
+shows between the two lines — an ``if`` the collective (or the call leading to it) sits in,
+a guard that leaves early (``if remote == 0: return``). Where the source shows exactly one,
+that is the branch the culprit took and the others did not. Pure."""
 
 from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
 from moe_hang.analysis.source import gates, rank_condition
 from moe_hang.evidence.source import Gate
-from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import who
 
 
-def gates_passed(s: Situation, culprit: int, missed: Frame | None, now: Frame | None
-                 ) -> list[Gate]:
-    """The gates between the culprit's last agreed collective and ``missed`` (the line the
-    others posted next, in the same function): the ways the source shows past ``missed``.
-    Empty where the culprit's last line is elsewhere, or where its line now lies between
-    the two (it may have posted an extra there, not skipped anything)."""
-    prev = s.before.get(culprit)
-    if prev is None or missed is None or (prev.file, prev.function) != \
-            (missed.file, missed.function) or prev.line >= missed.line:
+def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Frame]
+                 ) -> list[tuple[Frame, Gate]]:
+    """The ways past the others' collective the source shows, each with the frame it is in:
+    ``missed`` is the stack that posted it (innermost first), ``now`` the culprit's. In the
+    innermost function both it and the culprit's last agreed collective were posted from,
+    the gates between the two lines; in the calls below that one (which the culprit may
+    never have made), every gate on the way. Empty where they share no function, where the
+    culprit's own line now lies between the two (it may have posted an extra there, not
+    skipped anything), or where a rank condition decides it (that advice says it)."""
+    prev = [f for f in s.before.get(culprit, []) if not is_library_frame(f)]
+    mine = [f for f in missed if not is_library_frame(f)]
+    common = next(((d, fm, fp) for d, fm in enumerate(mine) for fp in prev
+                   if (fp.file, fp.function) == (fm.file, fm.function)), None)
+    if common is None:
         return []
-    if now is not None and (now.file, now.function) == (missed.file, missed.function) \
-            and prev.line < now.line < missed.line:
+    depth, fm, fp = common
+    if fp.line >= fm.line or any(
+            (f.file, f.function) == (fm.file, fm.function) and fp.line < f.line < fm.line
+            for f in now):
         return []
-    if rank_condition(s.src, missed.file, missed.line) is not None:
-        return []  # a branch on the rank: the advice on rank conditions says it
-    return [g for g in gates(s.src, missed.file, missed.line) if g.line > prev.line]
+    if any(rank_condition(s.src, f.file, f.line) is not None for f in mine[:depth + 1]):
+        return []
+    out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > fp.line]
+    for f in mine[:depth]:
+        out += [(f, g) for g in gates(s.src, f.file, f.line)]
+    return out
 
 
 def _code(g: Gate) -> str:
@@ -41,26 +51,27 @@ def _code(g: Gate) -> str:
     return f"`if {g.test}: {g.how}`"
 
 
-def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[Gate]) -> Advice:
+def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Frame, Gate]]
+                ) -> Advice:
     """The branch that let ``culprit`` past the collective the others posted at ``missed``."""
-    prev = s.before[culprit]
+    prev = callsite(s.before[culprit])
     op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
-    head = (f"{who([culprit]).capitalize()} skipped the {op or 'collective'} at "
-            f"{at_line(missed)}: from its last collective ({at_line(prev)}) ")
-    name, others = short_path(missed.file), who(s.waiting())
+    head = f"{who([culprit]).capitalize()} skipped the {op or 'collective'} at {at_line(missed)}"
+    last = f"(counted from its last collective, at {at_line(prev)})"
+    me, others = who([culprit]), who(s.waiting())
     if len(found) == 1:
-        g = found[0]
+        f, g = found[0]
         # an `if` around it is passed by its test, not taken
-        took = {"if": f"its test was false on it, true on {others}",
-                "else": f"its test was true on it, false on {others}"}.get(
-            g.how, f"it took that branch, {others} did not")
+        took = {"if": f"false on {me}, true on {others}",
+                "else": f"true on {me}, false on {others}"}.get(
+            g.how, f"taken by {me}, not by {others}")
         return Advice(
-            f"{head}the one way past it the source shows is {_code(g)} ({name}:{g.line}): "
-            f"{took}. Post it on every rank whatever the data (an empty tensor if need be), "
-            "or decide the branch alike on every rank.",
-            site=Frame(missed.file, g.line, missed.function))
-    ways = "; ".join(f"{_code(g)} ({name}:{g.line})" for g in found)
+            f"{head}: the one way past it the source shows is {_code(g)} "
+            f"({short_path(f.file)}:{g.line}), {took} {last}. Post it on every rank whatever "
+            "the data (an empty tensor if need be), or decide the branch alike on every rank.",
+            site=Frame(f.file, g.line, f.function))
+    ways = "; ".join(f"{_code(g)} ({short_path(f.file)}:{g.line})" for f, g in found)
     return Advice(
-        f"{head}the source shows {len(found)} ways past it ({ways}), and it took one that "
-        f"{others} did not. Post it on every rank whatever the data, or decide those "
-        "branches alike on every rank.")
+        f"{head}: the source shows {len(found)} ways past it ({ways}), and {me} took one "
+        f"that {others} did not {last}. Post it on every rank whatever the data, or decide "
+        "those branches alike on every rank.")

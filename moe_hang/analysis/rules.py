@@ -218,8 +218,8 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
     for c in culprits:  # where each culprit posted last on the group before it parted
         prev = f.views[c].tl.by_pg.get(div.pg, {}).get(div.seq - 1) \
             if c in f.views and div.seq is not None else None
-        if prev is not None and (site := callsite(prev.frames)) is not None:
-            s.before[c] = site
+        if prev is not None and prev.frames:
+            s.before[c] = prev.frames
     if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
         # asked only where the advice uses it (a culprit short of the others' FSDP call): on
         # thousands of ranks it is a position order per culprit and waiting rank

@@ -29,8 +29,8 @@ class Situation:
     # every culprit is behind every waiting rank where each is now (position_order: an
     # earlier line of one iteration, by the source and the loop counters); False: not known
     behind: bool = False
-    # the line each culprit posted its last collective on the divergence's group from
-    before: dict[int, Frame] = field(default_factory=dict)
+    # the stack each culprit posted its last collective on the divergence's group from
+    before: dict[int, list[Frame]] = field(default_factory=dict)
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]

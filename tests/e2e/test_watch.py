@@ -54,6 +54,10 @@ def test_skipped_collective(tmp_path):
     script = JOBS / "skip_collective.py"
     assert r[0]["callsite"]["line"] == line_of(script, "dist.all_gather_into_tensor(out, x)")
     assert r[1]["callsite"]["line"] == line_of(script, "dist.barrier()")
+    # the data decision: rank 1 routed no token, and `if tokens > 0:` kept it out of dispatch
+    assert d["fix_site"]["line"] == line_of(script, "if tokens > 0:")
+    assert "`if tokens > 0:` around it" in d["fix"] and "false on rank 1, true on rank 0" \
+        in d["fix"], d["fix"]
     assert d["detected"] == "desync"  # from heartbeats, without waiting for --stall
     assert "onset_to_verdict_s" in d["timings"]
     assert d["timeline"]["highlight"] == fd["seq"]

@@ -98,14 +98,15 @@ def test_the_branch_a_culprit_took_past_the_exchange_is_named(fixtures, tmp_path
     assert (d.verdict, d.culprit_ranks) == ("desync", [culprit]), d.summary
     fix = _fix(fixtures, d.fix)
     assert fix.startswith(f"Rank {culprit} skipped the all_to_all at ep_train.py:35 "
-                          "exchange: from its last collective (ep_train.py:30 exchange) the "
-                          "one way past it the source shows is `if remote == 0: return` "
-                          f"(ep_train.py:32): it took that branch, rank {other} did not."), fix
+                          "exchange: the one way past it the source shows is `if remote == 0: "
+                          f"return` (ep_train.py:32), taken by rank {culprit}, not by rank "
+                          f"{other} (counted from its last collective, at ep_train.py:30 "
+                          "exchange)."), fix
     assert d.fix_site is not None and (d.fix_site.line, d.fix_site.function) == (32, "exchange")
     assert d.to_dict()["fix_site"]["line"] == 32
     got = next_words(d, ReportContext(command="watch", title="moe-hang watch"))
     assert got is not None and got[0].endswith("ep_train.py:32"), got
-    assert got[1] == f"exchange, the branch rank {culprit} took"
+    assert got[1] == f"the branch rank {culprit} took"
 
 
 @pytest.mark.parametrize("name, culprit, other", [("gate_continue_1", 1, 0),
@@ -120,9 +121,10 @@ def test_a_lap_cut_short_by_continue_is_named_where_gloo_aborted(fixtures, tmp_p
     assert (d.verdict, d.culprit_ranks) == ("desync", [culprit]), d.summary
     fix = _fix(fixtures, d.fix)
     assert fix.startswith(f"Rank {culprit} skipped the all_reduce at skip_step.py:25 "
-                          "<module>: from its last collective (skip_step.py:18 <module>) the "
-                          "one way past it the source shows is `if x.shape[0] == 0: continue` "
-                          f"(skip_step.py:19): it took that branch, rank {other} did not."), fix
+                          "<module>: the one way past it the source shows is `if x.shape[0] == "
+                          f"0: continue` (skip_step.py:19), taken by rank {culprit}, not by "
+                          f"rank {other} (counted from its last collective, at skip_step.py:18 "
+                          "<module>)."), fix
     assert d.fix_site is not None and d.fix_site.line == 19
 
 
@@ -151,7 +153,8 @@ def test_two_ways_past_are_both_named_and_no_line_is_chosen(fixtures, tmp_path):
     assert d.fix_site is None
     fix = _fix(fixtures, d.fix)
     assert "the source shows 2 ways past it (`if x.numel() == 0: return` (ep_train.py:34); " \
-        "`if remote == 0: return` (ep_train.py:32))" in fix, fix
+        "`if remote == 0: return` (ep_train.py:32)), and rank 1 took one that rank 0 did " \
+        "not (counted from its last collective, at ep_train.py:30 exchange)." in fix, fix
 
 
 def test_an_if_around_it_is_passed_by_its_test_not_taken(fixtures, tmp_path):
@@ -165,5 +168,5 @@ def test_an_if_around_it_is_passed_by_its_test_not_taken(fixtures, tmp_path):
     d = diagnose(ev)
     fix = _fix(fixtures, d.fix)
     assert "the one way past it the source shows is `if remote > 0:` around it " \
-        "(ep_train.py:33): its test was false on it, true on rank 0." in fix, fix
+        "(ep_train.py:33), false on rank 1, true on rank 0 (counted from" in fix, fix
     assert d.fix_site is not None and d.fix_site.line == 33
