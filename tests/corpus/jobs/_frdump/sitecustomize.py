@@ -31,7 +31,14 @@ if os.environ.get("CORPUS_FR_DUMP"):
             time.sleep(0.25)
             torch = sys.modules.get("torch")
             dist = sys.modules.get("torch.distributed")
-            if torch is None or dist is None or not dist.is_initialized():
+            # the job may be importing torch.distributed right now (the module is in
+            # sys.modules before its names are): not there yet is "not initialized", never
+            # an exception that ends this thread (the corpus's flaky post-mortem runs)
+            ready = getattr(dist, "is_initialized", None)
+            try:
+                if torch is None or ready is None or not ready():
+                    continue
+            except Exception:
                 continue
             try:
                 c10d = torch._C._distributed_c10d
