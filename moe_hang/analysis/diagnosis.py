@@ -301,7 +301,16 @@ class Diagnosis:
     routing: RoutingReport | None = None
 
     def rank(self, r: int) -> RankReport | None:
-        return next((x for x in self.ranks if x.rank == r), None)
+        # the report asks once per rank and clause: on 8192 ranks a scan each time was
+        # seconds of the first screen. The index follows the list (rebuilt if it changed).
+        index = self.__dict__.get("_rank_index")
+        if index is None or index[0] is not self.ranks or index[1] != len(self.ranks):
+            by_rank: dict[int, RankReport] = {}
+            for x in self.ranks:
+                by_rank.setdefault(x.rank, x)  # the first of a number, as a scan finds it
+            index = (self.ranks, len(self.ranks), by_rank)
+            self.__dict__["_rank_index"] = index
+        return index[2].get(r)
 
     def routing_sentence(self) -> str | None:
         """The data decision beside a problem, in one sentence (the first screen's, check's):
