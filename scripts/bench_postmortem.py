@@ -17,7 +17,9 @@ set, one after the other:
   (c) moe-hang analyze DIR --json of this checkout (``python -m moe_hang.cli``), the same way,
       judged from its JSON (``culprit_ranks``, ``first_divergence.pg`` / ``.seq``);
   (d) "core": the same analysis without the CLI's report rendering (``analyze_paths`` and the
-      JSON, in a subprocess): what reading the dumps and the verdict cost by themselves.
+      JSON, in a subprocess): what reading the dumps and the verdict cost by themselves;
+  (e) "screen": ``moe-hang analyze DIR`` as a person runs it, to its first screen (exit 3 or
+      0 is an answer; the verdict itself is judged from (c)).
 
 ``ratio`` is wall time over the floor measured in the same case. With ``--repeat N`` the floor
 and moe-hang runs are repeated and the fastest kept (the machine is shared; torchfrtrace runs
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hang.testing.postmortem_bench import (
+    TOOLS,
     Case,
     ToolRun,
     case_from,
@@ -229,12 +232,15 @@ def bench_case(args: argparse.Namespace, synth: Any, size: str, backend: str, fa
                                   "--json"]))
     if not args.no_core:
         runs.append(("core", [sys.executable, "-c", CORE, str(d)]))
+    if not args.no_moe_hang:
+        runs.append(("screen", [sys.executable, "-m", "moe_hang.cli", "analyze", str(d)]))
     floors: list[tuple[float, float]] = []
     for _ in range(max(1, args.repeat)):
         # floor and moe-hang back to back, so both see the same load on a shared machine
         floors.append(floor_load(files))
         for name, cmd in runs:
-            got = tool_run(cmd, args.timeout, logs / f"{tag}.{name}.log", truth, frtrace=False)
+            got = tool_run(cmd, args.timeout, logs / f"{tag}.{name}.log", truth, frtrace=False,
+                           screen=name == "screen")
             best = getattr(case, name)
             if best.wall_s is None or (got.wall_s is not None and got.wall_s < best.wall_s):
                 setattr(case, name, got)
@@ -245,13 +251,13 @@ def bench_case(args: argparse.Namespace, synth: Any, size: str, backend: str, fa
         r = getattr(case, name)
         if r.wall_s is not None and case.floor_s:
             r.ratio = round(r.wall_s / case.floor_s, 2)
-        print(f"  moe-hang {'analyze' if name == 'moe_hang' else 'core   '}: {summary(r)}",
-              flush=True)
+        label = {"moe_hang": "analyze", "core": "core   "}.get(name, name)
+        print(f"  moe-hang {label}: {summary(r)}", flush=True)
     return case
 
 
 def tool_run(cmd: list[str], timeout: float, log: Path, truth: dict[str, Any],
-             frtrace: bool) -> ToolRun:
+             frtrace: bool, screen: bool = False) -> ToolRun:
     b = run_bounded(cmd, timeout, log, env=None if frtrace else _env(log.parent.parent))
     run = ToolRun(rc=b.rc, wall_s=round(b.wall_s, 3), cpu_s=round(b.cpu_s, 3),
                   peak_rss_mb=round(b.peak_rss_mb, 0))
@@ -267,7 +273,7 @@ def tool_run(cmd: list[str], timeout: float, log: Path, truth: dict[str, Any],
     else:
         # exit 3 is a problem found (docs/DESIGN.md §4), 0 healthy: both are answers
         run.status = "ok" if b.rc in (0, 3) else "error"
-        if run.status == "ok":
+        if run.status == "ok" and not screen:
             try:
                 verdict = json.loads(text[text.find("{"):]) if "{" in text else {}
             except json.JSONDecodeError:
@@ -360,7 +366,7 @@ def _replay(args: argparse.Namespace) -> int:
             c = case_from(d)
             prev = by_key.get(case_key(d))
             if prev is not None:
-                for tool in ("torchfrtrace", "moe_hang", "core"):
+                for tool in TOOLS:
                     if getattr(c, tool).status == "not run":
                         setattr(c, tool, getattr(prev, tool))
             by_key[case_key(d)] = c

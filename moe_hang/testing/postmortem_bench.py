@@ -47,6 +47,7 @@ class Case:
     torchfrtrace: ToolRun = field(default_factory=ToolRun)
     moe_hang: ToolRun = field(default_factory=ToolRun)
     core: ToolRun = field(default_factory=ToolRun)
+    screen: ToolRun = field(default_factory=ToolRun)  # the CLI as a person runs it
 
 
 _SEQ = re.compile(r"(?:sequence number:|Collective sequence number:)\s*(\d+)")
@@ -139,6 +140,10 @@ def _right(r: ToolRun) -> str:
     return f"{_yn(r.named_culprit)}/{_yn(r.named_group)}/{_yn(r.named_seq)}"
 
 
+# every tool a case measures, as its Case field names them
+TOOLS = ("torchfrtrace", "moe_hang", "core", "screen")
+
+
 def _secs(r: ToolRun) -> str:
     if r.wall_s is None:
         return "-"
@@ -147,7 +152,7 @@ def _secs(r: ToolRun) -> str:
 
 HEAD = ("backend", "size", "fault", "set MB", "floor s", "frtrace s", "frtrace MB",
         "frtrace c/g/s", "moe-hang s", "ratio", "moe-hang MB", "moe-hang c/g/s", "core s",
-        "core ratio", "core CPU ratio")
+        "core ratio", "core CPU ratio", "screen s", "screen ratio")
 
 
 def _cpu_ratio(r: ToolRun, floor_cpu: float | None) -> str:
@@ -161,7 +166,7 @@ def _cpu_ratio(r: ToolRun, floor_cpu: float | None) -> str:
 def rows(cases: list[Case]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for c in cases:
-        t, m, k = c.torchfrtrace, c.moe_hang, c.core
+        t, m, k, v = c.torchfrtrace, c.moe_hang, c.core, c.screen
         out.append((
             c.backend, f"{c.ranks}x{c.entries}", c.fault, f"{c.set_mb}", f"{c.floor_s}",
             _secs(t), "-" if t.peak_rss_mb is None else f"{t.peak_rss_mb:.0f}",
@@ -170,7 +175,8 @@ def rows(cases: list[Case]) -> list[tuple[str, ...]]:
             "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
             _right(m) if m.status != "not run" else _right(k),
             _secs(k), "-" if k.ratio is None else f"{k.ratio:.2f}",
-            _cpu_ratio(k, c.floor_cpu_s)))
+            _cpu_ratio(k, c.floor_cpu_s),
+            _secs(v), "-" if v.ratio is None else f"{v.ratio:.2f}"))
     return out
 
 
@@ -200,7 +206,7 @@ def compact(case: dict[str, Any]) -> dict[str, Any]:
                                 "floor_s", "floor_cpu_s")}
     out["planted"] = {"culprits": t.get("culprits"), "group": (t.get("group") or {}).get("name"),
                       "seq": t.get("seq")}
-    for tool in ("torchfrtrace", "moe_hang", "core"):
+    for tool in TOOLS:
         out[tool] = {k: case[tool].get(k) for k in _RUN_KEYS if case[tool].get(k) is not None}
     return out
 
@@ -224,7 +230,7 @@ def update_bench_json(path: Path, result: dict[str, Any]) -> None:
     fresh = [compact(c) for c in result["cases"]]
     for c in fresh:  # a tool this run skipped keeps its earlier result
         prev = before.get(case_key(c), {})
-        for tool in ("torchfrtrace", "moe_hang", "core"):
+        for tool in TOOLS:
             if c[tool].get("status") == "not run" and tool in prev:
                 c[tool] = prev[tool]
     new_keys = {case_key(c) for c in fresh}
@@ -237,7 +243,7 @@ def update_bench_json(path: Path, result: dict[str, Any]) -> None:
 
 def case_from(d: dict[str, Any]) -> Case:
     fields: dict[str, Any] = dict(d)
-    for k in ("torchfrtrace", "moe_hang", "core"):
+    for k in TOOLS:
         if k in fields:
             fields[k] = ToolRun(**fields[k])
     return Case(**fields)
