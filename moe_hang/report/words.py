@@ -285,6 +285,8 @@ def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
         return None  # proven (or the regression still reproduces): nothing left to do
     if ctx.next_command:
         return shlex.join(ctx.next_command), ""
+    if d.culprit_basis == CulpritBasis.AMBIGUOUS and len(d.culprit_ranks) > 1:
+        return _undecided_next(d, ctx)
     found = culprit_site(d)
     if found is None:
         return None
@@ -294,6 +296,30 @@ def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
                 f"the branch rank {rank} took")
     who = f"PID {pid_of(rank)}, rank unknown" if is_unidentified(rank) else f"rank {rank}"
     return f"open {display_path(site.file)}:{site.line}", f"{site.function}, {who}"
+
+
+def _undecided_next(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
+    """The next step where the evidence does not decide between the culprits: never one of
+    them picked by its number. One line for all: open it; stacks alone: the recorder's
+    history decides (watch); else every line they are at."""
+    sites: dict[tuple[str, int], Frame] = {}
+    for r in sorted(d.culprit_ranks):
+        c = d.first_divergence.per_rank.get(r) if d.first_divergence is not None else None
+        rep = d.rank(r)
+        site = (c.callsite if c is not None else None) or (rep.callsite if rep else None)
+        if site is not None:
+            sites.setdefault((site.file, site.line), site)
+    names = who(d.culprit_ranks)
+    if len(sites) == 1:
+        site = next(iter(sites.values()))
+        return f"open {display_path(site.file)}:{site.line}", f"{site.function}, {names}"
+    if ctx.command == "diagnose":
+        return ("moe-hang watch -- <the job's launch command>",
+                f"the Flight Recorder history decides between {names}")
+    if not sites:
+        return None
+    return ("open " + " and ".join(f"{display_path(f.file)}:{f.line}" for f in sites.values()),
+            f"where {names} are")
 
 
 def run_words(d: Diagnosis, ctx: ReportContext) -> str:

@@ -31,7 +31,7 @@ from moe_hang.evidence.vocab import RankState, agree, spans, who
 from moe_hang.report.console import render, render_text
 from moe_hang.report.html import to_html
 from moe_hang.report.screen import MAX_LINES, first_screen, next_verify_command
-from moe_hang.report.words import ReportContext, site_groups
+from moe_hang.report.words import ReportContext, next_words, site_groups
 from moe_hang.report.wrap import screen_lines, shorten_paths, wrap
 
 CWD = os.getcwd()
@@ -787,3 +787,33 @@ def test_the_summary_outlasts_the_fix_prose_when_the_screen_is_full():
     summary = d.summary.split(":")[-1]
     assert all(word in out for word in summary.split() if "×" in word), out
     assert "routing: rank 0 and rank 1 sent 68 and 401 tokens" in out
+
+
+# --- the next step where the evidence does not decide ----------------------------------------
+
+def _undecided(sites: dict[int, Frame]) -> Diagnosis:
+    return Diagnosis(Verdict.DESYNC, "s", culprit_ranks=sorted(sites),
+                     ranks=[RankReport(r, callsite=f) for r, f in sites.items()],
+                     culprit_basis=CulpritBasis.AMBIGUOUS)
+
+
+@pytest.mark.parametrize("command, want", [
+    ("diagnose", ("moe-hang watch -- <the job's launch command>",
+                  "the Flight Recorder history decides between ranks 0, 1")),
+    ("analyze", ("open /j/train.py:35 and /j/train.py:55", "where ranks 0, 1 are"))])
+def test_an_undecided_verdict_picks_no_rank_for_the_next_step(command, want):
+    """Stacks alone, two ranks at two lines, neither decided: "next" opened rank 0's line
+    (the lowest number); it now names what decides (diagnose) or every line."""
+    d = _undecided({0: Frame("/j/train.py", 35, "exchange"), 1: Frame("/j/train.py", 55, "m")})
+    assert next_words(d, ReportContext(command=command, title="t")) == want
+    # the same with the ranks' numbers swapped: the same next step
+    d = _undecided({1: Frame("/j/train.py", 35, "exchange"), 0: Frame("/j/train.py", 55, "m")})
+    got = next_words(d, ReportContext(command=command, title="t"))
+    assert got is not None and (command == "diagnose" or set(got[0].split()) ==
+                                set(want[0].split()))
+
+
+def test_an_undecided_verdict_at_one_line_opens_it():
+    d = _undecided({0: Frame("/j/ep.py", 95, "gather"), 1: Frame("/j/ep.py", 95, "gather")})
+    assert next_words(d, ReportContext(command="analyze", title="t")) == (
+        "open /j/ep.py:95", "gather, ranks 0, 1")
