@@ -10,6 +10,7 @@ from dataclasses import replace
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.ladder import (
     Context,
+    Edit,
     Reading,
     decide,
     position_order,
@@ -18,7 +19,12 @@ from moe_hang.analysis.ladder import (
 )
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
-from moe_hang.analysis.source import module_group, on_every_rank
+from moe_hang.analysis.source import (
+    excludes_ranks,
+    module_group,
+    on_every_rank,
+    path_condition,
+)
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
@@ -97,15 +103,20 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     readings = []
-    for x in camp_readings("?", None, list(camps.values()), {}, views):
+    for x in camp_readings("?", None, list(camps.values()), {}, views) + _alone(camps, views):
         x = replace(x, given={**x.given, CulpritBasis.SOURCE: _branch_of_all(x, camps, ctx)})
         if apart:
             x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None})
         if kind == MismatchKind.MISSING:
             # one op at two lines: two branches may post the very same collective (they
-            # pair), so only their order can say that one side went past the other's
+            # pair), so only their order can say that one side went past the other's —
+            # unless the source puts the branch's collective on a group no other camp's
+            # is on (the default group against the others' subgroups): those never pair
+            src = x.given.get(CulpritBasis.SOURCE)
+            side = x.culprits if src is True else x.others
+            keep = src is not None and _unpaired(views, camps, side)
             x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None,
-                                  CulpritBasis.SOURCE: None})
+                                  CulpritBasis.SOURCE: src if keep else None})
         readings.append(x)
     d = decide(readings, ctx)
     if d.basis == CulpritBasis.AMBIGUOUS:
@@ -113,6 +124,60 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _alone(camps: dict[object, list[int]], views: RankViews) -> list[Reading]:
+    """With three or more camps, each at its own line: the reading where one camp alone
+    deviated and the rest, each at its own position of its own group, did not. Only the
+    source can say it (a branch only that camp takes, none around the others'): counts,
+    history and line order between one camp and several say nothing."""
+    if len(camps) < 3:
+        return []
+    where = {k: tuple(views[rs[0]].user_frames_outer_first()) for k, rs in camps.items()}
+    cond = {k: path_condition(views.source, list(reversed(fs))) for k, fs in where.items()}
+    out = []
+    for k, odd in camps.items():
+        rest = [o for o in camps if o != k]
+        took = cond[k] is not None and not excludes_ranks(cond[k] or "") and \
+            all(cond[o] is None for o in rest)
+        out.append(Reading(tuple(sorted(odd)), tuple(sorted(r for o in rest for r in camps[o])),
+                           Edit.CHANGE, at_mine=where[k], at_theirs=where[rest[0]],
+                           given={CulpritBasis.HISTORY: None, CulpritBasis.MAJORITY: None,
+                                  CulpritBasis.PROGRAM_ORDER: None,
+                                  CulpritBasis.SOURCE: True if took else None}))
+    return out
+
+
+def _group_key(views: RankViews, ranks: list[int]) -> str | None:
+    """The group a camp's collective runs on, as far as the source says: ``default``, a
+    name the module binds once, ``other`` (some ``group=``); None: not known."""
+    cs = views[ranks[0]].stack.callsite
+    lf = views.source.line(cs.file, cs.line) if cs is not None else None
+    if lf is None:
+        return None
+    if lf.default_group is True:
+        return "default"
+    if lf.group is not None:
+        return f"name:{lf.group}"
+    return "other" if lf.default_group is False else None
+
+
+def _unpaired(views: RankViews, camps: dict[object, list[int]], side: Sequence[int]) -> bool:
+    """Every camp of ``side`` posts on a group no camp of the rest can be on (the default
+    group against a ``group=``, or two names the module binds once): distinct process
+    groups never pair, so their collectives are not one collective at two lines."""
+    mine = [rs for rs in camps.values() if rs[0] in side]
+    rest = [rs for rs in camps.values() if rs[0] not in side]
+
+    def apart(a: str | None, b: str | None) -> bool:
+        if a is None or b is None:
+            return False
+        if "default" in (a, b):
+            return a != b
+        return a.startswith("name:") and b.startswith("name:") and a != b
+
+    return bool(mine and rest) and all(apart(_group_key(views, m), _group_key(views, o))
+                                       for m in mine for o in rest)
 
 
 def _one_named_group(views: RankViews, camps: dict[object, list[int]]) -> bool:

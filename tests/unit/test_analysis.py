@@ -1000,6 +1000,28 @@ def test_stacks_alone_ranks_in_work_wait_wait_on_collectives_they_posted_earlier
         d["summary"]
 
 
+@pytest.mark.parametrize("name, culprit, tp_peer", [("stacks_eval_mesh_0", 2, 3),
+                                                    ("stacks_eval_mesh_1", 3, 2)])
+def test_stacks_alone_one_rank_in_a_branch_of_its_own_against_three_lines(
+        fixtures, tmp_path, name, culprit, tp_peer):
+    """Stacks alone, a 2x2 mesh, both roles (fuzz seed 90417733 job 30): the culprit alone
+    runs an evaluation's all-reduce on the default group under `if FAULTY and step ==
+    FAULT_STEP`; its tp peer waits in the next step's tp all-reduce (:54), the other two in
+    their dp all-reduces (:57). Three camps, one op at three lines: only the culprit's camp
+    stands in a branch it alone takes, and its collective (default group) cannot pair with
+    the others' (subgroups). Was: the three others named ("they went past what the others
+    wait in"), the reading "that camp alone deviated" never made."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-fz/runs/fuzz-90417733/jobs",
+                    str(fixtures / "fuzz90417733_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "source"), d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert (r[culprit]["callsite"]["line"], r[tp_peer]["callsite"]["line"]) == (40, 54)
+    assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`"), \
+        d["fix"]
+
+
 @pytest.mark.parametrize("name, culprit, past", [("extra_p2p_past_0", 1, 2),
                                                  ("extra_p2p_past_1", 2, 1)])
 def test_a_rank_past_its_side_of_the_divergence_is_shown_where_it_is(
