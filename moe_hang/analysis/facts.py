@@ -114,7 +114,11 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
         if c is None or views[a].state not in (RankState.IN_COLLECTIVE, RankState.EXITED) \
                 or (views[a].state == RankState.EXITED and c.completed is not False):
             return False
-        if (c.pg, c.seq) in owed and a not in owed[(c.pg, c.seq)]:
+        # waiting in that collective, or a later one of the same group: past a divergence
+        # its group's collectives pair up wrongly (gloo pairs equal sizes silently), and
+        # every later one waits on the ranks that deviated there
+        if any(pg == c.pg and seq is not None and c.seq is not None and c.seq >= seq
+               and a not in who for (pg, seq), who in owed.items()):
             return True
         return (c.pg, c.seq) in never or (c.completed is False and any(
             p in views and views[p].tl.completed.get(c.pg, -1) >= c.seq for p in present))

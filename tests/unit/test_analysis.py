@@ -1000,6 +1000,25 @@ def test_stacks_alone_ranks_in_work_wait_wait_on_collectives_they_posted_earlier
         d["summary"]
 
 
+@pytest.mark.parametrize("name, culprit, tp_peer", [("silent_mesh_tp_0", 3, 2),
+                                                    ("silent_mesh_tp_1", 1, 0)])
+def test_a_rank_waiting_later_in_a_diverged_group_is_held_up_not_a_culprit(
+        fixtures, tmp_path, name, culprit, tp_peer):
+    """A 2x2 mesh under watch, both roles (fuzz seed 90417733 job 5): the culprit skips the
+    step's `acc` all-reduce (default group, seq 5); its `loss` all-reduce pairs silently
+    with the others' `acc`, and it goes on to the next step's tp all-reduce, where its tp
+    peer never comes: the peer waits in the default group's seq 6, past the divergence at
+    seq 5. Held up there, it is no culprit of the tp group's divergence (was: both named)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-fz/runs/fuzz-90417733/jobs",
+                    str(fixtures / "fuzz90417733_jobs"))
+    d = diagnose(captured(load_capture(run))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [culprit], "history"), d["summary"]
+    assert "more group(s) diverged" not in d["summary"], d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert (r[tp_peer]["collective"]["pg"], r[tp_peer]["collective"]["seq"]) == ("0", 6)
+
+
 @pytest.mark.parametrize("name, culprit, tp_peer", [("stacks_eval_mesh_0", 2, 3),
                                                     ("stacks_eval_mesh_1", 3, 2)])
 def test_stacks_alone_one_rank_in_a_branch_of_its_own_against_three_lines(
