@@ -36,7 +36,7 @@ if os.environ.get("CORPUS_FR_DUMP"):
             # an exception that ends this thread (the corpus's flaky post-mortem runs)
             ready = getattr(dist, "is_initialized", None)
             try:
-                if torch is None or ready is None or not ready():
+                if torch is None or dist is None or ready is None or not ready():
                     continue
             except Exception:
                 continue
