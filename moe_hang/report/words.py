@@ -205,17 +205,18 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
         else "nothing known"
 
 
+def rank_site(d: Diagnosis, r: int) -> Frame | None:
+    """Where rank ``r`` posted the diverging collective, else where it is now."""
+    c = d.first_divergence.per_rank.get(r) if d.first_divergence is not None else None
+    rep = d.rank(r)
+    return (c.callsite if c is not None else None) or (rep.callsite if rep else None)
+
+
 def culprit_site(d: Diagnosis) -> tuple[int, Frame] | None:
     """The line to open: where the (first) culprit posted the diverging collective, else
     where it is now."""
-    fd = d.first_divergence
-    for r in sorted(d.culprit_ranks):
-        c = fd.per_rank.get(r) if fd is not None else None
-        rep = d.rank(r)
-        site = (c.callsite if c is not None else None) or (rep.callsite if rep else None)
-        if site is not None:
-            return r, site
-    return None
+    return next(((r, site) for r in sorted(d.culprit_ranks)
+                 if (site := rank_site(d, r)) is not None), None)
 
 
 def culprit_words(d: Diagnosis) -> tuple[str, str, str] | None:
@@ -304,10 +305,7 @@ def _undecided_next(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
     history decides (watch); else every line they are at."""
     sites: dict[tuple[str, int], Frame] = {}
     for r in sorted(d.culprit_ranks):
-        c = d.first_divergence.per_rank.get(r) if d.first_divergence is not None else None
-        rep = d.rank(r)
-        site = (c.callsite if c is not None else None) or (rep.callsite if rep else None)
-        if site is not None:
+        if (site := rank_site(d, r)) is not None:
             sites.setdefault((site.file, site.line), site)
     names = who(d.culprit_ranks)
     if len(sites) == 1:
