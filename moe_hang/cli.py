@@ -74,21 +74,26 @@ def _show(diag: Diagnosis, ctx: ReportContext, *, as_json: bool, verbose: bool,
           html: Path | None, console_log: Path | None) -> None:
     """The first screen (the detail too with --verbose); --json prints only the JSON.
     console.log and the HTML page always hold everything."""
-    from moe_hang.report.console import make_console, render
-    from moe_hang.report.html import save_console_log, save_html
-    from moe_hang.report.json import to_json
-
+    # each import where it is used: --json of 8192 ranks' dumps needs no rich
     try:
         if as_json:
+            from moe_hang.report.json import to_json
+
             typer.echo(to_json(diag))
         else:
+            from moe_hang.report.console import make_console, render
+
             render(diag, make_console(), ctx, verbose=verbose)
     except BrokenPipeError:
         # the reader went (``| head``): the files below and the verdict's exit code stand
         _stdout_to_devnull()
     if console_log is not None:
+        from moe_hang.report.html import save_console_log
+
         save_console_log(diag, ctx, console_log)
     if html is not None:
+        from moe_hang.report.html import save_html
+
         try:
             save_html(diag, ctx, html)
         except OSError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from typing import cast
 
 from moe_hang.analysis.timeline import RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
@@ -33,6 +34,8 @@ def user_path(c: Collective) -> tuple[tuple[str, int], ...]:
     collective came from its posting log)."""
     if c.source == "probe" and c.name:
         return (("probe", hash(c.name)),)
+    if not c.frames:
+        return ()
     return tuple((f.file, f.line) for f in reversed(c.frames) if not is_library_frame(f))
 
 
@@ -46,7 +49,8 @@ def fine_key(c: Collective) -> Key | None:
 def signature(c: Collective) -> Key:
     """What must be equal for two ranks' entries of one collective to pair: op, sizes (where
     every member holds the same), dtypes."""
-    sizes = tuple(tuple(s) for s in c.input_sizes) if c.op in SAME_SIZE_OPS else ()
+    # map, not a generator: called for every collective of every rank (8192 ranks' dumps)
+    sizes = tuple(map(tuple, c.input_sizes)) if c.op in SAME_SIZE_OPS else ()
     return (c.op, sizes, tuple(c.dtypes))
 
 
@@ -55,6 +59,14 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 
 def coarse_key(c: Collective) -> Key:
     return (group_kind(c), *signature(c))
+
+
+Keys = tuple[Key | None, Key, Key]  # fine_key, coarse_key, signature
+
+
+def keys_of(c: Collective) -> Keys:
+    sig = signature(c)
+    return fine_key(c), (group_kind(c), *sig), sig
 
 
 @dataclass
@@ -74,33 +86,52 @@ class Program:
     # two periods repeat exactly — a training step: what comes at each seq is then known
     runs: dict[str, list[Collective]] = field(default_factory=dict)
     periods: dict[str, int] = field(default_factory=dict)
+    run_paths: dict[str, int] = field(default_factory=dict)  # of runs[pg], how many have paths
     seen_fine: set[Key] = field(default_factory=set)
     seen_coarse: set[Key] = field(default_factory=set)
     # per fine key (else per op and group kind): every signature it was posted with
     shapes: dict[Key, set[Key]] = field(default_factory=dict)
-    steps: int = 0  # agreed collectives learned from
     # the kinds of group whose agreed run repeats a collective: a whole step was seen, so
     # what it never posted is not part of it (before that, "never seen" says nothing)
     repeats: set[str] = field(default_factory=set)
+    # what each run learned before added to the counts (see learn)
+    _learned: dict[Key, list[tuple[str, Key]]] = field(default_factory=dict, repr=False)
 
-    def learn(self, run: list[Collective]) -> None:
-        """One member's agreed collectives of one group, in sequence order (consecutive)."""
-        keys = [fine_key(c) or coarse_key(c) for c in run]
-        if run and len(set(keys)) < len(keys):
+    def learn(self, run: list[Collective], keys: list[Keys] | None = None) -> None:
+        """One member's agreed collectives of one group, in sequence order (consecutive);
+        ``keys``: each one's :func:`keys_of`, where the caller has them already."""
+        ks = keys if keys is not None else [keys_of(c) for c in run]
+        # a consecutive run learns a function of its keys alone: the members of a group (and
+        # of every group of its kind) mostly posted the same, and a run learned before only
+        # counts again (8192 ranks: most of the time of learning)
+        fp = ("within", tuple(ks)) if run and run[-1].seq - run[0].seq == len(run) - 1 \
+            else None
+        if self._replayed(fp):
+            return
+        if run and len({k[0] or k[1] for k in ks}) < len(ks):
             self.repeats.add(group_kind(run[0]))
-        for c in run:
-            fk = fine_key(c)
+        for fk, ck, sig in ks:
             if fk is not None:
                 self.seen_fine.add(fk)
-            self.seen_coarse.add(coarse_key(c))
-            self.shapes.setdefault((c.op, group_kind(c)), set()).add(signature(c))
-            if fk is not None:
-                self.shapes.setdefault(fk, set()).add(signature(c))
-            self.steps += 1
-        for a, b in pairwise(run):
-            if b.seq != a.seq + 1:
-                continue
-            self._add(self.follows_fine, self.follows_coarse, "within", a, b)
+                self.shapes.setdefault(fk, set()).add(sig)
+            self.seen_coarse.add(ck)
+            self.shapes.setdefault((sig[0], ck[0]), set()).add(sig)  # (op, group kind)
+        counted: list[tuple[str, Key]] = []
+        for i in range(1, len(run)):
+            if run[i].seq == run[i - 1].seq + 1:
+                counted += self._add(self.follows_fine, self.follows_coarse, "within",
+                                     ks[i - 1], ks[i])
+        if fp is not None:
+            self._learned[fp] = counted
+
+    def _replayed(self, fp: Key | None) -> bool:
+        """Learned before: count its steps again (what follows what is already known)."""
+        counted = self._learned.get(fp) if fp is not None else None
+        if counted is None:
+            return False
+        for k in counted:
+            self.seen_after[k] += 1
+        return True
 
     def learn_period(self, run: list[Collective]) -> None:
         """Keep the longest consecutive agreed run of a group, and the smallest period its
@@ -116,11 +147,14 @@ class Program:
         tail.reverse()
         # the longest; of two as long (one agreed run, every member's), the one whose
         # recorder kept the most paths: the same run, read closer
-        kept = self.runs.get(pg, [])
-        if (len(tail), sum(map(bool, map(fine_key, tail)))) <= \
-                (len(kept), sum(map(bool, map(fine_key, kept)))):
+        kept = len(self.runs.get(pg, ()))
+        if len(tail) < kept:
+            return
+        paths = sum(map(bool, map(fine_key, tail)))
+        if (len(tail), paths) <= (kept, self.run_paths.get(pg, 0)):
             return
         self.runs[pg] = tail
+        self.run_paths[pg] = paths
         keys = [same_key(c) for c in tail]
         n = len(keys)
         for p in range(1, n // 2 + 1):
@@ -179,22 +213,32 @@ class Program:
                 return k
         return None
 
-    def learn_order(self, order: list[Collective]) -> None:
+    def learn_order(self, order: list[Collective], keys: list[Keys] | None = None) -> None:
         """One rank's agreed collectives of every group, in the order it posted them: what
         follows what across groups (the step's all-gathers, then its all-reduce on another
         group)."""
-        for a, b in pairwise(order):
-            self._add(self.across_fine, self.across_coarse, "across", a, b)
+        ks = keys if keys is not None else [keys_of(c) for c in order]
+        fp = ("across", tuple(ks))
+        if self._replayed(fp):
+            return
+        counted: list[tuple[str, Key]] = []
+        for a, b in pairwise(ks):
+            counted += self._add(self.across_fine, self.across_coarse, "across", a, b)
+        self._learned[fp] = counted
 
     def _add(self, fine: dict[Key, set[Key]], coarse: dict[Key, set[Key]], where: str,
-             a: Collective, b: Collective) -> None:
-        fa, fb = fine_key(a), fine_key(b)
+             a: Keys, b: Keys) -> list[tuple[str, Key]]:
+        """``b`` followed ``a``; the counts it added to (see :attr:`seen_after`)."""
+        counted: list[tuple[str, Key]] = []
+        fa, fb = a[0], b[0]
         if fa is not None and fb is not None:
             fine.setdefault(fa, set()).add(fb)
-            self.seen_after[(where, fa)] = self.seen_after.get((where, fa), 0) + 1
-        ca = coarse_key(a)
-        coarse.setdefault(ca, set()).add(coarse_key(b))
-        self.seen_after[(where, ca)] = self.seen_after.get((where, ca), 0) + 1
+            counted.append((where, fa))
+        coarse.setdefault(a[1], set()).add(b[1])
+        counted.append((where, a[1]))
+        for k in counted:
+            self.seen_after[k] = self.seen_after.get(k, 0) + 1
+        return counted
 
     def follows(self, prev: Collective | None, nxt: Collective | None,
                 posted: bool = False) -> bool | None:
@@ -273,12 +317,25 @@ def agreed_runs(views: RankViews, bounds: dict[str, int | None]) -> Iterable[lis
 
 def learn(views: RankViews, bounds: dict[str, int | None]) -> Program:
     p = Program()
+    # each collective's keys once: a rank's collectives are learned within their group and
+    # again across groups (at 8192 ranks the keys were half the time of the whole analysis)
+    memo: dict[int, Keys] = {}
+
+    get = memo.get
+
+    def keyed(run: list[Collective]) -> list[Keys]:
+        out = [get(id(c)) for c in run]
+        if None in out:
+            out = [k if k is not None else memo.setdefault(id(c), keys_of(c))
+                   for c, k in zip(run, out, strict=True)]
+        return cast(list[Keys], out)
+
     for run in agreed_runs(views, bounds):
-        p.learn(run)
+        p.learn(run, keyed(run))
         p.learn_period(run)
     for r in views:  # across groups, in the order each thread of a rank posted them
         for order in views.thread_orders(r):
             agreed = [c for c in order if c.completed is not False
                       and ((b := bounds.get(c.pg)) is None or c.seq < b)]
-            p.learn_order(agreed)
+            p.learn_order(agreed, keyed(agreed))
     return p

@@ -85,10 +85,13 @@ def _stream_edges(views: RankViews) -> list[Edge]:
     The candidates are found through what each rank has pending, not by walking every
     member of X's group (8192 ranks in one group: 67 million pairs)."""
     heads = {r: _head(v) for r, v in views.items()}
-    by_head: dict[tuple[str, int], list[int]] = {}
-    for m, (mh, _) in heads.items():
+    # (m's oldest Y, an X m has pending) -> every such m
+    holding: dict[tuple[tuple[str, int], tuple[str, int]], list[int]] = {}
+    for m, (mh, pending) in heads.items():
         if mh is not None:
-            by_head.setdefault((mh.pg, mh.seq), []).append(m)
+            for x in pending:
+                if x[0] != mh.pg:
+                    holding.setdefault(((mh.pg, mh.seq), x), []).append(m)
     member_sets: dict[int, frozenset[int]] = {}  # one load shares each group's member list
     out: list[Edge] = []
     for r, (head, mine) in heads.items():
@@ -102,8 +105,8 @@ def _stream_edges(views: RankViews) -> list[Edge]:
         key = (head.pg, head.seq)
         # m holds X behind its own oldest Y, of another group, which r has pending behind
         # X: the two posted X and Y in opposite orders (anything else resolves in turn)
-        found = sorted({m for y in mine if y[0] != head.pg for m in by_head.get(y, ())
-                        if m != r and m in group and key in heads[m][1]})
+        found = sorted({m for y in mine if y[0] != head.pg for m in holding.get((y, key), ())
+                        if m != r and m in group})
         label = f"{head.op} {pg_label(head.pg, head.pg_desc, word='group')}#{head.seq}"
         out.extend(Edge(r, m, label, coll=head, stream=True) for m in found)
     return out

@@ -30,6 +30,7 @@ from moe_hang.errors import MoeHangError
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence import identity, rankid
 from moe_hang.evidence.flight_recorder import postmortem
+from moe_hang.evidence.flight_recorder.load_sets import gc_paused
 from moe_hang.evidence.load import load_capture, load_captures
 from moe_hang.evidence.model import Evidence, ProcessRecord, ProcessTable, RankEvidence, Unreached
 from moe_hang.evidence.probe_records import Heartbeat
@@ -331,7 +332,8 @@ def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None =
             raise MoeHangError(why, hint="pass --force to analyze them together")
         attach_ras(ev, ras)
     source.complete(ev)
-    return diagnose(ev)
+    with gc_paused():
+        return diagnose(ev)
 
 
 def _problems_line(problems: list[postmortem.Problem], most: int = 4) -> str:

@@ -60,10 +60,11 @@ class _Chunk:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """No cyclic GC while loading: parsing allocates millions of small acyclic objects, and
-    each collection would walk them all again (torchfrtrace and the floor do the same).
-    Afterwards they are frozen out of the collector's generations, so the verdict's own
+    each collection would walk them all again (torchfrtrace and the floor do the same); the
+    verdict on them, the same (its views of 8192 ranks' dumps: 0.6 of 5.2 s were the
+    collector's). Afterwards they are frozen out of the collector's generations, so later
     collections do not walk them either (they hold no cycles; refcounting still frees
     them)."""
     was = gc.isenabled()
@@ -78,7 +79,7 @@ def _gc_paused() -> Iterator[None]:
 
 def _load_chunk(args: tuple[list[tuple[int, str]], int | None]) -> _Chunk:
     files, context = args
-    gc.disable()  # a worker process of ours: see _gc_paused
+    gc.disable()  # a worker process of ours: see gc_paused
     out = _Chunk([], {}, {})
     lists = RankLists()  # the chunk's files repeat the same groups: parsed once here
     for rank, path in files:
@@ -128,7 +129,7 @@ def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
                 got.pg_ranks[pg] = interned.setdefault(key, chunk.table[key])
             ls.fr[rank] = got
 
-    with _gc_paused():
+    with gc_paused():
         if n <= 1:
             lists = RankLists()
             for i, f in jobs:
