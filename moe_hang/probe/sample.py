@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 from typing import Any
 
 # what a thread calls from its own line to wait on a collective posted earlier (the probe
@@ -114,12 +115,15 @@ def called_name(frame: Any) -> str | None:
 def quiet_for_imports(main_ident: int | None) -> bool:
     """The moment is safe for our thread to import (torch's symbolizer imports torch._dynamo):
     the main thread waits — inside torch.distributed, or in a C call of a wait from its own
-    line — so it imports nothing until that returns, and no thread is inside an import now."""
-    frame = sys._current_frames().get(main_ident or -1)
-    if frame is None:
-        return False
-    in_c10d = "torch/distributed/" in frame.f_code.co_filename.replace("\\", "/")
-    if not in_c10d and called_name(frame) not in WAIT_METHODS:
-        return False
+    line — so it imports nothing until that returns, and no thread is inside an import now.
+    Called on the main thread itself (the probe's hook of an uncaught exception), the main
+    thread imports only what the caller does: no thread inside an import is enough."""
+    if main_ident is None or threading.get_ident() != main_ident:
+        frame = sys._current_frames().get(main_ident or -1)
+        if frame is None:
+            return False
+        in_c10d = "torch/distributed/" in frame.f_code.co_filename.replace("\\", "/")
+        if not in_c10d and called_name(frame) not in WAIT_METHODS:
+            return False
     locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
     return isinstance(locks, dict) and not locks

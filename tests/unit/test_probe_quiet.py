@@ -80,3 +80,20 @@ def test_the_probe_and_the_analysis_know_the_same_waits():
     from moe_hang.evidence.source import WAIT_METHODS
 
     assert sample.WAIT_METHODS == WAIT_METHODS
+
+
+def test_on_the_main_thread_itself_only_imports_under_way_matter():
+    """The probe's hook of an uncaught exception runs on the job's main thread: nothing else
+    of that thread can be importing, so frames are safe unless another thread imports."""
+    me = threading.get_ident()
+    assert sample.quiet_for_imports(me) is True
+
+    got: dict[str, bool] = {}
+
+    def other() -> None:  # the same question asked about a thread that computes: no
+        got["quiet"] = sample.quiet_for_imports(me)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert got["quiet"] is False
