@@ -125,6 +125,28 @@ def loop_targets(file: str, line: int) -> frozenset[str]:
     return frozenset(names)
 
 
+def waits_on_collective(file: str, line: int) -> bool:
+    """``line`` of ``file`` waits on collectives posted earlier, as NCCL jobs wait: a wait
+    (``work.wait()``, one of WAIT_METHODS) on a name the source shows assigned from a
+    collective call before it, or a device-wide ``synchronize()``. Not a wait on anything
+    else (``event.wait()``, ``future.result()`` of the job's own helpers)."""
+    try:
+        return _waits_on_collective(file, line, Path(file).stat().st_mtime_ns)
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=256)
+def _waits_on_collective(file: str, line: int, mtime_ns: int) -> bool:
+    tree = _parse_at(file, mtime_ns)
+    if tree is None:
+        return False
+    waits = wait_calls(tree)
+    what = waits_at(waits, line)
+    return what == "synchronize" or (
+        what is not None and posted_by(tree, waits, collective_calls(tree), line) is not None)
+
+
 @functools.lru_cache(maxsize=64)
 def _parse_at(path: str, mtime_ns: int) -> ast.Module | None:
     return _parse(path)

@@ -152,15 +152,21 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
                 node.lineno <= line <= (node.end_lineno or node.lineno) and \
                 node.lineno >= getattr(scope, "lineno", 0):
             scope = node
-    found: tuple[int, str] | None = None
-    for node in ast.walk(scope):
-        if isinstance(node, ast.Assign) and node.lineno < line and \
-                any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            call = node.value
-            op = (call.func.attr if isinstance(call.func, ast.Attribute) else
-                  call.func.id if isinstance(call.func, ast.Name) else None) \
-                if isinstance(call, ast.Call) else None
-            if found is None or node.lineno > found[0]:
-                found = (node.lineno, op) if op in COLLECTIVE_CALLS and call in calls \
-                    else None
-    return found
+    assigns = [node for node in ast.walk(scope) if isinstance(node, ast.Assign)
+               and node.lineno < line
+               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    if not assigns:
+        return None
+    last = max(assigns, key=lambda n: n.lineno)
+    # the last in the text need not be the last that ran: where it sits in a branch the wait
+    # is not in, and the name is assigned elsewhere too (``if ...: w = all_gather(...)``
+    # ``else: w = all_reduce(...)``), the source does not say which the wait waits on
+    branched = any(isinstance(n, ast.If) and n.lineno <= last.lineno <= (n.end_lineno or 0)
+                   and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
+    if branched and len(assigns) > 1:
+        return None
+    call = last.value
+    op = (call.func.attr if isinstance(call.func, ast.Attribute) else
+          call.func.id if isinstance(call.func, ast.Name) else None) \
+        if isinstance(call, ast.Call) else None
+    return (last.lineno, op) if op in COLLECTIVE_CALLS and call in calls else None

@@ -14,8 +14,16 @@ from typing import Any
 
 from moe_hang.capture import pyspy
 from moe_hang.capture.pyspy import StackResult
+from moe_hang.capture.source import waits_on_collective
 from moe_hang.evidence.activity import Activity
-from moe_hang.evidence.stacks import Frame, is_tool_frame, main_thread, parse_pyspy, view
+from moe_hang.evidence.stacks import (
+    Frame,
+    callsite,
+    is_tool_frame,
+    main_thread,
+    parse_pyspy,
+    view,
+)
 from moe_hang.evidence.vocab import RankState
 from moe_hang.runtime.procs import (
     Counters,
@@ -33,7 +41,9 @@ MAIN_BUSY_CORES = 0.1  # of its main thread alone
 
 
 def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
-    """(main-thread frames, on CPU, inside a collective) of one py-spy sample."""
+    """(main-thread frames, on CPU, inside a collective) of one py-spy sample. Waiting on
+    collectives posted earlier (``work.wait()``, ``torch.cuda.synchronize()``: how NCCL
+    jobs wait, the call itself returning at once) is inside them."""
     try:
         t = main_thread(parse_pyspy(data))
     except (ValueError, TypeError, AttributeError):
@@ -41,7 +51,10 @@ def _sample(data: Any) -> tuple[tuple | None, bool, bool]:
     if t is None:
         return None, False, False
     frames = tuple((f.file, f.line, f.function) for f in t.frames)
-    return frames, bool(t.active), view(t).state == RankState.IN_COLLECTIVE
+    site = callsite(t.frames)
+    inside = view(t).state == RankState.IN_COLLECTIVE or (
+        site is not None and waits_on_collective(site.file, site.line))
+    return frames, bool(t.active), inside
 
 
 def progressed(a: Any, b: Any, cpu_cores: float | None = None) -> bool:

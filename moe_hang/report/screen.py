@@ -115,14 +115,14 @@ def _culprit_line(d: Diagnosis) -> Text | None:
 
 
 def _site_lines(groups: list[tuple[list[int], str, bool]], shown: int,
-                width: int) -> list[Text]:
+                width: int, fold: bool = True) -> list[Text]:
     out: list[Text] = []
     for members, phrase, culprit in groups[:shown]:
         line = Text(who(members), style="bold red" if culprit else "bold")
         line.append(f" {phrase}")
         out += wrap(line, width, indent=2, hang=4)
     rest = groups[shown:]
-    if rest:
+    if rest and fold:
         n = sum(len(m) for m, _, _ in rest)
         out += wrap(Text(f"… and {n} more rank(s) in {len(rest)} other place(s) (--verbose)",
                          style="dim"), width, indent=2, hang=4)
@@ -131,7 +131,8 @@ def _site_lines(groups: list[tuple[list[int], str, bool]], shown: int,
 
 def _sites_section(d: Diagnosis, width: int) -> _Section | None:
     """One line (or two) per group. Shorter: ranks differing only in sizes merged, then the
-    last groups folded into "… and N more" — never a group's line cut."""
+    last groups folded into "… and N more", at last that line too (the detail has them)
+    — never a group's line cut."""
     full = site_groups(d)
     if not full:
         return None
@@ -142,6 +143,8 @@ def _sites_section(d: Diagnosis, width: int) -> _Section | None:
         stages.append(_site_lines(merged, min(len(merged), MAX_SITE_GROUPS), width))
     stages += [_site_lines(base, n, width)
                for n in range(min(len(base), MAX_SITE_GROUPS) - 1, 0, -1)]
+    if len(base) > 1:  # last: the first group alone, the count of the rest in the detail
+        stages.append(_site_lines(base, 1, width, fold=False))
     section = _Section(stages[0])
     rest = iter(stages[1:])
     section.shorter = lambda: next(rest, None)
@@ -160,7 +163,10 @@ def _routing_section(d: Diagnosis, width: int) -> _Section | None:
     more = len(r.gaps) + len(r.ragged) - 1
     if more > 0:
         line.append(f"; {more} more at that step (--verbose)", style="dim")
-    return _clippable(wrap(line, width, hang=2), width, keep=1)
+    # the data decision is the answer an MoE user asks first: whole (two rows at 80 columns)
+    # before the sites or the fix lose a line for it
+    lines = wrap(line, width, hang=2)
+    return _clippable(lines, width, keep=min(len(lines), 2))
 
 
 def _fix_sections(d: Diagnosis, width: int) -> list[_Section]:
@@ -178,15 +184,15 @@ def _fix_sections(d: Diagnosis, width: int) -> list[_Section]:
     return out
 
 
-def _next_line(d: Diagnosis, ctx: ReportContext, width: int) -> list[Text]:
+def _next_line(d: Diagnosis, ctx: ReportContext, width: int, why: bool = True) -> list[Text]:
     words = next_words(d, ctx)
     if words is None:
         return []
-    what, why = words
+    what, because = words
     line = Text("next: ", style="bold")
     line.append(what, style="cyan")
-    if why:
-        line.append(f" ({why})")
+    if because and why:
+        line.append(f" ({because})")
     return wrap(line, width, hang=6)
 
 
@@ -217,7 +223,9 @@ def first_screen(d: Diagnosis, ctx: ReportContext, width: int, *,
     sections += _fix_sections(d, width)
     nxt = _next_line(d, ctx, width)
     if nxt:
-        sections.append(_Section(nxt))
+        # shorter: the command or line alone (the function and rank it names are above)
+        bare_next = iter([_next_line(d, ctx, width, why=False)])
+        sections.append(_Section(nxt, lambda: next(bare_next, None)))
     run = _run_line(d, ctx, width, verbose)
     if run:
         # a long run directory: the details hint goes before any line of the answer

@@ -762,15 +762,19 @@ def test_a_killed_ranks_line_from_a_heartbeat_sample_is_where_it_was_last_seen(s
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_long_run_directory_and_a_routing_line_still_fit(name):
     """The run line loses its details hint before any line of the answer; a routing line
-    (the data decision) takes its place beside the sites; the fitting ends."""
+    (the data decision) takes its place beside the sites, whole; the fitting ends."""
     from moe_hang.analysis.routing import ExpertGap, RoutingReport
 
     d, ctx = _case(name)
-    d.artifacts = "/tmp/pytest-of-someone/pytest-1234/test_a_long_name_of_a_test_0/w"
+    d.artifacts = "/tmp/pytest-of-someone/pytest-1234/popen-gw1/test_a_long_name_of_a_test_0/w"
     d.routing = RoutingReport(2, [ExpertGap(2, "model.layers.1.block_sparse_moe", 0, 2,
                                             {0: 8, 1: 0}, {0: 16, 1: 16})])
     out = _render(d, ctx, 80)
     assert screen_lines(out.splitlines(), 80) <= MAX_LINES, out
+    text = " ".join(line.strip() for line in out.splitlines())
+    sentence = d.routing_sentence()
+    if "routing:" in text and sentence:  # beside a problem only; then whole
+        assert " ".join(sentence.split()) in text, out
 
 
 def test_the_summary_outlasts_the_fix_prose_when_the_screen_is_full():
