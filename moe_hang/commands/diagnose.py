@@ -278,11 +278,6 @@ def _name_unidentified(diag: Diagnosis, keys: set[int]) -> None:
             r.note = rankid.relabel_text(r.note, keys)
 
 
-def analyze_dirs(dirs: list[Path]) -> Diagnosis:
-    """Merge captures from several nodes (global ranks, hosts) into one verdict."""
-    return analyze_paths(dirs, force=False)
-
-
 def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None = None,
                   settings: Settings = Settings()) -> Diagnosis:
     """One verdict from moe-hang captures (run directories, one per node) and torch's own
