@@ -21,7 +21,7 @@ from moe_hang.testing import ports
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "unit" / "fixtures"
 # the processes the tests start compile this checkout once, not at every start (the Makefile
-# unexports it too: pytest run by hand gets the same)
+# unexports it for the whole run; run by hand, pytest itself keeps it, its children do not)
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 JOBS = Path(__file__).resolve().parent / "e2e" / "jobs"
 

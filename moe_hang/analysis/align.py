@@ -77,7 +77,8 @@ def _plainly_agree(colls: list[Collective]) -> bool:
     same recorded stack, or none and not pending): nothing below could find a difference.
     Most seqs of most groups: the scan of 8192 ranks' dumps passes them here."""
     a = colls[0]
-    if a.tag or (not a.frames and a.completed is False):
+    # a probe's entry has no recorded stack (its code is its tag, or the rank's stack now)
+    if a.tag or a.source == "probe" or (not a.frames and a.completed is False):
         return False
     return all(c.op == a.op and c.input_sizes == a.input_sizes and c.dtypes == a.dtypes
                and c.source == a.source and not c.tag and c.frames == a.frames

@@ -25,6 +25,7 @@ from moe_hang.capture.source_calls import (
     posted_by,
     wait_calls,
     waits_at,
+    waits_on_posts,
 )
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.source import Gate, LineFacts, SourceFacts, Step
@@ -128,8 +129,9 @@ def loop_targets(file: str, line: int) -> frozenset[str]:
 def waits_on_collective(file: str, line: int) -> bool:
     """``line`` of ``file`` waits on collectives posted earlier, as NCCL jobs wait: a wait
     (``work.wait()``, one of WAIT_METHODS) on a name the source shows assigned from a
-    collective call before it, or a device-wide ``synchronize()``. Not a wait on anything
-    else (``event.wait()``, ``future.result()`` of the job's own helpers)."""
+    collective call before it, or a device's ``torch.cuda.synchronize()``. Not a wait on
+    anything else (``event.wait()``, ``future.result()`` of the job's own helpers, a
+    stream's or an event's ``synchronize()``)."""
     try:
         return _waits_on_collective(file, line, Path(file).stat().st_mtime_ns)
     except OSError:
@@ -143,8 +145,26 @@ def _waits_on_collective(file: str, line: int, mtime_ns: int) -> bool:
         return False
     waits = wait_calls(tree)
     what = waits_at(waits, line)
-    return what == "synchronize" or (
-        what is not None and posted_by(tree, waits, collective_calls(tree), line) is not None)
+    if what == "synchronize":
+        return _device_synchronize(waits, line)
+    return what is not None and waits_on_posts(tree, waits, collective_calls(tree), line)
+
+
+# the device modules whose synchronize() waits for everything the device was given
+_DEVICES = frozenset({"cuda", "xpu", "mps", "npu", "hpu", "mtia", "accelerator"})
+
+
+def _device_synchronize(waits: list[ast.Call], line: int) -> bool:
+    """``torch.cuda.synchronize()`` (any device module's): not a stream's, an event's or the
+    job's own ``synchronize``, which wait for something else."""
+    for call in waits:
+        if call.lineno <= line <= (call.end_lineno or call.lineno) and \
+                isinstance(call.func, ast.Attribute) and call.func.attr == "synchronize":
+            owner = call.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else \
+                owner.id if isinstance(owner, ast.Name) else None
+            return name in _DEVICES
+    return False
 
 
 @functools.lru_cache(maxsize=64)

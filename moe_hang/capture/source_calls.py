@@ -136,15 +136,14 @@ def waits_at(calls: list[ast.Call], line: int) -> str | None:
         else None
 
 
-def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
-               ) -> tuple[int, str] | None:
-    """The collective whose result the wait at ``line`` waits on: ``NAME.wait()`` where the
-    last assignment of ``NAME`` before it, in the same function, is a collective call
-    (``NAME = dist.all_reduce(x, async_op=True)``)."""
+def _handle_assigns(tree: ast.Module, waits: list[ast.Call], line: int
+                    ) -> tuple[list[ast.Assign], ast.AST]:
+    """The assignments before ``line``, in its function, of the name the wait at ``line`` is
+    called on (``NAME.wait()``), but ``NAME = None``; and that function."""
     here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
     if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
             or not isinstance(here[0].func.value, ast.Name):
-        return None
+        return [], tree
     name = here[0].func.value.id
     scope: ast.AST = tree
     for node in ast.walk(tree):
@@ -152,9 +151,28 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
                 node.lineno <= line <= (node.end_lineno or node.lineno) and \
                 node.lineno >= getattr(scope, "lineno", 0):
             scope = node
-    assigns = [node for node in ast.walk(scope) if isinstance(node, ast.Assign)
-               and node.lineno < line
-               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    # ``h = None`` first, then ``if overlap: h = dist.all_reduce(..., async_op=True)``: the
+    # initializer is no post the wait can be on (``if h is not None: h.wait()``)
+    return [node for node in ast.walk(scope) if isinstance(node, ast.Assign)
+            and node.lineno < line
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            and not (isinstance(node.value, ast.Constant) and node.value.value is None)], scope
+
+
+def _collective_op(node: ast.Assign, calls: list[ast.Call]) -> str | None:
+    call = node.value
+    op = (call.func.attr if isinstance(call.func, ast.Attribute) else
+          call.func.id if isinstance(call.func, ast.Name) else None) \
+        if isinstance(call, ast.Call) else None
+    return op if op in COLLECTIVE_CALLS and call in calls else None
+
+
+def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
+               ) -> tuple[int, str] | None:
+    """The collective whose result the wait at ``line`` waits on: ``NAME.wait()`` where the
+    last assignment of ``NAME`` before it, in the same function, is a collective call
+    (``NAME = dist.all_reduce(x, async_op=True)``)."""
+    assigns, scope = _handle_assigns(tree, waits, line)
     if not assigns:
         return None
     last = max(assigns, key=lambda n: n.lineno)
@@ -165,8 +183,13 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
                    and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
     if branched and len(assigns) > 1:
         return None
-    call = last.value
-    op = (call.func.attr if isinstance(call.func, ast.Attribute) else
-          call.func.id if isinstance(call.func, ast.Name) else None) \
-        if isinstance(call, ast.Call) else None
-    return (last.lineno, op) if op in COLLECTIVE_CALLS and call in calls else None
+    op = _collective_op(last, calls)
+    return (last.lineno, op) if op is not None else None
+
+
+def waits_on_posts(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
+                   line: int) -> bool:
+    """The wait at ``line`` is on a collective, whichever posted it: every assignment of its
+    handle before it is a collective call (two exclusive branches that each post)."""
+    assigns, _scope = _handle_assigns(tree, waits, line)
+    return bool(assigns) and all(_collective_op(a, calls) is not None for a in assigns)

@@ -327,7 +327,7 @@ def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None =
             raise MoeHangError(why, hint="pass --force to analyze them together")
         attach_ras(ev, ras)
     source.complete(ev)
-    with gc_paused():
+    with gc_paused(freeze=False):
         return diagnose(ev)
 
 

@@ -60,6 +60,8 @@ class _Section:
     lines: list[Text]
     shorter: Callable[[], list[Text] | None] | None = None
     first: bool = False  # shortened before any other (what is not the answer)
+    # shorter still, once nothing else can be (what the answer keeps whole while it can)
+    last: Callable[[], list[Text] | None] | None = None
 
 
 def _clippable(lines: list[Text], width: int, keep: int) -> _Section:
@@ -166,7 +168,9 @@ def _routing_section(d: Diagnosis, width: int) -> _Section | None:
     # the data decision is the answer an MoE user asks first: whole (two rows at 80 columns)
     # before the sites or the fix lose a line for it
     lines = wrap(line, width, hang=2)
-    return _clippable(lines, width, keep=min(len(lines), 2))
+    section = _clippable(lines, width, keep=min(len(lines), 2))
+    section.last = lambda: clip(section.lines, 1, width) if len(section.lines) > 1 else None
+    return section
 
 
 def _fix_sections(d: Diagnosis, width: int) -> list[_Section]:
@@ -250,7 +254,14 @@ def _fit(sections: list[_Section], width: int) -> bool:
                 clipped = True
                 break
         else:
-            return clipped  # only what is never shortened is left (a very narrow console)
+            for _, s in order:  # then what the answer keeps whole while it can, once each
+                got = s.last() if s.last is not None else None
+                s.last = None
+                if got is not None:
+                    s.lines, clipped = got, True
+                    break
+            else:
+                return clipped  # only what is never shortened is left (a very narrow console)
     return clipped
 
 

@@ -118,3 +118,31 @@ def test_a_rank_that_moved_past_its_wait_is_not_waiting(tmp_path):
     d = _diagnose(_rank(0, (TORCH, 9, "barrier"), (str(job), 8, "<module>")),
                   _rank(1, (str(job), 7, "<module>"), moving=True))
     assert d.verdict != "desync", d.summary
+
+
+def test_which_post_a_wait_is_on_when_the_handle_is_assigned_more_than_once(tmp_path):
+    """``h = None`` then ``if overlap: h = all_reduce(...)``: the initializer is no post, the
+    wait is on the all-reduce; two exclusive branches that each post: the source cannot say
+    which post. The sampling window asks only whether a line waits on a collective: a wait
+    on a post (either branch's), or a device's synchronize (not a stream's)."""
+    from moe_hang.capture.source import waits_on_collective
+
+    f = tmp_path / "overlap.py"
+    f.write_text("h = None\n"                                         # 1
+                 "if overlap:\n"                                      # 2
+                 "    h = dist.all_reduce(g, async_op=True)\n"        # 3
+                 "y = compute(x)\n"                                   # 4
+                 "if h is not None:\n"                                # 5
+                 "    h.wait()\n"                                     # 6
+                 "if odd:\n"                                          # 7
+                 "    w = dist.all_gather(out, g, async_op=True)\n"   # 8
+                 "else:\n"                                            # 9
+                 "    w = dist.all_reduce(g, async_op=True)\n"        # 10
+                 "w.wait()\n"                                         # 11
+                 "torch.cuda.synchronize()\n"                         # 12
+                 "stream.synchronize()\n"                             # 13
+                 "done.wait()\n")                                     # 14
+    facts = read_facts([Frame(str(f), n, "<module>") for n in (6, 11)])
+    assert facts.line(str(f), 6).posted == (3, "all_reduce")  # type: ignore[union-attr]
+    assert facts.line(str(f), 11).posted is None  # type: ignore[union-attr]
+    assert [n for n in range(1, 15) if waits_on_collective(str(f), n)] == [6, 11, 12]

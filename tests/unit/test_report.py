@@ -821,3 +821,22 @@ def test_an_undecided_verdict_at_one_line_opens_it():
     d = _undecided({0: Frame("/j/ep.py", 95, "gather"), 1: Frame("/j/ep.py", 95, "gather")})
     assert next_words(d, ReportContext(command="analyze", title="t")) == (
         "open /j/ep.py:95", "gather, ranks 0, 1")
+
+
+def test_the_routing_line_gives_its_second_row_only_when_nothing_else_can():
+    """Kept whole (two rows at 80 columns) while another section can shorten; at the very
+    end, when only it can, clipped to one row rather than a 16th row on the screen."""
+    from moe_hang.report import screen
+
+    long = screen.wrap(screen.Text("routing: " + "word " * 20), 80, hang=2)
+    assert len(long) == 2
+    fixed = [screen._Section([screen.Text(f"line {i}")]) for i in range(14)]
+    routing = screen._clippable(list(long), 80, keep=2)
+    routing.last = lambda: screen.clip(routing.lines, 1, 80)
+    clipped = screen._fit([*fixed, routing], 80)
+    assert clipped and len(routing.lines) == 1  # 14 + 1: the last resort was taken
+    spare = screen._clippable([screen.Text(f"more {i}") for i in range(3)], 80, keep=1)
+    routing = screen._clippable(list(long), 80, keep=2)
+    routing.last = lambda: screen.clip(routing.lines, 1, 80)
+    screen._fit([*fixed[:11], spare, routing], 80)
+    assert len(routing.lines) == 2 and len(spare.lines) == 2  # another section gave way

@@ -60,19 +60,21 @@ class _Chunk:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(freeze: bool = True) -> Iterator[None]:
     """No cyclic GC while loading: parsing allocates millions of small acyclic objects, and
     each collection would walk them all again (torchfrtrace and the floor do the same); the
     verdict on them, the same (its views of 8192 ranks' dumps: 0.6 of 5.2 s were the
-    collector's). Afterwards they are frozen out of the collector's generations, so later
-    collections do not walk them either (they hold no cycles; refcounting still frees
-    them)."""
+    collector's). ``freeze``: afterwards what was loaded is frozen out of the collector's
+    generations, so later collections do not walk it either (it holds no cycles;
+    refcounting still frees it); the verdict's own objects are garbage once it returns, and
+    a freeze would pin any cycle among them."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if was:
             gc.enable()
 
