@@ -32,8 +32,9 @@ demo: setup
 	if [ $$rc -ne 3 ]; then echo "demo: repro did not reproduce the hang (exit $$rc)"; exit 1; fi
 	$(VENV)/bin/moe-hang verify --fixed
 
-# lint first, as its own step (a minute), then every test on two pytest-xdist workers (828 s
-# of pytest against 1116 s one at a time, measured; JOBS=0 runs them one at a time). The load
+# lint first, as its own step (a minute), then every test on two pytest-xdist workers (709 s
+# of pytest from a fresh clone, 12 min 30 s in all, 2026-12-05; JOBS=0 runs them one at a
+# time, 1116 s when last measured). The load
 # brought out a race once (a healthy job called dead: a stack older than its rank's recorder
 # dump), fixed in the model since. The 20 slowest are listed at the end
 JOBS ?= 2
