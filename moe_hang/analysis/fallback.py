@@ -22,6 +22,7 @@ from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import (
     excludes_ranks,
     module_group,
+    on_default_group,
     on_every_rank,
     path_condition,
 )
@@ -152,14 +153,14 @@ def _group_key(views: RankViews, ranks: list[int]) -> str | None:
     """The group a camp's collective runs on, as far as the source says: ``default``, a
     name the module binds once, ``other`` (some ``group=``); None: not known."""
     cs = views[ranks[0]].stack.callsite
-    lf = views.source.line(cs.file, cs.line) if cs is not None else None
-    if lf is None:
+    if cs is None:
         return None
-    if lf.default_group is True:
+    default = on_default_group(views.source, cs.file, cs.line)
+    if default is True:
         return "default"
-    if lf.group is not None:
-        return f"name:{lf.group}"
-    return "other" if lf.default_group is False else None
+    if (name := module_group(views.source, cs.file, cs.line)) is not None:
+        return f"name:{name}"
+    return "other" if default is False else None
 
 
 def _unpaired(views: RankViews, camps: dict[object, list[int]], side: Sequence[int]) -> bool:
