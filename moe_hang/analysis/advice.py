@@ -29,6 +29,7 @@ from moe_hang.analysis.source import (
     on_default_group,
     path_condition,
     rank_condition,
+    taken_only_by,
 )
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
@@ -173,7 +174,8 @@ def advise_order(s: Situation) -> Advice:
         return _advise_extra(s, s.block)
     if s.culprits and s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) \
             and (taken := path_condition(s.src, s.frames.get(s.culprits[0], []))) is not None \
-            and not excludes_ranks(taken) and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
+            and not excludes_ranks(taken) and taken_only_by(taken, s.culprits, s.waiting()) \
+            and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken)
@@ -214,7 +216,8 @@ def advise_order(s: Situation) -> Advice:
     the_missed = f"the collective at {missed}" if missed_at else missed
     # decided by a condition on the culprit's own path that names the ranks taking it
     cond = path_condition(s.src, s.frames.get(culprit, []))
-    if cond is not None and not excludes_ranks(cond):
+    if cond is not None and not excludes_ranks(cond) and \
+            taken_only_by(cond, s.culprits, s.waiting()):
         return _advise_branch(s, cond)
     left_out = path_condition(s.src, s.frames.get(s.waiting()[0], [])) if s.waiting() \
         else None

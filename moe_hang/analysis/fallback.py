@@ -20,11 +20,9 @@ from moe_hang.analysis.ladder import (
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import (
-    excludes_ranks,
     module_group,
     on_default_group,
     on_every_rank,
-    path_condition,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
@@ -74,11 +72,19 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     owed = {r: p2p.peer for r in ops if (p2p := views[r].stack.p2p) is not None
             and p2p.op == "recv" and p2p.peer is not None}
     peers = {q for q in owed.values() if q in ops and q not in owed}
-    if owed and peers and all(q in peers or q in owed for q in owed.values()):
-        return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
+
+    def at(r: int) -> tuple[Frame, ...]:
+        return tuple(views[r].user_frames_outer_first())
 
     def where(k: object) -> tuple[Frame, ...]:
-        return tuple(views[camps[k][0]].user_frames_outer_first())
+        return at(camps[k][0])
+
+    # ... unless the lines say the rank in the recv is a lap on from its peer (it went round
+    # the loop past the peer's collective: the peer never got back to the send)
+    if owed and peers and all(q in peers or q in owed for q in owed.values()) and not any(
+            position_order(ctx, at(r), at(q), progress(views, [r]), progress(views, [q]))
+            for r, q in owed.items() if q in peers):
+        return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
 
     behind = [k for k in camps if all(position_order(ctx, where(k), where(o),
                                                      progress(views, camps[k]),
@@ -103,10 +109,24 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         on_every_rank(views.source, cs.file, cs.line) is False
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
+    # one camp behind every other on a collective every rank owes: the others went past it
+    # — they skipped it, or it is an extra of the camp's (gloo pairs equal sizes silently, so
+    # the stacks read both ways alike): the count of ranks on each side weighs, and nothing
+    # else than these two readings can be counted across the camps
+    last = behind[0] if kind == MismatchKind.MISSING and len(behind) == 1 and \
+        _on_every_rank_all(views, camps, behind) else None
+    lagging = tuple(camps[last]) if last is not None else ()
+    ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
+    counted = {lagging, ahead} if lagging else set()
+    extra = [Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
+                     at_theirs=at(ahead[0]),
+                     given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
+             ] if last is not None else []
     readings = []
-    for x in camp_readings("?", None, list(camps.values()), {}, views) + _alone(camps, views):
+    for x in camp_readings("?", None, list(camps.values()), {}, views) \
+            + extra:
         x = replace(x, given={**x.given, CulpritBasis.SOURCE: _branch_of_all(x, camps, ctx)})
-        if apart:
+        if apart and x.culprits not in counted:
             x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None})
         if kind == MismatchKind.MISSING:
             # one op at two lines: two branches may post the very same collective (they
@@ -116,8 +136,10 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             src = x.given.get(CulpritBasis.SOURCE)
             side = x.culprits if src is True else x.others
             keep = src is not None and _unpaired(views, camps, side)
-            x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None,
-                                  CulpritBasis.SOURCE: src if keep else None})
+            given = {**x.given, CulpritBasis.SOURCE: src if keep else None}
+            if x.culprits not in counted:
+                given[CulpritBasis.MAJORITY] = None
+            x = replace(x, given=given)
         readings.append(x)
     d = decide(readings, ctx)
     if d.basis == CulpritBasis.AMBIGUOUS:
@@ -125,28 +147,6 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
-
-
-def _alone(camps: dict[object, list[int]], views: RankViews) -> list[Reading]:
-    """With three or more camps, each at its own line: the reading where one camp alone
-    deviated and the rest, each at its own position of its own group, did not. Only the
-    source can say it (a branch only that camp takes, none around the others'): counts,
-    history and line order between one camp and several say nothing."""
-    if len(camps) < 3:
-        return []
-    where = {k: tuple(views[rs[0]].user_frames_outer_first()) for k, rs in camps.items()}
-    cond = {k: path_condition(views.source, list(reversed(fs))) for k, fs in where.items()}
-    out = []
-    for k, odd in camps.items():
-        rest = [o for o in camps if o != k]
-        took = cond[k] is not None and not excludes_ranks(cond[k] or "") and \
-            all(cond[o] is None for o in rest)
-        out.append(Reading(tuple(sorted(odd)), tuple(sorted(r for o in rest for r in camps[o])),
-                           Edit.CHANGE, at_mine=where[k], at_theirs=where[rest[0]],
-                           given={CulpritBasis.HISTORY: None, CulpritBasis.MAJORITY: None,
-                                  CulpritBasis.PROGRAM_ORDER: None,
-                                  CulpritBasis.SOURCE: True if took else None}))
-    return out
 
 
 def _group_key(views: RankViews, ranks: list[int]) -> str | None:

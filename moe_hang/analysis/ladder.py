@@ -40,6 +40,7 @@ from moe_hang.analysis.source import (
     loop_step,
     order,
     path_condition,
+    taken_only_by,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
@@ -196,14 +197,17 @@ def source(r: Reading, ctx: Context) -> bool | None:
     if r.edit in (Edit.SKIP, Edit.EXTRA) and r.block:
         cond = _condition(ctx, _frames(r.block[0]) or
                           (r.at_theirs if r.edit == Edit.SKIP else r.at_mine))
-        if cond is None:
-            return None
+        runners, rest = (r.others, r.culprits) if r.edit == Edit.SKIP else (r.culprits, r.others)
+        if cond is None or not taken_only_by(cond, runners, rest):
+            return None  # none, or one that the ranks' own numbers contradict
         excludes = excludes_ranks(cond)
         return excludes if r.edit == Edit.SKIP else not excludes
     cond_mine = _condition(ctx, _frames(r.mine) or r.at_mine)
     cond_theirs = _condition(ctx, _frames(r.theirs) or r.at_theirs)
-    took = cond_mine is not None and not excludes_ranks(cond_mine)
-    other_took = cond_theirs is not None and not excludes_ranks(cond_theirs)
+    took = cond_mine is not None and not excludes_ranks(cond_mine) and \
+        taken_only_by(cond_mine, r.culprits, r.others)
+    other_took = cond_theirs is not None and not excludes_ranks(cond_theirs) and \
+        taken_only_by(cond_theirs, r.others, r.culprits)
     if took and not other_took:
         return True  # only the culprits take the branch their collective is in
     if other_took and not took:

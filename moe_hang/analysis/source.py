@@ -14,7 +14,11 @@ another machine's capture), nothing is ordered.
 from __future__ import annotations
 
 import ast
+import operator
+import re
+from collections.abc import Callable, Iterable
 from enum import Enum
+from typing import Any
 
 from moe_hang.evidence.source import Gate, LineFacts, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame
@@ -187,6 +191,71 @@ def excludes_ranks(cond: str) -> bool:
     except SyntaxError:
         return False
     return _excludes(e)
+
+
+# the names that hold the global rank itself (not a flag such as ``is_main``, nor a node's
+# ``local_rank``, which other nodes' ranks share)
+_GLOBAL_RANK = re.compile(r"(?:global_|my_|get_|get_global_)?rank|RANK|process_index")
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b}
+_ARITH: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mod: operator.mod,
+    ast.FloorDiv: operator.floordiv, ast.Mult: operator.mul}
+
+
+def _value(e: ast.expr, rank: int) -> Any:
+    """The value of ``e`` for this rank, or None where it needs anything else (the world
+    size, a flag computed at run time)."""
+    if isinstance(e, ast.Constant) and isinstance(e.value, int | bool):
+        return e.value
+    if isinstance(e, ast.Name | ast.Attribute | ast.Call) and _GLOBAL_RANK.fullmatch(
+            ast.unparse(e).rsplit(".", 1)[-1].removesuffix("()")):
+        return rank
+    if isinstance(e, ast.Tuple | ast.List | ast.Set):
+        items = [_value(x, rank) for x in e.elts]
+        return None if any(x is None for x in items) else set(items)
+    if isinstance(e, ast.BinOp) and type(e.op) in _ARITH:
+        a, b = _value(e.left, rank), _value(e.right, rank)
+        return None if a is None or b is None or (b == 0 and isinstance(
+            e.op, ast.Mod | ast.FloorDiv)) else _ARITH[type(e.op)](a, b)
+    if isinstance(e, ast.Compare) and all(type(o) in _COMPARE for o in e.ops):
+        vals = [_value(x, rank) for x in (e.left, *e.comparators)]
+        if any(v is None for v in vals):
+            return None
+        return all(_COMPARE[type(o)](a, b)
+                   for o, a, b in zip(e.ops, vals, vals[1:], strict=False))
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        v = _value(e.operand, rank)
+        return None if v is None else not v
+    if isinstance(e, ast.BoolOp):
+        vs = [_value(x, rank) for x in e.values]
+        known = [bool(v) for v in vs if v is not None]
+        want = isinstance(e.op, ast.Or)  # or: any True decides; and: any False decides
+        if want in known:
+            return want
+        return None if len(known) < len(vs) else not want
+    return None
+
+
+def holds(cond: str, rank: int) -> bool | None:
+    """Does this rank take the branch of a condition from :func:`rank_condition` (``if RANK
+    > 0`` for rank 2: True)? None where the condition needs more than the rank to decide."""
+    try:
+        e = ast.parse(cond.removeprefix("if "), mode="eval").body
+    except SyntaxError:
+        return None
+    v = _value(e, rank)
+    return None if v is None else bool(v)
+
+
+def taken_only_by(cond: str, ranks: Iterable[int], others: Iterable[int]) -> bool:
+    """Can the condition be the branch these ranks take and the others do not — False where
+    it decides that one of the others takes it too (``if RANK > 0`` in a pipeline), or one
+    of these does not."""
+    return not any(holds(cond, r) is True for r in others) and \
+        not any(holds(cond, r) is False for r in ranks)
 
 
 def enclosing_loop(src: SourceFacts, path: str, line: int) -> str | None:

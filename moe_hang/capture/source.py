@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from moe_hang.capture.source_calls import (
     waits_on_posts,
 )
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.source import Gate, LineFacts, SourceFacts, Step
+from moe_hang.evidence.source import RANK_WORDS, Gate, LineFacts, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 
 # files larger than this are not read (a generated file; nothing a person wrote to train)
@@ -245,10 +244,6 @@ def _inner_block(st: ast.stmt, line: int) -> tuple[list[ast.stmt], str] | None:
 # ------------------------------------------------------------------------ rank conditions
 
 # names that say "which rank am I" in a condition (torch, torchrun, accelerate, Lightning, ...)
-_RANK_WORDS = re.compile(
-    r"\b(\w*rank\w*|RANK|is_main\w*|is_master\w*|is_global_zero|is_local_main\w*|"
-    r"main_process\w*|process_index|local_process_index)\b")
-
 
 def _is_flag(e: ast.expr) -> bool:
     """A test about the rank (``rank == 0``, ``RANK in bad``, ``not is_main``), or a name that
@@ -260,7 +255,7 @@ def _is_flag(e: ast.expr) -> bool:
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
         return _is_flag(e.operand)
     return isinstance(e, ast.Name | ast.Attribute | ast.Call) and bool(
-        _RANK_WORDS.search(ast.unparse(e)))
+        RANK_WORDS.search(ast.unparse(e)))
 
 
 def _rank_names(tree: ast.Module) -> set[str]:
@@ -268,7 +263,7 @@ def _rank_names(tree: ast.Module) -> set[str]:
     RANK in bad``): a condition on them is a condition on the rank."""
     out: set[str] = set()
     for st in tree.body:
-        if isinstance(st, ast.Assign) and _RANK_WORDS.search(ast.unparse(st.value)) \
+        if isinstance(st, ast.Assign) and RANK_WORDS.search(ast.unparse(st.value)) \
                 and _is_flag(st.value):
             out.update(t.id for t in st.targets if isinstance(t, ast.Name))
     return out
@@ -355,7 +350,7 @@ def _rank_test(e: ast.expr, names: set[str]) -> str | None:
     """``e``'s source, where it names the rank (or a name set from it)."""
     test = ast.unparse(e)
     used = {n.id for n in ast.walk(e) if isinstance(n, ast.Name)}
-    return test if _RANK_WORDS.search(test) or used & names else None
+    return test if RANK_WORDS.search(test) or used & names else None
 
 
 def _guard_test(st: ast.stmt, names: set[str]) -> str | None:

@@ -18,10 +18,16 @@ only what its collectives can. For each user line on a stack or in a recorder fr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = "moe-hang/source/v1"
+
+# how a job names its own rank: a condition on one of these is a condition on the rank
+RANK_WORDS = re.compile(
+    r"\b(\w*rank\w*|RANK|is_main\w*|is_master\w*|is_global_zero|is_local_main\w*|"
+    r"main_process\w*|process_index|local_process_index)\b")
 
 
 @dataclass(frozen=True)
