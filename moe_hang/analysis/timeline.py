@@ -295,7 +295,8 @@ def build_timeline(views: RankViews, div: Divergence | None,
     rows: dict[int, list[TimelineCell | None]] = {}
     for r, v in sorted(views.items()):
         cells: list[TimelineCell | None] = []
-        upto = _posted_upto(v, pg)
+        # a seq is counted on each rank in order: one it holds says every earlier was posted
+        upto = max(_posted_upto(v, pg), max(v.tl.by_pg.get(pg, {}), default=-1))
         for s in window:
             c = v.tl.by_pg.get(pg, {}).get(s)
             if c is None:

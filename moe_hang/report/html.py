@@ -66,9 +66,11 @@ td.pending{color:#9a6700}td.missing{color:#b3261e}td.done,td.posted{color:#57606
 td.unknown{color:#8c959f;font-style:italic}
 details{margin:.25em 0}summary{cursor:pointer;font-weight:600}
 ul.sites li.culprit{color:#b3261e}.dim{color:#57606a}
-table.ranks{table-layout:fixed;width:100%}table.ranks td{overflow-wrap:anywhere}
-.pair{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}
-.pair>div{min-width:0;max-width:100%;overflow-x:auto}
+table.ranks{table-layout:fixed;width:100%}table.ranks td{overflow-wrap:break-word}
+table.ranks td:nth-child(6),table.ranks td:nth-child(9){overflow-wrap:anywhere}
+.pair{display:flex;gap:0 2em;align-items:flex-start}
+.pair>div{min-width:0;overflow-x:auto}.pair>div:first-child{flex:1 1 auto}
+.pair>div:last-child{flex:0 1 auto;max-width:50%}
 table.heat td{text-align:right;min-width:2.2em}td.starved{outline:2px solid #b3261e;
 color:#b3261e;font-weight:bold}
 """
@@ -125,12 +127,19 @@ def _rank_row(r: RankReport, culprit: bool) -> str:
     return f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
 
 
+_RANK_COLUMNS = {"rank": 5, "pid": 7, "host": 6, "state": 9, "collective": 14, "call site": 21,
+                 "tokens": 7, "exit": 10, "note": 21}
+
+
 def _ranks_section(d: Diagnosis) -> Iterator[str]:
     if not d.ranks:
         return
-    yield '<h2 id="ranks">ranks</h2><table class="ranks"><thead><tr>'
-    yield "".join(f"<th>{h}</th>" for h in ("rank", "pid", "host", "state", "collective",
-                                            "call site", "tokens", "exit", "note"))
+    yield '<h2 id="ranks">ranks</h2><table class="ranks"><colgroup>'
+    # a fixed layout keeps the table inside the page; the widths give the call site and the
+    # note the room, not the pid
+    yield "".join(f'<col style="width:{w}%">' for w in _RANK_COLUMNS.values())
+    yield "</colgroup><thead><tr>"
+    yield "".join(f"<th>{h}</th>" for h in _RANK_COLUMNS)
     yield "</tr></thead><tbody>"
     culprits = set(d.culprit_ranks)
     for r in sorted(d.ranks, key=lambda r: r.rank):
