@@ -89,8 +89,8 @@ def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
         return None
     at = sv.callsite
     lf = facts.line(at.file, at.line)
-    if lf is None or lf.waits is None:
-        return None
+    if lf is None or lf.waits is None or lf.wait_on is False:
+        return None  # no wait here, or one the source shows is on something else
     if lf.posted is None:
         return replace(sv, state=RankState.IN_COLLECTIVE, op=sv.op or "unknown",
                        api=sv.api or f"{lf.waits}()")

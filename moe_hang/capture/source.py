@@ -23,8 +23,8 @@ from moe_hang.capture.source_calls import (
     group_name,
     posted_by,
     wait_calls,
+    wait_on_collective,
     waits_at,
-    waits_on_posts,
 )
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.source import RANK_WORDS, Gate, LineFacts, SourceFacts, Step
@@ -84,7 +84,8 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
                                         _rank_condition(tree, n, names),
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
-                                        every_rank(calls, n, g, everyone), _gates(tree, n))
+                                        every_rank(calls, n, g, everyone), _gates(tree, n),
+                                        wait_on_collective(tree, waits, calls, n))
                            for n in sorted(lines)}
     return out
 
@@ -126,11 +127,9 @@ def loop_targets(file: str, line: int) -> frozenset[str]:
 
 
 def waits_on_collective(file: str, line: int) -> bool:
-    """``line`` of ``file`` waits on collectives posted earlier, as NCCL jobs wait: a wait
-    (``work.wait()``, one of WAIT_METHODS) on a name the source shows assigned from a
-    collective call before it, or a device's ``torch.cuda.synchronize()``. Not a wait on
-    anything else (``event.wait()``, ``future.result()`` of the job's own helpers, a
-    stream's or an event's ``synchronize()``)."""
+    """``line`` of ``file`` waits on collectives posted earlier, as the source shows it
+    (:func:`~moe_hang.capture.source_calls.wait_on_collective` is True): the one fact the
+    capture stores as ``LineFacts.wait_on``, read here for the progress window."""
     try:
         return _waits_on_collective(file, line, Path(file).stat().st_mtime_ns)
     except OSError:
@@ -142,28 +141,7 @@ def _waits_on_collective(file: str, line: int, mtime_ns: int) -> bool:
     tree = _parse_at(file, mtime_ns)
     if tree is None:
         return False
-    waits = wait_calls(tree)
-    what = waits_at(waits, line)
-    if what == "synchronize":
-        return _device_synchronize(waits, line)
-    return what is not None and waits_on_posts(tree, waits, collective_calls(tree), line)
-
-
-# the device modules whose synchronize() waits for everything the device was given
-_DEVICES = frozenset({"cuda", "xpu", "mps", "npu", "hpu", "mtia", "accelerator"})
-
-
-def _device_synchronize(waits: list[ast.Call], line: int) -> bool:
-    """``torch.cuda.synchronize()`` (any device module's): not a stream's, an event's or the
-    job's own ``synchronize``, which wait for something else."""
-    for call in waits:
-        if call.lineno <= line <= (call.end_lineno or call.lineno) and \
-                isinstance(call.func, ast.Attribute) and call.func.attr == "synchronize":
-            owner = call.func.value
-            name = owner.attr if isinstance(owner, ast.Attribute) else \
-                owner.id if isinstance(owner, ast.Name) else None
-            return name in _DEVICES
-    return False
+    return wait_on_collective(tree, wait_calls(tree), collective_calls(tree), line) is True
 
 
 @functools.lru_cache(maxsize=64)

@@ -187,9 +187,45 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
     return (last.lineno, op) if op is not None else None
 
 
-def waits_on_posts(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
-                   line: int) -> bool:
-    """The wait at ``line`` is on a collective, whichever posted it: every assignment of its
-    handle before it is a collective call (two exclusive branches that each post)."""
+# the device modules whose synchronize() waits for everything the device was given
+_DEVICES = frozenset({"cuda", "xpu", "mps", "npu", "hpu", "mtia", "accelerator"})
+# a tensor read back to the host: it waits for the device's stream, where NCCL's collectives
+# run; whether one is pending there the source cannot say
+_READ_BACK = frozenset({"item", "cpu", "tolist"})
+
+
+def wait_on_collective(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
+                       line: int) -> bool | None:
+    """Does the wait at ``line`` (one of WAIT_METHODS) wait on collectives posted earlier,
+    as NCCL jobs wait? True: on a handle every assignment of which before it is a collective
+    call (``work = dist.all_reduce(x, async_op=True)``, two exclusive branches that each
+    post), or a device's ``torch.cuda.synchronize()``. False: on a handle the source shows
+    assigned from something else (``done = threading.Event()``), or a stream's or an event's
+    ``synchronize()``. None: the source does not say (``for work in pending:``, a handle
+    passed in, a tensor's ``.item()``). The progress window takes only True (calling a
+    healthy job's wait a stall is the worse error); the analysis, run once a stall is
+    established, takes all but False."""
+    what = waits_at(waits, line)
+    if what is None:
+        return None
+    if what == "synchronize":
+        return _device_synchronize(waits, line)
+    if what in _READ_BACK:
+        return None
     assigns, _scope = _handle_assigns(tree, waits, line)
-    return bool(assigns) and all(_collective_op(a, calls) is not None for a in assigns)
+    if not assigns:
+        return None
+    return all(_collective_op(a, calls) is not None for a in assigns)
+
+
+def _device_synchronize(waits: list[ast.Call], line: int) -> bool:
+    """``torch.cuda.synchronize()`` (any device module's): not a stream's, an event's or the
+    job's own ``synchronize``, which wait for something else."""
+    for call in waits:
+        if call.lineno <= line <= (call.end_lineno or call.lineno) and \
+                isinstance(call.func, ast.Attribute) and call.func.attr == "synchronize":
+            owner = call.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else \
+                owner.id if isinstance(owner, ast.Name) else None
+            return name in _DEVICES
+    return False

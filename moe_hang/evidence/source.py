@@ -112,6 +112,10 @@ class LineFacts:
     every_rank: bool | None = None
     # the gates on the way to it, in its function (or its module's top level), nearest first
     gates: tuple[Gate, ...] = ()
+    # a wait's: does it wait on collectives posted earlier — True (on a collective's handle,
+    # a device's synchronize), False (on something the source shows is not one: an Event, a
+    # stream), None (the source does not say: a handle from a list, a tensor's ``.item()``)
+    wait_on: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -129,6 +133,8 @@ class LineFacts:
             d["every_rank"] = self.every_rank
         if self.gates:
             d["gates"] = [g.to_list() for g in self.gates]
+        if self.wait_on is not None:
+            d["wait_on"] = self.wait_on
         return d
 
     @classmethod
@@ -151,7 +157,8 @@ class LineFacts:
                    dg if isinstance(dg, bool) else None,
                    waits if waits in WAIT_METHODS else None, posted,
                    group if isinstance(group, str) and group else None,
-                   every if isinstance(every, bool) else None, gates)
+                   every if isinstance(every, bool) else None, gates,
+                   wait_on if isinstance(wait_on := d.get("wait_on"), bool) else None)
 
 
 @dataclass

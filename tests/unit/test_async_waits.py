@@ -146,3 +146,52 @@ def test_which_post_a_wait_is_on_when_the_handle_is_assigned_more_than_once(tmp_
     assert facts.line(str(f), 6).posted == (3, "all_reduce")  # type: ignore[union-attr]
     assert facts.line(str(f), 11).posted is None  # type: ignore[union-attr]
     assert [n for n in range(1, 15) if waits_on_collective(str(f), n)] == [6, 11, 12]
+
+
+WAITS = """import threading
+import torch
+import torch.distributed as dist
+done = threading.Event()
+work = dist.all_reduce(g, async_op=True)
+work.wait()
+done.wait()
+for w in pending:
+    w.wait()
+torch.cuda.synchronize()
+torch.cuda.current_stream().synchronize()
+print(loss.item())
+"""
+
+
+def test_whether_a_wait_is_on_collectives_is_one_fact_with_its_doubt(tmp_path):
+    """One fact, read once, for the progress window and the analysis alike: True on a
+    collective's handle or a device's synchronize; False on an Event or a stream; None
+    where the source does not say (a handle taken from a list, a tensor's read-back)."""
+    from moe_hang.capture.source import waits_on_collective
+    from moe_hang.evidence.source import SourceFacts
+
+    f = tmp_path / "waits.py"
+    f.write_text(WAITS)
+    facts = read_facts([Frame(str(f), n, "<module>") for n in (6, 7, 9, 10, 11, 12)])
+    got = {n: lf.wait_on for n, lf in facts.files[str(f)].items() if lf.waits}
+    assert got == {6: True, 7: False, 9: None, 10: True, 11: False, 12: None}
+    again = SourceFacts.from_dict(facts.to_dict())
+    assert {n: again.line(str(f), n).wait_on for n in got} == got  # type: ignore[union-attr]
+    # the window takes only what is sure: a healthy job's wait is never a stall's
+    assert [waits_on_collective(str(f), n) for n in sorted(got)] == [
+        True, False, False, True, False, False]
+
+
+@pytest.mark.parametrize("waiter", [0, 1])
+def test_a_rank_blocked_on_its_own_event_is_outside_every_collective(tmp_path, waiter):
+    """A rank at ``done.wait()`` on a ``threading.Event`` the source shows: not in a
+    collective (it waits on its own thread), so the rank in the all-reduce waits for it.
+    Was: both "in a collective", op unknown."""
+    job = tmp_path / "train.py"
+    job.write_text(WAITS)
+    d = _diagnose(_rank(waiter, (str(job), 7, "<module>")),
+                  _rank(1 - waiter, (TORCH, 9, "all_reduce"), (str(job), 5, "<module>")))
+    r = {x.rank: x for x in d.ranks}
+    assert r[waiter].state != "in_collective", d.summary
+    assert r[1 - waiter].state == "in_collective", d.summary
+    assert d.culprit_ranks == [waiter], d.summary
