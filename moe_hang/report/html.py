@@ -69,9 +69,10 @@ ul.sites li.culprit{color:#b3261e}.dim{color:#57606a}
 table.ranks{table-layout:fixed;width:100%}table.ranks td{overflow-wrap:break-word}
 table.ranks td:nth-child(6),table.ranks td:nth-child(9){overflow-wrap:anywhere}
 .pair{display:flex;gap:0 2em;align-items:flex-start}
-.pair>div{min-width:0;overflow-x:auto}.pair>div:first-child{flex:1 1 auto}
-.pair>div:last-child{flex:0 1 auto;max-width:50%}
-table.heat td{text-align:right;min-width:2.2em}td.starved{outline:2px solid #b3261e;
+.pair>div{min-width:0;overflow-x:auto}.pair>div:first-child{flex:1 1 0}
+.pair>div:last-child{flex:0 0 auto;max-width:55%}
+table.heat td{text-align:right;min-width:2.2em}table.heat td.mono{text-align:left}
+table.heat caption{text-align:left;font-family:ui-monospace,monospace;font-size:13px}td.starved{outline:2px solid #b3261e;
 color:#b3261e;font-weight:bold}
 """
 
@@ -127,8 +128,8 @@ def _rank_row(r: RankReport, culprit: bool) -> str:
     return f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
 
 
-_RANK_COLUMNS = {"rank": 5, "pid": 7, "host": 6, "state": 9, "collective": 14, "call site": 21,
-                 "tokens": 7, "exit": 10, "note": 21}
+_RANK_COLUMNS = {"rank": 5, "pid": 7, "host": 5, "state": 12, "collective": 14, "call site": 20,
+                 "tokens": 7, "exit": 9, "note": 21}
 
 
 def _ranks_section(d: Diagnosis) -> Iterator[str]:
@@ -182,8 +183,10 @@ def _routing_section(d: Diagnosis) -> Iterator[str]:
     blocks = list(dict.fromkeys(b for c in r.counts.values() for b in c))
     width = max((len(v) for c in r.counts.values() for v in c.values()), default=0)
     top = max((n for c in r.counts.values() for v in c.values() for n in v), default=0) or 1
+    head, short = _common_part(blocks)
+    caption = f"<caption>block: {_e(head)}</caption>" if head != "block" else ""
     yield (f'<h2 id="routing">tokens per expert at step {r.step}</h2><table class="heat">'
-           "<thead><tr><th>block</th><th>rank</th>"
+           f"{caption}<thead><tr><th>block</th><th>rank</th>"
            + "".join(f"<th>{e}</th>" for e in range(width)) + "</tr></thead><tbody>")
     for block in blocks:
         for rank in sorted(r.counts):
@@ -195,13 +198,33 @@ def _routing_section(d: Diagnosis) -> Iterator[str]:
                 shade = int(255 - 120 * n / top)
                 cls = ' class="starved"' if (block, e, rank) in starved else ""
                 cells.append(f'<td{cls} style="background:rgb({shade},{shade},255)">{n}</td>')
-            yield (f"<tr><td class=\"mono\">{_e(block)}</td><th>{rank}</th>"
-                   + "".join(cells) + "</tr>")
+            yield (f'<tr><td class="mono" title="{_e(block)}">{_e(short[block])}</td>'
+                   f"<th>{rank}</th>" + "".join(cells) + "</tr>")
     yield "</tbody></table>"
     said = [ragged_sentence(g, d.culprit_ranks) for g in r.ragged[:5]] + [
         gap_sentence(g, d.culprit_ranks) for g in r.gaps[:10]]
     if said:
         yield '<ul class="evidence">' + "".join(f"<li>{_e(x)}</li>" for x in said) + "</ul>"
+
+
+def _common_part(blocks: list[str]) -> tuple[str, dict[str, str]]:
+    """The blocks' names without what they all share, and the header that says it
+    (``model.layers.*.block_sparse_moe`` over ``0``, ``1``): the heat map keeps its width
+    for the experts. One block, or nothing shared: the names whole."""
+    parts = [b.split(".") for b in blocks]
+    if len(parts) < 2:
+        return "block", {b: b for b in blocks}
+    pre = 0
+    while all(len(p) > pre + 1 and p[pre] == parts[0][pre] for p in parts):
+        pre += 1
+    post = 0
+    while all(len(p) > pre + post + 1 and p[-1 - post] == parts[0][-1 - post] for p in parts):
+        post += 1
+    short = {b: ".".join(p[pre:len(p) - post]) for b, p in zip(blocks, parts, strict=True)}
+    if not pre and not post:
+        return "block", short
+    head = ".".join([*parts[0][:pre], "*", *parts[0][len(parts[0]) - post:]])
+    return head, short
 
 
 def _side_by_side(*parts: list[str]) -> Iterator[str]:

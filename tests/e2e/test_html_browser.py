@@ -124,4 +124,6 @@ def test_the_heat_map_sits_beside_the_grid(tmp_path):
     grid = next(t for t in m["tables"] if t["cls"] == "timeline")
     heat = next(t for t in m["tables"] if t["cls"] == "heat")
     assert abs(grid["top"] - heat["top"]) < 60, (grid, heat)  # beside, not below
+    assert heat["right"] <= heat["inside"] and not heat["scrolls"], heat  # all of it in view
+    assert grid["scrolls"], grid  # the 25 seqs scroll in the grid's own box
     assert sum(text == "?" for c, text in m["cells"] if "unknown" in c) == 6

@@ -689,6 +689,19 @@ def test_html_heat_map_beside_the_grid_and_unknown_cells(tmp_path):
     assert p.inside("td.unknown") == "?"  # posted, not in its evidence: not "missing"
 
 
+def test_html_heat_map_names_blocks_by_what_differs():
+    from moe_hang.report.html import _common_part
+
+    blocks = ["model.layers.0.block_sparse_moe", "model.layers.1.block_sparse_moe"]
+    assert _common_part(blocks) == ("model.layers.*.block_sparse_moe",
+                                    {blocks[0]: "0", blocks[1]: "1"})
+    assert _common_part(["model.layers.1.mlp"]) == ("block", {"model.layers.1.mlp":
+                                                              "model.layers.1.mlp"})
+    assert _common_part(["a.x", "b.y"]) == ("block", {"a.x": "a.x", "b.y": "b.y"})
+    # a name that is all prefix of another keeps one part of its own
+    assert _common_part(["m.e", "m.e.lora"])[1] == {"m.e": "e", "m.e.lora": "e.lora"}
+
+
 def test_html_outside_the_run_directory_links_absolute_files(tmp_path):
     d, ctx = _case("repro-desync")
     run = tmp_path / "run"
