@@ -72,8 +72,8 @@ table.ranks td:nth-child(6),table.ranks td:nth-child(9){overflow-wrap:anywhere}
 .pair>div{min-width:0;overflow-x:auto}.pair>div:first-child{flex:1 1 0}
 .pair>div:last-child{flex:0 0 auto;max-width:55%}
 table.heat td{text-align:right;min-width:2.2em}table.heat td.mono{text-align:left}
-table.heat caption{text-align:left;font-family:ui-monospace,monospace;font-size:13px}td.starved{outline:2px solid #b3261e;
-color:#b3261e;font-weight:bold}
+table.heat caption{text-align:left;font-family:ui-monospace,monospace;font-size:13px}
+td.starved{outline:2px solid #b3261e;color:#b3261e;font-weight:bold}
 """
 
 _VERDICT_CLASS = {Verdict.HEALTHY: "good", Verdict.STRAGGLER: "warn",
