@@ -259,6 +259,24 @@ def test_a_summary_history_is_the_dump_and_before_it_the_log_bounded(tmp_path: P
     assert len(hist) == MAX_HISTORY
 
 
+def test_a_summary_keeps_the_logs_frames_where_the_dump_has_none(tmp_path: Path):
+    """A rank that raised was dumped without frames (a busy machine): its divergent
+    collective's line, which its posted log kept, crosses to the other nodes all the same
+    (was: the merged verdict named no line for it; fresh seed 31926605 job 15)."""
+    from dataclasses import replace
+
+    torch = FakeTorch()
+    h = _history(tmp_path / "log", torch)
+    torch.ring = [_entry(i, frames=True) for i in range(5)]
+    h.last_gasp("exit")
+    log = read_posted_log(tmp_path / "log")
+    assert log is not None and all(c.frames for c in log.collectives)
+    dump = fr.FRDump(entries=[replace(c, frames=[]) for c in log.collectives],
+                     pg_status={"0": fr.PgStatus(5, 5)})
+    hist, _ = history_of(dump, 256, log=log)
+    assert [p.frames for p in hist] == [[f"{JOB}:{100 + i}:<module>"] for i in range(5)]
+
+
 def test_real_recorder_dumps_name_the_posting_thread():
     dump = fr.load(FIXTURES / "eval_pending_save" / "ranks" / "rank0.fr.pkl")
     assert dump.entries and all(c.thread_id and c.thread_id.isdigit() and

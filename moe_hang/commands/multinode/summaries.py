@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,18 @@ def history_of(dump: FRDump | None, per_group: int = HISTORY_PER_GROUP, *,
     for c in log.collectives if log is not None else []:
         if c.record_id is not None and (top is None or dead or c.record_id <= top):
             by_id[c.record_id] = c
-    for c in dump.entries if dump is not None else []:  # as of capture: it wins
-        if c.record_id is None:
+    for c in dump.entries if dump is not None else []:  # as of capture: it wins ...
+        rid = c.record_id
+        if rid is None:
             loose.append(c)
-        else:
-            by_id[c.record_id] = c
+            continue
+        old = by_id.get(rid)
+        if old is not None and old.frames and not c.frames:
+            # ... but for the frames a dump taken without them left out, which the log kept
+            # (as the timeline merges the two)
+            c = replace(c, frames=old.frames, thread_id=c.thread_id or old.thread_id,
+                        thread_name=c.thread_name or old.thread_name)
+        by_id[rid] = c
     groups: dict[str, list[Collective]] = {}
     for c in [*by_id.values(), *loose]:
         groups.setdefault(c.pg, []).append(c)
