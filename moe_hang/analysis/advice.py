@@ -121,7 +121,7 @@ _ONE_ORDER = ("every rank must post the same collectives in the same order — r
               "the same ones, in the same order, on both sides of it.")
 
 
-def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | None,
+def advise_condition(culprits: list[int], waiters: list[int], what: str, site: Frame | None,
                      cond: str, skipped: bool) -> Advice:
     """A collective that a rank condition in the source lets only some members of its group
     post: the ranks it leaves out skipped it, or the ranks it lets in posted an extra."""
@@ -129,11 +129,12 @@ def advise_condition(culprits: list[int], waiter: int, what: str, site: Frame | 
     if skipped:
         return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'does', 'do')} not take "
                       f"`{cond}`, so {agree(culprits, 'it', 'they')} never "
-                      f"{agree(culprits, 'posts', 'post')} the {what}{at} that rank {waiter} "
-                      "waits in: every member of a group must post its collectives — post it "
-                      "on every rank of the group, or on none.")
+                      f"{agree(culprits, 'posts', 'post')} the {what}{at} that {who(waiters)} "
+                      f"{agree(waiters, 'waits', 'wait')} in: every member of a group must "
+                      "post its collectives — post it on every rank of the group, or on none.")
     return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'posts', 'post')} the {what}"
-                  f"{at} under `{cond}`, which rank {waiter} does not take: " + _ONE_ORDER)
+                  f"{at} under `{cond}`, which {who(waiters)} {agree(waiters, 'does', 'do')} "
+                  "not take: " + _ONE_ORDER)
 
 
 def _advise_extra(s: Situation, b: Block) -> Advice:
@@ -226,7 +227,7 @@ def advise_order(s: Situation) -> Advice:
         # the others' collective, every rank's, runs under a branch that leaves ranks out;
         # the culprits' under none: they are the ones left out of it
         op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
-        return advise_condition(s.culprits, s.waiting()[0], op or "collective", missed_at,
+        return advise_condition(s.culprits, s.waiting(), op or "collective", missed_at,
                                 left_out, True)
     posted = next((s.frames[r] for r in s.waiting() if s.frames.get(r)), [])
     if missed_at is not None and \

@@ -45,11 +45,11 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
         what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
         site = f.views[e.waiter].site
         if e.on in culprits and e.waiter not in culprits:
-            found.append((1, advise_condition(sorted(culprits), e.waiter, what, site, cond,
+            found.append((1, advise_condition(sorted(culprits), [e.waiter], what, site, cond,
                                               True)))
         if e.waiter in culprits and e.on not in culprits and not excludes_ranks(cond):
             # the branch the culprits took, named as such: clearer than the one they left
-            found.append((0, advise_condition(sorted(culprits), e.on, what, site, cond,
+            found.append((0, advise_condition(sorted(culprits), [e.on], what, site, cond,
                                               False)))
     return min(found, key=lambda x: x[0])[1] if found else None
 

@@ -23,6 +23,7 @@ from moe_hang.analysis.source import (
     module_group,
     on_default_group,
     on_every_rank,
+    path_condition,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
@@ -117,7 +118,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         _on_every_rank_all(views, camps, behind) else None
     lagging = tuple(camps[last]) if last is not None else ()
     ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
-    counted = {lagging, ahead} if lagging else set()
+    # ... but where several ranks lag and the camps ahead wait on subgroups of theirs, the
+    # extra may be a few of the lagging ones (the ahead ranks' partners, whom the stacks do
+    # not name): then neither side is counted, nor does the lap alone say the ones ahead
+    # skipped it
+    partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
+        views, camps, [k for k in camps if k != last])
+    counted = {lagging, ahead} if lagging and not partners_unknown else set()
     extra = [Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
                      at_theirs=at(ahead[0]),
                      given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
@@ -139,6 +146,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             given = {**x.given, CulpritBasis.SOURCE: src if keep else None}
             if x.culprits not in counted:
                 given[CulpritBasis.MAJORITY] = None
+            if partners_unknown and x.culprits == ahead:
+                given[CulpritBasis.PROGRAM_ORDER] = None
             x = replace(x, given=given)
         readings.append(x)
     d = decide(readings, ctx)
@@ -203,14 +212,18 @@ def _thread_gone_elsewhere(views: RankViews, camp: list[int], ranks: list[int]) 
 
 
 def _branch_of_all(x: Reading, camps: dict[object, list[int]], ctx: Context) -> bool | None:
-    """The source rung for one stack reading, where some camp waits on a group of its own:
-    the side whose collective sits in a branch only it takes posted the extra only where
-    that collective is every rank's — the members of a group of its own complete it
-    together, so its branch says nothing of who is missing."""
+    """The source rung for one stack reading: a rank condition says who is missing only
+    around a collective every rank owes — the members of a group of its own complete it
+    together, so its branch says nothing of who is missing. The collective is the one the
+    condition is on: the culprits' own (a branch only they take), or the others' (a branch
+    that leaves the culprits out, ``if not (rank == r and step == 2)``)."""
     v = source(x, ctx)
-    side = x.culprits if v is True else x.others if v is False else ()
-    keys = [k for k, rs in camps.items() if rs[0] in side]
-    return v if v is not None and _on_every_rank_all(ctx.views, camps, keys) else None
+    if v is None:
+        return None
+    views = ctx.views
+    keys = [k for k, rs in camps.items()
+            if path_condition(views.source, views[rs[0]].stack.frames) is not None]
+    return v if _on_every_rank_all(views, camps, keys) else None
 
 
 def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],

@@ -77,3 +77,43 @@ def test_a_branch_others_take_too_is_no_branch_only_the_culprit_takes():
     assert taken_only_by("if rank != 3", [0, 1], [3]) is True
     assert taken_only_by("if rank != 3", [3], [0]) is False
     assert taken_only_by("if FAULTY and step == 2", [5], [0, 1]) is True  # not decided
+
+
+TP = "/tmp/newuser"  # where the captures were recorded (a job written for a new-user trial)
+
+
+def _tp(fixtures, tmp_path, name):
+    run = relocated(fixtures / name, tmp_path / "run", TP, str(fixtures / "tp_pairs_jobs"))
+    return diagnose(captured(load_capture(run))).to_dict()
+
+
+@pytest.mark.parametrize("name, lone", [("tp_extra_1", 0), ("tp_extra_2", 3)])
+def test_a_lap_ahead_on_a_subgroup_against_several_lagging_ranks_is_not_counted(
+        fixtures, tmp_path, name, lone):
+    """Tensor-parallel pairs, a module-level loop: one rank posts an extra world all-reduce
+    (pairing silently), so its tp partner, a lap on, waits in the pair's all-reduce (:18)
+    while the other three wait in the world one (:23). The stacks are those of the partner
+    having skipped the world all-reduce: which of the three lagging ranks is its partner
+    the stacks do not say, nor whether it skipped or its partner posted one more. Was: the
+    partner named, *likely* (by count, and by the lap alone). Now: a hang whose culprit this
+    capture cannot name, and what would (the recorder, under watch)."""
+    d = _tp(fixtures, tmp_path, name)
+    assert (d["verdict"], d["culprit_ranks"]) == ("hang", []), d["summary"]
+    assert "moe-hang watch" in d["summary"], d["summary"]
+    site = {x["rank"]: x["callsite"]["line"] for x in d["ranks"]}
+    assert site[lone] == 18 and {v for r, v in site.items() if r != lone} == {23}
+
+
+@pytest.mark.parametrize("name, skipper", [("tp_skip_0", 0), ("tp_skip_3", 3)])
+def test_the_same_stacks_with_the_skip_under_a_rank_condition_name_the_skipper(
+        fixtures, tmp_path, name, skipper):
+    """The same stacks where the source shows why: the world all-reduce (:21) runs under
+    `if not (rank == debug_rank and step == 2)`, a branch that leaves ranks out around the
+    collective every rank owes. The source names the rank outside it (was: the branch
+    voided, its camp being on a subgroup — but the condition is on the other camp's
+    collective, the every-rank one)."""
+    d = _tp(fixtures, tmp_path, name)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [skipper], "source"), d["summary"]
+    others = "ranks " + ("1-3" if skipper == 0 else "0-2")
+    assert f"that {others} wait in" in d["fix"], d["fix"]
