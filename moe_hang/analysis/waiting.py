@@ -154,7 +154,12 @@ def all_in_one(f: Facts) -> Conclusion:
                    "and it does not complete: the collective order is consistent, so the "
                    "cause is outside it")
     else:  # stacks (or heartbeats) alone show where each waits, not what it posted before
-        summary = (f"All {len(f.waiting)} ranks wait in {op}, and it does not complete"
+        lines = {(cs.file, cs.line) for r in f.waiting
+                 if (cs := reports[r].callsite) is not None}
+        # at several lines that no evidence here orders: which side deviated is not known
+        where = (f" at {len(lines)} lines, and none completes (which rank deviated the "
+                 "stacks do not say)") if len(lines) > 1 else ", and it does not complete"
+        summary = (f"All {len(f.waiting)} ranks wait in {op}{where}"
                    + ("" if stopped else
                       "; without every rank's Flight Recorder dump their collective order "
                       "and sizes cannot be compared (run it under `moe-hang watch`, whose "

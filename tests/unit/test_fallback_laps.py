@@ -99,7 +99,7 @@ def test_a_lap_ahead_on_a_subgroup_against_several_lagging_ranks_is_not_counted(
     capture cannot name, and what would (the recorder, under watch)."""
     d = _tp(fixtures, tmp_path, name)
     assert (d["verdict"], d["culprit_ranks"]) == ("hang", []), d["summary"]
-    assert "moe-hang watch" in d["summary"], d["summary"]
+    assert "moe-hang watch" in d["summary"] and "at 2 lines" in d["summary"], d["summary"]
     site = {x["rank"]: x["callsite"]["line"] for x in d["ranks"]}
     assert site[lone] == 18 and {v for r, v in site.items() if r != lone} == {23}
 
