@@ -34,11 +34,11 @@ demo: setup
 
 # lint first, as its own step (a minute), then every test on three pytest-xdist workers: most
 # end-to-end tests wait (stall windows, a job's own sleeps) rather than compute, and two
-# workers kept this machine's two cores 74 % busy. From a fresh clone, 2026-12-05: 604 s of
-# pytest, 10 min 48 s in all (two workers: 709 s, 12 min 30 s; JOBS=0 runs them one at a
-# time, 1116 s when last measured). The tool is meant for a loaded machine: the load
-# brought out a race once (a healthy job called dead: a stack older than its rank's recorder
-# dump), fixed in the model since. The 20 slowest are listed at the end
+# workers kept this machine's two cores 74 % busy. From a fresh clone, 2026-12-05: 604-627 s
+# of pytest, 10 min 48 s to 11 min 9 s in all (two workers: 709 s, 12 min 30 s; JOBS=0 runs
+# them one at a time, 1116 s when last measured). The tool is meant for a loaded machine:
+# the load brought out a race once (a healthy job called dead: a stack older than its
+# rank's recorder dump), fixed in the model since. The 20 slowest are listed at the end
 JOBS ?= 3
 test: setup lint
 	$(PY) -m pytest -q -n $(JOBS) --durations=20 $(PYTEST_ARGS)
