@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -170,16 +171,22 @@ def test_ctrl_c_in_the_middle_of_a_plan_ends_everything(tmp_path):
     proc = start_cli("check", "--plans", "2", "--out", str(out), "--",
                      *_job("moe_fsdp_train.py", "--steps", "60"))
     try:
+        # the plan's ranks running (their heartbeats): on a loaded machine its directory
+        # is there long before torch is imported
+        ranks = out / "01-starve-e0-r1" / "ranks"
         deadline = time.monotonic() + 120
-        while not (out / "01-starve-e0-r1" / "ranks").exists() and time.monotonic() < deadline:
+        while not list(ranks.glob("*.hb.json")) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
-        assert (out / "01-starve-e0-r1" / "ranks").exists()
+        assert list(ranks.glob("*.hb.json"))
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
-    assert "[error] interrupted" in err and "Traceback" not in err
+    # the job's own output passes through (torchrun's KeyboardInterrupt may print one); no
+    # traceback of the tool's own
+    assert "[error] interrupted" in err, err[-3000:]
+    assert not re.search(r"moe_hang/(cli|commands|runtime)", err), err[-3000:]
     assert_no_survivors(str(JOBS / "moe_fsdp_train.py"))
