@@ -4,7 +4,7 @@ collectives, and gloo's size-mismatch abort read from the job log (pure)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
@@ -87,10 +87,9 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             for r, q in owed.items() if q in peers):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
 
-    behind = [k for k in camps if all(position_order(ctx, where(k), where(o),
-                                                     progress(views, camps[k]),
-                                                     progress(views, camps[o])) is False
-                                      for o in camps if o != k)]
+    prog = {k: progress(views, rs) for k, rs in camps.items()}
+    behind = [k for k in camps if all(position_order(ctx, where(k), where(o), prog[k], prog[o])
+                                      is False for o in camps if o != k)]
     if elsewhere and not _on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):
         # a rank still computing can hold up every one of them: the ranks at the later line
@@ -110,30 +109,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         on_every_rank(views.source, cs.file, cs.line) is False
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
-    # one camp behind every other on a collective every rank owes: the others went past it
-    # — they skipped it, or it is an extra of the camp's (gloo pairs equal sizes silently, so
-    # the stacks read both ways alike): the count of ranks on each side weighs, and nothing
-    # else than these two readings can be counted across the camps
-    last = behind[0] if kind == MismatchKind.MISSING and len(behind) == 1 and \
-        _on_every_rank_all(views, camps, behind) else None
-    lagging = tuple(camps[last]) if last is not None else ()
-    ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
-    # ... but where several ranks lag and the camps ahead wait on subgroups of theirs, the
-    # extra may be a few of the lagging ones (the ahead ranks' partners, whom the stacks do
-    # not name): then neither side is counted, nor does the lap alone say the ones ahead
-    # skipped it
-    partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
-        views, camps, [k for k in camps if k != last])
-    counted = {lagging, ahead} if lagging and not partners_unknown else set()
-    extra = [Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
-                     at_theirs=at(ahead[0]),
-                     given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
-             ] if last is not None else []
+    last = behind[0] if kind == MismatchKind.MISSING and len(behind) == 1 else None
+    counted, partners_unknown, extra = _lap_readings(views, camps, last, where)
+    ahead = extra[0].others if extra else ()  # the side that went past the lagging camp
     readings = []
-    for x in camp_readings("?", None, list(camps.values()), {}, views) \
-            + extra:
+    for x in camp_readings("?", None, list(camps.values()), {}, views) + extra:
         x = replace(x, given={**x.given, CulpritBasis.SOURCE: _branch_of_all(x, camps, ctx)})
-        if apart and x.culprits not in counted:
+        if apart and kind != MismatchKind.MISSING:  # (one op at two lines: below)
             x = replace(x, given={**x.given, CulpritBasis.MAJORITY: None})
         if kind == MismatchKind.MISSING:
             # one op at two lines: two branches may post the very same collective (they
@@ -156,6 +138,32 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object | None,
+                  where: Callable[[object], tuple[Frame, ...]]
+                  ) -> tuple[set[tuple[int, ...]], bool, list[Reading]]:
+    """One camp (``last``) behind every other on a collective every rank owes: the others
+    went past it — they skipped it, or it is an extra of the camp's (gloo pairs equal sizes
+    silently, so the stacks read both ways alike). The count of ranks on each side weighs,
+    and nothing else can be counted across the camps: (the two sides whose count weighs,
+    whether the partners are unknown, the reading "the lagging camp posted an extra").
+    But where several ranks lag and the camps ahead wait on subgroups of theirs, the extra
+    may be a few of the lagging ones (the ahead ranks' partners, whom the stacks do not
+    name): then neither side is counted, nor does the lap alone say the ones ahead skipped
+    it (the caller voids that reading's program order)."""
+    if last is None or not _on_every_rank_all(views, camps, [last]):
+        return set(), False, []
+    lagging = tuple(camps[last])
+    ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
+    partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
+        views, camps, [k for k in camps if k != last])
+    extra = Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
+                    at_theirs=tuple(views[ahead[0]].user_frames_outer_first()),
+                    given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
+    if partners_unknown:
+        return set(), True, [extra]
+    return {lagging, ahead}, False, [extra]
 
 
 def _group_key(views: RankViews, ranks: list[int]) -> str | None:

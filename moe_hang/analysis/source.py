@@ -215,7 +215,9 @@ def _value(e: ast.expr, rank: int) -> Any:
         return rank
     if isinstance(e, ast.Tuple | ast.List | ast.Set):
         items = [_value(x, rank) for x in e.elts]
-        return None if any(x is None for x in items) else set(items)
+        if any(x is None for x in items):
+            return None
+        return set(items) if isinstance(e, ast.Set) else tuple(items)
     if isinstance(e, ast.BinOp) and type(e.op) in _ARITH:
         a, b = _value(e.left, rank), _value(e.right, rank)
         return None if a is None or b is None or (b == 0 and isinstance(
@@ -241,21 +243,37 @@ def _value(e: ast.expr, rank: int) -> Any:
 
 def holds(cond: str, rank: int) -> bool | None:
     """Does this rank take the branch of a condition from :func:`rank_condition` (``if RANK
-    > 0`` for rank 2: True)? None where the condition needs more than the rank to decide."""
+    > 0`` for rank 2: True)? None where the condition needs more than the rank to decide
+    (or is not one this evaluator reads: a name ``rank`` bound to a subgroup's rank reads as
+    the global one — where that errs, :func:`taken_only_by` only drops a source reading)."""
+    e = _parsed(cond)
+    return None if e is None else _holds(e, rank)
+
+
+def _parsed(cond: str) -> ast.expr | None:
     try:
-        e = ast.parse(cond.removeprefix("if "), mode="eval").body
+        return ast.parse(cond.removeprefix("if "), mode="eval").body
     except SyntaxError:
         return None
-    v = _value(e, rank)
+
+
+def _holds(e: ast.expr, rank: int) -> bool | None:
+    try:
+        v = _value(e, rank)
+    except TypeError:  # ``rank < (1, 2)``: not decided here
+        return None
     return None if v is None else bool(v)
 
 
 def taken_only_by(cond: str, ranks: Iterable[int], others: Iterable[int]) -> bool:
     """Can the condition be the branch these ranks take and the others do not — False where
     it decides that one of the others takes it too (``if RANK > 0`` in a pipeline), or one
-    of these does not."""
-    return not any(holds(cond, r) is True for r in others) and \
-        not any(holds(cond, r) is False for r in ranks)
+    of these does not. Parsed once, evaluated per rank."""
+    e = _parsed(cond)
+    if e is None:
+        return True
+    return not any(_holds(e, r) is True for r in others) and \
+        not any(_holds(e, r) is False for r in ranks)
 
 
 def enclosing_loop(src: SourceFacts, path: str, line: int) -> str | None:

@@ -296,7 +296,8 @@ def build_timeline(views: RankViews, div: Divergence | None,
     for r, v in sorted(views.items()):
         cells: list[TimelineCell | None] = []
         # a seq is counted on each rank in order: one it holds says every earlier was posted
-        upto = max(_posted_upto(v, pg), max(v.tl.by_pg.get(pg, {}), default=-1))
+        # (the timeline's count takes in every seq it holds)
+        upto = max(_posted_upto(v, pg), v.tl.enqueued.get(pg, -1))
         for s in window:
             c = v.tl.by_pg.get(pg, {}).get(s)
             if c is None:

@@ -215,17 +215,43 @@ def wait_on_collective(tree: ast.Module, waits: list[ast.Call], calls: list[ast.
     assigns, _scope = _handle_assigns(tree, waits, line)
     if not assigns:
         return None
-    return all(_collective_op(a, calls) is not None for a in assigns)
+    if all(_collective_op(a, calls) is not None for a in assigns):
+        return True
+    # False only where the source shows what else it is; a helper's or a method's handle
+    # (``h = reduce_async(x)``, ``pg.allreduce([x])``, ``.get_future()``) may well be one
+    return False if any(_built_by(a.value) in _NOT_COLLECTIVE for a in assigns) else None
 
 
-def _device_synchronize(waits: list[ast.Call], line: int) -> bool:
-    """``torch.cuda.synchronize()`` (any device module's): not a stream's, an event's or the
-    job's own ``synchronize``, which wait for something else."""
+# what a handle waited on can be built by that is no collective's work
+_NOT_COLLECTIVE = frozenset({"Event", "Condition", "Semaphore", "BoundedSemaphore", "Barrier",
+                             "Thread", "Timer", "Queue", "SimpleQueue", "Lock", "RLock",
+                             "Stream", "current_stream", "default_stream"})
+_STREAM_WORDS = ("stream", "event")
+
+
+def _built_by(node: ast.AST) -> str | None:
+    """The name a call's value is built by (``threading.Event()``: ``Event``)."""
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def _device_synchronize(waits: list[ast.Call], line: int) -> bool | None:
+    """``torch.cuda.synchronize()`` (any device module's): True; a stream's or an event's
+    (``torch.cuda.current_stream().synchronize()``, ``ev.synchronize()``), which waits for
+    something else: False; an owner the source does not name (DeepSpeed's
+    ``get_accelerator().synchronize()``, ``self.device_module.synchronize()``): None."""
     for call in waits:
         if call.lineno <= line <= (call.end_lineno or call.lineno) and \
                 isinstance(call.func, ast.Attribute) and call.func.attr == "synchronize":
             owner = call.func.value
             name = owner.attr if isinstance(owner, ast.Attribute) else \
-                owner.id if isinstance(owner, ast.Name) else None
-            return name in _DEVICES
-    return False
+                owner.id if isinstance(owner, ast.Name) else _built_by(owner)
+            if name in _DEVICES:
+                return True
+            if name is not None and (name in _NOT_COLLECTIVE or any(
+                    w in name.lower() for w in _STREAM_WORDS)):
+                return False
+            return None
+    return None

@@ -578,6 +578,11 @@ def test_an_aborted_rank_that_left_the_expert_loop_early_lacks_the_others_all_ga
     per = d["first_divergence"]["per_rank"]
     assert per[str(skipper)] is None
     assert {per[str(r)]["callsite"]["line"] for r in range(4) if r != skipper} == {59}
+    # its seqs before the one it died in, held by no dump of its: posted, not known
+    # (never the "never posted" of a rank that did not get there)
+    tl = d["timeline"]
+    row = tl["ranks"][str(skipper)]
+    assert [c["state"] if c else None for c in row[:-1]] == ["unknown"] * (len(row) - 1), row
     assert f"rank {skipper} never posted it" in d["summary"]
     assert "called fewer modules" in d["fix"] and ":59" in d["fix"]
 

@@ -177,6 +177,18 @@ def test_whether_a_wait_is_on_collectives_is_one_fact_with_its_doubt(tmp_path):
     assert got == {6: True, 7: False, 9: None, 10: True, 11: False, 12: None}
     again = SourceFacts.from_dict(facts.to_dict())
     assert {n: again.line(str(f), n).wait_on for n in got} == got  # type: ignore[union-attr]
+    # a handle the source cannot name is not said to be no collective's
+    g = tmp_path / "helpers.py"
+    g.write_text("import torch.distributed as dist\n"
+                 "h = reduce_async(x)\n"
+                 "h.wait()\n"
+                 "fut = dist.all_reduce(x, async_op=True).get_future()\n"
+                 "fut.wait()\n"
+                 "get_accelerator().synchronize()\n"
+                 "ev.synchronize()\n")
+    more = read_facts([Frame(str(g), n, "<module>") for n in (3, 5, 6, 7)])
+    assert {n: lf.wait_on for n, lf in more.files[str(g)].items() if lf.waits} == {
+        3: None, 5: None, 6: None, 7: None}
     # the window takes only what is sure: a healthy job's wait is never a stall's
     assert [waits_on_collective(str(f), n) for n in sorted(got)] == [
         True, False, False, True, False, False]

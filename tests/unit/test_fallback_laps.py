@@ -66,6 +66,9 @@ def test_a_pipeline_rank_that_skipped_waits_a_lap_on_in_its_recv(
     ("if is_main_process", [None] * 4),  # a flag, not the rank's number
     ("if local_rank == 0", [None] * 4),  # a node's own numbering
     ("if RANK == WORLD - 1", [None] * 4),
+    ("if (rank // 2, rank % 2) == (1, 0)", [False, False, True, False]),  # tuples, not sets
+    ("if rank in [0, 1] + [3]", [True, True, False, True]),
+    ("if rank < (1, 2)", [None] * 4),
 ])
 def test_a_rank_condition_is_evaluated_for_each_rank_where_the_rank_decides(cond, ranks):
     assert [holds(cond, r) for r in range(4)] == ranks
