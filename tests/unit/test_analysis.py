@@ -1031,10 +1031,11 @@ def test_stacks_alone_one_rank_in_a_branch_of_its_own_against_three_lines(
     """Stacks alone, a 2x2 mesh, both roles (fuzz seed 90417733 job 30): the culprit alone
     runs an evaluation's all-reduce on the default group under `if FAULTY and step ==
     FAULT_STEP`; its tp peer waits in the next step's tp all-reduce (:54), the other two in
-    their dp all-reduces (:57). Three camps, one op at three lines: only the culprit's camp
-    stands in a branch it alone takes, and its collective (default group) cannot pair with
-    the others' (subgroups). Was: the three others named ("they went past what the others
-    wait in"), the reading "that camp alone deviated" never made."""
+    their dp all-reduces (:57). Three camps, one op at three lines: the culprit's camp is
+    behind every other on a collective every rank owes (default group), so it is counted
+    against all the rest (its extra, or their skip: one rank against three). Was: the
+    three others named ("they went past what the others wait in"); then a source-only
+    reading for this case, since subsumed by the count (the advice still names its branch)."""
     run = relocated(fixtures / name, tmp_path / "run", "/work/wt-fz/runs/fuzz-90417733/jobs",
                     str(fixtures / "fuzz90417733_jobs"))
     d = diagnose(captured(load_capture(run))).to_dict()
