@@ -6,10 +6,12 @@ listener), spread over a few processes. The store's server is this process, as t
 store is the torchrun agent's. The job is hung with a desync: one rank posted a barrier where
 every other rank waits in an all-gather. One node posts the capture request; we measure, per
 run, the time from that request to every node holding the global verdict and the global set of
-summaries (it travels with the verdict), and the parts on the way. Each node's capture summary
-is what ``watch`` publishes (moe_hang.commands.multinode.capture_summary): the ranks' state,
-pending collective, stack, and their last 8 collectives per group from the recorder; the
-analysing node runs the real verdict engine over all of them (``--basic``: a small stand-in).
+summaries (it travels with the verdict), and the parts on the way. Each node publishes what
+``watch`` publishes (moe_hang.commands.multinode.capture_summary): the ranks' state, pending
+collective, stack, and the capture itself (moe_hang.capture.bundle: each rank's heartbeat and
+recorder dump, its last 8 collectives per group); the analysing node writes every other
+node's capture out as a capture directory, reads it with the capture loader and runs the
+real verdict engine over all of them (``--basic``: a small stand-in).
 
     python scripts/bench_coord.py                      # 128 nodes x 8 ranks, 5 runs
     python scripts/bench_coord.py --quick              # 32 nodes x 8 ranks, 2 runs
@@ -40,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench_coord_evidence import heartbeats, history  # noqa: E402 - scripts/ on the path
+from bench_coord_evidence import capture as node_capture  # noqa: E402 - scripts/ on the path
+from bench_coord_evidence import heartbeats  # noqa: E402
 
 from moe_hang.analysis.diagnosis import Diagnosis  # noqa: E402
 from moe_hang.analysis.rules import diagnose  # noqa: E402
@@ -101,8 +104,7 @@ def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace
                 time.sleep(args.capture_s)
             s = coord.summarize_heartbeats(hbs, node=str(node), host=f"sim{node:04d}",
                                            moving=dict.fromkeys(ranks, False), kind="capture")
-            for r in s.ranks:
-                r.history, r.fr_status = history(r.rank, culprit, world)
+            s.capture = node_capture(node, args.ranks_per_node, world, culprit)
             return s
 
         def analyse(sums: dict[str, coord.NodeSummary], missing: list[str]) -> dict[str, Any]:
@@ -110,10 +112,11 @@ def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace
                 return coord.basic_verdict(sums, missing, world)
             t0 = time.monotonic()
             ev = Evidence(ranks={}, world_size=world, job=JobState.DESYNC)
-            multinode.merge_remote(ev, sums)
-            if unknown := multinode.unreached_ranks(world, ev.ranks):
-                ev.unreached = Unreached(unknown, local_world=args.ranks_per_node)
-            diag = diagnose(ev)
+            with tempfile.TemporaryDirectory() as nodes:  # each node's capture, as a watch
+                multinode.merge_remote(ev, sums, into=Path(nodes))
+                if unknown := multinode.unreached_ranks(world, ev.ranks):
+                    ev.unreached = Unreached(unknown, local_world=args.ranks_per_node)
+                diag = diagnose(ev)
             rec["engine_s"] = time.monotonic() - t0
             return diag.to_dict()
 

@@ -1,9 +1,10 @@
 """What ``bench_coord.py``'s simulated nodes publish: each rank's heartbeat as the probe
-writes it, and its recent collectives as a node's capture summary carries them (a hang at
-seq SEQ where one rank posts a barrier and the others an all-gather)."""
+writes it, and its recent collectives as a node's capture carries them (a hang at seq SEQ
+where one rank posts a barrier and the others an all-gather)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from moe_hang.runtime import coord  # noqa: E402
 
 SEQ = 42
 
@@ -48,25 +48,52 @@ def heartbeats(node: int, rpn: int, world: int, culprit: int) -> dict[int, dict[
     return out
 
 
-def history(rank: int, culprit: int, world: int) -> tuple[list[coord.PendingCollective],
-                                                         dict[str, list[int]]]:
-    """A rank's recent collectives as its capture summary carries them (the recorder's last 8
-    per group): healthy all-gathers up to the hang, then the one that never completes."""
-    out = []
-    for seq in range(SEQ - 7, SEQ + 1):
-        odd = rank == culprit and seq == SEQ
-        out.append(coord.PendingCollective(
-            op="nccl:barrier" if odd else "nccl:all_gather", seq=seq, pg_id="0", pg="0",
-            pg_desc="default_pg", input_sizes=[] if odd else [[401, 2048]],
-            output_sizes=[] if odd else [[401 * world, 2048]],
-            dtypes=[] if odd else ["BFloat16"], t_ns=time.time_ns() - (SEQ - seq) * 10**6,
-            completed=seq < SEQ, frames=["/job/model/moe.py:212:skip" if odd
-                                         else "/job/model/moe.py:95:dispatch",
-                                         "/job/model/moe.py:183:forward",
-                                         "/job/train.py:159:step"]))
-    for seq in range(13, 21):
-        out.append(coord.PendingCollective(
-            op="nccl:all_reduce", seq=seq, pg_id="1", pg="1", pg_desc="expert_group",
-            input_sizes=[[4096]], dtypes=["Float"], completed=True,
-            frames=["/job/model/moe.py:140:reduce_grads", "/job/train.py:170:step"]))
-    return out, {"0": [SEQ, SEQ - 1], "1": [20, 20]}
+def capture(node: int, rpn: int, world: int, culprit: int) -> dict[str, Any]:
+    """This node's capture as it travels (moe_hang/capture/bundle.py): each rank's heartbeat
+    and its recorder dump in torch's JSON layout (the last 8 collectives per group): healthy
+    all-gathers up to the hang, then the one that never completes on the world group."""
+    hbs = heartbeats(node, rpn, world, culprit)
+    ranks: dict[str, dict[str, str]] = {}
+    for r, hb in hbs.items():
+        entries: list[dict[str, Any]] = []
+        for seq in range(SEQ - 7, SEQ + 1):
+            odd = r == culprit and seq == SEQ
+            site = ("/job/model/moe.py", 212, "skip") if odd else \
+                ("/job/model/moe.py", 95, "dispatch")
+            entries.append(_entry(len(entries), "0", "default_pg", seq,
+                                  "nccl:barrier" if odd else "nccl:all_gather",
+                                  [] if odd else [[401, 2048]],
+                                  [] if odd else [[401 * world, 2048]],
+                                  [] if odd else ["BFloat16"], seq < SEQ,
+                                  [site, ("/job/model/moe.py", 183, "forward"),
+                                   ("/job/train.py", 159, "step")],
+                                  time.time_ns() - (SEQ - seq) * 10**6))
+        for seq in range(13, 21):
+            entries.append(_entry(len(entries), "1", "expert_group", seq, "nccl:all_reduce",
+                                  [[4096]], [[4096]], ["Float"], True,
+                                  [("/job/model/moe.py", 140, "reduce_grads"),
+                                   ("/job/train.py", 170, "step")], time.time_ns()))
+        dump = {"version": "2.10", "entries": entries,
+                "pg_config": {"0": {"name": "0", "desc": "default_pg",
+                                    "ranks": str(list(range(world)))},
+                              "1": {"name": "1", "desc": "expert_group",
+                                    "ranks": str(list(range(node * rpn, (node + 1) * rpn)))}},
+                "pg_status": {"0": {"last_enqueued_collective": SEQ,
+                                    "last_completed_collective": SEQ - 1,
+                                    "last_started_collective": SEQ},
+                              "1": {"last_enqueued_collective": 20,
+                                    "last_completed_collective": 20,
+                                    "last_started_collective": 20}}}
+        ranks[str(r)] = {"hb.json": json.dumps(hb), "fr.pkl": json.dumps(dump)}
+    return {"version": 1, "ranks": ranks, "files": {}}
+
+
+def _entry(rid: int, pg: str, desc: str, seq: int, op: str, ins: list[list[int]],
+           outs: list[list[int]], dtypes: list[str], done: bool,
+           frames: list[tuple[str, int, str]], t_ns: int) -> dict[str, Any]:
+    return {"record_id": rid, "pg_id": int(pg), "process_group": [pg, desc],
+            "collective_seq_id": seq, "p2p_seq_id": -1, "op_id": seq, "profiling_name": op,
+            "time_created_ns": t_ns, "input_sizes": ins, "input_dtypes": dtypes,
+            "output_sizes": outs, "output_dtypes": dtypes,
+            "state": "completed" if done else "scheduled", "retired": done, "is_p2p": False,
+            "frames": [{"filename": f, "line": ln, "name": fn} for f, ln, fn in frames]}

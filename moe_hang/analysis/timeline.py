@@ -258,8 +258,7 @@ class RankViews(dict[int, RankView]):
         longer among its threads (its stack at capture): that thread's collectives there are
         all it will ever post — it is not held up before the next one."""
         v = self.get(r)
-        known = [t.thread_id for t in v.ev.threads] if v is not None and v.ev.threads else \
-            (v.ev.live_threads if v is not None else None)
+        known = [t.thread_id for t in v.ev.threads] if v is not None and v.ev.threads else None
         if v is None or not known:
             return False
         ids = {c.thread_id for c in v.tl.by_pg.get(pg, {}).values() if c.thread_id}

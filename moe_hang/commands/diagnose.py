@@ -312,8 +312,12 @@ def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None =
         extra.append(postmortem.Problem(Path(idents[0].label), f"analyzed together (--force) "
                                                             f"although {differ}"))
     dumped = postmortem.evidence(readable, extra=extra) if readable or extra else None
+    # the node that analysed a multi-node watch's round kept every other node's capture
+    given = {c.resolve() for c in captures}
+    kept = [d for c in captures for d in RunLayout(c).node_captures()
+            if d.resolve() not in given]
     try:
-        ev = load_captures(captures) if captures else None
+        ev = load_captures(captures + kept) if captures else None
     except (OSError, ValueError) as exc:
         raise MoeHangError(f"cannot read the captures: {exc}") from None
     if ev is None:

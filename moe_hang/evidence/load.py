@@ -14,6 +14,7 @@ from typing import Any
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.errors import log_tracebacks, unwrap, with_original
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
+from moe_hang.evidence.flight_recorder.parse_entry import RankLists
 from moe_hang.evidence.model import Evidence, ProcessTable, RankError, RankEvidence, Restarts
 from moe_hang.evidence.posted_log import read_posted_log
 from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
@@ -58,7 +59,8 @@ def read_processes(layout: RunLayout) -> ProcessTable:
         return ProcessTable()
 
 
-def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
+def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> RankEvidence:
+    """``lists``: shared by the dumps of one load (they repeat the same group lists)."""
     files = layout.rank(rank)
     ev = RankEvidence(rank=rank)
     hb = Heartbeat.parse(_read_json(files.heartbeat, ev, "heartbeat"))
@@ -68,14 +70,14 @@ def load_rank(layout: RunLayout, rank: int) -> RankEvidence:
         ev.host = hb.host
     if files.fr.exists():
         try:
-            ev.fr = fr.load(files.fr)
+            ev.fr = fr.load(files.fr, lists=lists)
         except Exception as exc:
             ev.fr_error = f"{type(exc).__name__}: {exc}"[:160]
     elif files.fr_saved.exists():
         # no dump at capture (gloo aborted it from a C++ thread): the recorder as its probe
         # saved it a few seconds before; its heartbeat's counts say how far it got since
         try:
-            ev.fr, ev.fr_saved = fr.load(files.fr_saved), True
+            ev.fr, ev.fr_saved = fr.load(files.fr_saved, lists=lists), True
             ev.notes.append("its recorder as the probe last saved it (it left no dump)")
         except Exception as exc:
             ev.fr_error = f"saved recorder: {type(exc).__name__}: {exc}"[:160]
@@ -197,9 +199,10 @@ def rank_numbers(layout: RunLayout, procs: ProcessTable | None = None) -> list[i
 
 
 def load_capture(root: Path, *, world: int | None = None, job: JobState | None = None,
-         log_text: str | None = None) -> Evidence:
+                 log_text: str | None = None, lists: RankLists | None = None) -> Evidence:
     """Evidence from one capture directory (one node, or a whole single-node job).
-    ``log_text``: the job log when the caller has already read it."""
+    ``log_text``: the job log when the caller has already read it; ``lists``: the group
+    lists already parsed (several nodes' captures of one job)."""
     layout = RunLayout(Path(root))
     table = read_processes(layout)
     if log_text is None:
@@ -208,7 +211,8 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     log_errors = rank_errors_from_log(log_text)
     tracebacks = log_tracebacks(log_text)
     ranks: dict[int, RankEvidence] = {}
-    loaded = {r: load_rank(layout, r)
+    lists = lists if lists is not None else RankLists()
+    loaded = {r: load_rank(layout, r, lists)
               for r in sorted(set(rank_numbers(layout, table)) | set(tracebacks))}
     # torchrun restarted the worker group: what an earlier attempt raised is not the ranks'
     # of now (each record says its attempt), and neither is the log's copy of it
@@ -272,7 +276,8 @@ def load_captures(roots: list[Path]) -> Evidence:
     global, so each node contributes its own; the richest record wins a duplicate."""
     if not roots:
         raise ValueError("no capture directories")
-    parts = [load_capture(r) for r in roots]
+    lists = RankLists()  # every node's dumps name the same groups
+    parts = [load_capture(r, lists=lists) for r in roots]
     ranks: dict[int, RankEvidence] = {}
     for part in parts:
         for r, ev in part.ranks.items():
@@ -305,6 +310,26 @@ def load_captures(roots: list[Path]) -> Evidence:
                 out.source = SourceFacts()
             out.source.merge(p.source)
     return out
+
+
+def merge_into(ev: Evidence, part: Evidence) -> list[int]:
+    """Another node's capture beside this one's (a multi-node watch's round): its ranks this
+    one lacks, its job log's word on a size abort and the first failure, what its source
+    said. Returns the ranks added."""
+    added = sorted(set(part.ranks) - set(ev.ranks))
+    for r in added:
+        ev.ranks[r] = part.ranks[r]
+    if part.size_abort is not None and (ev.size_abort is None
+                                        or ev.size_abort.received is None):
+        ev.size_abort = part.size_abort
+    if ev.root_cause_rank is None:
+        ev.root_cause_rank = part.root_cause_rank
+    ev.log_lines.extend(x for x in part.log_lines if x not in ev.log_lines)
+    if part.source is not None:
+        if ev.source is None:
+            ev.source = SourceFacts()
+        ev.source.merge(part.source)
+    return added
 
 
 def _richness(ev: RankEvidence) -> int:

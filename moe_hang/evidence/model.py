@@ -182,9 +182,6 @@ class RankEvidence:
     threads: list[ThreadStack] | None = None
     stack_source: str | None = None  # py-spy | faulthandler | fatal | probe
     helpers: list[Helper] = field(default_factory=list)  # its own child processes, sampled
-    # the ids of its threads at the capture, where its stacks did not come with it (a rank of
-    # another node, through that node's summary)
-    live_threads: list[str] | None = None
     stack_error: str | None = None
     progressed: bool | None = None  # did it move between two samples?
     activity: Activity | None = None  # its process's counters over the sampling window

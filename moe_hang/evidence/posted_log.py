@@ -160,3 +160,40 @@ def _pg_status(status: dict[str, Any]) -> dict[str, Any]:
             out[pg] = {"last_enqueued_collective": v[0], "last_completed_collective": v[1],
                        "last_started_collective": v[2] if len(v) > 2 else -1}
     return out
+
+
+def tail(data: bytes, max_bytes: int) -> bytes:
+    """The log cut to about its newest ``max_bytes``, as the probe's own trim cuts its file:
+    the last ``start`` record, every ``stack`` record a kept entry uses, the ``gap`` and last
+    ``status`` records before the cut, a ``gap`` for the record ids left out, then whole lines
+    of the newest part. The log itself where it is no larger (or holds nothing to cut)."""
+    if len(data) <= max_bytes:
+        return data
+    lines = data.split(b"\n")
+    recs = [_record(x) for x in lines]
+    kinds = [r.get("kind") if r is not None else None for r in recs]
+    start = max((i for i, k in enumerate(kinds) if k == "start"), default=-1)
+    cut, size = len(lines), 0
+    while cut - 1 > start and size + len(lines[cut - 1]) + 1 <= max_bytes:
+        cut -= 1
+        size += len(lines[cut]) + 1
+    dropped = [r["record_id"] for r, k in zip(recs[start + 1:cut], kinds[start + 1:cut],
+                                               strict=True)
+               if k == "entry" and r is not None and isinstance(r.get("record_id"), int)]
+    kept = [r for r, k in zip(recs[cut:], kinds[cut:], strict=True) if k == "entry" and r]
+    uses = {r.get("stack") for r in kept}
+    head = [lines[start]] if start >= 0 else []
+    seen: set[str] = set()
+    for line, r, k in zip(lines[:cut], recs[:cut], kinds[:cut], strict=True):
+        if k == "stack" and r is not None and r.get("id") in uses and r["id"] not in seen:
+            seen.add(r["id"])
+            head.append(line)
+    head += [lines[i] for i in range(start + 1, cut) if kinds[i] == "gap"]
+    status = max((i for i in range(start + 1, cut) if kinds[i] == "status"), default=None)
+    if status is not None:
+        head.append(lines[status])
+    first = next((r["record_id"] for r in kept if isinstance(r.get("record_id"), int)), None)
+    if dropped and first is not None and first > min(dropped):
+        head.append(json.dumps({"kind": "gap", "from": min(dropped), "to": first - 1,
+                                "why": "trimmed"}, separators=(",", ":")).encode())
+    return b"\n".join([*head, *lines[cut:]])

@@ -19,7 +19,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     stacks/rank{R}.pyspy.json   py-spy --json          stacks/rank{R}.pyspy.err  why not
     ranks/hold.json             multi-node watch: hold a rank that raised for the capture
     coord/verdict.json  coord/local-diagnosis.json  coord/analysis.json  .capture/  teardown/
-                                                       (multi-node watch)
+    coord/nodes/<node>/  the other nodes' captures     (multi-node watch)
 """
 
 from __future__ import annotations
@@ -56,11 +56,16 @@ class RankFiles:
     COVERAGE = "coverage.json"
     RESULT = "result.pt"
     ROUTING = "routing.jsonl"  # MoE routers' token counts (probe/routing.py)
+    PYSPY = "pyspy.json"  # in stacks/, as the next two
+    PYSPY_ERROR = "pyspy.err"
+    HELPERS = "helpers.json"
 
-    def _in_ranks(self, suffix: str) -> Path:
+    def in_ranks(self, suffix: str) -> Path:
+        """Its file of that name in ranks/ (``hb.json``: ``ranks/rank{R}.hb.json``)."""
         return self.ranks_dir / f"rank{self.rank}.{suffix}"
 
-    def _in_stacks(self, suffix: str) -> Path:
+    def in_stacks(self, suffix: str) -> Path:
+        """Its file of that name in stacks/ (``pyspy.json``)."""
         return self.ranks_dir.parent / "stacks" / f"rank{self.rank}.{suffix}"
 
     @property
@@ -69,76 +74,76 @@ class RankFiles:
 
     @property
     def heartbeat(self) -> Path:
-        return self._in_ranks(self.HEARTBEAT)
+        return self.in_ranks(self.HEARTBEAT)
 
     @property
     def fr(self) -> Path:
-        return self._in_ranks(self.FR)
+        return self.in_ranks(self.FR)
 
     @property
     def fr_saved(self) -> Path:
-        return self._in_ranks(self.FR_SAVED)
+        return self.in_ranks(self.FR_SAVED)
 
     @property
     def posted(self) -> Path:
-        return self._in_ranks(self.POSTED)
+        return self.in_ranks(self.POSTED)
 
     @property
     def tokens(self) -> Path:
-        return self._in_ranks(self.TOKENS)
+        return self.in_ranks(self.TOKENS)
 
     @property
     def routing(self) -> Path:
-        return self._in_ranks(self.ROUTING)
+        return self.in_ranks(self.ROUTING)
 
     @property
     def stack(self) -> Path:
-        return self._in_ranks(self.STACK)
+        return self.in_ranks(self.STACK)
 
     @property
     def fatal(self) -> Path:
-        return self._in_ranks(self.FATAL)
+        return self.in_ranks(self.FATAL)
 
     @property
     def error(self) -> Path:
-        return self._in_ranks(self.ERROR)
+        return self.in_ranks(self.ERROR)
 
     @property
     def groups(self) -> Path:
-        return self._in_ranks(self.GROUPS)
+        return self.in_ranks(self.GROUPS)
 
     @property
     def dump_marker(self) -> Path:
-        return self._in_ranks(self.DUMP_MARKER)
+        return self.in_ranks(self.DUMP_MARKER)
 
     @property
     def dump_error(self) -> Path:
-        return self._in_ranks(self.DUMP_ERROR)
+        return self.in_ranks(self.DUMP_ERROR)
 
     @property
     def ctl(self) -> Path:
-        return self._in_ranks(self.CTL)
+        return self.in_ranks(self.CTL)
 
     @property
     def coverage(self) -> Path:
-        return self._in_ranks(self.COVERAGE)
+        return self.in_ranks(self.COVERAGE)
 
     @property
     def result(self) -> Path:
-        return self._in_ranks(self.RESULT)
+        return self.in_ranks(self.RESULT)
 
     @property
     def pyspy(self) -> Path:
-        return self._in_stacks("pyspy.json")
+        return self.in_stacks(self.PYSPY)
 
     @property
     def pyspy_error(self) -> Path:
-        return self._in_stacks("pyspy.err")
+        return self.in_stacks(self.PYSPY_ERROR)
 
     @property
     def helpers(self) -> Path:
         """py-spy of the rank's own child processes (DataLoader workers, ...), by pid."""
-        return self._in_stacks("helpers.json")
+        return self.in_stacks(self.HELPERS)
 
     @property
     def hold(self) -> Path:
@@ -251,6 +256,12 @@ class RunLayout:
         return self.coord_dir / "analysis.json"
 
     @property
+    def coord_nodes(self) -> Path:
+        """On the node that analysed: every other node's capture as it sent it, a capture
+        directory each (``coord/nodes/<node>/``, moe_hang.capture.bundle)."""
+        return self.coord_dir / "nodes"
+
+    @property
     def snapshot_dir(self) -> Path:
         """The ranks' files as captured, while the job is being ended."""
         return self.root / ".capture"
@@ -270,6 +281,14 @@ class RunLayout:
 
     def is_capture(self) -> bool:
         return self.ranks_dir.is_dir() or self.stacks_dir.is_dir()
+
+    def node_captures(self) -> list[Path]:
+        """The other nodes' captures this node's watcher analysed with (``coord/nodes/*``)."""
+        try:
+            found = sorted(self.coord_nodes.iterdir())
+        except OSError:
+            return []
+        return [d for d in found if RunLayout(d).is_capture()]
 
     def rank_numbers(self) -> set[int]:
         """Every rank with a file under ranks/ or stacks/."""

@@ -36,6 +36,8 @@ from conftest import (
     wait_files,
 )
 
+from moe_hang.probe.layout import RunLayout
+
 pytestmark = [pytest.mark.e2e]
 
 SCRIPT = str(JOBS / "expert_skip.py")
@@ -128,7 +130,8 @@ def _assert_rank3_verdict(d: dict) -> None:
 @pytest.mark.timeout(240)
 def test_two_agents_one_capture_one_verdict(nodes: Nodes, tmp_path: Path) -> None:
     """The issue's case: both watchers print culprit rank 3 with every rank's line, from one
-    coordinated capture; analyze over both directories agrees; nothing survives."""
+    coordinated capture; analyze over both directories agrees, and over the analysing
+    node's alone; nothing survives."""
     port = free_port()
     procs = [nodes.start(_watch(tmp_path / f"node{i}") + _torchrun(2, f"127.0.0.1:{port}",
                                                                     "mn2"))
@@ -151,6 +154,15 @@ def test_two_agents_one_capture_one_verdict(nodes: Nodes, tmp_path: Path) -> Non
                      timeout=60)
     assert merged.returncode == 3, merged.stderr
     _assert_rank3_verdict(json.loads(merged.stdout))
+    # a node that analysed kept the other's capture as it came (coord/nodes/): its
+    # directory alone is the whole job, anywhere
+    analysts = [d for d in (tmp_path / "node0", tmp_path / "node1")
+                if RunLayout(d).node_captures()]
+    assert analysts
+    for d in analysts:
+        alone = run_cli("analyze", str(d), "--json", timeout=60)
+        assert alone.returncode == 3, alone.stderr
+        _assert_rank3_verdict(json.loads(alone.stdout))
 
 
 @pytest.mark.timeout(240)

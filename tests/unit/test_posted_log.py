@@ -1,7 +1,7 @@
 """The posted log (docs/DESIGN.md §7): the probe's writer (probe/history.py, appendlog.py) fed
 recorder pickles by a stand-in for torch, and the reader (evidence/posted_log.py) on what it
-wrote and on torn or garbage files; the capture summary's history from it. No process here:
-tests/e2e/test_posted_endings.py ends real gloo ranks."""
+wrote and on torn or garbage files, and the log cut to its newest part for another node. No
+process here: tests/e2e/test_posted_endings.py ends real gloo ranks."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from moe_hang.commands.multinode.summaries import MAX_HISTORY, history_of
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.load import load_capture
-from moe_hang.evidence.posted_log import parse_posted_log, read_posted_log
+from moe_hang.evidence.posted_log import parse_posted_log, read_posted_log, tail
 from moe_hang.probe import appendlog, history
 from moe_hang.probe.layout import RunLayout
 
@@ -217,10 +216,9 @@ def test_a_rank_without_a_dump_gets_its_history_from_the_log(tmp_path: Path):
     assert ev.ranks[1].log_end == "abort" and ev.ranks[1].log_gaps == []
     assert ev.ranks[2].posted_log == [] and ev.ranks[2].notes == [
         "2 unreadable line(s) in its posted log"]
-    log = read_posted_log(layout.rank(1).posted)
-    hist, status = history_of(None, log=log)
-    assert [p.seq for p in hist] == [1, 2, 3, 4, 5] and status == {"0": [5, 5]}
-    assert hist[-1].thread == "python" and hist[-1].frames == [f"{JOB}:104:<module>"]
+    (last,) = [c for c in ev.ranks[1].posted_log if c.seq == 5]
+    assert last.thread_name == "python" and (last.frames[-1].file, last.frames[-1].line) == \
+        (JOB, 104)
 
 
 def test_the_analysis_reads_an_aborted_ranks_history_from_its_log(tmp_path: Path):
@@ -237,44 +235,30 @@ def test_the_analysis_reads_an_aborted_ranks_history_from_its_log(tmp_path: Path
     assert tl.enqueued["0"] == 5
 
 
-def test_a_summary_history_is_the_dump_and_before_it_the_log_bounded(tmp_path: Path):
+def test_a_log_cut_for_another_node_keeps_its_newest_part_as_the_probe_trims(tmp_path: Path):
+    """What a node sends of a long log (capture/bundle.py): the newest entries whole, with
+    the frames they use, the counts, the last gasp, and a gap for what was left out; the
+    process's start record first, an earlier process's records not at all."""
     torch = FakeTorch()
+    old = _history(tmp_path / "log", torch)
+    torch.ring = [_entry(i) for i in range(50)]
+    old.last_gasp("exit", stacks=False)  # an earlier process of the rank (a restart)
     h = _history(tmp_path / "log", torch)
-    torch.ring = [_entry(i) for i in range(2000)]
-    h.last_gasp("exit", stacks=False)
-    log = read_posted_log(tmp_path / "log")
-    dump = fr.FRDump(entries=[c for c in (log.collectives if log else []) if 1990 < c.seq <= 1995],
-                     pg_status={"0": fr.PgStatus(1995, 1995)})
-    for c in dump.entries:
-        c.thread_name = "dumped"
-    hist, status = history_of(dump, 256, log=log)
-    assert len(hist) == 256 and hist[-1].seq == 1995 and hist[-1].thread == "dumped"
-    assert status == {"0": [1995, 1995]}  # the dump's status: as of capture
-    hist, _ = history_of(dump, 256, log=log, dead=True)  # it went on: the log's last word
-    assert hist[-1].seq == 2000
-    torch.ring = [_entry(i, pg=g) for g in range(8) for i in range(g * 300, g * 300 + 300)]
-    many = _history(tmp_path / "many", torch)
-    many.last_gasp("exit", stacks=False)
-    hist, _ = history_of(None, 256, log=read_posted_log(tmp_path / "many"))
-    assert len(hist) == MAX_HISTORY
-
-
-def test_a_summary_keeps_the_logs_frames_where_the_dump_has_none(tmp_path: Path):
-    """A rank that raised was dumped without frames (a busy machine): its divergent
-    collective's line, which its posted log kept, crosses to the other nodes all the same
-    (was: the merged verdict named no line for it; fresh seed 31926605 job 15)."""
-    from dataclasses import replace
-
-    torch = FakeTorch()
-    h = _history(tmp_path / "log", torch)
-    torch.ring = [_entry(i, frames=True) for i in range(5)]
-    h.last_gasp("exit")
-    log = read_posted_log(tmp_path / "log")
-    assert log is not None and all(c.frames for c in log.collectives)
-    dump = fr.FRDump(entries=[replace(c, frames=[]) for c in log.collectives],
-                     pg_status={"0": fr.PgStatus(5, 5)})
-    hist, _ = history_of(dump, 256, log=log)
-    assert [p.frames for p in hist] == [[f"{JOB}:{100 + i}:<module>"] for i in range(5)]
+    torch.ring = [_entry(i, frames=i % 7 == 0) for i in range(2000)]
+    h.last_gasp("exception")
+    data = (tmp_path / "log").read_bytes()
+    whole = parse_posted_log(data)
+    assert tail(data, len(data)) == data
+    cut = tail(data, len(data) // 4)
+    assert len(cut) <= len(data) // 4 + 4096
+    got = parse_posted_log(cut)
+    assert not got.notes and got.end == "exception" and got.status == whole.status
+    seqs = [c.seq for c in got.collectives]
+    assert seqs == list(range(seqs[0], 2001)) and 1000 < seqs[0] < 2000
+    assert got.gaps == [(0, seqs[0] - 2)]  # record ids: seq - 1
+    framed = {c.seq: c.frames for c in whole.collectives if c.frames}
+    assert {c.seq: c.frames for c in got.collectives if c.frames} == \
+        {q: f for q, f in framed.items() if q >= seqs[0]}
 
 
 def test_real_recorder_dumps_name_the_posting_thread():

@@ -18,9 +18,9 @@ Nothing here runs unless the job is multi-node (its torchrun command line says s
 ``--shared-dir`` is given: a single-node ``watch`` never imports torch and behaves as before.
 
 One job a module: :mod:`.connect` (reaching the other watchers), :mod:`.summaries` (what a
-node publishes, and the others' summaries as evidence), :mod:`.requests` (what a capture
-request was for), :mod:`.node` (this watcher's part), :mod:`.peers` (the other watchers, as
-the one watch policy, :mod:`moe_hang.commands.supervise`, sees them).
+node publishes, and the others' captures and summaries as evidence), :mod:`.requests` (what
+a capture request was for), :mod:`.node` (this watcher's part), :mod:`.peers` (the other
+watchers, as the one watch policy, :mod:`moe_hang.commands.supervise`, sees them).
 """
 
 from __future__ import annotations
@@ -42,17 +42,12 @@ from moe_hang.commands.multinode.node import (
 from moe_hang.commands.multinode.peers import NodePeers, SpreadLater
 from moe_hang.commands.multinode.requests import request_kind
 from moe_hang.commands.multinode.summaries import (
-    HISTORY_PER_GROUP,
-    MAX_USER_FRAMES,
     capture_summary,
-    history_of,
     merge_remote,
     raw_heartbeats,
 )
 
 __all__ = [
-    "HISTORY_PER_GROUP",
-    "MAX_USER_FRAMES",
     "Node",
     "NodePeers",
     "Plan",
@@ -61,7 +56,6 @@ __all__ = [
     "block_of",
     "capture_summary",
     "check_shared_dir",
-    "history_of",
     "merge_remote",
     "open_channel",
     "peers_for_diagnose",

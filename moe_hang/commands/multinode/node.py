@@ -248,7 +248,8 @@ class Node(NodeChannel):
         """On the node that analyses: its own capture plus every other node's summary; the
         ranks of nodes that did not answer are unreached (never blamed)."""
         ev = load_capture(self.layout.root, world=self.world, job=kind.job)
-        merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node})
+        merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node},
+                     into=self.layout.coord_nodes)
         co = self.co
         hosts = {n: s.host for n, s in summaries.items()}
         if co is not None and (missing or (self.world and len(ev.ranks) < self.world)):

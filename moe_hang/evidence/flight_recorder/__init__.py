@@ -20,6 +20,7 @@ from moe_hang.evidence.flight_recorder.load import (
     RefusedGlobal,
     load,
     load_dir,
+    load_raw,
     loads,
     rank_from_filename,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "entry_to_collective",
     "load",
     "load_dir",
+    "load_raw",
     "loads",
     "op_name",
     "parse_dump",

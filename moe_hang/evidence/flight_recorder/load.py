@@ -84,6 +84,13 @@ def loads(raw: bytes, *, context: int | None = None) -> FRDump:
     return parse_dump(_checked(_decode(raw[:64], io.BytesIO(raw))), context=context)
 
 
+def load_raw(path: Path) -> dict[str, Any]:
+    """One dump file as torch wrote it (checked to be one, not parsed): what a node ships of
+    it to the node that analyses, as JSON (torch's own JSON layout)."""
+    with open(path, "rb") as f:
+        return _checked(_decode(f.peek(64)[:64], f))
+
+
 def load(path: Path, *, context: int | None = None, lists: RankLists | None = None) -> FRDump:
     """One dump file (:class:`DumpError` when it is not one; OSError when unreadable);
     ``lists``: shared with the other files of the same load (:func:`parse_dump`)."""

@@ -68,11 +68,10 @@ from moe_hang.runtime.coord.heartbeats import (
 from moe_hang.runtime.coord.records import CaptureRequest, GlobalVerdict, NodeInfo, RoundResult
 from moe_hang.runtime.coord.shareddir import DirChannel
 from moe_hang.runtime.coord.store import StoreChannel, preload_torch
-from moe_hang.runtime.coord.summary import FATAL_CHARS, NodeSummary, PendingCollective, RankSummary
+from moe_hang.runtime.coord.summary import NodeSummary, PendingCollective, RankSummary
 from moe_hang.runtime.coord.verdict import basic_verdict
 
 __all__ = [
-    "FATAL_CHARS",
     "ROOT",
     "SCHEMA",
     "Analyse",

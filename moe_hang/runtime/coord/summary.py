@@ -26,8 +26,8 @@ def _sizes(v: Any) -> list[list[int]]:
 
 @dataclass
 class PendingCollective:
-    """A collective a rank posted that has not completed (from its Flight Recorder); in a
-    capture's ``history``, any recent one (``completed`` says which)."""
+    """A collective a rank posted that has not completed (its heartbeat's pending entries,
+    from its Flight Recorder)."""
 
     op: str  # the recorder's profiling name, e.g. "nccl:all_gather"
     seq: int
@@ -38,21 +38,15 @@ class PendingCollective:
     output_sizes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     t_ns: int | None = None  # time created
-    completed: bool | None = None  # history entries: did it complete on this rank?
-    frames: list[str] = field(default_factory=list)  # the user frames that posted it
-    thread: str | None = None  # the name of the thread that posted it, where known
-    thread_id: str | None = None  # and its id (the recorder's, a decimal pthread id)
 
-    def to_json(self, stacks: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "seq": self.seq, "pg_id": self.pg_id}
-        for k in ("pg", "pg_desc", "t_ns", "completed", "thread", "thread_id"):
+        for k in ("pg", "pg_desc", "t_ns"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         for k in ("input_sizes", "output_sizes", "dtypes"):
             if getattr(self, k):
                 d[k] = getattr(self, k)
-        if stacks and self.frames:
-            d["frames"] = self.frames
         return d
 
     @classmethod
@@ -63,11 +57,7 @@ class PendingCollective:
                    pg_desc=None if d.get("pg_desc") is None else str(d["pg_desc"]),
                    input_sizes=_sizes(d.get("input_sizes")),
                    output_sizes=_sizes(d.get("output_sizes")),
-                   dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")),
-                   completed=None if d.get("completed") is None else bool(d["completed"]),
-                   frames=[str(f) for f in d.get("frames") or []],
-                   thread=None if d.get("thread") is None else str(d["thread"])[:200],
-                   thread_id=None if d.get("thread_id") is None else str(d["thread_id"])[:40])
+                   dtypes=[str(x) for x in d.get("dtypes") or []], t_ns=_int_or_none(d.get("t_ns")))
 
     @classmethod
     def from_fr_entry(cls, e: Mapping[str, Any]) -> PendingCollective | None:
@@ -121,23 +111,10 @@ class RankSummary:
     moving: bool | None = None
     beat_time: float | None = None
     exit_code: int | None = None
-    # a capture only, from the rank's Flight Recorder dump: its recent collectives per group
-    # (names, seqs, sizes, whether each completed) and the groups' status by name
-    history: list[PendingCollective] = field(default_factory=list)
-    fr_status: dict[str, list[int]] = field(default_factory=dict)  # name -> [enq, completed]
-    # a capture only: the exception the rank raised, as its probe recorded it (type, message,
-    # frames "file:line:function" innermost first, time, restart)
-    error: dict[str, Any] | None = None
     held: bool = False  # it raised and its probe holds it for the capture
-    # a capture only: the stack faulthandler wrote when a fatal signal ended it (gloo's
-    # SIGABRT): where it died, and that it died of a signal its watcher could not hold
-    fatal: str | None = None
     # the send/recv its main thread is inside, with its peer, as its probe sampled it
     # (op, peer, tag, group): gloo's recorder has no entry for point-to-point
     p2p: dict[str, Any] | None = None
-    # a capture only: the ids of the threads it had then (its probe's dump of every thread):
-    # a thread of its whose id is gone will never post again
-    threads: list[str] = field(default_factory=list)
     main_thread: str | None = None  # the id of the thread ``stack`` is (its probe's beat)
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
@@ -157,18 +134,8 @@ class RankSummary:
             d["completed"] = self.completed
         if stacks and self.stack:
             d["stack"] = self.stack
-        if self.history:
-            d["history"] = [h.to_json(stacks) for h in self.history]
-        if self.fr_status:
-            d["fr_status"] = self.fr_status
-        if self.error:
-            d["error"] = self.error
         if self.held:
             d["held"] = True
-        if self.threads:
-            d["threads"] = self.threads
-        if self.fatal:
-            d["fatal"] = self.fatal
         if self.p2p:
             d["p2p"] = self.p2p
         return d
@@ -196,26 +163,8 @@ class RankSummary:
                    moving=None if d.get("moving") is None else bool(d["moving"]),
                    beat_time=float(beat) if isinstance(beat, (int, float)) else None,
                    exit_code=_int_or_none(d.get("exit_code")),
-                   history=[PendingCollective.from_json(h) for h in d.get("history") or []
-                            if isinstance(h, Mapping)],
-                   fr_status={str(k): [int(x) for x in v][:2]
-                              for k, v in (d.get("fr_status") or {}).items()
-                              if isinstance(v, (list, tuple)) and len(v) >= 2},
-                   error=dict(d["error"]) if isinstance(d.get("error"), Mapping) else None,
-                   held=d.get("held") is True,
-                   fatal=str(d["fatal"])[:FATAL_CHARS] if d.get("fatal") else None,
-                   p2p=p2p_of(d.get("p2p")),
-                   threads=[str(t)[:40] for t in d.get("threads") or []][:256],
+                   held=d.get("held") is True, p2p=p2p_of(d.get("p2p")),
                    main_thread=str(d["main_thread"])[:40] if d.get("main_thread") else None)
-
-
-FATAL_CHARS = 8000  # a faulthandler dump of every thread fits; a runaway one is cut
-
-
-def _pair(v: Any) -> list[int | None] | None:
-    if not isinstance(v, (list, tuple)) or len(v) != 2:
-        return None
-    return [_int_or_none(x) for x in v]
 
 
 @dataclass
@@ -235,12 +184,9 @@ class NodeSummary:
     # process group name -> global member ranks, as this node's ranks know them (a capture
     # reads them from the probes' dumps): a rank only knows the groups it is a member of
     groups: dict[str, list[int]] = field(default_factory=dict)
-    # a capture only: gloo's size-mismatch abort in this node's job log, [received, expected]
-    # bytes (None where the log does not say): it names the collective a dead rank met
-    size_abort: list[int | None] | None = None
-    # a capture only: what the job's source says of its ranks' lines, read on this node (the
-    # analysing node may not have the files): SourceFacts.to_dict()
-    source: dict[str, Any] | None = None
+    # a capture only: the node's capture itself, its run directory's files
+    # (moe_hang.capture.bundle); with ``stacks`` only (not in the global set every node reads)
+    capture: dict[str, Any] | None = None
 
     def to_json(self, stacks: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {"schema": SCHEMA, "node": self.node, "host": self.host,
@@ -252,10 +198,8 @@ class NodeSummary:
                 d[k] = v
         if self.groups:
             d["groups"] = self.groups
-        if self.size_abort is not None:
-            d["size_abort"] = self.size_abort
-        if self.source:
-            d["source"] = self.source
+        if stacks and self.capture is not None:
+            d["capture"] = self.capture
         return d
 
     @classmethod
@@ -273,8 +217,7 @@ class NodeSummary:
                    request=None if d.get("request") is None else str(d["request"]),
                    note=None if d.get("note") is None else str(d["note"]),
                    groups=_groups(d.get("groups")),
-                   size_abort=_pair(d.get("size_abort")),
-                   source=d["source"] if isinstance(d.get("source"), dict) else None)
+                   capture=d["capture"] if isinstance(d.get("capture"), dict) else None)
 
     def encode(self, stacks: bool = True) -> bytes:
         return encode(self.to_json(stacks))
