@@ -28,6 +28,7 @@ from moe_hang.analysis.source import (
     left_loop,
     on_default_group,
     path_condition,
+    path_condition_site,
     rank_condition,
     taken_only_by,
 )
@@ -122,19 +123,23 @@ _ONE_ORDER = ("every rank must post the same collectives in the same order — r
 
 
 def advise_condition(culprits: list[int], waiters: list[int], what: str, site: Frame | None,
-                     cond: str, skipped: bool) -> Advice:
+                     cond: str, skipped: bool, cond_at: Frame | None = None) -> Advice:
     """A collective that a rank condition in the source lets only some members of its group
-    post: the ranks it leaves out skipped it, or the ranks it lets in posted an extra."""
+    post: the ranks it leaves out skipped it, or the ranks it lets in posted an extra.
+    ``cond_at``: the condition's ``if`` (the fix is there)."""
     at = f" ({site.short()})" if site is not None else ""
     if skipped:
         return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'does', 'do')} not take "
                       f"`{cond}`, so {agree(culprits, 'it', 'they')} never "
                       f"{agree(culprits, 'posts', 'post')} the {what}{at} that {who(waiters)} "
                       f"{agree(waiters, 'waits', 'wait')} in: every member of a group must "
-                      "post its collectives — post it on every rank of the group, or on none.")
+                      "post its collectives — post it on every rank of the group, or on none.",
+                      site=cond_at, site_why=f"the condition {who(culprits)} "
+                      f"{agree(culprits, 'does', 'do')} not take")
     return Advice(f"{who(culprits).capitalize()} {agree(culprits, 'posts', 'post')} the {what}"
                   f"{at} under `{cond}`, which {who(waiters)} {agree(waiters, 'does', 'do')} "
-                  "not take: " + _ONE_ORDER)
+                  "not take: " + _ONE_ORDER, site=cond_at,
+                  site_why=f"the branch {who(culprits)} took")
 
 
 def _advise_extra(s: Situation, b: Block) -> Advice:
@@ -179,7 +184,8 @@ def advise_order(s: Situation) -> Advice:
             and not fsdp_unshard(s.frames.get(s.culprits[0], [])):
         # the culprit is inside code only it runs (`if rank == 0: save_checkpoint()`): that
         # is the cause, whatever FSDP the others wait in
-        return _advise_branch(s, taken)
+        return _advise_branch(s, taken,
+                              path_condition_site(s.src, s.frames.get(s.culprits[0], [])))
     if s.lacks_fsdp_unshard() and s.behind and s.basis == CulpritBasis.MAJORITY:
         return _advise_behind(s)
     if s.lacks_fsdp_unshard():
@@ -219,7 +225,7 @@ def advise_order(s: Situation) -> Advice:
     cond = path_condition(s.src, s.frames.get(culprit, []))
     if cond is not None and not excludes_ranks(cond) and \
             taken_only_by(cond, s.culprits, s.waiting()):
-        return _advise_branch(s, cond)
+        return _advise_branch(s, cond, path_condition_site(s.src, s.frames.get(culprit, [])))
     left_out = path_condition(s.src, s.frames.get(s.waiting()[0], [])) if s.waiting() \
         else None
     if left_out is not None and excludes_ranks(left_out) and cond is None and missed_at \
@@ -228,7 +234,8 @@ def advise_order(s: Situation) -> Advice:
         # the culprits' under none: they are the ones left out of it
         op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
         return advise_condition(s.culprits, s.waiting(), op or "collective", missed_at,
-                                left_out, True)
+                                left_out, True,
+                                path_condition_site(s.src, s.frames.get(s.waiting()[0], [])))
     posted = next((s.frames[r] for r in s.waiting() if s.frames.get(r)), [])
     if missed_at is not None and \
             (found := gates_passed(s, culprit, posted, s.frames.get(culprit, []))):
@@ -303,8 +310,9 @@ def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) 
     return f"{who(ranks)} posted {(what + ' at ') * is_line}{where}"
 
 
-def _advise_branch(s: Situation, cond: str) -> Advice:
-    """The culprits took a branch under a rank condition that the others do not take."""
+def _advise_branch(s: Situation, cond: str, cond_at: Frame | None) -> Advice:
+    """The culprits took a branch under a rank condition that the others do not take
+    (``cond_at``: its ``if``)."""
     culprit = s.culprits[0]
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     now_at = s.site(culprit)
@@ -322,7 +330,8 @@ def _advise_branch(s: Situation, cond: str) -> Advice:
               if len(camps) < 2 else f"the others are elsewhere ({where})")
     return Advice(f"{who(s.culprits).capitalize()} took `{cond}`, a branch the others do "
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
-                  f"while {others}: " + _ONE_ORDER)
+                  f"while {others}: " + _ONE_ORDER, site=cond_at,
+                  site_why=f"the branch {who(s.culprits)} took")
 
 
 def _advise_loop_left(s: Situation, loop: str) -> Advice:

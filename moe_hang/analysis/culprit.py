@@ -166,12 +166,17 @@ def _blame_absent(g: GroupDivergence, ctx: Context) -> Blame:
     return Blame(sorted(g.absent), CulpritBasis.AMBIGUOUS)
 
 
-def condition_on(c: Collective, v: RankView, views: RankViews) -> str | None:
-    """The rank condition on the user path that posted ``c`` (the recorder's frames, else the
-    stack of the rank still blocked in it)."""
+def posting_path(c: Collective, v: RankView) -> list[Frame]:
+    """The user path that posted ``c``: the recorder's frames, else the stack of the rank
+    still blocked in it."""
     if c.frames or c.completed is not False or v.stack.op != c.op:
-        return path_condition(views.source, c.frames)
-    return path_condition(views.source, list(v.stack.frames))
+        return list(c.frames)
+    return list(v.stack.frames)
+
+
+def condition_on(c: Collective, v: RankView, views: RankViews) -> str | None:
+    """The rank condition on the user path that posted ``c``."""
+    return path_condition(views.source, posting_path(c, v))
 
 
 # ------------------------------------------------------------------------------ cycles

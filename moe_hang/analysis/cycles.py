@@ -9,7 +9,13 @@ from pathlib import Path
 from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.culprit import Blame, blame_cycle, condition_on, cycle_inversion
+from moe_hang.analysis.culprit import (
+    Blame,
+    blame_cycle,
+    condition_on,
+    cycle_inversion,
+    posting_path,
+)
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -24,7 +30,7 @@ from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
-from moe_hang.analysis.source import excludes_ranks
+from moe_hang.analysis.source import excludes_ranks, path_condition_site
 from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.analysis.wronggroup import WrongGroup, wrong_group
@@ -44,13 +50,14 @@ def _cycle_condition(cyc: list[Edge], culprits: set[int], f: Facts) -> Advice | 
             continue
         what = f"{e.coll.op} {pg_label(e.coll.pg, e.coll.pg_desc)}"
         site = f.views[e.waiter].site
+        at = path_condition_site(f.views.source, posting_path(e.coll, f.views[e.waiter]))
         if e.on in culprits and e.waiter not in culprits:
             found.append((1, advise_condition(sorted(culprits), [e.waiter], what, site, cond,
-                                              True)))
+                                              True, at)))
         if e.waiter in culprits and e.on not in culprits and not excludes_ranks(cond):
             # the branch the culprits took, named as such: clearer than the one they left
             found.append((0, advise_condition(sorted(culprits), [e.on], what, site, cond,
-                                              False)))
+                                              False, at)))
     return min(found, key=lambda x: x[0])[1] if found else None
 
 

@@ -292,6 +292,7 @@ class Diagnosis:
     certainty: Certainty = Certainty.UNCERTAIN
     fix_code: str | None = None  # the fix as code to paste at the user's line, when one applies
     fix_site: Frame | None = None  # the line the fix is about, where it is not the culprit's
+    fix_site_why: str | None = None  # what that line is to the culprit
     rule: str = ""  # the name of the rule that decided (docs/DESIGN.md §8)
     rule_id: str = ""  # its stable id (analysis.rules.RULES): what scripts key on
     divergences: list[Divergence] = field(default_factory=list)  # every diverging group
@@ -346,6 +347,8 @@ class Diagnosis:
             d["fix_code"] = self.fix_code
         if self.fix_site is not None:
             d["fix_site"] = self.fix_site.as_dict()
+        if self.fix_site_why:
+            d["fix_site_why"] = self.fix_site_why
         if len(self.divergences) > 1:
             d["divergences"] = [x.to_dict() for x in self.divergences]
         if self.timeline is not None:
@@ -376,6 +379,7 @@ class Diagnosis:
             culprit_basis=CulpritBasis(d.get("culprit_basis", CulpritBasis.NONE)),
             certainty=Certainty(d.get("certainty", Certainty.UNCERTAIN)),
             fix_code=d.get("fix_code"), fix_site=Frame.from_dict(d.get("fix_site")),
+            fix_site_why=str(d["fix_site_why"]) if d.get("fix_site_why") else None,
             rule=str(d.get("rule", "")),
             rule_id=str(d.get("rule_id", "")),
             divergences=[x for x in (Divergence.from_dict(v) for v in d.get("divergences") or [])

@@ -69,7 +69,7 @@ def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Fra
             f"{head}: the one way past it the source shows is {_code(g)} "
             f"({short_path(f.file)}:{g.line}), {took} {last}. Post it on every rank whatever "
             "the data (an empty tensor if need be), or decide the branch alike on every rank.",
-            site=Frame(f.file, g.line, f.function))
+            site=Frame(f.file, g.line, f.function), site_why=f"the branch {me} took")
     ways = "; ".join(f"{_code(g)} ({short_path(f.file)}:{g.line})" for f, g in found)
     return Advice(
         f"{head}: the source shows {len(found)} ways past it ({ways}), and {me} took one "

@@ -373,7 +373,8 @@ def diagnose(ev: Evidence) -> Diagnosis:
     return Diagnosis(
         verdict=out.verdict, summary=out.summary, culprit_ranks=sorted(out.culprits),
         first_divergence=out.div, ranks=ranks, fix=out.advice.text,
-        fix_code=out.advice.code, fix_site=out.advice.site, artifacts=ev.artifacts,
+        fix_code=out.advice.code, fix_site=out.advice.site, fix_site_why=out.advice.site_why,
+        artifacts=ev.artifacts,
         evidence=f.evidence + unreached_line(ev.unreached)
         + (f.ras.lines() if f.ras is not None else []),
         timeline=build_timeline(f.views, out.div), culprit_basis=out.basis,

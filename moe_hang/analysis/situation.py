@@ -68,6 +68,7 @@ class Advice:
     text: str
     code: str | None = None  # a snippet to paste at the user's line
     site: Frame | None = None  # the line it is about, where that is not the culprit's
+    site_why: str | None = None  # what that line is to the culprit ("the branch rank 1 took")
 
 
 def user_autograd_backward(frames: list[Frame]) -> Frame | None:

@@ -162,6 +162,17 @@ def rank_condition(src: SourceFacts, path: str, line: int) -> str | None:
     return lf.rank_condition if lf is not None else None
 
 
+def path_condition_site(src: SourceFacts, frames: list[Frame]) -> Frame | None:
+    """Where the condition :func:`path_condition` finds is: the line of its ``if`` (None:
+    none, or a capture from before that line was recorded)."""
+    for f in reversed(frames):
+        if not is_library_frame(f) and (lf := src.line(f.file, f.line)) is not None \
+                and lf.rank_condition is not None:
+            return Frame(f.file, lf.rank_condition_line, f.function) \
+                if lf.rank_condition_line is not None else None
+    return None
+
+
 def path_condition(src: SourceFacts, frames: list[Frame]) -> str | None:
     """The rank condition on a call path (frames innermost first, as py-spy and the recorder
     give them), outermost user frame first: the ``if rank == 0:`` around the call, not one

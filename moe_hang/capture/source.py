@@ -81,11 +81,11 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         # the line a wait's collective was posted from is read too: its branch, its group
         lines = set(lines) | {p[0] for p in posted.values()}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
-                                        _rank_condition(tree, n, names),
+                                        (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
                                         every_rank(calls, n, g, everyone), _gates(tree, n),
-                                        wait_on_collective(tree, waits, calls, n))
+                                        wait_on_collective(tree, waits, calls, n), cond[1])
                            for n in sorted(lines)}
     return out
 
@@ -267,11 +267,13 @@ def _owners(body: list[ast.stmt], line: int) -> list[tuple[ast.stmt, str]]:
     return out
 
 
-def _rank_condition(tree: ast.Module, line: int, names: set[str]) -> str | None:
+def _rank_condition(tree: ast.Module, line: int, names: set[str]
+                    ) -> tuple[str | None, int | None]:
     """``if rank == 0`` (its source) when ``line`` runs only under a condition on the rank —
     the innermost ``if`` whose test names the rank (or a module-level name set from it), the
     line in its body or ``else``; or a guard before it in the same block that leaves the
-    block on such a condition (``if rank == bad and step == 3: continue``): ``if not (...)``."""
+    block on such a condition (``if rank == bad and step == 3: continue``): ``if not (...)``;
+    with the line of that ``if``. (None, None) where there is none."""
     owners = _owners(tree.body, line)
     blocks: list[list[ast.stmt]] = [tree.body]
     for st, _fld in owners:
@@ -282,13 +284,13 @@ def _rank_condition(tree: ast.Module, line: int, names: set[str]) -> str | None:
             if st.lineno > line or (getattr(st, "end_lineno", st.lineno) or st.lineno) >= line:
                 break  # the statement that holds the line, and what follows it
             if (test := _guard_test(st, names)) is not None:
-                return f"if not ({test})"
+                return f"if not ({test})", st.lineno
         if depth == 0:
             break
         st, fld = owners[depth - 1]
         if isinstance(st, ast.If) and (test := _rank_test(st.test, names)) is not None:
-            return f"if {test}" if fld == "body" else f"if not ({test})"
-    return None
+            return (f"if {test}" if fld == "body" else f"if not ({test})"), st.lineno
+    return None, None
 
 
 _LEAVES = {ast.Return: "return", ast.Continue: "continue", ast.Break: "break",

@@ -116,6 +116,8 @@ class LineFacts:
     # a device's synchronize), False (on something the source shows is not one: an Event, a
     # stream), None (the source does not say: a handle from a list, a tensor's ``.item()``)
     wait_on: bool | None = None
+    # the line of the ``if`` (or of the guard) ``rank_condition`` is
+    rank_condition_line: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -135,6 +137,8 @@ class LineFacts:
             d["gates"] = [g.to_list() for g in self.gates]
         if self.wait_on is not None:
             d["wait_on"] = self.wait_on
+        if self.rank_condition_line is not None:
+            d["rank_condition_line"] = self.rank_condition_line
         return d
 
     @classmethod
@@ -158,7 +162,9 @@ class LineFacts:
                    waits if waits in WAIT_METHODS else None, posted,
                    group if isinstance(group, str) and group else None,
                    every if isinstance(every, bool) else None, gates,
-                   wait_on if isinstance(wait_on := d.get("wait_on"), bool) else None)
+                   wait_on if isinstance(wait_on := d.get("wait_on"), bool) else None,
+                   cl if isinstance(cl := d.get("rank_condition_line"), int)
+                   and not isinstance(cl, bool) else None)
 
 
 @dataclass

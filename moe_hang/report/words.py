@@ -294,7 +294,7 @@ def next_words(d: Diagnosis, ctx: ReportContext) -> tuple[str, str] | None:
     rank, site = found
     if d.fix_site is not None:  # the branch the fix is about, not where the culprit is now
         return (f"open {display_path(d.fix_site.file)}:{d.fix_site.line}",
-                f"the branch rank {rank} took")
+                d.fix_site_why or f"the branch rank {rank} took")
     who = f"PID {pid_of(rank)}, rank unknown" if is_unidentified(rank) else f"rank {rank}"
     return f"open {display_path(site.file)}:{site.line}", f"{site.function}, {who}"
 

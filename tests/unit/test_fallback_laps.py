@@ -120,3 +120,20 @@ def test_the_same_stacks_with_the_skip_under_a_rank_condition_name_the_skipper(
         "desync", [skipper], "source"), d["summary"]
     others = "ranks " + ("1-3" if skipper == 0 else "0-2")
     assert f"that {others} wait in" in d["fix"], d["fix"]
+
+
+@pytest.mark.parametrize("name, skipper", [("tp_skip_0", 0), ("tp_skip_3", 3)])
+def test_next_opens_the_condition_the_skipper_does_not_take(fixtures, tmp_path, name, skipper):
+    """The fix is at the ``if`` that leaves the skipper out (:20), not at the line it waits
+    at: ``next:`` opens it, and says what it is to that rank."""
+    from moe_hang.report.words import ReportContext, next_words
+
+    run = relocated(fixtures / name, tmp_path / "run", TP, str(fixtures / "tp_pairs_jobs"))
+    (run / "source.json").unlink()  # read now, as a capture made today stores it
+    d = diagnose(captured(load_capture(run)))
+    assert d.fix_site is not None and (d.fix_site.file.endswith("train3.py"),
+                                       d.fix_site.line) == (True, 20), d.fix_site
+    what, why = next_words(d, ReportContext("diagnose", "moe-hang diagnose"))
+    assert what.endswith("train3.py:20") and why == f"the condition rank {skipper} does not take"
+    again = type(d).from_dict(d.to_dict())  # as another node prints it
+    assert (again.fix_site, again.fix_site_why) == (d.fix_site, d.fix_site_why)
