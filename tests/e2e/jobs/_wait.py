@@ -62,16 +62,20 @@ def wait_marks(marks: Path, nproc: int, proc: subprocess.Popen[Any] | None, time
 
 def processes_mentioning(needle: str) -> list[Any]:
     """Live (non-zombie) psutil processes, other than this one, whose command line mentions
-    ``needle``."""
+    ``needle`` — of this pytest-xdist worker's tests only: another worker's test may run the
+    same job script at the same time (its processes inherit its worker's name)."""
     import psutil
 
     found = []
     me = os.getpid()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if any(needle in part for part in (p.info["cmdline"] or [])):
+            if any(needle in part for part in (p.info["cmdline"] or [])) and (
+                    worker is None
+                    or p.environ().get("PYTEST_XDIST_WORKER", worker) == worker):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
