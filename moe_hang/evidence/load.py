@@ -46,7 +46,7 @@ def _read_json(path: Path, ev: RankEvidence, what: str) -> Any | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         ev.notes.append(f"{what} unreadable ({type(exc).__name__})")
         return None
 
@@ -55,7 +55,7 @@ def read_processes(layout: RunLayout) -> ProcessTable:
     """processes.json, or an empty table when it is missing, unreadable or malformed."""
     try:
         return ProcessTable.parse(json.loads(layout.processes.read_text()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return ProcessTable()
 
 
@@ -86,7 +86,7 @@ def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> R
         for line in files.tokens.read_text(errors="replace").splitlines():
             try:
                 rec = PostedRecord.parse(json.loads(line), DEFAULT_PG)
-            except ValueError:
+            except (ValueError, RecursionError):
                 rec = None
             if rec is not None:
                 ev.records.append(rec)
@@ -107,7 +107,7 @@ def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> R
     ev.error = unwrap(recorded) if recorded is not None else None
     groups = _read_json(files.groups, ev, "process-group list")
     if isinstance(groups, dict):
-        ev.groups = {str(k): [int(x) for x in v] for k, v in groups.items()
+        ev.groups = {str(k): [x for x in v if isinstance(x, int)] for k, v in groups.items()
                      if isinstance(v, list)}
     if files.fatal.exists():
         text = files.fatal.read_text(errors="replace")
@@ -121,7 +121,7 @@ def _load_helpers(ev: RankEvidence, files: RankFiles) -> None:
     """py-spy of the rank's own child processes, where the capture took them."""
     try:
         raw = json.loads(files.helpers.read_text()) if files.helpers.exists() else []
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         ev.notes.append("its helpers' stacks unreadable")
         return
     for h in raw if isinstance(raw, list) else []:
@@ -149,7 +149,7 @@ def _load_stacks(ev: RankEvidence, files: RankFiles) -> None:
             ev.threads = parse_pyspy(json.loads(files.pyspy.read_text()))
             ev.stack_source = "py-spy"
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
             ev.notes.append(f"py-spy output unreadable ({type(exc).__name__})")
     if files.pyspy_error.exists():
         ev.stack_error = files.pyspy_error.read_text(errors="replace").strip()[:200] or None
@@ -238,7 +238,8 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             ev.activity = info.activity
             if info.note and info.alive:  # what the capture saw of it (its busy helpers)
                 ev.notes.append(info.note)
-        if r in failures and ev.exit_code is None:
+        if r in failures and ev.exit_code is None and ev.pid in (None, failures[r][1]):
+            # (a report of an earlier attempt's process, after a restart, is not of this one)
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:
             ev.error = tracebacks[r]  # the probe's record is first hand; the log is a copy
@@ -267,7 +268,7 @@ def read_source(layout: RunLayout) -> SourceFacts | None:
     """``source.json``: the source facts stored with the capture (None: none were)."""
     try:
         return SourceFacts.from_dict(json.loads(layout.source.read_text()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -312,11 +313,11 @@ def load_captures(roots: list[Path]) -> Evidence:
     return out
 
 
-def merge_into(ev: Evidence, part: Evidence) -> list[int]:
+def merge_into(ev: Evidence, part: Evidence, only: set[int] | None = None) -> list[int]:
     """Another node's capture beside this one's (a multi-node watch's round): its ranks this
-    one lacks, its job log's word on a size abort and the first failure, what its source
-    said. Returns the ranks added."""
-    added = sorted(set(part.ranks) - set(ev.ranks))
+    one lacks (of ``only``, where given), its job log's word on a size abort and the first
+    failure, what its source said. Returns the ranks added."""
+    added = sorted(r for r in set(part.ranks) - set(ev.ranks) if only is None or r in only)
     for r in added:
         ev.ranks[r] = part.ranks[r]
     if part.size_abort is not None and (ev.size_abort is None

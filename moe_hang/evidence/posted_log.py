@@ -129,7 +129,7 @@ def parse_posted_log(data: bytes) -> PostedLog:
 def _record(line: bytes) -> dict[str, Any] | None:
     try:
         rec = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a line nested past the parser's depth)
         return None
     return rec if isinstance(rec, dict) else None
 

@@ -49,7 +49,7 @@ def read_routing(path: Path) -> tuple[list[RouterCall], int]:
     for line in text.splitlines():
         try:
             call = RouterCall.parse(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             call = None
         if call is None:
             bad += 1

@@ -24,6 +24,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,11 @@ class RunLayout:
         return self.coord_dir / "nodes"
 
     @property
+    def coord_nodes_round(self) -> Path:
+        """The capture request the captures in ``coord/nodes/`` answered."""
+        return self.coord_nodes / "round.json"
+
+    @property
     def snapshot_dir(self) -> Path:
         """The ranks' files as captured, while the job is being ended."""
         return self.root / ".capture"
@@ -283,10 +289,16 @@ class RunLayout:
         return self.ranks_dir.is_dir() or self.stacks_dir.is_dir()
 
     def node_captures(self) -> list[Path]:
-        """The other nodes' captures this node's watcher analysed with (``coord/nodes/*``)."""
+        """The other nodes' captures this node's watcher analysed with (``coord/nodes/*``),
+        where they answered the round whose verdict this directory holds (a later round
+        another node analysed leaves an earlier one's here: not this verdict's)."""
         try:
+            kept = json.loads(self.coord_nodes_round.read_text()).get("request")
+            verdict = json.loads(self.coord_verdict.read_text()).get("request")
             found = sorted(self.coord_nodes.iterdir())
-        except OSError:
+        except (OSError, ValueError, AttributeError):
+            return []
+        if kept is None or kept != verdict:
             return []
         return [d for d in found if RunLayout(d).is_capture()]
 

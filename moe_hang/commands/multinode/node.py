@@ -248,8 +248,12 @@ class Node(NodeChannel):
         """On the node that analyses: its own capture plus every other node's summary; the
         ranks of nodes that did not answer are unreached (never blamed)."""
         ev = load_capture(self.layout.root, world=self.world, job=kind.job)
+        # this round's captures only: one of an earlier round is not what this verdict says
+        shutil.rmtree(self.layout.coord_nodes, ignore_errors=True)
         merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node},
                      into=self.layout.coord_nodes)
+        if self.layout.coord_nodes.is_dir():
+            rundir.write_json(self.layout.coord_nodes_round, {"request": req.id if req else None})
         co = self.co
         hosts = {n: s.host for n, s in summaries.items()}
         if co is not None and (missing or (self.world and len(ev.ranks) < self.world)):

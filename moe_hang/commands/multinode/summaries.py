@@ -54,14 +54,35 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary],
     added: list[int] = []
     lists = RankLists()  # every node's dumps name the same groups
     for node, s in sorted(summaries.items()):
-        dest = bundle.node_dir(into, node) if into is not None and s.capture else None
-        layout = bundle.unpack(s.capture, dest) if dest is not None else None
-        if layout is not None:
-            part = load_capture(layout.root, world=ev.world_size, job=ev.job, lists=lists)
-            added += merge_into(ev, part)
+        part = _capture_of(node, s, into, ev, lists)
+        if part is None:
+            added += _from_heartbeats(ev, s)
             continue
-        added += _from_heartbeats(ev, s)
+        # the ranks the node beats for (its summary's): a node speaks for its own ranks only
+        mine = merge_into(ev, part, {r.rank for r in s.ranks} or None)
+        for r, names in bundle.left_out(s.capture).items():
+            if r in mine:
+                ev.ranks[r].notes.append("left out of its node's capture (past its size "
+                                         f"budget): {', '.join(names)}")
+        added += mine
     return sorted(added)
+
+
+def _capture_of(node: str, s: NodeSummary, into: Path | None, ev: Evidence,
+                lists: RankLists) -> Evidence | None:
+    """Node ``node``'s capture, written out under ``into`` and read; None where it sent none
+    or it cannot be read (its files are another node's input: never the end of the round,
+    and said)."""
+    dest = bundle.node_dir(into, node) if into is not None and s.capture else None
+    layout = bundle.unpack(s.capture, dest, ev.world_size) if dest is not None else None
+    if layout is None:
+        return None
+    try:
+        return load_capture(layout.root, world=ev.world_size, job=ev.job, lists=lists)
+    except Exception as exc:
+        ev.log_lines.append(f"node {node}: its capture is unreadable here "
+                            f"({type(exc).__name__}): its ranks from their heartbeats only")
+        return None
 
 
 def _from_heartbeats(ev: Evidence, s: NodeSummary) -> list[int]:

@@ -30,7 +30,7 @@ def decode(data: bytes | None) -> Any:
                 return None
             return json.loads(raw)
         return json.loads(data)
-    except (ValueError, zlib.error):
+    except (ValueError, zlib.error, RecursionError):
         return None
 
 
