@@ -238,8 +238,10 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             ev.activity = info.activity
             if info.note and info.alive:  # what the capture saw of it (its busy helpers)
                 ev.notes.append(info.note)
-        if r in failures and ev.exit_code is None and ev.pid in (None, failures[r][1]):
-            # (a report of an earlier attempt's process, after a restart, is not of this one)
+        if r in failures and ev.exit_code is None and (
+                not attempt or ev.pid in (None, failures[r][1])):
+            # (after a restart, a report of an earlier attempt's process is not this one's;
+            # in one attempt the report's pid may be a wrapper's: a shell script's)
             ev.exit_code = failures[r][0]
         if ev.error is None and r in tracebacks:
             ev.error = tracebacks[r]  # the probe's record is first hand; the log is a copy

@@ -202,10 +202,15 @@ def test_an_earlier_attempts_failure_report_is_not_this_process_exit(tmp_path: P
     is not the exit code of the rank alive now."""
     layout = RunLayout(tmp_path / "run")
     layout.ranks_dir.mkdir(parents=True)
-    layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 222, "world": 2}))
+    layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 222, "world": 2,
+                                                    "restart": 1}))
     layout.job_log.write_text("Failures:\n[1]:\n  time      : now\n  host      : vm\n"
                               "  rank      : 1 (local_rank: 1)\n"
                               "  exitcode  : -9 (pid: 111)\n")
     assert load_capture(layout.root).ranks[1].exit_code is None
-    layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 111, "world": 2}))
+    layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 111, "world": 2,
+                                                    "restart": 1}))
+    assert load_capture(layout.root).ranks[1].exit_code == -9
+    # one attempt: the report's pid may be a wrapper's (torchrun runs a shell script)
+    layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 222, "world": 2}))
     assert load_capture(layout.root).ranks[1].exit_code == -9
