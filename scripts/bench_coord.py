@@ -104,7 +104,7 @@ def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace
                 time.sleep(args.capture_s)
             s = coord.summarize_heartbeats(hbs, node=str(node), host=f"sim{node:04d}",
                                            moving=dict.fromkeys(ranks, False), kind="capture")
-            s.capture = node_capture(node, args.ranks_per_node, world, culprit)
+            s.capture = node_capture(node, args.ranks_per_node, world, culprit, args.entries)
             return s
 
         def analyse(sums: dict[str, coord.NodeSummary], missing: list[str]) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def one_run(i: int, host: str, port: int, args: argparse.Namespace) -> dict[str,
                    str(args.capture_s), "--interval", str(args.interval), "--poll-s",
                    str(args.poll_s), "--stagger-s", str(args.stagger_s),
                    *(["--shared-dir", args.shared_dir] if args.shared_dir else []),
-                   *(["--basic"] if args.basic else [])]
+                   "--entries", str(args.entries), *(["--basic"] if args.basic else [])]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True,
                                           env=env, start_new_session=True))
         opened = open_channel(host, port, run, args, 60.0)
@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="coordinate through this directory (DirChannel) instead of the store")
     p.add_argument("--basic", action="store_true",
                    help="analyse with coord.basic_verdict instead of the verdict engine")
+    p.add_argument("--entries", type=int, default=16,
+                   help="recorder entries per rank in each node's capture (the probe's ring "
+                        "keeps 256; 16: what the benchmark simulated before)")
     p.add_argument("--quick", action="store_true", help="32 nodes, 2 runs")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     return p

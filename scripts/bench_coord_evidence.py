@@ -15,7 +15,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-SEQ = 42
+SEQ = 4000  # the world group's hung collective (entries before it go back from here)
+EXPERT_SEQ = 2000  # the expert group's last, completed
 
 
 def heartbeats(node: int, rpn: int, world: int, culprit: int) -> dict[int, dict[str, Any]]:
@@ -43,20 +44,23 @@ def heartbeats(node: int, rpn: int, world: int, culprit: int) -> dict[int, dict[
                   "local_rank": str(r % rpn), "local_world": str(rpn), "time": time.time(),
                   "beat": 100, "cpu_s": 50.0, "progress": {"step": 1234, "phase": "forward"},
                   "pg_status": {"0": {"enqueued": SEQ, "completed": SEQ - 1},
-                                "1": {"enqueued": 20, "completed": 20}},
+                                "1": {"enqueued": EXPERT_SEQ, "completed": EXPERT_SEQ}},
                   "pending": [entry], "main_frame": frames}
     return out
 
 
-def capture(node: int, rpn: int, world: int, culprit: int) -> dict[str, Any]:
+def capture(node: int, rpn: int, world: int, culprit: int, n_entries: int = 16
+            ) -> dict[str, Any]:
     """This node's capture as it travels (moe_hang/capture/bundle.py): each rank's heartbeat
-    and its recorder dump in torch's JSON layout (the last 8 collectives per group): healthy
-    all-gathers up to the hang, then the one that never completes on the world group."""
+    and its recorder dump in torch's JSON layout (its last ``entries`` collectives, half on
+    each group): healthy all-gathers up to the hang, then the one that never completes on the
+    world group."""
+    half = max(1, n_entries // 2)
     hbs = heartbeats(node, rpn, world, culprit)
     ranks: dict[str, dict[str, str]] = {}
     for r, hb in hbs.items():
         entries: list[dict[str, Any]] = []
-        for seq in range(SEQ - 7, SEQ + 1):
+        for seq in range(SEQ - half + 1, SEQ + 1):
             odd = r == culprit and seq == SEQ
             site = ("/job/model/moe.py", 212, "skip") if odd else \
                 ("/job/model/moe.py", 95, "dispatch")
@@ -68,7 +72,7 @@ def capture(node: int, rpn: int, world: int, culprit: int) -> dict[str, Any]:
                                   [site, ("/job/model/moe.py", 183, "forward"),
                                    ("/job/train.py", 159, "step")],
                                   time.time_ns() - (SEQ - seq) * 10**6))
-        for seq in range(13, 21):
+        for seq in range(EXPERT_SEQ - half + 1, EXPERT_SEQ + 1):
             entries.append(_entry(len(entries), "1", "expert_group", seq, "nccl:all_reduce",
                                   [[4096]], [[4096]], ["Float"], True,
                                   [("/job/model/moe.py", 140, "reduce_grads"),
@@ -81,9 +85,9 @@ def capture(node: int, rpn: int, world: int, culprit: int) -> dict[str, Any]:
                 "pg_status": {"0": {"last_enqueued_collective": SEQ,
                                     "last_completed_collective": SEQ - 1,
                                     "last_started_collective": SEQ},
-                              "1": {"last_enqueued_collective": 20,
-                                    "last_completed_collective": 20,
-                                    "last_started_collective": 20}}}
+                              "1": {"last_enqueued_collective": EXPERT_SEQ,
+                                    "last_completed_collective": EXPERT_SEQ,
+                                    "last_started_collective": EXPERT_SEQ}}}
         ranks[str(r)] = {"hb.json": json.dumps(hb), "fr.pkl": json.dumps(dump)}
     return {"version": 1, "ranks": ranks, "files": {}}
 
