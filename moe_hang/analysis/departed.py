@@ -31,7 +31,7 @@ def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:
     # exit the beat has no pending entry to name a group by: its id is the name torch
     # numbers groups by, and a group it cannot match is left out of every claim)
     posted, done = dict(v.tl.enqueued), dict(v.tl.completed)
-    for pg, (enq, completed) in beat_counts(hb).items():
+    for pg, (enq, completed) in beat_counts(v.ev, hb).items():
         posted[pg] = max(posted.get(pg, -1), enq)
         done[pg] = max(done.get(pg, -1), completed)
     return posted, done

@@ -52,14 +52,24 @@ def _posted(rec: PostedRecord) -> Collective:
         name=rec.name, phase=rec.phase, tag=rec.tag, autograd_fn=rec.autograd_fn)
 
 
-def beat_counts(hb: Heartbeat) -> dict[str, tuple[int, int]]:
+def beat_counts(ev: RankEvidence, hb: Heartbeat) -> dict[str, tuple[int, int]]:
     """(posted, completed) per group from a heartbeat's recorder counts, by group name where a
     pending entry names the group's id, else by the id (the name torch numbers groups by; a
-    beat at exit has no pending entry)."""
+    beat at exit has no pending entry). gloo counts ops there, its sends and recvs with its
+    collectives: a count is brought back to collectives by how far the rank's newest
+    recorded collective's op id was ahead of its seq (sends and recvs after it still count)."""
     names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
              if e.get("process_group")}
-    return {names.get(pg_id, pg_id): (st.enqueued, st.completed)
-            for pg_id, st in (hb.pg_status or {}).items()}
+    lead = dict(ev.log_op_lead)
+    for name, n in (ev.fr.op_lead if ev.fr is not None else {}).items():
+        lead[name] = max(lead.get(name, 0), n)  # the newer entry is the further ahead
+    out = {}
+    for pg_id, st in (hb.pg_status or {}).items():
+        name = names.get(pg_id, pg_id)
+        ahead = lead.get(name, 0)
+        out[name] = (st.enqueued - ahead if st.enqueued >= 0 else st.enqueued,
+                     st.completed - ahead if st.completed >= 0 else st.completed)
+    return out
 
 
 def timeline(ev: RankEvidence) -> RankTimeline:
@@ -100,7 +110,7 @@ def timeline(ev: RankEvidence) -> RankTimeline:
     hb = ev.heartbeat
     if (ev.fr is None or ev.fr_saved) and hb is not None and hb.pg_status is not None:
         # the heartbeat is fresher than a saved recorder: its counts say how far the rank got
-        for name, (posted, completed) in beat_counts(hb).items():
+        for name, (posted, completed) in beat_counts(ev, hb).items():
             enq[name] = max(enq.get(name, -1), posted)
             done[name] = max(done.get(name, -1), completed)
     for e in hb.pending if hb is not None else []:

@@ -194,6 +194,7 @@ class RankEvidence:
     log_gaps: list[tuple[int, int]] = field(default_factory=list)  # record ids lost, inclusive
     log_end: str | None = None
     log_status: dict[str, PgStatus] = field(default_factory=dict)  # its last counts, by group
+    log_op_lead: dict[str, int] = field(default_factory=dict)  # gloo: FRDump.op_lead, its log's
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
     fatal: str | None = None  # faulthandler's fatal-signal text

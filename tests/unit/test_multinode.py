@@ -563,3 +563,21 @@ def test_an_fsdp_module_skip_is_advised_as_such_from_user_frames_only(
     assert (diag.verdict, diag.culprit_ranks) == (Verdict.DESYNC, [culprit]), diag.summary
     assert diag.fix.startswith("FSDP all-gathers a module's parameters"), diag.fix
     assert "left the loop" not in diag.fix
+
+
+@pytest.mark.parametrize(("run", "left"), [("early_exit_p2p_two_nodes_0", 3),
+                                           ("early_exit_p2p_two_nodes_1", 1)])
+@pytest.mark.parametrize("analyst", ["node0", "node1"])
+def test_a_gloo_ranks_count_of_ops_is_not_its_count_of_collectives(
+        fixtures: Path, tmp_path: Path, run: str, left: int, analyst: str) -> None:
+    """Fresh seed 70423118 job 027 (a 4-stage pipeline on two nodes, mirrored): a rank leaves
+    at step 2 before its recv; the others fail or wait in step 2's all-reduce (#5). Its exit
+    beat's counts are gloo's, of ops: its two recvs with its four collectives, 6. Read as
+    collectives, it had posted #5, "answered" the wait, and the verdict was the others'
+    communication errors with no culprit. Brought back to collectives by how far its newest
+    collective's op id ran ahead of its seq (2): 4, it left them waiting."""
+    ev = _two_node_view(fixtures, tmp_path, run, analyst, world=4,
+                        recorded="/work/wt-c/runs/fuzz-70423118/jobs", jobs="fuzz70423118_jobs")
+    diag = diagnose(ev)
+    assert (diag.verdict, diag.culprit_ranks, diag.culprit_basis) == (
+        Verdict.RANK_DIED, [left], CulpritBasis.EXITED), diag.summary

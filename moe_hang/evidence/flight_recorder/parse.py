@@ -70,6 +70,7 @@ class _Selection:
     top_done: dict[Any, int]  # pg_id -> highest collective seq known completed
     op_seq: dict[str, int]  # gloo: pg_id -> seq of the op pg_status calls last completed
     first_record_id: int | None
+    op_lead: dict[Any, int]  # gloo: pg_id -> its newest collective's op id minus its seq
 
 
 def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
@@ -88,6 +89,7 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
     top_seq: dict[Any, int] = {}
     top_done: dict[Any, int] = {}
     op_seq: dict[str, int] = {}
+    op_lead: dict[Any, int] = {}
     unfinished = ("scheduled", "started")
     done: bool | None
     # Every group of the process is in pg_status, and a group's collectives complete in
@@ -121,6 +123,8 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
         if not p2p:
             if pid not in top_seq:
                 top_seq[pid] = seq
+                if gloo and isinstance(op := e.get("op_id"), int) and isinstance(seq, int):
+                    op_lead[pid] = op - seq
             if done and pid not in top_done:
                 top_done[pid] = seq
         if done and context is not None:
@@ -146,7 +150,7 @@ def _select(raw: list[Any], gloo: bool, status_raw: dict[str, Any],
         keep[:0] = older
     rid = next((e.get("record_id") for e in raw if isinstance(e, dict)), None)
     return _Selection(keep, newest, top_seq, top_done, op_seq,
-                      rid if isinstance(rid, int) else None)
+                      rid if isinstance(rid, int) else None, op_lead)
 
 
 def parse_dump(data: dict[str, Any], *, context: int | None = None,
@@ -206,7 +210,8 @@ def parse_dump(data: dict[str, Any], *, context: int | None = None,
     lib = data.get("comm_lib_version", data.get("nccl_version", ""))
     return FRDump(colls, status, pg_ranks, str(data.get("version", "")), backend, p2p=p2ps,
                   pg_desc=descs, lib_version=str(lib or ""),
-                  window=Window(len(raw_entries), len(keep), sel.first_record_id))
+                  window=Window(len(raw_entries), len(keep), sel.first_record_id),
+                  op_lead={id_to_name[str(k)]: v for k, v in sel.op_lead.items() if v >= 0})
 
 
 def _coalesce(colls: list[Collective]) -> list[Collective]:

@@ -132,6 +132,10 @@ class FRDump:
     pg_desc: dict[str, str] = field(default_factory=dict)  # group name -> desc
     lib_version: str = ""  # NCCL's version; "" for gloo
     window: Window | None = None
+    # gloo: by group name, how many ops (send/recv: gloo's op ids count them, its seqs do
+    # not) its newest collective's op id is ahead of its seq — what a gloo count of ops (a
+    # heartbeat's) is ahead of the collectives, as of that entry
+    op_lead: dict[str, int] = field(default_factory=dict)
 
     @property
     def timing(self) -> bool:
