@@ -832,18 +832,32 @@ def outcome_from_json(run: Mapping[str, Any]) -> CaseResult:
 def rediagnose(case: Case, outcome: CaseResult) -> CaseResult:
     """The run's saved evidence analysed again by the code here (its run directory, or the
     dumps it analysed): what a change to the analysis does to a corpus run, in a second.
-    The job is not run again; a multi-node run, or one whose files are gone, is kept as it
-    was."""
+    A multi-node run: every node's directory together, for each node (the captures cross
+    to the analysing node as their files, read by the one loader: what its round read).
+    The job is not run again; a run whose files are gone is kept as it was."""
     from moe_hang.commands.diagnose import analyze_paths
     from moe_hang.errors import MoeHangError
 
+    if outcome.nodes:
+        dirs = [Path(n.out_dir) for n in outcome.nodes if n.out_dir]
+        if len(dirs) != len(outcome.nodes) or not all(d.exists() for d in dirs):
+            return outcome
+        try:
+            d = analyze_paths(dirs, force=False).to_dict()
+        except MoeHangError:
+            return outcome
+        return replace(outcome, nodes=[_rediagnosed(n, dict(d)) for n in outcome.nodes])
     source = outcome.argv[-1] if case.mode == "analyze" and outcome.argv else outcome.out_dir
-    if outcome.nodes or not source or not Path(source).exists():
+    if not source or not Path(source).exists():
         return outcome
     try:
         d = analyze_paths([Path(source)], force=False).to_dict()
     except MoeHangError:
         return outcome
+    return _rediagnosed(outcome, d)
+
+
+def _rediagnosed(outcome: CaseResult, d: dict[str, Any]) -> CaseResult:
     old = outcome.diagnosis or {}
     for key in ("detected", "timings", "job_exit_code", "command"):
         if key in old:
