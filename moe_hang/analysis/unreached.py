@@ -90,8 +90,16 @@ def waiting_on_unreached(f: Facts) -> Conclusion:
         them = (sorted(_members(f, pg) & set(un.ranks)) if pg != "?" else []) or sorted(un.ranks)
         parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} in {where} for {who(them)} "
                      f"{_where(them, un)}")
-    text = "; ".join(parts) + ": run moe-hang there, or `moe-hang analyze` both captures"
     where = _where(sorted(un.ranks), un)
+    if un.not_given:
+        text = "; ".join(parts) + ": `moe-hang analyze` their node's capture with this one"
+        return Conclusion(
+            Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
+            text[:1].upper() + text[1:],
+            Advice(f"Nothing here is to blame: the ranks wait for others whose capture is not "
+                   f"among those given. Analyze the run directory {where} with this one (or "
+                   "the run directory of the node that analysed: it keeps every node's)."))
+    text = "; ".join(parts) + ": run moe-hang there, or `moe-hang analyze` both captures"
     return Conclusion(
         Verdict.HANG, [], CulpritBasis.NONE, Certainty.UNCERTAIN, text[:1].upper() + text[1:],
         Advice(f"Nothing here is to blame: the ranks wait for others whose watcher did not "
@@ -120,7 +128,7 @@ def failed_elsewhere(f: Facts) -> Conclusion:
                + (f" with communication errors ({why})" if why else "")
                + f", and {'it raised no' if len(failed) == 1 else 'none of them raised an'} "
                f"error of its own; {who(un.ranks)} {where} {agree(un.ranks, 'is', 'are')} "
-               f"unknown (no answer from the watcher{'' if one else 's'} there): the cause is "
+               f"unknown ({_unknown_why(un, one)}): the cause is "
                f"there (a rank that raised, died or was killed) or between the nodes.")
     at = where.replace("on ", "at ", 1)
     return Conclusion(
@@ -138,8 +146,9 @@ def unreached_reports(un: Unreached | None, have: set[int]) -> list[RankReport]:
     out = []
     for r in sorted(set(un.ranks) - have):
         node = str(r // un.local_world) if un.local_world else "?"
+        why = "not in the captures given" if un.not_given else "no watcher answered"
         out.append(RankReport(rank=r, host=un.hosts.get(node), state=RankState.UNKNOWN,
-                              note=f"node {node}: no watcher answered"))
+                              note=f"node {node}: {why}"))
     return out
 
 
@@ -149,4 +158,13 @@ def unreached_line(un: Unreached | None) -> list[str]:
         return []
     where = (_where(un.ranks, un).replace("on ", "of ", 1) if un.local_world
              else "of their nodes")
+    if un.not_given:
+        return [f"{who(un.ranks)} unknown: the capture {where} is not among those given"]
     return [f"{who(un.ranks)} unknown: no answer from the watcher {where}"]
+
+
+def _unknown_why(un: Unreached, one: bool) -> str:
+    if un.not_given:
+        return f"not in the captures given: {'its' if one else 'their'} run director" \
+            + ("y" if one else "ies") + " elsewhere"
+    return f"no answer from the watcher{'' if one else 's'} there"

@@ -325,6 +325,8 @@ def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None =
         ev = dumped
     elif dumped is not None:
         ev = postmortem.merge(ev, dumped)
+    elif (unknown := _other_nodes(captures, ev)) is not None:
+        ev.unreached = unknown
     ev.artifacts = ", ".join(str(p) for p in paths)
     if ras:
         if (why := other_job(ev, ras)) is not None and not force:
@@ -333,6 +335,29 @@ def analyze_paths(paths: list[Path], *, force: bool, ras: list[RasPoll] | None =
     source.complete(ev)
     with gc_paused(freeze=False):
         return diagnose(ev)
+
+
+def _other_nodes(captures: list[Path], ev: Evidence) -> Unreached | None:
+    """The ranks of a multi-node watch's other nodes, where the captures given are not all of
+    the job's: unknown, never blamed (as in the watch's own round for a node that did not
+    answer), and the hosts its verdict names, to say where they are."""
+    hosts: dict[str, str] = {}
+    for c in captures:
+        try:
+            v = json.loads(RunLayout(c).coord_verdict.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(v, dict) and isinstance(v.get("hosts"), dict):
+            hosts.update({str(k): str(h) for k, h in v["hosts"].items()})
+    if not hosts:
+        return None  # not a multi-node watch's
+    w = ev.world_size
+    missing = sorted(set(range(w)) - set(ev.ranks)) if w else []
+    if not missing:
+        return None
+    lw = next((e.heartbeat.local_world for e in ev.ranks.values()
+               if e.heartbeat is not None and e.heartbeat.local_world), None)
+    return Unreached(missing, local_world=lw, hosts=hosts, not_given=True)
 
 
 def _problems_line(problems: list[postmortem.Problem], most: int = 4) -> str:

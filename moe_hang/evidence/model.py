@@ -225,6 +225,9 @@ class Unreached:
     ranks: list[int]
     local_world: int | None = None
     hosts: dict[str, str] = field(default_factory=dict)
+    # their nodes' captures exist but were not given (``analyze`` of one node's run
+    # directory of a multi-node watch): the same unknown, for another reason
+    not_given: bool = False
 
 
 @dataclass

@@ -214,3 +214,29 @@ def test_an_earlier_attempts_failure_report_is_not_this_process_exit(tmp_path: P
     # one attempt: the report's pid may be a wrapper's (torchrun runs a shell script)
     layout.rank(1).heartbeat.write_text(json.dumps({"rank": 1, "pid": 222, "world": 2}))
     assert load_capture(layout.root).ranks[1].exit_code == -9
+
+
+def test_analyze_of_one_nodes_directory_leaves_the_other_nodes_ranks_unknown(
+        tmp_path: Path) -> None:
+    """One node's run directory of a multi-node watch, alone: the ranks of the world it does
+    not hold are unknown — their capture is elsewhere, never "absent", never blamed — and
+    the sentence says why (not "no watcher answered": every watcher did)."""
+    from moe_hang.commands.diagnose import analyze_paths
+
+    layout = _node(tmp_path, 5)  # ranks 2, 3 of a world of 4
+    layout.processes.write_text(json.dumps({"world_size": 4, "job": "stalled",
+                                            "ranks": {"2": {"alive": True},
+                                                      "3": {"alive": True}}}))
+    for r in (2, 3):
+        layout.rank(r).heartbeat.write_text(json.dumps(
+            {"rank": r, "pid": 10 + r, "world": 4, "local_world": 2, "time": 1.0}))
+    layout.coord_dir.mkdir()
+    layout.coord_verdict.write_text(json.dumps({"request": "r1",
+                                                "hosts": {"0": "vm-a", "1": "vm-b"}}))
+    d = analyze_paths([layout.root], force=False).to_dict()
+    unknown = {r["rank"]: r for r in d["ranks"] if r["state"] == "unknown"
+               and r.get("note") in ("node 0: not in the captures given",
+                                     "node 1: not in the captures given")}
+    assert sorted(unknown) == [0, 1] and not set(d["culprit_ranks"]) & {0, 1}
+    assert unknown[0]["note"] == "node 0: not in the captures given"
+    assert "no watcher answered" not in json.dumps(d)
