@@ -162,25 +162,31 @@ def rank_condition(src: SourceFacts, path: str, line: int) -> str | None:
     return lf.rank_condition if lf is not None else None
 
 
-def path_condition_site(src: SourceFacts, frames: list[Frame]) -> Frame | None:
-    """Where the condition :func:`path_condition` finds is: the line of its ``if`` (None:
-    none, or a capture from before that line was recorded)."""
+def _condition_frame(src: SourceFacts, frames: list[Frame]
+                     ) -> tuple[Frame, LineFacts] | None:
+    """The outermost user frame on a call path (frames innermost first, as py-spy and the
+    recorder give them) whose line runs under a rank condition, with its facts: the ``if
+    rank == 0:`` around the call, not one inside the callee."""
     for f in reversed(frames):
         if not is_library_frame(f) and (lf := src.line(f.file, f.line)) is not None \
                 and lf.rank_condition is not None:
-            return Frame(f.file, lf.rank_condition_line, f.function) \
-                if lf.rank_condition_line is not None else None
+            return f, lf
     return None
 
 
 def path_condition(src: SourceFacts, frames: list[Frame]) -> str | None:
-    """The rank condition on a call path (frames innermost first, as py-spy and the recorder
-    give them), outermost user frame first: the ``if rank == 0:`` around the call, not one
-    inside the callee."""
-    for f in reversed(frames):
-        if not is_library_frame(f) and (c := rank_condition(src, f.file, f.line)) is not None:
-            return c
-    return None
+    """The rank condition on a call path (:func:`_condition_frame`); else None."""
+    got = _condition_frame(src, frames)
+    return got[1].rank_condition if got is not None else None
+
+
+def path_condition_site(src: SourceFacts, frames: list[Frame]) -> Frame | None:
+    """Where the condition :func:`path_condition` finds is: the line of its ``if`` (None:
+    none, or a capture from before that line was recorded)."""
+    got = _condition_frame(src, frames)
+    if got is None or (line := got[1].rank_condition_line) is None:
+        return None
+    return Frame(got[0].file, line, got[0].function)
 
 
 def _excludes(e: ast.expr) -> bool:

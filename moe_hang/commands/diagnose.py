@@ -351,8 +351,9 @@ def _other_nodes(captures: list[Path], ev: Evidence) -> Unreached | None:
             hosts.update({str(k): str(h) for k, h in v["hosts"].items()})
     if not hosts:
         return None  # not a multi-node watch's
-    w = ev.world_size
-    missing = sorted(set(range(w)) - set(ev.ranks)) if w else []
+    from moe_hang.commands.multinode import unreached_ranks
+
+    missing = unreached_ranks(ev.world_size, ev.ranks)
     if not missing:
         return None
     lw = next((e.heartbeat.local_world for e in ev.ranks.values()
