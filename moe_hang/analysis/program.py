@@ -29,18 +29,28 @@ from moe_hang.evidence.stacks import is_library_frame
 Key = tuple[object, ...]
 
 
-def user_path(c: Collective) -> tuple[tuple[str, int], ...]:
+UserPath = tuple[tuple[str, int], ...]
+
+
+def user_path(c: Collective, memo: dict[int, UserPath] | None = None) -> UserPath:
     """The user frames that posted ``c``, outermost first (the probe's step name where the
-    collective came from its posting log)."""
+    collective came from its posting log). ``memo``: paths by frame list, for a caller that
+    holds every collective it asks about (the loader shares one list between the entries
+    posted from one stack: a few dozen distinct lists under thousands of entries)."""
     if c.source == "probe" and c.name:
         return (("probe", hash(c.name)),)
     if not c.frames:
         return ()
+    if memo is not None:
+        hit = memo.get(id(c.frames))
+        if hit is None:
+            hit = memo[id(c.frames)] = user_path(c)
+        return hit
     return tuple((f.file, f.line) for f in reversed(c.frames) if not is_library_frame(f))
 
 
-def fine_key(c: Collective) -> Key | None:
-    path = user_path(c)
+def fine_key(c: Collective, memo: dict[int, UserPath] | None = None) -> Key | None:
+    path = user_path(c, memo)
     if c.tag:
         return (c.op, group_kind(c), "tag", c.tag)
     return (c.op, group_kind(c), path) if path else None
@@ -64,9 +74,9 @@ def coarse_key(c: Collective) -> Key:
 Keys = tuple[Key | None, Key, Key]  # fine_key, coarse_key, signature
 
 
-def keys_of(c: Collective) -> Keys:
+def keys_of(c: Collective, memo: dict[int, UserPath] | None = None) -> Keys:
     sig = signature(c)
-    return fine_key(c), (group_kind(c), *sig), sig
+    return fine_key(c, memo), (group_kind(c), *sig), sig
 
 
 @dataclass
@@ -133,9 +143,9 @@ class Program:
             self.seen_after[k] += 1
         return True
 
-    def learn_period(self, run: list[Collective]) -> None:
+    def learn_period(self, run: list[Collective], keys: list[Keys] | None = None) -> None:
         """Keep the longest consecutive agreed run of a group, and the smallest period its
-        last two periods repeat with."""
+        last two periods repeat with. ``keys``: as for :meth:`learn`."""
         if not run:
             return
         pg = run[0].pg
@@ -150,17 +160,19 @@ class Program:
         kept = len(self.runs.get(pg, ()))
         if len(tail) < kept:
             return
-        paths = sum(map(bool, map(fine_key, tail)))
+        fine = [k[0] for k in keys[len(run) - len(tail):]] if keys is not None \
+            else list(map(fine_key, tail))
+        paths = sum(map(bool, fine))
         if (len(tail), paths) <= (kept, self.run_paths.get(pg, 0)):
             return
         self.runs[pg] = tail
         self.run_paths[pg] = paths
-        keys = [same_key(c) for c in tail]
-        n = len(keys)
+        same = [same_key(c) for c in tail]
+        n = len(same)
         for p in range(1, n // 2 + 1):
             # every period but the first one or two (a warm-up) repeats the next exactly
             start = n - max(2, n // p - 1) * p
-            if all(keys[i] == keys[i + p] for i in range(max(0, start), n - p)):
+            if all(same[i] == same[i + p] for i in range(max(0, start), n - p)):
                 self.periods[pg] = p
                 return
         self.periods.pop(pg, None)
@@ -320,19 +332,21 @@ def learn(views: RankViews, bounds: dict[str, int | None]) -> Program:
     # each collective's keys once: a rank's collectives are learned within their group and
     # again across groups (at 8192 ranks the keys were half the time of the whole analysis)
     memo: dict[int, Keys] = {}
+    paths: dict[int, UserPath] = {}  # every collective asked about lives as long as this call
 
     get = memo.get
 
     def keyed(run: list[Collective]) -> list[Keys]:
         out = [get(id(c)) for c in run]
         if None in out:
-            out = [k if k is not None else memo.setdefault(id(c), keys_of(c))
+            out = [k if k is not None else memo.setdefault(id(c), keys_of(c, paths))
                    for c, k in zip(run, out, strict=True)]
         return cast(list[Keys], out)
 
     for run in agreed_runs(views, bounds):
-        p.learn(run, keyed(run))
-        p.learn_period(run)
+        ks = keyed(run)
+        p.learn(run, ks)
+        p.learn_period(run, ks)
     for r in views:  # across groups, in the order each thread of a rank posted them
         for order in views.thread_orders(r):
             agreed = [c for c in order if c.completed is not False

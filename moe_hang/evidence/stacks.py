@@ -259,14 +259,19 @@ _TOOL_FILES = ("moe_hang/probe/", "moe_hang/probe.py", "moe_hang/_probe_site/")
 
 def is_tool_frame(f: Frame) -> bool:
     """A frame of moe-hang's own probe, inside a rank."""
-    return any(t in f.file.replace("\\", "/") for t in _TOOL_FILES)
+    return _is_tool_path(f.file.replace("\\", "/"))
+
+
+def _is_tool_path(p: str) -> bool:
+    return "moe_hang/" in p and any(t in p for t in _TOOL_FILES)
 
 
 def is_library_frame(f: Frame) -> bool:
-    p = f.file.replace("\\", "/")
-    return ("/torch/" in p or p.startswith("torch/") or p.endswith("typing_extensions.py")
-            or p.startswith("<frozen") or p.endswith(("/runpy.py", "/threading.py"))
-            or is_tool_frame(f))
+    # asked of every frame of every recorded entry: one pass of plain string tests
+    p = f.file.replace("\\", "/") if "\\" in f.file else f.file
+    return ("/torch/" in p or p.startswith(("torch/", "<frozen"))
+            or p.endswith(("typing_extensions.py", "/runpy.py", "/threading.py"))
+            or _is_tool_path(p))
 
 
 # Python's own library: .../lib/python3.11/ctypes/__init__.py, not what pip installed beside it

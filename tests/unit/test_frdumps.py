@@ -67,6 +67,40 @@ def test_pickle_and_json_of_one_dump_give_the_same_records():
     assert a.pg_status == b.pg_status
 
 
+def test_equal_stacks_of_a_load_share_one_frame_list_and_odd_frames_still_parse():
+    from moe_hang.evidence.flight_recorder.parse import parse_dump
+    from moe_hang.evidence.flight_recorder.parse_entry import RankLists
+
+    def frames(line: int) -> list[dict]:  # a new object every time, as JSON decodes them
+        return [{"name": "all_reduce", "filename": "/x/torch/distributed/c10d.py", "line": 9},
+                {"name": "step", "filename": "/job/train.py", "line": line}]
+
+    def dump(lines: list[int], odd: object = None) -> dict:
+        entries = [{"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"],
+                    "is_p2p": False, "collective_seq_id": i + 1,
+                    "profiling_name": "gloo:all_reduce",
+                    "input_sizes": [[4]], "output_sizes": [[4]], "input_dtypes": ["Float"],
+                    "state": "completed", "frames": frames(line)}
+                   for i, line in enumerate(lines)]
+        if odd is not None:
+            entries[-1]["frames"] = odd
+        return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg",
+                                                        "ranks": "[0, 1]"}},
+                "entries": entries}
+
+    lists = RankLists()
+    a = parse_dump(dump([12, 14, 12]), lists=lists)
+    b = parse_dump(dump([12, 14], odd=[{"filename": ["?"], "line": 3, "name": "f"}]),
+                   lists=lists)
+    assert [c.frames[1].line for c in a.entries] == [12, 14, 12]
+    assert a.entries[0].frames is a.entries[2].frames is b.entries[0].frames
+    assert a.entries[1].frames is not a.entries[0].frames
+    assert b.entries[1].frames[0].file == "['?']"  # unhashable: parsed on its own
+    alone = parse_dump(dump([12]))  # no shared table: its own
+    assert alone.entries[0].frames == a.entries[0].frames
+    assert alone.entries[0].frames is not a.entries[0].frames
+
+
 def test_gloo_pg_status_is_read_in_sequence_numbers_not_op_counts():
     # rank 0 did send, batch isend/irecv between its collectives: gloo's pg_status counts
     # those ops (enqueued 6) though the barrier it waits in is collective 3

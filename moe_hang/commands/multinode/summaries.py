@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,9 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary],
     ranks added."""
     added: list[int] = []
     lists = RankLists()  # every node's dumps name the same groups
+    written = _write_captures(summaries, into, ev.world_size)
     for node, s in sorted(summaries.items()):
-        part = _capture_of(node, s, into, ev, lists)
+        part = _capture_of(node, written.get(node), ev, lists)
         if part is None:
             added += _from_heartbeats(ev, s)
             continue
@@ -68,13 +70,29 @@ def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary],
     return sorted(added)
 
 
-def _capture_of(node: str, s: NodeSummary, into: Path | None, ev: Evidence,
+def _write_captures(summaries: Mapping[str, NodeSummary], into: Path | None,
+                    world: int | None) -> dict[str, RunLayout | None]:
+    """Each node's capture written out under ``into`` (``into/<node>/``), by node; a node
+    that sent none is absent. In threads: at 128 nodes that is some 2,000 files, and each
+    waits on the disk (a file's open is most of its cost here), not on Python."""
+    todo = {node: (dest, s.capture) for node, s in summaries.items()
+            if into is not None and s.capture
+            and (dest := bundle.node_dir(into, node)) is not None}
+    if not todo:
+        return {}
+
+    def write(node: str) -> tuple[str, RunLayout | None]:
+        dest, data = todo[node]
+        return node, bundle.unpack(data, dest, world)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+        return dict(pool.map(write, sorted(todo)))
+
+
+def _capture_of(node: str, layout: RunLayout | None, ev: Evidence,
                 lists: RankLists) -> Evidence | None:
-    """Node ``node``'s capture, written out under ``into`` and read; None where it sent none
-    or it cannot be read (its files are another node's input: never the end of the round,
-    and said)."""
-    dest = bundle.node_dir(into, node) if into is not None and s.capture else None
-    layout = bundle.unpack(s.capture, dest, ev.world_size) if dest is not None else None
+    """Node ``node``'s capture as written out, read; None where it sent none or it cannot be
+    read (its files are another node's input: never the end of the round, and said)."""
     if layout is None:
         return None
     try:

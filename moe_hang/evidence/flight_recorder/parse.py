@@ -163,7 +163,8 @@ def parse_dump(data: dict[str, Any], *, context: int | None = None,
         raise DumpError("'entries' is not a list")
     backend = detect_backend(data, raw_entries)
     gloo = backend == "gloo"
-    pg_ranks, descs = _pg_ranks(data, lists or RankLists())
+    lists = lists or RankLists()
+    pg_ranks, descs = _pg_ranks(data, lists)
     status_raw = data.get("pg_status")
     status_raw = status_raw if isinstance(status_raw, dict) else {}
     sel = _select(raw_entries, gloo, status_raw, context)
@@ -178,7 +179,7 @@ def parse_dump(data: dict[str, Any], *, context: int | None = None,
     keep = sel.keep
 
     # Pass 2: records for what was kept, oldest first
-    frames = _Frames()
+    frames = _Frames(lists.stacks)
     colls: list[Collective] = []
     p2ps: list[P2PEntry] = []
     batch_open: list[P2PEntry] = []

@@ -72,14 +72,18 @@ def _pg_of(e: dict[str, Any]) -> tuple[str, str]:
 
 
 class RankLists:
-    """Group member lists of one load (a file, or a worker's chunk of files): each distinct
-    list parsed once and shared, immutable. At 8192 ranks every dump repeats the same 48 KB
-    world list: each load makes a new string object whose full hash would cost more than the
-    compare, so strings are keyed by (length, head, tail) and compared in full only there."""
+    """What the dumps of one load (a file, a worker's chunk of files, a job's nodes) repeat,
+    parsed once and shared, immutable: group member lists and recorded stacks. At 8192 ranks
+    every dump repeats the same 48 KB world list: each load makes a new string object whose
+    full hash would cost more than the compare, so strings are keyed by (length, head, tail)
+    and compared in full only there. A stack is keyed by its content (a JSON dump decodes
+    every entry's frames anew), so the entries of every rank that posted from one line share
+    one frame list — what the analysis reads once per distinct list."""
 
     def __init__(self) -> None:
         self._by_text: dict[tuple[int, str, str], list[tuple[str, tuple[int, ...]]]] = {}
         self._digests: dict[tuple[int, ...], str] = {}
+        self.stacks: dict[tuple[Any, ...], list[Frame]] = {}
 
     def parse(self, v: Any) -> tuple[int, ...]:
         if not isinstance(v, str):
@@ -142,12 +146,15 @@ def _p2p_locals(profiling_name: str) -> tuple[int | None, int | None]:
 
 class _Frames:
     """Frames converted once per distinct recorded stack (the pickle shares frame dicts, and
-    often the list, between entries), and op names once per distinct name (a few dozen in
-    a dump of millions of entries) — for one dump's parse, never kept beyond it."""
+    often the list, between entries; by content across the load's dumps, ``shared``), and op
+    names once per distinct name (a few dozen in a dump of millions of entries). The
+    identity memo is for one dump's parse, never kept beyond it (an id is only unique while
+    its object lives)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: dict[tuple[Any, ...], list[Frame]] | None = None) -> None:
         self._by_id: dict[tuple[int, ...], list[Frame]] = {}
         self._ops: dict[str, str] = {}
+        self._shared = shared if shared is not None else {}
 
     def op(self, profiling_name: str) -> str:
         hit = self._ops.get(profiling_name)
@@ -161,7 +168,17 @@ class _Frames:
         key = tuple(map(id, raw))
         hit = self._by_id.get(key)
         if hit is None:
-            hit = self._by_id[key] = parse_probe_frames(raw)
+            hit = self._by_id[key] = self._by_content(raw)
+        return hit
+
+    def _by_content(self, raw: list[Any]) -> list[Frame]:
+        try:
+            key = tuple([tuple(f.items()) if isinstance(f, dict) else tuple(f) for f in raw])
+            hit = self._shared.get(key)
+        except TypeError:  # a frame of an unhashable shape: parsed on its own
+            return parse_probe_frames(raw)
+        if hit is None:
+            hit = self._shared[key] = parse_probe_frames(raw)
         return hit
 
 
