@@ -250,6 +250,9 @@ def advise_order(s: Situation) -> Advice:
     loop = _loop_left(s, culprit)
     if loop is not None:
         return _advise_loop_left(s, loop)
+    loop = _loop_left(s, culprit, stayed=True)
+    if loop is not None:
+        return _advise_loop_stayed(s, loop, now, missed)
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell
@@ -347,10 +350,26 @@ def _advise_loop_left(s: Situation, loop: str) -> Advice:
                   "skip an update, never an iteration's collectives.")
 
 
-def _loop_left(s: Situation, culprit: int) -> str | None:
+def _advise_loop_stayed(s: Situation, loop: str, now: str, missed: str) -> Advice:
+    """The culprits are inside a loop the others have left (``loop``: its ``file:line``):
+    at that seq they posted the loop's collective where the others (and, by history, their
+    own earlier passes) posted the one after it. One more pass, or the one after it skipped
+    and the next pass begun: the collectives of the two are the same; a live rank's loop
+    counters tell them apart."""
+    earlier = " and its own earlier passes" * (s.basis == CulpritBasis.HISTORY)
+    return Advice(f"{who(s.culprits).capitalize()} posted at {now} (inside the loop at "
+                  f"{loop}) where {who(s.waiting())}{earlier} posted {missed}, after the "
+                  f"loop: {agree(s.culprits, 'it', 'they')} ran the loop more times (a count "
+                  "from a rank's own data: micro-batches, samples) or skipped that "
+                  "collective. Give every rank the same count (all-reduce it with MAX "
+                  "first, pad), and never skip a collective on one rank; a live rank's "
+                  "loop counters (`moe-hang diagnose`) tell which.")
+
+
+def _loop_left(s: Situation, culprit: int, stayed: bool = False) -> str | None:
     """``file:line`` of the loop the culprit left and every waiting rank is still in: at the
     deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
-    comes after."""
+    comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
     mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
     found: set[str] = set()
     for r in s.waiting():
@@ -360,7 +379,8 @@ def _loop_left(s: Situation, culprit: int) -> str | None:
             if (a.file, a.function) != (b.file, b.function):
                 return None
             if a.line != b.line:
-                loop = left_loop(s.src, a.file, a.line, b.line)
+                ahead, behind = (b.line, a.line) if stayed else (a.line, b.line)
+                loop = left_loop(s.src, a.file, ahead, behind)
                 at = f"{short_path(a.file)}:{loop}" if loop else None
                 break
         if at is None:

@@ -56,6 +56,24 @@ def fine_key(c: Collective, memo: dict[int, UserPath] | None = None) -> Key | No
     return (c.op, group_kind(c), path) if path else None
 
 
+def _warmed_up(keys: list[Key], p: int) -> bool:
+    """A warm-up longer than a period, then a step of ``p`` repeated: the stretch that
+    repeats with ``p`` holds at least three steps (every position seen again twice), is
+    longer than what came before it (DDP's first steps post its broadcasts and the bucket
+    rebuild: two steps of three collectives), and repeats with no shorter period (four
+    equal collectives at the end of one step are no step of two)."""
+    n = len(keys)
+    start = n - p
+    while start > 0 and keys[start - 1] == keys[start - 1 + p]:
+        start -= 1
+    stretch = keys[start:]
+    if len(stretch) < 3 * p or len(stretch) <= start:
+        return False
+    return not any(p % q == 0 and all(stretch[i] == stretch[i + q]
+                                      for i in range(len(stretch) - q))
+                   for q in range(1, p))
+
+
 def signature(c: Collective) -> Key:
     """What must be equal for two ranks' entries of one collective to pair: op, sizes (where
     every member holds the same), dtypes."""
@@ -170,9 +188,10 @@ class Program:
         same = [same_key(c) for c in tail]
         n = len(same)
         for p in range(1, n // 2 + 1):
-            # every period but the first one or two (a warm-up) repeats the next exactly
+            # every period but the first (a warm-up) repeats the next exactly
             start = n - max(2, n // p - 1) * p
-            if all(same[i] == same[i + p] for i in range(max(0, start), n - p)):
+            if all(same[i] == same[i + p] for i in range(max(0, start), n - p)) \
+                    or _warmed_up(same, p):
                 self.periods[pg] = p
                 return
         self.periods.pop(pg, None)

@@ -618,6 +618,16 @@ CASES: tuple[Case, ...] = (
               "backward (an earlier line); its gradient bucket pairs with the other's loss "
               "and gloo aborts the other. Line order across iterations would blame the "
               "other rank; every earlier step's order (bucket, then loss) names rank C"),
+    Case("ddp_microbatch_count", "ddp_microbatch_count.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "backward", "divergence"), at(others(C, 2), "loss", "divergence")),
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + POST_TOO,
+         fix_require=("same count",), basis=frozenset({"history"}),
+         note="written for the occasion: rank C runs a third micro-batch at step 3 (its own "
+              "packing); its bucket all-reduce meets the other's loss all-reduce. Every "
+              "earlier step (DDP's warm-up of two steps' length, then bucket, bucket, loss) "
+              "names rank C; the stacks cannot tell one more pass from a skipped loss, so "
+              "the advice names both"),
     Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "reduce"), at(others(C, 2), "gather")),

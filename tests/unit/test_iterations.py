@@ -72,6 +72,28 @@ def _rank(r: int, job: Path, inside: bool, epoch: int) -> RankEvidence:
     return RankEvidence(rank=r, alive=True, progressed=False, threads=threads)
 
 
+def _periods(ops: list[str]) -> dict[str, int]:
+    run = [_c(s, op) for s, op in enumerate(ops, start=1)]
+    p = Program()
+    p.learn(run)
+    p.learn_period(run)
+    return p.periods
+
+
+def test_a_warm_up_of_two_steps_then_three_steps_gives_the_step():
+    """DDP: the parameter broadcasts, the first backward's bucket, the bucket rebuild, then
+    (bucket, bucket, loss) a step: the warm-up is two steps long, the steps after it three
+    and a bit — the step is known. Was: no period (one step of warm-up only), and the rank
+    that ran one more micro-batch was not the one named."""
+    b, loss = "all_reduce", "all_gather"  # two collectives that differ, as bucket and loss
+    warm = ["broadcast", "barrier", "broadcast", b, "barrier", "broadcast"]
+    assert _periods([*warm, b, loss, b, b, loss, b, b, loss, b, b]) == {"0": 3}
+    # a stretch no longer than what came before it is no step yet
+    assert _periods([*warm, b, loss, b, b, loss, b]) == {}
+    # four equal collectives that end one step of an FSDP job: no step of one or two
+    assert _periods(["all_gather"] * 4 + ["reduce_scatter"] * 4) == {}
+
+
 @pytest.mark.parametrize("early", [0, 1])
 def test_stacks_alone_the_loop_counter_says_who_left_the_epoch_early(tmp_path, early):
     """One epoch: the rank in the barrier left train_epoch early. A lap apart (the barrier
