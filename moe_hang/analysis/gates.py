@@ -8,7 +8,7 @@ that is the branch the culprit took and the others did not. Pure."""
 from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
-from moe_hang.analysis.source import gates, rank_condition
+from moe_hang.analysis.source import gates, loop_step, rank_condition
 from moe_hang.evidence.source import Gate
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import who
@@ -30,20 +30,39 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
     if common is None:
         return []
     depth, fm, fp = common
-    if fp.line >= fm.line or any(
-            (f.file, f.function) == (fm.file, fm.function) and fp.line < f.line < fm.line
-            for f in now):
-        return []
+    here = [f.line for f in now if (f.file, f.function) == (fm.file, fm.function)]
+    lap = None
+    if fp.line < fm.line:
+        since = fp.line
+        if any(fp.line < n < fm.line for n in here):
+            return []
+    else:
+        # its last agreed collective was at this line or a later one, a lap of a loop
+        # holding both before: the way round is from the loop's top down to the line
+        lap = loop_step(s.src, fm.file, fp.line, fm.line)
+        if lap is None or any(lap.line < n < fm.line or fp.line < n <= lap.end
+                              for n in here):
+            return []
+        since = lap.line
     if any(rank_condition(s.src, f.file, f.line) is not None for f in mine[:depth + 1]):
         return []
-    out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > fp.line]
+    out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > since]
     for f in mine[:depth]:
         out += [(f, g) for g in gates(s.src, f.file, f.line)]
+    if lap is not None and out:
+        # fewer laps of the loop is the other way past it (where the lap holds no gate,
+        # the loop's own advice says so)
+        out.append((fm, Gate(lap.line, lap.end, lap.header or "the loop", LAPS)))
     return out
+
+
+LAPS = "laps"  # a pseudo-gate: fewer laps of the loop (``test``: its header)
 
 
 def _code(g: Gate) -> str:
     """Gate ``g`` as the source spells it."""
+    if g.how == LAPS:
+        return f"fewer laps of `{g.test}:`"
     if g.how == "if":
         return f"`if {g.test}:` around it"
     if g.how == "else":

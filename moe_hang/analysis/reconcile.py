@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from moe_hang.analysis.align import members
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
-from moe_hang.evidence.model import SizeAbort
+from moe_hang.evidence.model import RankEvidence, SizeAbort
 from moe_hang.evidence.stacks import Frame, callsite
 from moe_hang.evidence.vocab import RankState
 
@@ -62,6 +62,13 @@ def _then(counts: dict[str, int], later: list[tuple[str, int]],
         yield from later
 
 
+def _stale(ev: RankEvidence) -> bool:
+    """Its records may end before it did: a recorder the probe saved a while before, with no
+    posted log kept to its end (an abort's last gasp writes the log's end: every collective
+    it posted is there)."""
+    return ev.fr_saved and ev.log_end is None
+
+
 def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
     """Place each rank that died inside a collective at the collective all its evidence
     agrees on (mutating its view); returns what could not be reconciled."""
@@ -72,8 +79,9 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             continue
         # (unless they are a save older than its death: a collective pending then has
         # completed since, if its peers went past it)
+        stale = _stale(v.ev)
         if v.current is not None and v.current.completed is False and v.current.op == op \
-                and not v.ev.fr_saved and _same_line(
+                and not stale and _same_line(
                 callsite(v.current.frames) if v.current.frames else site, site):
             continue  # its own records already say where it was
         counts = dict(v.tl.completed)
@@ -93,9 +101,9 @@ def reconcile(views: RankViews, abort: SizeAbort | None) -> list[Disagreement]:
             # its count is a lower bound (a beat may lag the rank's last steps): the first
             # collective from there on that its stack's op and line agree with. Its own
             # records speak for themselves — unless they are a save older than its death
-            # (fr_saved): then it went past the last one it saved, which it completed
+            # (stale): then it went past the last one it saved, which it completed
             own = v.tl.by_pg.get(pg, {})
-            if own and v.ev.fr_saved:
+            if own and stale:
                 done = max(done, max(own))
             last = max((s for pv in views.values() for s in pv.tl.by_pg.get(pg, {})),
                        default=done)

@@ -628,6 +628,15 @@ CASES: tuple[Case, ...] = (
               "earlier step (DDP's warm-up of two steps' length, then bucket, bucket, loss) "
               "names rank C; the stacks cannot tell one more pass from a skipped loss, so "
               "the advice names both"),
+    Case("grad_none_skip", "grad_none_skip.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "loss", "divergence"), at(others(C, 2), "grad_allreduce", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("left the loop",),
+         fix_require=("p.grad is not None",), basis=frozenset({"history"}),
+         note="written for the occasion: rank C's expert 2 gets no token at step 3, so its "
+              "two gradients are None and their async all-reduces are skipped; equal sizes "
+              "pair silently until the loss all-reduce. The gate inside the loop (and fewer "
+              "laps) are the ways past a collective of one line skipped on a later lap"),
     Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "reduce"), at(others(C, 2), "gather")),
