@@ -14,7 +14,8 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
 )
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
-from moe_hang.analysis.gates import advise_gate, gates_passed
+from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
+from moe_hang.analysis.loops import advise_loop_left, advise_loop_stayed, at, loop_left, stayed
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -25,7 +26,6 @@ from moe_hang.analysis.situation import (
 from moe_hang.analysis.source import (
     enclosing_loop,
     excludes_ranks,
-    left_loop,
     on_default_group,
     path_condition,
     path_condition_site,
@@ -33,7 +33,7 @@ from moe_hang.analysis.source import (
     taken_only_by,
 )
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
+from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -201,10 +201,10 @@ def advise_order(s: Situation) -> Advice:
                 "for expert in experts:  # every expert, every step, on every rank\n"
                 "    y = y.index_add(0, idx, expert(x[idx]))  # idx may be empty")
         if s.culprits and not fsdp_unshard(s.frames.get(s.culprits[0], [])) \
-                and (left := _loop_left(s, s.culprits[0])) is not None:
+                and (left := loop_left(s, s.culprits[0])) is not None:
             # not a module skipped inside the forward: the culprit is out of the loop
             # that calls it (an iteration cut short by `continue`, or fewer of them)
-            return _advise_loop_left(s, left)
+            return advise_loop_left(s, at(left))
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; "
             f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
@@ -247,12 +247,14 @@ def advise_order(s: Situation) -> Advice:
                       f"{_side(s, s.waiting(), missed, bool(missed_at), 'theirs')}: every rank "
                       "must post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
-    loop = _loop_left(s, culprit)
-    if loop is not None:
-        return _advise_loop_left(s, loop)
-    loop = _loop_left(s, culprit, stayed=True)
-    if loop is not None:
-        return _advise_loop_stayed(s, loop, now, missed)
+    if (out := loop_left(s, culprit)) is not None:
+        return advise_loop_left(s, at(out))
+    if (inside := stayed(s)) is not None:
+        return advise_loop_stayed(s, at(inside), now, missed)
+    if now_at is not None and missed_at is not None and s.basis == CulpritBasis.HISTORY \
+            and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
+        # its collective broke what every step posted, inside a branch the others' is not
+        return advise_gate_taken(s, culprit, now_at, missed_at, g)
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell
@@ -335,58 +337,6 @@ def _advise_branch(s: Situation, cond: str, cond_at: Frame | None) -> Advice:
                   f"not take, and {agree(s.culprits, 'waits', 'wait')} there at {now} "
                   f"while {others}: " + _ONE_ORDER, site=cond_at,
                   site_why=f"the branch {who(s.culprits)} took")
-
-
-def _advise_loop_left(s: Situation, loop: str) -> Advice:
-    """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
-    missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
-    missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
-    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
-                  f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
-                  f"({missed}): the ranks ran different numbers of iterations, or "
-                  f"{who(s.culprits)} cut one short before its collectives (a `continue` "
-                  "or `break` on a rank's own data). Give each the same count: equal data "
-                  "shards (DistributedSampler), or all-reduce the count with MIN first; "
-                  "skip an update, never an iteration's collectives.")
-
-
-def _advise_loop_stayed(s: Situation, loop: str, now: str, missed: str) -> Advice:
-    """The culprits are inside a loop the others have left (``loop``: its ``file:line``):
-    at that seq they posted the loop's collective where the others (and, by history, their
-    own earlier passes) posted the one after it. One more pass, or the one after it skipped
-    and the next pass begun: the collectives of the two are the same; a live rank's loop
-    counters tell them apart."""
-    earlier = " and its own earlier passes" * (s.basis == CulpritBasis.HISTORY)
-    return Advice(f"{who(s.culprits).capitalize()} posted at {now} (inside the loop at "
-                  f"{loop}) where {who(s.waiting())}{earlier} posted {missed}, after the "
-                  f"loop: {agree(s.culprits, 'it', 'they')} ran the loop more times (a count "
-                  "from a rank's own data: micro-batches, samples) or skipped that "
-                  "collective. Give every rank the same count (all-reduce it with MAX "
-                  "first, pad), and never skip a collective on one rank; a live rank's "
-                  "loop counters (`moe-hang diagnose`) tell which.")
-
-
-def _loop_left(s: Situation, culprit: int, stayed: bool = False) -> str | None:
-    """``file:line`` of the loop the culprit left and every waiting rank is still in: at the
-    deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
-    comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
-    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
-    found: set[str] = set()
-    for r in s.waiting():
-        theirs = [f for f in reversed(s.frames.get(r, [])) if not is_library_frame(f)]
-        at = None
-        for a, b in zip(mine, theirs, strict=False):
-            if (a.file, a.function) != (b.file, b.function):
-                return None
-            if a.line != b.line:
-                ahead, behind = (b.line, a.line) if stayed else (a.line, b.line)
-                loop = left_loop(s.src, a.file, ahead, behind)
-                at = f"{short_path(a.file)}:{loop}" if loop else None
-                break
-        if at is None:
-            return None
-        found.add(at)
-    return found.pop() if len(found) == 1 else None
 
 
 # what each mismatch kind advises (a row per kind of analysis.mismatch.KINDS)

@@ -94,3 +94,30 @@ def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Fra
         f"{head}: the source shows {len(found)} ways past it ({ways}), and {me} took one "
         f"that {others} did not {last}. Post it on every rank whatever the data, or decide "
         "those branches alike on every rank.")
+
+
+def gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame) -> Gate | None:
+    """The ``if`` (or its ``else``) the culprit's own collective sits in and the others'
+    does not, in the function both were posted from: where the culprit's collective is the
+    extra, the branch its data took (``if overflow(g): all_reduce(flag)``). None where a
+    rank condition decides it (that advice says it) or the source shows none."""
+    if (now.file, now.function) != (missed.file, missed.function) \
+            or rank_condition(s.src, now.file, now.line) is not None:
+        return None
+    theirs = set(gates(s.src, missed.file, missed.line))
+    return next((g for g in gates(s.src, now.file, now.line)
+                 if g.how in ("if", "else") and g not in theirs), None)
+
+
+def advise_gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame, g: Gate
+                      ) -> Advice:
+    me, others = who([culprit]), who(s.waiting())
+    branch = f"`if {g.test}:`" if g.how == "if" else f"the `else` of `if {g.test}:`"
+    held = "held" if g.how == "if" else "failed"
+    return Advice(
+        f"{me.capitalize()} posted at {at_line(now)}, in {branch} "
+        f"({short_path(now.file)}:{g.line}), where {others} posted {at_line(missed)}: the "
+        f"test {held} on {me} alone (its own data). Decide it alike on every rank "
+        "(all-reduce what it tests first), or post that collective on every rank whatever "
+        "the data.", site=Frame(now.file, g.line, now.function),
+        site_why=f"the branch {me} took")

@@ -61,13 +61,21 @@ def _warmed_up(keys: list[Key], p: int) -> bool:
     repeats with ``p`` holds at least three steps (every position seen again twice), is
     longer than what came before it (DDP's first steps post its broadcasts and the bucket
     rebuild: two steps of three collectives), and repeats with no shorter period (four
-    equal collectives at the end of one step are no step of two)."""
+    equal collectives at the end of one step are no step of two). What came before holds
+    no whole pass of the step (a warm-up is not a step): a loop whose count changes from
+    step to step (micro-batches, experts that got tokens) repeats one collective, or one
+    pair, for a while — that is no step, and neither is one collective repeated."""
     n = len(keys)
+    if p < 2:
+        return False
     start = n - p
     while start > 0 and keys[start - 1] == keys[start - 1 + p]:
         start -= 1
     stretch = keys[start:]
     if len(stretch) < 3 * p or len(stretch) <= start:
+        return False
+    step = stretch[:p]
+    if any(keys[i:i + p] == step[k:] + step[:k] for k in range(p) for i in range(start)):
         return False
     return not any(p % q == 0 and all(stretch[i] == stretch[i + q]
                                       for i in range(len(stretch) - q))

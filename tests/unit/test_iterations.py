@@ -94,6 +94,47 @@ def test_a_warm_up_of_two_steps_then_three_steps_gives_the_step():
     assert _periods(["all_gather"] * 4 + ["reduce_scatter"] * 4) == {}
 
 
+def _two_ranks(ops: list[tuple[str, int, int]], last: tuple[tuple[str, int, int], ...]
+               ) -> Evidence:
+    """Two ranks that agreed on ``ops`` (op, size, line) and then posted ``last[r]``."""
+    torch_file = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+    def rank(r: int) -> RankEvidence:
+        entries = [Collective(pg="0", seq=s, op=op, input_sizes=[[n]], dtypes=["Float"],
+                              record_id=s, time_created_ns=1000 * s, completed=True)
+                   for s, (op, n, _line) in enumerate([*ops, last[r]], start=1)]
+        entries[-1].completed = False
+        fr = FRDump(entries=entries, pg_status={"0": PgStatus(enqueued=len(entries),
+                                                              completed=len(entries) - 1)})
+        op, _n, line = last[r]
+        frames = [Frame(torch_file, 9, op), Frame("/nowhere/train.py", line, "loop")]
+        return RankEvidence(rank=r, alive=True, progressed=False, fr=fr,
+                            threads=[ThreadStack("MainThread", frames, is_main=True)])
+
+    return Evidence(ranks={0: rank(0), 1: rank(1)}, world_size=2, job=JobState.STALLED)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_loop_whose_count_changes_from_step_to_step_is_no_step(extra):
+    """Two micro-batches at step 1, eleven (agreed) at step 2, then one rank a twelfth
+    where the other posts the loss: eleven equal collectives after a warm-up are no step of
+    one, and an MoE step whose expert loop ran (B, C) twice and then five times is no step
+    of two — neither says which rank ran one more pass. Found by a review: the warm-up
+    rule took them for steps and blamed the rank that left the loop, in either role."""
+    bc, bar, b, loss = ("broadcast", 4, 5), ("barrier", 1, 6), ("all_reduce", 1089, 18), \
+        ("all_reduce", 1, 21)
+    ddp = [bc, bar, bc, b, bar, bc, b, b, loss] + [b] * 11
+    last = (b, loss) if extra == 0 else (loss, b)
+    d = diagnose(captured(_two_ranks(ddp, last)))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis) == ("desync", [0, 1], "ambiguous")
+    x, a, bb, c, dd = ("broadcast", 4, 3), ("all_reduce", 1, 10), ("all_gather", 64, 12), \
+        ("reduce_scatter", 32, 13), ("all_reduce", 1089, 15)
+    moe = [x, a, bb, c, bb, c, dd, a] + [bb, c] * 5
+    last = (bb, dd) if extra == 0 else (dd, bb)
+    d = diagnose(captured(_two_ranks(moe, last)))
+    assert (d.verdict, d.culprit_ranks, d.culprit_basis) == ("desync", [0, 1], "ambiguous")
+
+
 @pytest.mark.parametrize("early", [0, 1])
 def test_stacks_alone_the_loop_counter_says_who_left_the_epoch_early(tmp_path, early):
     """One epoch: the rank in the barrier left train_epoch early. A lap apart (the barrier

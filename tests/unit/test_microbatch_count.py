@@ -27,4 +27,4 @@ def test_the_rank_that_ran_the_loop_once_more_is_named_and_both_readings_are_sai
     assert lines == {str(heavy): 18, str(1 - heavy): 21}
     fix = d["fix"]
     assert "(inside the loop at /tmp/trial/microbatch.py:15)" in fix and "same count" in fix, fix
-    assert "its own earlier passes" in fix and "too:" not in fix, fix
+    assert f"(as rank {heavy} itself did in every earlier step)" in fix and "too:" not in fix, fix

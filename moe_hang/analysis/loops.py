@@ -1,0 +1,89 @@
+"""The loops the ranks are at (docs/DESIGN.md §8, advice): a culprit past a loop the others
+are still in (they ran different numbers of passes, or it cut one short), or still inside
+one the others have left (one more pass, or the collective after it skipped) — pure."""
+
+from __future__ import annotations
+
+from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.situation import Advice, Situation, at_line, collective_of_ranks
+from moe_hang.analysis.source import gates, left_loop
+from moe_hang.evidence.stacks import callsite, is_library_frame, short_path
+from moe_hang.evidence.vocab import agree, who
+
+
+def advise_loop_left(s: Situation, loop: str) -> Advice:
+    """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
+    missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
+    missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
+    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
+                  f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
+                  f"({missed}): the ranks ran different numbers of iterations, or "
+                  f"{who(s.culprits)} cut one short before its collectives (a `continue` "
+                  "or `break` on a rank's own data). Give each the same count: equal data "
+                  "shards (DistributedSampler), or all-reduce the count with MIN first; "
+                  "skip an update, never an iteration's collectives.")
+
+
+def advise_loop_stayed(s: Situation, loop: str, now: str, missed: str) -> Advice:
+    """The culprits are inside a loop the others have left (``loop``: its ``file:line``):
+    at that seq they posted the loop's collective where the others (and, by history, they
+    themselves in every earlier step) posted the one after it. One more pass, or the one
+    after it skipped and the next pass begun: the collectives of the two are the same; a
+    live rank's loop counters tell them apart."""
+    earlier = (f" (as {who(s.culprits)} {agree(s.culprits, 'itself', 'themselves')} did "
+               "in every earlier step)") * (s.basis == CulpritBasis.HISTORY)
+    return Advice(f"{who(s.culprits).capitalize()} posted at {now} (inside the loop at "
+                  f"{loop}) where {who(s.waiting())} posted {missed}, after the loop"
+                  f"{earlier}: {agree(s.culprits, 'it', 'they')} ran the loop more times (a "
+                  "count from a rank's own data: micro-batches, samples) or skipped that "
+                  "collective. Give every rank the same count (all-reduce it with MAX "
+                  "first, pad), and never skip a collective on one rank; a live rank's "
+                  "loop counters (`moe-hang diagnose`) tell which.")
+
+
+def stayed(s: Situation) -> tuple[str, int] | None:
+    """The loop every culprit is still in, at one line it posts from on every pass, that
+    every waiting rank has left for one line after it; None otherwise. A line under a gate
+    inside the loop (``if overflow: all_reduce(flag)``), or one the culprit's collective
+    before did not come from, is no pass of the loop: an extra, not one more pass."""
+    loops = {loop_left(s, c, stayed=True) for c in s.culprits}
+    sites = {s.site(c) for c in s.culprits}
+    waited = {s.site(r) for r in s.waiting()}
+    if len(loops) != 1 or len(sites) != 1 or len(waited) != 1 or None in loops | sites | waited:
+        return None
+    loop, at = loops.pop(), sites.pop()
+    if loop is None or at is None or any(g.line > loop[1] for g in gates(s.src, at.file,
+                                                                         at.line)):
+        return None
+    for c in s.culprits:
+        prev = callsite(s.before[c]) if s.before.get(c) else None
+        if prev is not None and (prev.file, prev.line) != (at.file, at.line):
+            return None
+    return loop
+
+
+def at(loop: tuple[str, int]) -> str:
+    return f"{short_path(loop[0])}:{loop[1]}"
+
+
+def loop_left(s: Situation, culprit: int, stayed: bool = False) -> tuple[str, int] | None:
+    """The loop (file, line) the culprit left and every waiting rank is still in: at the
+    deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
+    comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
+    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
+    found: set[tuple[str, int]] = set()
+    for r in s.waiting():
+        theirs = [f for f in reversed(s.frames.get(r, [])) if not is_library_frame(f)]
+        at = None
+        for a, b in zip(mine, theirs, strict=False):
+            if (a.file, a.function) != (b.file, b.function):
+                return None
+            if a.line != b.line:
+                ahead, behind = (b.line, a.line) if stayed else (a.line, b.line)
+                loop = left_loop(s.src, a.file, ahead, behind)
+                at = (a.file, loop) if loop else None
+                break
+        if at is None:
+            return None
+        found.add(at)
+    return found.pop() if len(found) == 1 else None
