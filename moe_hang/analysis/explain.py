@@ -41,6 +41,7 @@ KIND_PHRASE = {
 WAITS = "\0waits"  # stands for WAIT_ONE / WAIT_MANY until the ranks are known
 WAIT_ONE = "waits on a collective it posted earlier (which one: its Flight Recorder)"
 WAIT_MANY = "wait on collectives they posted earlier (which ones: their Flight Recorders)"
+WAIT_IN = "a wait on a collective posted earlier (which one: the Flight Recorder)"
 
 
 def fmt_sizes(c: RankCollective | Collective | None) -> str:
@@ -207,7 +208,9 @@ def waits_text(f: Facts, reports: dict[int, RankReport]) -> str:
     # ranks in the same collective together: on 1000 ranks, one clause per kind of wait
     by_what: dict[str, list[int]] = {}
     for r in victims:
-        by_what.setdefault(fmt_sizes(reports[r].collective), []).append(r)
+        c = reports[r].collective
+        what = WAIT_IN if c is not None and c.op == "unknown" else fmt_sizes(c)
+        by_what.setdefault(what, []).append(r)
     return ", ".join(f"{who(rs)} in {what}" for what, rs in by_what.items())
 
 

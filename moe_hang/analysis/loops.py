@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.situation import Advice, Situation, at_line, collective_of_ranks
-from moe_hang.analysis.source import gates, left_loop
-from moe_hang.evidence.stacks import callsite, is_library_frame, short_path
+from moe_hang.analysis.source import common_loop, gates, in_loop, left_loop
+from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -70,19 +71,32 @@ def loop_left(s: Situation, culprit: int, stayed: bool = False) -> tuple[str, in
     """The loop (file, line) the culprit left and every waiting rank is still in: at the
     deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
     comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
-    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
+    return loop_between(s.src, s.frames.get(culprit, []),
+                        [s.frames.get(r, []) for r in s.waiting()], stayed=stayed)
+
+
+def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]], *,
+                 stayed: bool = False, for_good: bool = False) -> tuple[str, int] | None:
+    """:func:`loop_left` of stacks (innermost first). ``for_good``: and no loop holds both
+    lines, at that frame or around a frame they share — a rank past the loop then never
+    comes round to it again (an epoch loop around it would bring it back)."""
+    ours = [f for f in reversed(mine) if not is_library_frame(f)]
     found: set[tuple[str, int]] = set()
-    for r in s.waiting():
-        theirs = [f for f in reversed(s.frames.get(r, [])) if not is_library_frame(f)]
+    for stack in theirs:
+        other = [f for f in reversed(stack) if not is_library_frame(f)]
         at = None
-        for a, b in zip(mine, theirs, strict=False):
+        for a, b in zip(ours, other, strict=False):
             if (a.file, a.function) != (b.file, b.function):
                 return None
             if a.line != b.line:
                 ahead, behind = (b.line, a.line) if stayed else (a.line, b.line)
-                loop = left_loop(s.src, a.file, ahead, behind)
+                loop = left_loop(src, a.file, ahead, behind)
+                if loop and for_good and common_loop(src, a.file, a.line, b.line) is not None:
+                    return None
                 at = (a.file, loop) if loop else None
                 break
+            if for_good and in_loop(src, a.file, a.line):
+                return None  # a frame both share runs again: they may meet there
         if at is None:
             return None
         found.add(at)

@@ -7,10 +7,18 @@ from __future__ import annotations
 from moe_hang.analysis.activity import Motion
 from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, RankReport, Verdict, pg_label
+from moe_hang.analysis.diagnosis import (
+    Certainty,
+    CulpritBasis,
+    Divergence,
+    RankReport,
+    Verdict,
+    pg_label,
+)
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.loops import at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Helper, idle_in_backward
 from moe_hang.evidence.vocab import RankState, agree, spans, who
@@ -42,6 +50,9 @@ def stalled_outside(f: Facts) -> Conclusion:
     site = f.views[culprits[0]].site
     if all(recorder_only(f.views[r].ev) for r in culprits):
         return outside_recorded(f, culprits, w, div)
+    left = _left_for_good(f, culprits)
+    if left is not None:
+        return _left_loop(f, culprits, left, div)
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     back = [r for r in f.waiting if r not in culprits and idle_in_backward(f.views[r].stack)]
     if back and not w:
@@ -63,6 +74,41 @@ def stalled_outside(f: Facts) -> Conclusion:
                       Advice(f"{look}: until it reaches the collective the others wait in, they "
                              "wait (slow I/O or a checkpoint resolves by itself; a stuck data "
                              "loader does not)."),
+                      div)
+
+
+def _left_for_good(f: Facts, culprits: list[int]) -> tuple[str, int] | None:
+    """The loop every culprit has left, for good (no loop around both brings it back), while
+    every rank waiting for it is still inside."""
+    waiters = [r for r in f.waiting if r not in culprits]
+    if not waiters:
+        return None
+    loops = {loop_between(f.views.source, f.views[c].stack.frames,
+                          [f.views[r].stack.frames for r in waiters], for_good=True)
+             for c in culprits}
+    return loops.pop() if len(loops) == 1 else None
+
+
+def _left_loop(f: Facts, culprits: list[int], loop: tuple[str, int],
+               div: Divergence | None) -> Conclusion:
+    """Ranks outside any collective past a loop the others still wait in: they will not
+    post that loop's collectives again, so the wait is theirs — they posted fewer of them
+    (a skipped one, or fewer passes)."""
+    where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    waiting = [r for r in f.waiting if r not in culprits]
+    sites = sorted({site_str(f.views[r].site) for r in waiting})
+    them = agree(culprits, "it", "them")
+    summary = (f"{who(culprits).capitalize()} left the loop at {at(loop)} and "
+               f"{agree(culprits, 'is', 'are')} outside any collective ({where}), while "
+               f"{who(waiting)}, still inside it, {agree(waiting, 'waits', 'wait')} for "
+               f"{them} at {', '.join(sites)}: nothing brings {them} back to that loop.")
+    return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
+                      summary,
+                      Advice(f"{who(culprits).capitalize()} posted fewer of the loop's "
+                             f"collectives than {who(waiting)}: it skipped one (an `if`, "
+                             "`continue` or `break` on a rank's own data) or ran fewer "
+                             "passes. Post every collective of a pass on every rank, and give "
+                             "each rank the same number of passes."),
                       div)
 
 
