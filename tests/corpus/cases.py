@@ -279,6 +279,14 @@ CASES: tuple[Case, ...] = (
          note="stacks alone: the other rank's main thread is at `work.wait()`, no collective "
               "call; the source links the handle to the all-reduce that posted it (its line "
               "is the rank's), under a branch that leaves rank C out"),
+    Case("async_skip_then_eval_attach", "async_skip_then_eval.py", 2, STALLED,
+         mode="diagnose", marks=1, env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "eval"), at(others(C, 2), "wait")),
+         fix_forbid=NOT_A_COLLECTIVE_BUG + TRANSPORT_ADVICE, fix_require=("fewer of the loop",),
+         basis=frozenset({"program_order"}),
+         note="written for the occasion: stacks alone, no recorder; rank C skipped one async "
+              "all-reduce and idles after the loop at module level, the other waits inside "
+              "it: nothing brings rank C back to the loop"),
     Case("async_wait_skip", "async_wait_skip.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "barrier"), at(others(C, 2), "post")),
