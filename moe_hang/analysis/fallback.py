@@ -49,9 +49,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # collective as much as one still computing
     elsewhere = [*elsewhere, *(r for r in waiting if r not in ops)]
     if len(set(ops.values())) > 1:
+        # by op and line: one op at two lines is two collectives (a subgroup's all-reduce
+        # and the world's after it), whoever else posts another op
         camps: dict[object, list[int]] = {}
         for r, op in sorted(ops.items()):
-            camps.setdefault(op, []).append(r)
+            cs = views[r].stack.callsite
+            camps.setdefault((op, (cs.file, cs.line) if cs is not None else None),
+                             []).append(r)
         kind = MismatchKind.OP
     else:
         camps = {}
