@@ -113,9 +113,7 @@ def run_node(host: str, port: int, run: str, node: int, args: argparse.Namespace
             t0 = time.monotonic()
             ev = Evidence(ranks={}, world_size=world, job=JobState.DESYNC)
             with tempfile.TemporaryDirectory() as nodes:  # each node's capture, as a watch
-                w = args.load_workers[0]
-                multinode.merge_remote(ev, sums, into=Path(nodes),
-                                       workers=None if w == "auto" else int(w))
+                multinode.merge_remote(ev, sums, into=Path(nodes))
                 if unknown := multinode.unreached_ranks(world, ev.ranks):
                     ev.unreached = Unreached(unknown, local_world=args.ranks_per_node)
                 diag = diagnose(ev)
@@ -205,8 +203,7 @@ def one_run(i: int, host: str, port: int, args: argparse.Namespace) -> dict[str,
                    str(args.capture_s), "--interval", str(args.interval), "--poll-s",
                    str(args.poll_s), "--stagger-s", str(args.stagger_s),
                    *(["--shared-dir", args.shared_dir] if args.shared_dir else []),
-                   "--entries", str(args.entries), *(["--basic"] if args.basic else []),
-                   "--load-workers", args.load_workers[0]]
+                   "--entries", str(args.entries), *(["--basic"] if args.basic else [])]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True,
                                           env=env, start_new_session=True))
         opened = open_channel(host, port, run, args, 60.0)
@@ -298,9 +295,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entries", type=int, default=16,
                    help="recorder entries per rank in each node's capture (the probe's ring "
                         "keeps 256; 16: what the benchmark simulated before)")
-    p.add_argument("--load-workers", nargs="+", default=["auto"], metavar="N",
-                   help="processes the analysing node reads the captures with (auto: as many "
-                        "as pay); several: each run once with each, side by side")
     p.add_argument("--quick", action="store_true", help="32 nodes, 2 runs")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     return p
@@ -333,46 +327,37 @@ def main() -> int:
           + (f"directory {args.shared_dir}, " if args.shared_dir
              else f"TCPStore 127.0.0.1:{server.port}, ") +
           f"capture {args.capture_s} s, {os.cpu_count()} CPUs")
-    by: dict[str, list[dict[str, Any]]] = {w: [] for w in args.load_workers}
+    runs = []
     for i in range(args.runs):
-        for w in args.load_workers:  # interleaved: the machine's drift hits each alike
-            r = one_run(i, "127.0.0.1", server.port, argparse.Namespace(
-                **{**vars(args), "load_workers": [w]}))
-            by[w].append(r)
-            print(f"  run {i}, load workers {w}: verdict on every node "
-                  f"{r['verdict_everywhere_s']:.3f} s (same everywhere: "
-                  f"{r['same_verdict_everywhere']}, culprit found: {r['culprit_found']} "
-                  f"({r['verdict']}), record {r['verdict_record_bytes']} B, diagnosis "
-                  f"{r['verdict_body_bytes']} B, global set {r['global_set_bytes']} B)")
-    ok, target = True, True
-    data: dict[str, dict[str, Any]] = {}
-    for w, runs in by.items():
-        cols = [(k, label) for k, label in COLUMNS if all(r.get(k) is not None for r in runs)]
-        med = {k: statistics.median(r[k] for r in runs) for k, _ in cols}
-        print(f"\nload workers {w}:")
-        print(f"{'from the capture request to':<38} {'median':>8} {'min':>8} {'max':>8}")
-        for k, label in cols:
-            vals = [r[k] for r in runs]
-            print(f"{label:<38} {med[k]:>7.3f}s {min(vals):>7.3f}s {max(vals):>7.3f}s")
-        ok = ok and all(r["same_verdict_everywhere"] and r["global_set_complete"]
-                        and r["culprit_found"] for r in runs)
-        target = target and med["verdict_everywhere_s"] < 5.0
-        data[w] = {"median": med, "runs": runs}
-    last = data[args.load_workers[-1]]["median"]["verdict_everywhere_s"]
-    print(f"\ntarget < 5 s: {'met' if target else 'MISSED'} ({last:.3f} s, load workers "
-          f"{args.load_workers[-1]}); every node the same verdict and the whole global set in "
-          f"every run: {ok}")
+        r = one_run(i, "127.0.0.1", server.port, args)
+        runs.append(r)
+        print(f"  run {i}: verdict on every node {r['verdict_everywhere_s']:.3f} s "
+              f"(same everywhere: {r['same_verdict_everywhere']}, culprit found: "
+              f"{r['culprit_found']} ({r['verdict']}), record {r['verdict_record_bytes']} B, "
+              f"diagnosis {r['verdict_body_bytes']} B, global set "
+              f"{r['global_set_bytes']} B)")
+    cols = [(k, label) for k, label in COLUMNS if all(r.get(k) is not None for r in runs)]
+    med = {k: statistics.median(r[k] for r in runs) for k, _ in cols}
+    print()
+    print(f"{'from the capture request to':<38} {'median':>8} {'min':>8} {'max':>8}")
+    for k, label in cols:
+        vals = [r[k] for r in runs]
+        print(f"{label:<38} {med[k]:>7.3f}s {min(vals):>7.3f}s {max(vals):>7.3f}s")
+    ok = all(r["same_verdict_everywhere"] and r["global_set_complete"] and r["culprit_found"]
+             for r in runs)
+    target = med["verdict_everywhere_s"] < 5.0
+    print(f"\ntarget < 5 s: {'met' if target else 'MISSED'} "
+          f"({med['verdict_everywhere_s']:.3f} s); every node the same verdict and the whole "
+          f"global set in every run: {ok}")
     if args.json:
-        out = {"channel": "dir" if args.shared_dir else "store",
-               "analysis": "basic" if args.basic else "engine",
-               "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": ranks,
-               "procs": args.procs, "capture_s": args.capture_s, "cpus": os.cpu_count(),
-               "entries": args.entries, "by_load_workers": data,
-               "median": data[args.load_workers[-1]]["median"],
-               "runs": data[args.load_workers[-1]]["runs"], "target_s": 5.0,
-               "target_met": target, "consistent": ok}
+        data = {"channel": "dir" if args.shared_dir else "store",
+                "analysis": "basic" if args.basic else "engine",
+                "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": ranks,
+                "procs": args.procs, "capture_s": args.capture_s, "cpus": os.cpu_count(),
+                "median": med, "runs": runs, "target_s": 5.0, "target_met": target,
+                "consistent": ok}
         tmp = Path(args.json + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1))
+        tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, args.json)
     del server
     return 0 if ok and target else 1

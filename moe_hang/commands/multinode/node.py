@@ -251,7 +251,7 @@ class Node(NodeChannel):
         # this round's captures only: one of an earlier round is not what this verdict says
         shutil.rmtree(self.layout.coord_nodes, ignore_errors=True)
         merge_remote(ev, {n: s for n, s in summaries.items() if n != self.node},
-                     into=self.layout.coord_nodes, settings=self.timings)
+                     into=self.layout.coord_nodes)
         if self.layout.coord_nodes.is_dir():
             rundir.write_json(self.layout.coord_nodes_round, {"request": req.id if req else None})
         co = self.co

@@ -12,15 +12,14 @@ from typing import Any
 
 from moe_hang.capture import bundle
 from moe_hang.evidence.flight_recorder import DEFAULT_PG
-from moe_hang.evidence.load import merge_into, rank_numbers
-from moe_hang.evidence.load_many import load_captures
+from moe_hang.evidence.flight_recorder.parse_entry import RankLists
+from moe_hang.evidence.load import load_capture, merge_into, rank_numbers
 from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.probe_records import Heartbeat
 from moe_hang.evidence.vocab import RankState
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import coord
 from moe_hang.runtime.coord import NodeSummary
-from moe_hang.settings import Settings
 
 
 def raw_heartbeats(layout: RunLayout) -> dict[int, dict[str, Any]]:
@@ -47,27 +46,18 @@ def capture_summary(layout: RunLayout, node: str, host: str | None, *,
 
 
 def merge_remote(ev: Evidence, summaries: Mapping[str, NodeSummary],
-                 into: Path | None = None, settings: Settings = Settings(),
-                 workers: int | None = None) -> list[int]:
+                 into: Path | None = None) -> list[int]:
     """The ranks of other nodes as evidence beside this node's own (a rank with evidence of
     its own is kept): a node's capture, written out under ``into`` (``into/<node>/``) and read
     as this node's own; a node's heartbeats only, where it sent no capture (a periodic
     summary: ``diagnose`` of a job watched elsewhere, a node whose job finished). Returns the
-    ranks added. ``workers``: processes that read the captures (None: as many as pay)."""
+    ranks added."""
     added: list[int] = []
-    written = {n: lay for n, lay in _write_captures(summaries, into, ev.world_size).items()
-               if lay is not None}
-    nodes = sorted(written)
-    parts = dict(zip(nodes, load_captures([written[n].root for n in nodes],
-                                          world=ev.world_size, job=ev.job,
-                                          workers=workers, settings=settings), strict=True))
+    lists = RankLists()  # every node's dumps name the same groups
+    written = _write_captures(summaries, into, ev.world_size)
     for node, s in sorted(summaries.items()):
-        part = parts.get(node)
-        if isinstance(part, str):
-            # its files are another node's input: never the end of the round, and said
-            ev.log_lines.append(f"node {node}: its capture is unreadable here ({part}): its "
-                                "ranks from their heartbeats only")
-        if not isinstance(part, Evidence):
+        part = _capture_of(node, written.get(node), ev, lists)
+        if part is None:
             added += _from_heartbeats(ev, s)
             continue
         # the ranks the node beats for (its summary's): a node speaks for its own ranks only
@@ -97,6 +87,20 @@ def _write_captures(summaries: Mapping[str, NodeSummary], into: Path | None,
 
     with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
         return dict(pool.map(write, sorted(todo)))
+
+
+def _capture_of(node: str, layout: RunLayout | None, ev: Evidence,
+                lists: RankLists) -> Evidence | None:
+    """Node ``node``'s capture as written out, read; None where it sent none or it cannot be
+    read (its files are another node's input: never the end of the round, and said)."""
+    if layout is None:
+        return None
+    try:
+        return load_capture(layout.root, world=ev.world_size, job=ev.job, lists=lists)
+    except Exception as exc:
+        ev.log_lines.append(f"node {node}: its capture is unreadable here "
+                            f"({type(exc).__name__}): its ranks from their heartbeats only")
+        return None
 
 
 def _from_heartbeats(ev: Evidence, s: NodeSummary) -> list[int]:
