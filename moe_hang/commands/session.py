@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -134,6 +135,7 @@ def diagnose_capture(layout: RunLayout, outcome: WatchEvent, alive: dict[int, bo
         # watched by sampling: the counters of the last window (analysis/activity.py)
         rec.activity = outcome.activity.get(r) if alive.get(r) else None
         table.ranks[r] = rec
+    table.captured_at = time.time()
     rundir.write_json(layout.processes, table.to_dict())
     ev = load_capture(layout.root, world=world, job=outcome.kind.job, log_text=log_text)
     ev.held, ev.unreached = held, unreached

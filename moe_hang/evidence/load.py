@@ -222,7 +222,12 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     for r, ev in loaded.items():
         if ev.error is not None and ev.error.restart is not None and ev.error.restart < attempt:
             earlier[r], ev.error = ev.error, None
+    late = _after_capture(loaded, table.captured_at)
     for r in loaded:
+        if r in late and _same_error(late[r], tracebacks.get(r)):
+            tracebacks.pop(r)
+        if r in late and r in log_errors and log_errors[r].startswith(late[r].type):
+            log_errors.pop(r)
         if r in earlier and _same_error(earlier[r], tracebacks.get(r)):
             tracebacks.pop(r)
         if r in earlier and r in log_errors and log_errors[r].startswith(earlier[r].type):
@@ -239,7 +244,9 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
             ev.activity = info.activity
             if info.note and info.alive:  # what the capture saw of it (its busy helpers)
                 ev.notes.append(info.note)
-        if r in failures and ev.exit_code is None and (
+        # (the capture saw it alive: the report of its end came after, when the job ended)
+        alive_then = table.captured_at is not None and info is not None and info.alive
+        if r in failures and ev.exit_code is None and not alive_then and (
                 not attempt or ev.pid in (None, failures[r][1])):
             # (after a restart, a report of an earlier attempt's process is not this one's;
             # in one attempt the report's pid may be a wrapper's: a shell script's)
@@ -265,6 +272,22 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     attach_run_ras(out, layout.root)  # NCCL RAS polls taken at capture, if any
     out.source = read_source(layout)
     return out
+
+
+def _after_capture(loaded: dict[int, RankEvidence], at: float | None) -> dict[int, RankError]:
+    """The exceptions the ranks recorded after the capture was made (taken off them, with a
+    note): the job's end that followed raised them (the tool ending it, a peer gone), not
+    the hang — the verdict was made without them, and ``analyze`` of the directory later
+    must say what it said."""
+    late: dict[int, RankError] = {}
+    if at is None:
+        return late
+    for r, ev in loaded.items():
+        if ev.error is not None and ev.error.time is not None and ev.error.time > at:
+            late[r], ev.error = ev.error, None
+            ev.notes.append(f"raised {late[r].type} after the capture (as the job ended): "
+                            "not evidence of the hang")
+    return late
 
 
 def read_source(layout: RunLayout) -> SourceFacts | None:

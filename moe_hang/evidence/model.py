@@ -123,6 +123,9 @@ class ProcessTable:
     probe_errors: dict[int, str] = field(default_factory=dict)
     # watch found the ranks running without its probe and watched them by sampling
     sampled: bool = False
+    # when the capture was made (wall clock, this host's): a rank's exception recorded later
+    # was raised by the job's end that followed (the tool ending it), not by the hang
+    captured_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"world_size": self.world_size, "job": self.job,
@@ -139,6 +142,8 @@ class ProcessTable:
             d["probe_errors"] = {str(r): e for r, e in sorted(self.probe_errors.items())}
         if self.sampled:
             d["sampled"] = True
+        if self.captured_at is not None:
+            d["captured_at"] = self.captured_at
         return d
 
     @classmethod
@@ -166,7 +171,12 @@ class ProcessTable:
                    notes=[str(n) for n in data.get("notes") or []], orphans=orphans,
                    probe_errors={int(k): str(v) for k, v in errs.items()
                                  if as_int(k) is not None} if isinstance(errs, dict) else {},
-                   sampled=data.get("sampled") is True)
+                   sampled=data.get("sampled") is True,
+                   captured_at=_time(data.get("captured_at")))
+
+
+def _time(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 @dataclass

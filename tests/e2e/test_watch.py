@@ -63,6 +63,9 @@ def test_skipped_collective(tmp_path):
     assert d["timeline"]["highlight"] == fd["seq"]
     assert (out / "diagnosis.json").exists() and (out / "console.log").exists()
     assert (out / "ranks" / "rank0.fr.pkl").exists()
+    # the moment of the capture, before the job was ended (what came after is not evidence)
+    table = json.loads((out / "processes.json").read_text())
+    assert table["captured_at"] <= (out / "diagnosis.json").stat().st_mtime
 
 
 def test_ragged_dtensor_gather_aborts_gloo(tmp_path):
