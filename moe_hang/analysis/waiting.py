@@ -105,7 +105,8 @@ def _left_loop(f: Facts, culprits: list[int], loop: tuple[str, int],
     return Conclusion(Verdict.HANG, culprits, CulpritBasis.PROGRAM_ORDER, Certainty.LIKELY,
                       summary,
                       Advice(f"{who(culprits).capitalize()} posted fewer of the loop's "
-                             f"collectives than {who(waiting)}: it skipped one (an `if`, "
+                             f"collectives than {who(waiting)}: "
+                             f"{agree(culprits, 'it', 'they')} skipped one (an `if`, "
                              "`continue` or `break` on a rank's own data) or ran fewer "
                              "passes. Post every collective of a pass on every rank, and give "
                              "each rank the same number of passes."),
