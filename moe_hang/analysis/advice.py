@@ -252,6 +252,7 @@ def advise_order(s: Situation) -> Advice:
     if (inside := stayed(s)) is not None:
         return advise_loop_stayed(s, at(inside), now, missed)
     if now_at is not None and missed_at is not None and s.basis == CulpritBasis.HISTORY \
+            and len(s.culprits) == 1 \
             and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
         # its collective broke what every step posted, inside a branch the others' is not
         return advise_gate_taken(s, culprit, now_at, missed_at, g)
