@@ -15,7 +15,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
 from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
-from moe_hang.analysis.loops import advise_loop_left, advise_loop_stayed, at, loop_left, stayed
+from moe_hang.analysis.loops import advise_loop_left, advise_loop_stayed, loop_left, stayed
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -204,7 +204,7 @@ def advise_order(s: Situation) -> Advice:
                 and (left := loop_left(s, s.culprits[0])) is not None:
             # not a module skipped inside the forward: the culprit is out of the loop
             # that calls it (an iteration cut short by `continue`, or fewer of them)
-            return advise_loop_left(s, at(left))
+            return advise_loop_left(s, left)
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; "
             f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
@@ -248,9 +248,9 @@ def advise_order(s: Situation) -> Advice:
                       "must post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     if (out := loop_left(s, culprit)) is not None:
-        return advise_loop_left(s, at(out))
+        return advise_loop_left(s, out)
     if (inside := stayed(s)) is not None:
-        return advise_loop_stayed(s, at(inside), now, missed)
+        return advise_loop_stayed(s, inside, now, missed)
     if now_at is not None and missed_at is not None and s.basis == CulpritBasis.HISTORY \
             and len(s.culprits) == 1 \
             and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:

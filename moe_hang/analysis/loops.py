@@ -12,11 +12,11 @@ from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_pa
 from moe_hang.evidence.vocab import agree, who
 
 
-def advise_loop_left(s: Situation, loop: str) -> Advice:
+def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
-    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop} while "
+    return Advice(f"{who(s.culprits).capitalize()} left the loop at {at(loop)} while "
                   f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
                   f"({missed}): the ranks ran different numbers of iterations, or "
                   f"{who(s.culprits)} cut one short before its collectives (a `continue` "
@@ -25,7 +25,7 @@ def advise_loop_left(s: Situation, loop: str) -> Advice:
                   "skip an update, never an iteration's collectives.")
 
 
-def advise_loop_stayed(s: Situation, loop: str, now: str, missed: str) -> Advice:
+def advise_loop_stayed(s: Situation, loop: Frame, now: str, missed: str) -> Advice:
     """The culprits are inside a loop the others have left (``loop``: its ``file:line``):
     at that seq they posted the loop's collective where the others (and, by history, they
     themselves in every earlier step) posted the one after it. One more pass, or the one
@@ -34,15 +34,16 @@ def advise_loop_stayed(s: Situation, loop: str, now: str, missed: str) -> Advice
     earlier = (f" (as {who(s.culprits)} {agree(s.culprits, 'itself', 'themselves')} did "
                "in every earlier step)") * (s.basis == CulpritBasis.HISTORY)
     return Advice(f"{who(s.culprits).capitalize()} posted at {now} (inside the loop at "
-                  f"{loop}) where {who(s.waiting())} posted {missed}, after the loop"
+                  f"{at(loop)}) where {who(s.waiting())} posted {missed}, after the loop"
                   f"{earlier}: {agree(s.culprits, 'it', 'they')} ran the loop more times (a "
                   "count from a rank's own data: micro-batches, samples) or skipped that "
                   "collective. Give every rank the same count (all-reduce it with MAX "
                   "first, pad), and never skip a collective on one rank; a live rank's "
-                  "loop counters (`moe-hang diagnose`) tell which.")
+                  "loop counters (`moe-hang diagnose`) tell which.", site=loop,
+                  site_why="the loop whose count differs")
 
 
-def stayed(s: Situation) -> tuple[str, int] | None:
+def stayed(s: Situation) -> Frame | None:
     """The loop every culprit is still in, at one line it posts from on every pass, that
     every waiting rank has left for one line after it; None otherwise. A line under a gate
     inside the loop (``if overflow: all_reduce(flag)``), or one the culprit's collective
@@ -53,7 +54,7 @@ def stayed(s: Situation) -> tuple[str, int] | None:
     if len(loops) != 1 or len(sites) != 1 or len(waited) != 1 or None in loops | sites | waited:
         return None
     loop, at = loops.pop(), sites.pop()
-    if loop is None or at is None or any(g.line > loop[1] for g in gates(s.src, at.file,
+    if loop is None or at is None or any(g.line > loop.line for g in gates(s.src, at.file,
                                                                          at.line)):
         return None
     for c in s.culprits:
@@ -63,11 +64,11 @@ def stayed(s: Situation) -> tuple[str, int] | None:
     return loop
 
 
-def at(loop: tuple[str, int]) -> str:
-    return f"{short_path(loop[0])}:{loop[1]}"
+def at(loop: Frame) -> str:
+    return f"{short_path(loop.file)}:{loop.line}"
 
 
-def loop_left(s: Situation, culprit: int, stayed: bool = False) -> tuple[str, int] | None:
+def loop_left(s: Situation, culprit: int, stayed: bool = False) -> Frame | None:
     """The loop (file, line) the culprit left and every waiting rank is still in: at the
     deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
     comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
@@ -76,12 +77,12 @@ def loop_left(s: Situation, culprit: int, stayed: bool = False) -> tuple[str, in
 
 
 def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]], *,
-                 stayed: bool = False, for_good: bool = False) -> tuple[str, int] | None:
+                 stayed: bool = False, for_good: bool = False) -> Frame | None:
     """:func:`loop_left` of stacks (innermost first). ``for_good``: and no loop holds both
     lines, at that frame or around a frame they share — a rank past the loop then never
     comes round to it again (an epoch loop around it would bring it back)."""
     ours = [f for f in reversed(mine) if not is_library_frame(f)]
-    found: set[tuple[str, int]] = set()
+    found: set[Frame] = set()
     for stack in theirs:
         other = [f for f in reversed(stack) if not is_library_frame(f)]
         at = None
@@ -93,7 +94,7 @@ def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]],
                 loop = left_loop(src, a.file, ahead, behind)
                 if loop and for_good and common_loop(src, a.file, a.line, b.line) is not None:
                     return None
-                at = (a.file, loop) if loop else None
+                at = Frame(a.file, loop, a.function) if loop else None
                 break
             if for_good and in_loop(src, a.file, a.line):
                 return None  # a frame both share runs again: they may meet there

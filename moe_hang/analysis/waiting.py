@@ -20,7 +20,7 @@ from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.loops import at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
-from moe_hang.evidence.stacks import Helper, idle_in_backward
+from moe_hang.evidence.stacks import Frame, Helper, idle_in_backward
 from moe_hang.evidence.vocab import RankState, agree, spans, who
 
 
@@ -77,7 +77,7 @@ def stalled_outside(f: Facts) -> Conclusion:
                       div)
 
 
-def _left_for_good(f: Facts, culprits: list[int]) -> tuple[str, int] | None:
+def _left_for_good(f: Facts, culprits: list[int]) -> Frame | None:
     """The loop every culprit has left, for good (no loop around both brings it back), while
     every rank waiting for it is still inside."""
     waiters = [r for r in f.waiting if r not in culprits]
@@ -89,7 +89,7 @@ def _left_for_good(f: Facts, culprits: list[int]) -> tuple[str, int] | None:
     return loops.pop() if len(loops) == 1 else None
 
 
-def _left_loop(f: Facts, culprits: list[int], loop: tuple[str, int],
+def _left_loop(f: Facts, culprits: list[int], loop: Frame,
                div: Divergence | None) -> Conclusion:
     """Ranks outside any collective past a loop the others still wait in: they will not
     post that loop's collectives again, so the wait is theirs — they posted fewer of them
@@ -109,7 +109,8 @@ def _left_loop(f: Facts, culprits: list[int], loop: tuple[str, int],
                              f"{agree(culprits, 'it', 'they')} skipped one (an `if`, "
                              "`continue` or `break` on a rank's own data) or ran fewer "
                              "passes. Post every collective of a pass on every rank, and give "
-                             "each rank the same number of passes."),
+                             "each rank the same number of passes.", site=loop,
+                             site_why=f"the loop {who(culprits)} left"),
                       div)
 
 

@@ -22,6 +22,7 @@ def test_a_rank_past_a_loop_no_loop_brings_it_back_to_is_the_culprit(fixtures, n
         "hang", [skipper], "program_order", "likely"), d["summary"]
     assert "left the loop at /tmp/trial/async_skip.py:10" in d["summary"], d["summary"]
     assert "fewer of the loop's collectives" in d["fix"], d["fix"]
+    assert d["fix_site"]["line"] == 10  # next: the loop it left
 
 
 def test_a_rank_evaluating_between_epochs_comes_back_and_is_not_called_gone(fixtures):

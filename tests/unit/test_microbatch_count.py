@@ -28,3 +28,4 @@ def test_the_rank_that_ran_the_loop_once_more_is_named_and_both_readings_are_sai
     fix = d["fix"]
     assert "(inside the loop at /tmp/trial/microbatch.py:15)" in fix and "same count" in fix, fix
     assert f"(as rank {heavy} itself did in every earlier step)" in fix and "too:" not in fix, fix
+    assert d["fix_site"]["line"] == 15  # next: the loop whose count differs
