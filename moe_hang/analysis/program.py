@@ -186,14 +186,13 @@ class Program:
         kept = len(self.runs.get(pg, ()))
         if len(tail) < kept:
             return
-        fine = [k[0] for k in keys[len(run) - len(tail):]] if keys is not None \
-            else list(map(fine_key, tail))
-        paths = sum(map(bool, fine))
+        ks = keys[len(run) - len(tail):] if keys is not None else [keys_of(c) for c in tail]
+        paths = sum(bool(k[0]) for k in ks)
         if (len(tail), paths) <= (kept, self.run_paths.get(pg, 0)):
             return
         self.runs[pg] = tail
         self.run_paths[pg] = paths
-        same = [same_key(c) for c in tail]
+        same = [k[0] or k[1] for k in ks]  # same_key, from the keys at hand
         n = len(same)
         for p in range(1, n // 2 + 1):
             # every period but the first (a warm-up) repeats the next exactly

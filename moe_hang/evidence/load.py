@@ -222,15 +222,13 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     for r, ev in loaded.items():
         if ev.error is not None and ev.error.restart is not None and ev.error.restart < attempt:
             earlier[r], ev.error = ev.error, None
-    late = _after_capture(loaded, table.captured_at)
+    # what was taken off (an earlier attempt's, or raised after the capture) goes from the
+    # log's copies too
+    dropped = {**earlier, **_after_capture(loaded, table.captured_at)}
     for r in loaded:
-        if r in late and _same_error(late[r], tracebacks.get(r)):
+        if r in dropped and _same_error(dropped[r], tracebacks.get(r)):
             tracebacks.pop(r)
-        if r in late and r in log_errors and log_errors[r].startswith(late[r].type):
-            log_errors.pop(r)
-        if r in earlier and _same_error(earlier[r], tracebacks.get(r)):
-            tracebacks.pop(r)
-        if r in earlier and r in log_errors and log_errors[r].startswith(earlier[r].type):
+        if r in dropped and r in log_errors and log_errors[r].startswith(dropped[r].type):
             log_errors.pop(r)
         ev = loaded[r]
         info = table.ranks.get(r)

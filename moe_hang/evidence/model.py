@@ -172,11 +172,7 @@ class ProcessTable:
                    probe_errors={int(k): str(v) for k, v in errs.items()
                                  if as_int(k) is not None} if isinstance(errs, dict) else {},
                    sampled=data.get("sampled") is True,
-                   captured_at=_time(data.get("captured_at")))
-
-
-def _time(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+                   captured_at=as_float(data.get("captured_at")))
 
 
 @dataclass
