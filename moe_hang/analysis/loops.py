@@ -16,7 +16,7 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
-    return Advice(f"{who(s.culprits).capitalize()} left the loop at {at(loop)} while "
+    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop_at(loop)} while "
                   f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
                   f"({missed}): the ranks ran different numbers of iterations, or "
                   f"{who(s.culprits)} cut one short before its collectives (a `continue` "
@@ -34,7 +34,7 @@ def advise_loop_stayed(s: Situation, loop: Frame, now: str, missed: str) -> Advi
     earlier = (f" (as {who(s.culprits)} {agree(s.culprits, 'itself', 'themselves')} did "
                "in every earlier step)") * (s.basis == CulpritBasis.HISTORY)
     return Advice(f"{who(s.culprits).capitalize()} posted at {now} (inside the loop at "
-                  f"{at(loop)}) where {who(s.waiting())} posted {missed}, after the loop"
+                  f"{loop_at(loop)}) where {who(s.waiting())} posted {missed}, after the loop"
                   f"{earlier}: {agree(s.culprits, 'it', 'they')} ran the loop more times (a "
                   "count from a rank's own data: micro-batches, samples) or skipped that "
                   "collective. Give every rank the same count (all-reduce it with MAX "
@@ -51,25 +51,26 @@ def stayed(s: Situation) -> Frame | None:
     loops = {loop_left(s, c, stayed=True) for c in s.culprits}
     sites = {s.site(c) for c in s.culprits}
     waited = {s.site(r) for r in s.waiting()}
-    if len(loops) != 1 or len(sites) != 1 or len(waited) != 1 or None in loops | sites | waited:
+    if len(loops) != 1 or len(sites) != 1 or len(waited) != 1 or None in waited:
         return None
-    loop, at = loops.pop(), sites.pop()
-    if loop is None or at is None or any(g.line > loop.line for g in gates(s.src, at.file,
-                                                                         at.line)):
+    loop, site = loops.pop(), sites.pop()
+    if loop is None or site is None or any(g.line > loop.line
+                                           for g in gates(s.src, site.file, site.line)):
         return None
     for c in s.culprits:
         prev = callsite(s.before[c]) if s.before.get(c) else None
-        if prev is not None and (prev.file, prev.line) != (at.file, at.line):
+        if prev is not None and (prev.file, prev.line) != (site.file, site.line):
             return None
     return loop
 
 
-def at(loop: Frame) -> str:
+def loop_at(loop: Frame) -> str:
+    """``train.py:15``: a loop's header line."""
     return f"{short_path(loop.file)}:{loop.line}"
 
 
 def loop_left(s: Situation, culprit: int, stayed: bool = False) -> Frame | None:
-    """The loop (file, line) the culprit left and every waiting rank is still in: at the
+    """The loop (its header's frame) the culprit left and every waiting rank is still in: at the
     deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
     comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
     return loop_between(s.src, s.frames.get(culprit, []),
@@ -85,7 +86,7 @@ def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]],
     found: set[Frame] = set()
     for stack in theirs:
         other = [f for f in reversed(stack) if not is_library_frame(f)]
-        at = None
+        found_at = None
         for a, b in zip(ours, other, strict=False):
             if (a.file, a.function) != (b.file, b.function):
                 return None
@@ -94,11 +95,11 @@ def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]],
                 loop = left_loop(src, a.file, ahead, behind)
                 if loop and for_good and common_loop(src, a.file, a.line, b.line) is not None:
                     return None
-                at = Frame(a.file, loop, a.function) if loop else None
+                found_at = Frame(a.file, loop, a.function) if loop else None
                 break
             if for_good and in_loop(src, a.file, a.line):
                 return None  # a frame both share runs again: they may meet there
-        if at is None:
+        if found_at is None:
             return None
-        found.add(at)
+        found.add(found_at)
     return found.pop() if len(found) == 1 else None

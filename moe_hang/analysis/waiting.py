@@ -18,7 +18,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import site_str, waits_text
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.loops import at, loop_between
+from moe_hang.analysis.loops import loop_at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Frame, Helper, idle_in_backward
 from moe_hang.evidence.vocab import RankState, agree, spans, who
@@ -98,7 +98,7 @@ def _left_loop(f: Facts, culprits: list[int], loop: Frame,
     waiting = [r for r in f.waiting if r not in culprits]
     sites = sorted({site_str(f.views[r].site) for r in waiting})
     them = agree(culprits, "it", "them")
-    summary = (f"{who(culprits).capitalize()} left the loop at {at(loop)} and "
+    summary = (f"{who(culprits).capitalize()} left the loop at {loop_at(loop)} and "
                f"{agree(culprits, 'is', 'are')} outside any collective ({where}), while "
                f"{who(waiting)}, still inside it, {agree(waiting, 'waits', 'wait')} for "
                f"{them} at {', '.join(sites)}: nothing brings {them} back to that loop.")
