@@ -66,6 +66,9 @@ class Settings:
     # every rank gone, the launcher still up: its own teardown may take this long before
     # watch ends it (a torchrun agent whose store host left first waits on it)
     launcher_teardown_s: float = 20.0
+    # repro/verify: no rank of the scenario's job up after this long (torchrun could not
+    # start it: a cold import on a slow filesystem takes tens of seconds) is a tool error
+    startup_s: float = 180.0
 
     # -- diagnose (commands/diagnose.py)
 

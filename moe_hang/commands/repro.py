@@ -1,7 +1,8 @@
-"""``repro`` and ``verify``: launch the scenario under torchrun, watch, capture, diagnose.
+"""``repro`` and ``verify``: the scenario's job run under watch's machinery, diagnosed.
 
-config -> launcher -> (workers) -> monitor -> capture -> evidence -> analysis -> here.
-Every process started here is ended before these functions return, whatever happens.
+config -> torchrun command -> watch_command (probe, monitor, capture, analysis) -> here; verify
+--fixed adds the single-process reference. Every process started here is ended before these
+functions return, whatever happens.
 """
 
 from __future__ import annotations
@@ -13,33 +14,24 @@ import sys
 import time
 from dataclasses import dataclass
 
-from moe_hang.analysis.align import quick_divergence
 from moe_hang.analysis.diagnosis import (
     PROBLEM_VERDICTS,
     Diagnosis,
-    Verdict,
     exit_code_for,
 )
 from moe_hang.analysis.runs import ReferenceReport, ScenarioRun, Timings
 from moe_hang.analysis.verification import verify_fixed
-from moe_hang.commands.session import (
-    Phase,
-    capture_frozen,
-    crash_onset,
-    diagnose_capture,
-    interruptible,
-    save,
-)
+from moe_hang.commands.session import Phase, interruptible, save
+from moe_hang.commands.supervise import WatchOptions
+from moe_hang.commands.watch import watch_command
 from moe_hang.config import RunConfig
 from moe_hang.errors import EXIT_OK, EXIT_VERIFY_FAILED, MoeHangError
 from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import launcher, rundir
-from moe_hang.runtime.launcher import LaunchedJob
-from moe_hang.runtime.monitor import watch
-from moe_hang.runtime.procs import Tracker, end_tree, is_alive, starting_child
+from moe_hang.runtime.procs import Tracker, end_tree, starting_child
 from moe_hang.runtime.reference import await_reference, reference_report
-from moe_hang.runtime.watchevent import FROZEN, EventKind, WatchEvent, WatchSettings
+from moe_hang.runtime.watchevent import EventKind, WatchEvent
 from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
 from moe_hang.settings import Settings
 
@@ -88,75 +80,54 @@ def _finish_reference(ref: subprocess.Popen[bytes], layout: RunLayout, compare: 
 def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: list[str],
                  settings: Settings, with_reference: bool = False,
                  native: bool = False) -> RunResult:
+    """The scenario's job — torchrun over ``moe_hang.scenarios.worker`` — run the way watch
+    and check run a user's job (``watch_command``: the probe, the monitor, the capture of the
+    frozen ranks, the diagnosis); what is its own here is the run directory's config, which
+    the worker reads, and the reference that verify compares with."""
     layout = RunLayout(rundir.create(out_dir, cfg.label).resolve())
-    layout.ranks_dir.mkdir(mode=0o700)
     t0 = time.time()
     rundir.write_json(layout.config, cfg.to_dict())
     port = launcher.pick_port(cfg.port)
-    rundir.write_json(layout.meta, rundir.meta(command, {"config": cfg.to_dict(),
-                                                         "port": port}))
+    argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.scenarios.worker",
+                                                     str(layout.root)],
+                                  log_dir=layout.torchrun_dir)
+    # repro's run lasts seconds: the monitor looks often, and a job with no rank up after
+    # startup_s did not start; a stall the evidence leaves uncertain is final after 3 stalls
+    opts = WatchOptions(stall_s=cfg.stall_s, hang_after_s=cfg.stall_s * 3, native=native,
+                        poll_s=0.1, refresh_s=1.0, startup_timeout_s=settings.startup_s,
+                        timings=settings)
     ref: subprocess.Popen[bytes] | None = None
-    job: LaunchedJob | None = None
-    outcome: WatchEvent | None = None
-    diag: Diagnosis | None = None
-    alive: dict[int, bool] = {}
-    t_verdict = 0.0
     ref_report: ReferenceReport | None = None
+    completed = False
     with interruptible():
         try:
-            if with_reference:
+            if with_reference:  # computed while torchrun starts, compared once it is done
                 with starting_child():
                     ref = _start_reference(layout)
             say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
-            argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.scenarios.worker",
-                                                             str(layout.root)],
-                                          log_dir=layout.torchrun_dir)
-            with starting_child():
-                job = launcher.start(argv, layout.job_log, launcher.job_env(), cwd=layout.root)
-            watching = WatchSettings(probe_dir=layout.ranks_dir, world=cfg.nproc,
-                                     stall_s=cfg.stall_s, timings=settings)
-            outcome = watch(job, watching, say, quick_check=lambda hbs: quick_divergence(
-                hbs, cfg.nproc) is not None)
-            alive = {r: is_alive(pid) for r, pid in outcome.rank_pids.items()}
-            if outcome.kind == EventKind.FAILED and any(alive.values()):
-                # the agent died and left its ranks running: see where they are, then end them
-                capture_frozen(outcome, layout, say, settings=settings, native=native)
-            if outcome.kind in FROZEN:
-                capture_frozen(outcome, layout, say, settings=settings, native=native)
-                say("analysing")
-                # before teardown: the ranks are frozen where they hung
-                diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc,
-                                        ranks=range(cfg.nproc))
-                t_verdict = time.time()
+            res = watch_command(argv, say, lambda _: None, options=opts, layout=layout,
+                                command=command, meta={"config": cfg.to_dict(), "port": port})
+            outcome = res.outcome
+            completed = outcome.kind == EventKind.COMPLETED and res.diagnosis is not None
             if outcome.kind == EventKind.STARTUP_TIMEOUT:
                 raise MoeHangError(f"{outcome.reason} (see {layout.job_log})")
+            if res.diagnosis is None:
+                text = read_job_log(layout.job_log)
+                why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
+                raise MoeHangError("torchrun failed before any rank started: "
+                                   + (why[0][:300] if why else "no output")
+                                   + f" (see {layout.job_log})")
+            if ref is not None and completed:
+                say("comparing with the single-process reference")
+                ref_report = _finish_reference(ref, layout, compare=True)
         finally:
-            say("tearing down")
-            if job is not None:
-                job.terminate()
-            if ref is not None and (outcome is None or outcome.kind != EventKind.COMPLETED):
+            if ref is not None and not completed:
                 _finish_reference(ref, layout, compare=False)
-        if outcome.kind == EventKind.FAILED and not outcome.heartbeats:
-            text = read_job_log(layout.job_log)
-            why = notable_log_lines(text, limit=1) or text.strip().splitlines()[-1:]
-            raise MoeHangError("torchrun failed before any rank started: "
-                               + (why[0][:300] if why else "no output")
-                               + f" (see {layout.job_log})")
-        if ref is not None and outcome.kind == EventKind.COMPLETED:
-            say("comparing with the single-process reference")
-            ref_report = _finish_reference(ref, layout, compare=True)
-    if diag is None:
-        say("analysing")
-        diag = diagnose_capture(layout, outcome, alive, world=cfg.nproc, ranks=range(cfg.nproc))
-        t_verdict = time.time()
-    onset = outcome.onset_ns / 1e9 if outcome.onset_ns else crash_onset(layout)
-    timings = Timings(wall_s=round(time.time() - t0, 3))
+    diag = res.diagnosis
+    timings = diag.timings or Timings()
+    timings.wall_s = round(time.time() - t0, 3)
     if outcome.t_up:
         timings.startup_s = round(outcome.t_up - t0, 3)
-    if onset is not None and diag.verdict != Verdict.HEALTHY:
-        timings.onset_to_verdict_s = round(t_verdict - onset, 3)
-        if outcome.t_detect:
-            timings.onset_to_detect_s = round(outcome.t_detect - onset, 3)
     backend = next((hb.backend for hb in outcome.heartbeats.values() if hb.backend),
                    cfg.backend)
     recommended, reason = recommend_fix(cfg.scenario, cfg.model.experts, cfg.model.topk,

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict, pg_label
 from moe_hang.analysis.runs import Timings, WatchRun
-from moe_hang.commands.session import Phase, capture_frozen, diagnose_capture
+from moe_hang.commands.session import Phase, capture_frozen, crash_onset, diagnose_capture
 from moe_hang.evidence.model import Unreached
 from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.evidence.vocab import who
@@ -47,6 +47,12 @@ class WatchOptions:
     # moe-hang check: at this many seconds the job is captured, diagnosed and ended, whatever
     # it does (a plan's run is bounded); None: watch as long as the job runs
     limit_s: float | None = None
+    # how often the monitor looks, and walks the process tree: slower beside a long job (its
+    # own CPU would show up in the job's on a small machine) than for repro's seconds-long run
+    poll_s: float = 0.25
+    refresh_s: float = 2.0
+    # no rank up after this long: the job did not start (repro's own job); watch waits on
+    startup_timeout_s: float = float("inf")
     timings: Settings = field(default_factory=Settings)  # the tool's own waits (the CLI's)
 
 
@@ -232,10 +238,13 @@ def diagnose_watched(layout: RunLayout, event: WatchEvent, alive: dict[int, bool
                                          detected=event.kind, timings=timings),
                             held=event.reason if kind == EventKind.FINAL else None,
                             unreached=other_nodes(event))
-    if event.onset_ns:  # on disk with the final save
-        timings.onset_to_verdict_s = round(time.time() - event.onset_ns / 1e9, 3)
+    # the stall's or desync's onset, else the first rank's crash (its exception or fatal
+    # signal, on disk); on disk with the final save
+    onset = event.onset_ns / 1e9 if event.onset_ns else crash_onset(layout)
+    if onset is not None and diag.verdict != Verdict.HEALTHY:
+        timings.onset_to_verdict_s = round(time.time() - onset, 3)
         if event.t_detect:
-            timings.onset_to_detect_s = round(event.t_detect - event.onset_ns / 1e9, 3)
+            timings.onset_to_detect_s = round(event.t_detect - onset, 3)
     return diag
 
 

@@ -159,7 +159,10 @@ class _OnDemand:
 def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   out: str | None = None, stall_s: float = 10.0, native: bool = False,
                   command: list[str] | None = None,
-                  options: WatchOptions | None = None) -> WatchResult:
+                  options: WatchOptions | None = None, layout: RunLayout | None = None,
+                  meta: dict[str, Any] | None = None) -> WatchResult:
+    """``layout``: a run directory made by the caller (repro's, with its config in it);
+    ``meta``: more for its meta.json."""
     cmd = resolve_command(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
     plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
@@ -167,10 +170,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
     # multi-node: a rank that raised is held for the round, unless the job is to keep running
     # or torchrun would restart it (a held rank would keep the restart from happening)
     hold_s = None if opts.keep_running or restarts else opts.timings.hold_s
-    layout = RunLayout(rundir.create(out, "watch").resolve())
+    if layout is None:
+        layout = RunLayout(rundir.create(out, "watch").resolve())
     layout.ranks_dir.mkdir(mode=0o700)
-    rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"],
-                                               {"job_command": cmd, "stall_s": opts.stall_s}))
+    rundir.write_json(layout.meta, rundir.meta(command or ["moe-hang", "watch"], {
+        "job_command": cmd, "stall_s": opts.stall_s, **(meta or {})}))
     t0 = time.time()
     log = open(layout.job_log, "ab")  # noqa: SIM115 - closed below
     gate = _Echo(echo)
@@ -200,11 +204,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                                           stall_s=opts.stall_s)
                     node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
-                # a slower poll than repro's: watch sits beside long jobs, and on a small
-                # machine its own CPU would show up in theirs
                 settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
-                                         stall_s=opts.stall_s, startup_timeout_s=float("inf"),
-                                         straggler_notice=True, poll_s=0.25, refresh_s=2.0,
+                                         stall_s=opts.stall_s,
+                                         startup_timeout_s=opts.startup_timeout_s,
+                                         straggler_notice=True, poll_s=opts.poll_s,
+                                         refresh_s=opts.refresh_s,
                                          hang_after_s=opts.hang_after_s, watch_unprobed=True,
                                          max_restarts=restarts, timings=opts.timings)
                 mon = Monitor(job, settings, say, quick_check=lambda hbs: (

@@ -10,6 +10,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ == "moe_hang.probe":
     from moe_hang.probe import launchers
@@ -92,6 +93,22 @@ def pid_exists(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+# probe.py is loaded two ways: by path from watch's sitecustomize (``moe_hang_probe``), and
+# as ``moe_hang.probe.probe`` by a job that installs the probe itself (repro's worker, run
+# under watch's machinery): one process, one probe, whichever copy started it
+PROBE_MODULES = ("moe_hang_probe", "moe_hang.probe.probe")
+
+
+def installed_elsewhere(here: str) -> Any:
+    """The probe the other copy of probe.py (``here`` is this one's name) installed, or
+    None."""
+    for name in PROBE_MODULES:
+        mod = sys.modules.get(name)
+        if name != here and mod is not None and getattr(mod, "_PROBE", None) is not None:
+            return mod._PROBE
+    return None
 
 
 def child_of_a_rank() -> bool:

@@ -46,6 +46,7 @@ if __package__ == "moe_hang.probe":
         Identity,
         child_of_a_rank,
         enable_flight_recorder,
+        installed_elsewhere,
         pid_exists,
         restart_count,
         write_atomic,
@@ -71,6 +72,7 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
     Identity = _env.Identity  # type: ignore[misc]
     enable_flight_recorder, restart_count = _env.enable_flight_recorder, _env.restart_count
     child_of_a_rank, pid_exists = _env.child_of_a_rank, _env.pid_exists
+    installed_elsewhere = _env.installed_elsewhere
     write_atomic = _env.write_atomic
     history = _sibling("history")
     appendlog = _sibling("appendlog")
@@ -332,8 +334,11 @@ def _on_sigterm() -> None:
 
 def install(directory: str | os.PathLike[str] | None = None, rank: int | None = None,
             interval: float | None = None, identity: Identity | None = None) -> Probe | None:
-    """Install the probe once per process; a no-op outside a rank or when already installed."""
+    """Install the probe once per process; a no-op outside a rank or when already installed
+    (by either copy of this module: then that probe is this one's too)."""
     global _PROBE
+    if _PROBE is None:
+        _PROBE = installed_elsewhere(__name__)
     if _PROBE is not None:
         return _PROBE
     directory = directory or os.environ.get(ENV_DIR)
@@ -361,7 +366,8 @@ def before_join() -> bool:
     with no rank in its environment: mp.spawn, srun, mpirun, a hand-written launcher): the
     recorder on and SIGTERM routed to us *before* the group creates its threads. False: this
     process is no rank of ours (a rank's child, or one already probed)."""
-    if _PROBE is not None or not os.environ.get(ENV_DIR) or child_of_a_rank():
+    if _PROBE is not None or installed_elsewhere(__name__) is not None \
+            or not os.environ.get(ENV_DIR) or child_of_a_rank():
         return False
     enable_flight_recorder()
     lastgasp.SigtermRelay.start(_on_sigterm)

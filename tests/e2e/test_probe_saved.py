@@ -46,3 +46,35 @@ def test_the_probe_saves_the_recorder_while_collectives_complete(tmp_path: Path)
     dump = fr.load(saved)
     assert dump.entries and all(c.op == "all_reduce" for c in dump.entries)
     assert dump.entries[-1].seq > 100  # saved after the loop had run a while
+
+
+ONE_PROBE = textwrap.dedent("""\
+    import sys, threading
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from moe_hang.probe import probe  # the job's own install, beside watch's copy
+    mine = probe.install()
+    injected = sys.modules["moe_hang_probe"]._PROBE
+    assert injected is not None and mine is injected, (mine, injected)
+    probe.set_progress(step=7)
+    print(sum(t.name == "moe-hang-probe" for t in threading.enumerate()))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_installs_the_probe_under_watch_gets_the_injected_one(tmp_path: Path):
+    """repro's worker installs the probe itself and runs under watch's machinery, which has
+    injected it already (as another module): one probe, not two heartbeat threads and every
+    router's tokens counted twice."""
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    job = tmp_path / "job.py"
+    job.write_text(ONE_PROBE)
+    env = probe_env(layout, dict(os.environ))
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    run = subprocess.run([sys.executable, str(job)], env=env, timeout=90,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "1"  # one probe thread
