@@ -96,6 +96,8 @@ class CheckResult:
     results: list[PlanResult] = field(default_factory=list)
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)  # plan name -> its own
     compared: bool = False  # a reference was given: the clean runs were compared with it
+    # no router seen, and torch.compile ran: the routers are inside compiled graphs
+    compiled: bool = False
 
     @property
     def runs(self) -> list[PlanResult]:
@@ -125,6 +127,7 @@ class CheckResult:
                     "blocks": self.found.blocks, "experts": self.found.experts,
                     "fused": self.found.fused,
                     "steps": self.found.steps, "world": self.found.world},
+                "compiled": self.compiled,
                 "plans": [r.to_dict() for r in self.results],
                 "untried": list(UNTRIED), "reproduced": len(self.reproduced),
                 "compared": self.compared, "differs": len(self.differs),

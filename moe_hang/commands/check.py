@@ -36,7 +36,7 @@ def found_in(layout: RunLayout) -> Found | None:
     """The routers a watched run's ranks counted (their routing files); None: no router."""
     calls: dict[int, list[RouterCall]] = {}
     for r in sorted(layout.rank_numbers()):
-        got, _ = read_routing(layout.rank(r).routing)
+        got = read_routing(layout.rank(r).routing).calls
         if got:
             calls[r] = got
     if not calls:
@@ -46,6 +46,11 @@ def found_in(layout: RunLayout) -> Found | None:
                  blocks=list(dict.fromkeys(c.block for c in every)),
                  experts=max(len(c.counts) for c in every),
                  fused=list(dict.fromkeys(c.block for c in every if c.fused)))
+
+
+def compiled_in(layout: RunLayout) -> bool:
+    """A rank saw no router and torch.compile compiled its code (probe/routing.py)."""
+    return any(read_routing(layout.rank(r).routing).compiled for r in layout.rank_numbers())
 
 
 def plan_env(plan: Plan) -> tuple[tuple[str, str], ...]:
@@ -60,8 +65,7 @@ def _result(plan: Plan | None, res: Any, wall: float) -> PlanResult:
     if d is not None and verdict in PROBLEMS:
         gap = d.routing_sentence()
     if plan is not None:  # the plan's calls are kept in its rank's file, applied or not
-        got, _ = read_routing(res.run_dir.rank(plan.rank).routing)
-        planned = any(c.planned for c in got)
+        planned = any(c.planned for c in read_routing(res.run_dir.rank(plan.rank).routing).calls)
     return PlanResult(plan, str(verdict), res.exit_code, d.summary if d is not None else
                       "the job exited before any rank started", sorted(d.culprit_ranks)
                       if d is not None else [], str(res.run_dir.root), round(wall, 1), gap,
@@ -92,7 +96,8 @@ def check_command(cmd: list[str], say: Phase, *, settings: Settings, out: str | 
 
     base, diag = one(None, 0)
     found = found_in(RunLayout(Path(base.run_dir)))
-    result = CheckResult(root, base, found)
+    result = CheckResult(root, base, found,
+                         compiled=found is None and compiled_in(RunLayout(Path(base.run_dir))))
     if diag is not None:
         result.diagnoses["baseline"] = diag
     if found is not None and not base.reproduced and base.verdict != "no-ranks":

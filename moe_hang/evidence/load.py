@@ -95,9 +95,10 @@ def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> R
         if bad:
             ev.notes.append(f"{bad} unreadable line(s) in its token log")
     if files.routing.exists():
-        ev.routing, bad = read_routing(files.routing)
-        if bad:
-            ev.notes.append(f"{bad} unreadable line(s) in its routing log")
+        got = read_routing(files.routing)
+        ev.routing = got.calls
+        if got.bad:
+            ev.notes.append(f"{got.bad} unreadable line(s) in its routing log")
     log = read_posted_log(files.posted)
     if log is not None:
         ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end, ev.log_status = (

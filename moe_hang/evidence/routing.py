@@ -5,7 +5,7 @@ one."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +37,32 @@ class RouterCall:
                 "plan": self.planned, **({"fused": True} if self.fused else {})}
 
 
-def read_routing(path: Path) -> tuple[list[RouterCall], int]:
-    """The calls in the file, and how many lines were unreadable (the last line of a rank
-    killed mid-write)."""
-    calls: list[RouterCall] = []
-    bad = 0
+@dataclass
+class RoutingFile:
+    calls: list[RouterCall] = field(default_factory=list)
+    bad: int = 0  # unreadable lines (the last line of a rank killed mid-write)
+    # torch.compile compiled code in the rank and no router was seen by its first step: the
+    # routers ran inside compiled graphs, where the probe neither counts nor re-routes
+    compiled: bool = False
+
+
+def read_routing(path: Path) -> RoutingFile:
+    """The calls in the file, the lines that were unreadable, and the compiled mark."""
+    out = RoutingFile()
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return calls, 0
+        return out
     for line in text.splitlines():
         try:
-            call = RouterCall.parse(json.loads(line))
+            d = json.loads(line)
+            call = RouterCall.parse(d)
         except (ValueError, RecursionError):
-            call = None
-        if call is None:
-            bad += 1
+            d, call = None, None
+        if call is not None:
+            out.calls.append(call)
+        elif isinstance(d, dict) and d.get("compiled") is True:
+            out.compiled = True
         else:
-            calls.append(call)
-    return calls, bad
+            out.bad += 1
+    return out

@@ -176,6 +176,11 @@ class Routing:
         for r in self._routers.values():
             r.calls = 0
         if self._global is not None:  # every router has run by now
+            if not self._routers and self._dynamo_compiled():
+                # no router seen, and torch.compile traced code: inside its graphs nothing
+                # of ours ran (see _compiling), so say that, not "no router"
+                with contextlib.suppress(Exception):
+                    self._write({"compiled": True, "step": self.step - 1})
             self._global.remove()
             self._global, self._roots, self._names = None, [], {}
             self._looked = set()
@@ -242,6 +247,12 @@ class Routing:
         graphs). A compiled model's routers go uncounted."""
         is_compiling = getattr(getattr(self.torch, "compiler", None), "is_compiling", None)
         return bool(is_compiling()) if is_compiling is not None else False
+
+    def _dynamo_compiled(self) -> bool:
+        """torch.compile has compiled a frame of this process (dynamo's own counters)."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        counters = getattr(utils, "counters", None)
+        return bool(counters is not None and counters["frames"]["ok"])
 
     def _planned_here(self, info: _Router) -> bool:
         return self.plan is not None and self.plan.applies(self.rank, self.step,

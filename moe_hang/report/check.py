@@ -38,6 +38,9 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
     if base.reproduced:
         head = Text(f"moe-hang check: {base.verdict.upper()} with routing untouched "
                     "(no plan tried)", style="bold red")
+    elif res.found is None and res.compiled:
+        head = Text("moe-hang check: no MoE router seen: the model runs under torch.compile "
+                    "(nothing to plan)", style="bold yellow")
     elif res.found is None:
         head = Text("moe-hang check: no MoE router found (nothing to plan)", style="bold yellow")
     elif res.reproduced:
@@ -59,7 +62,12 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
     else:
         head = Text(f"moe-hang check: every plan ran clean ({n} of {n})", style="bold green")
     lines = wrap(head, width, hang=2)
-    if res.found is None and not base.reproduced:
+    if res.found is None and res.compiled and not base.reproduced:
+        lines += wrap(Text(
+            "torch.compile traced the routers into its graphs, where nothing can count or "
+            "re-route them; without compile the routing and the collectives it leads to are "
+            "the model's own", style="dim"), width, hang=2)
+    elif res.found is None and not base.reproduced:
         lines += wrap(Text(
             "no module with `experts` and a `gate`/`router` child ran (name one: --router "
             "pkg.mod.Class)", style="dim"), width, hang=2)
@@ -100,6 +108,8 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
         tail += wrap(Text("not tried: " + "; ".join(untried), style="dim"), width, hang=2)
     nxt = Text("next: ", style="bold")
     nxt.append(f"moe-hang analyze {first.run_dir}" if first is not None
+               else "the check again with TORCH_COMPILE_DISABLE=1 in its environment"
+               if res.found is None and res.compiled and not base.reproduced
                else f"details in {RunLayout(Path(wrong.run_dir)).reference}"
                if wrong is not None
                else f"details in {RunLayout(res.run_dir).reference_log}" if odd is not None

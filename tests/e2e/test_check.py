@@ -83,6 +83,21 @@ def test_plain_torch_moe_reproduced_and_ruled_out_once_fixed(tmp_path):
     assert all(p["planned"] for p in d["plans"])  # applied, and still clean
 
 
+def test_a_compiled_model_is_said_so_and_checked_with_compile_off(tmp_path):
+    """torch.compile traces the routers into its graphs, where nothing counts or re-routes
+    them: said as that, not "no router" with the advice to name one; with compile off (the
+    variable the screen names) the same job's routers are found and a plan reproduces."""
+    code, d = _check(tmp_path / "a", "moe_fsdp_train.py", "--compile", plans=1)
+    assert code == 0 and d["compiled"] is True and d["routers"] is None, d
+    assert d["baseline"]["verdict"] == "healthy" and d["plans"] == []
+    page = (tmp_path / "a" / "check.html").read_text()
+    assert "the model runs under torch.compile" in page
+    code, d = _check(tmp_path / "b", "moe_fsdp_train.py", "--compile", plans=1,
+                     TORCH_COMPILE_DISABLE="1")
+    assert d["compiled"] is False and d["routers"]["blocks"] == ["0", "1"], d
+    assert code == 3 and d["plans"][0]["culprit_ranks"] == [1]
+
+
 @pytest.mark.skipif(not HF, reason="transformers + peft not installed (make corpus-deps)")
 def test_transformers_mixtral_peft_fsdp2(tmp_path):
     code, d = _check(tmp_path / "a", "hf_moe_train.py")

@@ -141,6 +141,18 @@ def test_check_screen_fits_and_leads_with_the_answer() -> None:
     assert "every plan ran clean (3 of 3)" in check_screen(clean, 80)[0].plain
 
 
+def test_check_screen_of_a_compiled_model_says_so_and_what_to_run() -> None:
+    """No router seen because torch.compile traced them: not "name one: --router"."""
+    res = CheckResult(Path("/runs/c"), _result(None, "healthy", []), None, compiled=True)
+    text = "\n".join(t.plain for t in check_screen(res, 80))
+    assert text.startswith("moe-hang check: no MoE router seen: the model runs under "
+                           "torch.compile")
+    assert "--router" not in text and "TORCH_COMPILE_DISABLE=1" in text
+    assert res.exit_code == 0 and res.to_dict()["compiled"] is True
+    plain = CheckResult(Path("/runs/c"), _result(None, "healthy", []), None)
+    assert "--router" in "\n".join(t.plain for t in check_screen(plain, 80))
+
+
 def test_sentences_when_every_rank_is_a_culprit() -> None:
     """repro's ragged gather: both ranks are named; nothing is left for the parentheses."""
     ev = _ev({0: [RouterCall(0, "layers.0", 0, 68, (30, 38, 40, 28), 2)],

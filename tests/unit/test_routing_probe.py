@@ -105,8 +105,9 @@ def test_counts_every_block_per_step(counted, tmp_path: Path) -> None:
     model = Model(Block)
     r = counted()
     _train(model, 3)
-    calls, bad = read_routing(r.path)
-    assert bad == 0 and r.broken is None
+    got = read_routing(r.path)
+    calls, bad = got.calls, got.bad
+    assert bad == 0 and r.broken is None and not got.compiled
     assert [(c.step, c.block) for c in calls] == [
         (s, f"layers.{i}") for s in range(3) for i in range(2)]
     assert all(sum(c.counts) == T * K and c.tokens == T and len(c.counts) == E
@@ -121,7 +122,7 @@ def test_the_file_is_bounded_and_keeps_the_plan_and_the_last_step(counted, monke
     model = Model(Block)
     r = counted(Plan(rank=1, step=1, starve=0))
     _train(model, 6)
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert r.path.stat().st_size < 1500
     assert [c.step for c in calls if c.planned] == [1, 1]
     assert {c.step for c in calls if not c.planned} <= {4, 5}
@@ -139,7 +140,7 @@ def test_starve_plan_reaches_the_model_on_its_rank_and_step_only(counted) -> Non
         opt.step()
         opt.zero_grad()
     assert 2 not in seen[1] and 2 in seen[0] and 2 in seen[2]
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     planned = [c for c in calls if c.planned]
     assert [c.step for c in planned] == [1, 1]  # kept after the step: proof it was applied
     assert all(c.counts[2] == 0 for c in planned)
@@ -150,7 +151,7 @@ def test_a_plan_for_another_rank_changes_nothing(counted) -> None:
     model = Model(Block)
     r = counted(Plan(rank=0, step=0, starve=1))
     _train(model, 1)
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert calls and not any(c.planned for c in calls)
 
 
@@ -171,7 +172,7 @@ def test_all_to_plan_gives_every_token_that_expert(counted) -> None:
     model(torch.randn(T, D))
     idx = model.layers[1].last_idx
     assert idx is not None and bool((idx == 3).any(dim=1).all())
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert all(c.counts[3] == T for c in calls)
 
 
@@ -180,7 +181,7 @@ def test_a_named_router_class(counted) -> None:
     model = torch.nn.Sequential(IndexRouter())
     r = counted(router_class=f"{IndexRouter.__module__}.IndexRouter")
     model(torch.randn(T, D))
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert len(calls) == 1 and calls[0].block == "0" and sum(calls[0].counts) == T * K
 
 
@@ -234,7 +235,7 @@ def test_transformers_moe_blocks_found_counted_and_starved(counted, arch: str) -
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad()
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert r.broken is None
     assert {c.block for c in calls} == {f"model.layers.{i}.{m}" for i in range(2) for m in (
         ["block_sparse_moe"] if arch == "mixtral" else ["mlp"])}
@@ -253,7 +254,7 @@ def test_keep_plan_cuts_the_blocks_input_and_pads_its_output(counted, keep: floa
     assert y.shape == (T, D)  # the rest of the model sees the shape it expects
     y.sum().backward()  # the rows the block did not get pass through: the gradient too
     assert x.grad is not None and bool((x.grad[int(T * keep):] != 0).all())
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert [c.tokens for c in calls] == [int(T * keep)] * 2 and all(c.planned for c in calls)
     assert all(sum(c.counts) == int(T * keep) * K for c in calls)
 
@@ -276,6 +277,9 @@ def test_a_compiled_model_gets_no_graph_break_from_the_hooks(counted) -> None:
         opt.step()
         opt.zero_grad()
     assert sum(counters["graph_break"].values()) == 0 and r.broken is None
+    # no router seen, and dynamo compiled frames: the file says so (check's "compiled")
+    got = read_routing(r.path)
+    assert got.calls == [] and got.compiled and got.bad == 0
     torch._dynamo.reset()
 
 
@@ -306,7 +310,7 @@ def test_fused_experts_are_told_from_one_module_each(counted) -> None:
     model = torch.nn.Sequential(FusedBlock(), Block())
     r = counted()
     _train(model, 2)
-    calls, _ = read_routing(r.path)
+    calls = read_routing(r.path).calls
     assert {(c.block, c.fused) for c in calls} == {("0", True), ("1", False)}
     assert all(len(c.counts) == E for c in calls)  # the count from the router's width
 

@@ -40,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--fixed", action="store_true")
+    ap.add_argument("--compile", action="store_true")  # torch.compile over the sharded model
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -50,6 +51,8 @@ def main() -> None:
         for expert in block.experts:
             fully_shard(expert, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.compile:
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
