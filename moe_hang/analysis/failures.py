@@ -16,6 +16,9 @@ from moe_hang.evidence.vocab import RankState, agree, exit_desc, who
 
 
 def root_cause(f: Facts) -> Conclusion:
+    same = _same_error(f)
+    if same is not None:
+        return same
     rank = _earliest(f)
     if rank is None:  # several, and nothing says which came first: every one is named
         ranks = sorted(f.root_causes)
@@ -37,9 +40,13 @@ def root_cause(f: Facts) -> Conclusion:
                        if after[0] in f.consequences else "") + ".")
     if others:
         summary += f" {who(others).capitalize()} raised errors too, later."
+    # the others' failures follow from its leaving only where they are consequences of it
     text = (f"Fix the {err.type.rsplit('.', 1)[-1]} rank {rank} raised"
             + (f" at {site.short()}" if site else "")
-            + ": the other ranks only failed because it left.")
+            + (f"; {who(others)} raised "
+               f"{'an error of its' if len(others) == 1 else 'errors of their'} own too "
+               "(--verbose)." if others
+               else ": the other ranks only failed because it left."))
     empty = _no_token_block(f.ev, rank) if "does not require grad" in err.message else None
     if empty is not None:
         text = (f"Rank {rank} routed no token into {empty}, so nothing that trains was in its "
@@ -54,6 +61,29 @@ def root_cause(f: Facts) -> Conclusion:
                 "use every parameter every step.")
     return Conclusion(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
                       Advice(text))
+
+
+def _same_error(f: Facts) -> Conclusion | None:
+    """Several ranks raised one error — its type, its first line, at one line — each of its
+    own (none is a consequence of another's leaving): the code's error, every rank's, not one
+    rank's whose leaving failed the rest. None where their errors differ."""
+    roots = f.root_causes
+    if len(roots) < 2:
+        return None
+    keys = {r: (e.type, error_text(e), callsite(e.frames)) for r, e in roots.items()}
+    if len(set(keys.values())) != 1:
+        return None
+    ranks = sorted(roots)
+    err = roots[ranks[0]]
+    site = callsite(err.frames)
+    at = f" at {site.short()}" if site else ""
+    every = set(ranks) == set(f.views)
+    summary = (f"{'Every rank' if every else who(ranks).capitalize()} raised "
+               f"{error_text(err)}{at}: the same error on each, its own (none failed "
+               "because another left).")
+    return Conclusion(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
+                      summary, Advice(f"Fix the {err.type.rsplit('.', 1)[-1]}{at}: "
+                                      f"{'every rank' if every else who(ranks)} met it."))
 
 
 def _no_token_block(ev: Evidence, rank: int) -> str | None:

@@ -676,6 +676,14 @@ CASES: tuple[Case, ...] = (
          note="rank C alone runs an evaluation forward after step 2: its all-gathers pair "
               "silently with the other's training ones, and gloo aborts a rank steps later; "
               "the evaluation's all-gathers come from a path no agreed step posted from"),
+    Case("a2a_no_grad_fn", "a2a_no_grad_fn.py", 2, frozenset({"crash"}), culprits=every(2),
+         lines=(at(every(2), "backward"),), summary_contains="the same error on each",
+         fix_forbid=("only failed because", *SKIP_ADVICE, *VARLEN_ADVICE, *ANCHOR_ADVICE),
+         basis=frozenset({"exception"}), certainty=frozenset({"definite"}),
+         note="written for the occasion: an EP dispatch through all_to_all_single, which has "
+              "no grad_fn; every rank raises the same RuntimeError at its backward, each on "
+              "its own. The first by a few ms was named, 'the others only failed because it "
+              "left'"),
     Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(others(C, 2), "metric"), at(C, "barrier")),

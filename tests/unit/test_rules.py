@@ -490,6 +490,28 @@ def test_healthy_after_a_restart_says_what_the_failed_attempt_raised(crashed: in
     assert f"rank {crashed}" in d.fix
 
 
+@pytest.mark.parametrize("first", [0, 1], ids=["rank0_first", "rank1_first"])
+def test_one_error_on_every_rank_is_the_codes_not_the_first_ranks(first: int) -> None:
+    """A trial (an EP dispatch whose all_to_all_single output has no grad_fn): both ranks
+    raised the same RuntimeError at one line, each on its own. It said "Rank 1 raised ...:
+    the other ranks only failed because it left", picked by a few milliseconds. Whichever
+    raised first, every rank is named; an error that differs still names the first."""
+    msg = "element 0 of tensors does not require grad and does not have a grad_fn"
+    raised = [RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", msg, frames=[Frame("/job/moe.py", 39, "main")],
+        time=1.0 if r == first else 1.01)) for r in (0, 1)]
+    d = diagnose(_ev(*raised, job=JobState.FAILED))
+    assert (d.verdict, d.culprit_ranks, d.certainty) == ("crash", [0, 1], "definite")
+    assert d.summary.startswith(f"Every rank raised RuntimeError: {msg} at /job/moe.py:39 "
+                                "main: the same error on each"), d.summary
+    assert "only failed because" not in d.fix and "every rank met it" in d.fix
+    raised[1 - first].error = RankError("ValueError", "corrupt shard 17",
+                                        frames=[Frame("/job/moe.py", 12, "load")], time=1.01)
+    d = diagnose(_ev(*raised, job=JobState.FAILED))
+    assert d.culprit_ranks == [first] and "only failed because" not in d.fix, d.fix
+    assert f"rank {1 - first} raised an error of its own too" in d.fix
+
+
 def test_every_mismatch_kind_has_its_words_and_advice() -> None:
     assert set(KIND_PHRASE) == set(KIND_ADVICE) == set(MismatchKind)
 
