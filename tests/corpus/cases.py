@@ -684,6 +684,15 @@ CASES: tuple[Case, ...] = (
               "no grad_fn; every rank raises the same RuntimeError at its backward, each on "
               "its own. The first by a few ms was named, 'the others only failed because it "
               "left'"),
+    Case("a2a_empty_fast_path", "a2a_empty_fast_path.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "grads", "divergence"), at(others(C, 2), "counts", "divergence")),
+         fix_forbid=("fewer laps", *VARLEN_ADVICE, *DTYPE_ADVICE, *ANCHOR_ADVICE),
+         fix_require=("x_TD.shape[0] == 0",), basis=frozenset({"history"}),
+         note="written for the occasion: an EP dispatch whose fast path returns before the "
+              "count all-to-all where a rank has no token; the culprit waits in the same "
+              "step's gradient all-reduce, inside the step loop: it ran no fewer laps, so "
+              "the early return is the one way past (was: 'fewer laps' too)"),
     Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(others(C, 2), "metric"), at(C, "barrier")),
