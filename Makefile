@@ -63,6 +63,8 @@ AUTOMODEL_VERSIONS ?= 0.5.0 0.7.0
 # transformers 5 (fused experts) in a directory of its own, with its dependencies (huggingface_hub
 # 1.x and the rest; not torch): its job puts it first on PYTHONPATH
 TRANSFORMERS5 ?= 5.25.0
+# torchtitan's MoE file, read by path in a unit test (its package imports triton at import)
+TORCHTITAN ?= 0.2.2
 CORPUS_PKGS := $(VENV)/corpus
 
 corpus-deps: setup
@@ -76,6 +78,10 @@ corpus-deps: setup
 	  { rm -rf $$d $$d.tmp; if $(PY) -m pip install -q --no-compile --target $$d.tmp "transformers==$(TRANSFORMERS5)"; \
 	  then mv $$d.tmp $$d; else rm -rf $$d.tmp; \
 	  echo "corpus: transformers $(TRANSFORMERS5) not installed: its cases will be skipped"; fi; }
+	@d=$(CORPUS_PKGS)/torchtitan-$(TORCHTITAN); test -d $$d/torchtitan-$(TORCHTITAN).dist-info || \
+	  { rm -rf $$d $$d.tmp; if $(PY) -m pip install -q --no-deps --no-compile --target $$d.tmp "torchtitan==$(TORCHTITAN)"; \
+	  then mv $$d.tmp $$d; else rm -rf $$d.tmp; \
+	  echo "corpus: torchtitan $(TORCHTITAN) not installed: its test will be skipped"; fi; }
 
 corpus: corpus-deps
 	$(PY) scripts/corpus.py --json runs/corpus.json

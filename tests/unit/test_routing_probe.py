@@ -325,3 +325,90 @@ def test_remove_takes_every_hook_off(counted) -> None:
     _train(model, 2)
     assert r.path.read_bytes() == lines and r.step == 1  # no count, no step, no cut
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+TORCHTITAN = Path(__file__).resolve().parents[2] / ".venv" / "corpus" / "torchtitan-0.2.2"
+
+
+def _torchtitan_moe(monkeypatch: pytest.MonkeyPatch) -> object:
+    """torchtitan 0.2.2's ``models/moe/moe.py``, its own file, loaded by path: the package
+    around it imports triton (its grouped-mm kernels), tyro and its config at import, none of
+    which a CPU machine has or this module uses with ``use_grouped_mm=False``; the three
+    names it imports are given as what they are (a truncated-normal init, a logger, a
+    wrapper only the grouped-mm path calls)."""
+    import importlib.util
+    import logging
+    import sys
+    import types
+
+    def module(name: str, **attrs: object) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+        return m
+
+    for pkg in ("torchtitan", "torchtitan.models", "torchtitan.models.moe", "torchtitan.tools"):
+        module(pkg, __path__=[])
+    module("torchtitan.models.utils", trunc_normal_=torch.nn.init.trunc_normal_)
+    module("torchtitan.tools.logging", logger=logging.getLogger("torchtitan"))
+    module("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn)
+    # its router and reorderer histogram the chosen experts (int64) with torch.histc, which
+    # CUDA has for integers (an integer histogram back) and the CPU does not: the same
+    histc = torch.histc
+    monkeypatch.setattr(torch, "histc", lambda t, *a, **k: histc(t, *a, **k)
+                        if t.is_floating_point() else histc(t.float(), *a, **k).to(t.dtype))
+    path = TORCHTITAN / "torchtitan" / "models" / "moe" / "moe.py"
+    spec = importlib.util.spec_from_file_location("torchtitan.models.moe.moe", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not TORCHTITAN.is_dir(), reason="torchtitan 0.2.2 not unpacked "
+                    "(make corpus-deps)")
+def test_torchtitan_moe_counted_as_its_own_router_counts_and_starved(
+        counted, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan's MoE (TokenChoiceTopKRouter: sigmoid scores, an expert bias, returning
+    scores, the chosen experts [tokens, k] and tokens per expert; GroupedExperts: every
+    expert's weights in 3-D parameters): the probe's counts are the ones torchtitan keeps
+    itself (``tokens_per_expert``, its own histogram), the block is fused, and a plan that
+    starves an expert reaches the experts' split (their ``num_tokens_per_expert``)."""
+    tt = _torchtitan_moe(monkeypatch)
+    args = tt.MoEArgs(num_experts=E, num_shared_experts=1, top_k=K,  # type: ignore[attr-defined]
+                      use_grouped_mm=False, load_balance_coeff=1e-3)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                tt.MoE(args, dim=D, hidden_dim=2 * D) for _ in range(2))  # type: ignore[attr-defined]
+            for layer in self.layers:
+                layer.init_weights(0.02, torch.device("cpu"))
+
+        def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x_bsd = layer(x_bsd)
+            return x_bsd
+
+    torch.manual_seed(0)
+    net = Net()
+    r = counted()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    net(torch.randn(2, T // 2, D)).sum().backward()
+    opt.step()
+    calls = read_routing(r.path).calls
+    assert r.broken is None and [c.block for c in calls] == ["layers.0", "layers.1"]
+    for c, layer in zip(calls, net.layers, strict=True):
+        assert list(c.counts) == [int(n) for n in layer.tokens_per_expert.tolist()], c
+        assert c.tokens == T and c.top_k == K and c.fused
+    r.remove()
+
+    split: list[list[int]] = []
+    net.layers[0].experts.register_forward_hook(
+        lambda _m, args, _o: split.append([int(n) for n in args[1]]))
+    r = counted(Plan(rank=1, step=0, starve=1))
+    net(torch.randn(2, T // 2, D)).sum().backward()
+    assert r.broken is None and split and split[0][1] == 0 and sum(split[0]) == T * K, split
+    assert read_routing(r.path).calls[0].planned
