@@ -1,6 +1,7 @@
-"""The conclusion where ranks wait for each other round a cycle: who closed it (the rank
-that skipped what its waiter waits in, posted on another group, or posted two groups'
-collectives in the other order), and what to change (pure)."""
+"""The conclusions of posting order: where ranks wait for each other round a cycle, who
+closed it (the rank that skipped what its waiter waits in, posted on another group, or posted
+two groups' collectives in the other order), and what to change; and two threads of every
+rank posting on one group, in an order only timing sets (pure)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from moe_hang.analysis.diagnosis import (
     Divergence,
     MismatchKind,
     Verdict,
+    fmt_shape,
     pg_label,
 )
 from moe_hang.analysis.explain import culprit_clause, site_str
@@ -259,3 +261,35 @@ def _wrong_groups(culprits: set[int], f: Facts) -> list[WrongGroup]:
             return []
         found.append(w)
     return found if len({(w.site, w.used_desc or w.used) for w in found}) == 1 else []
+
+
+def thread_order(f: Facts) -> Conclusion:
+    """Two threads of every rank post on one group (threads.py): each rank ran its own
+    program; the order the group's collectives pair in is each rank's timing."""
+    race = f.thread_race
+    assert race is not None
+    div = race.div.div
+    group = pg_label(div.pg, div.pg_desc)
+    threads = sorted(race.sites, key=lambda n: (n != "MainThread", n))
+    where = " and ".join(f"{n} at {site_str(race.sites[n])}" for n in threads)
+    sides: dict[str, list[int]] = {}
+    for r, n in sorted(race.roles.items()):
+        sides.setdefault(n, []).append(r)
+    met = " met ".join(
+        f"{who(rs)}'s {n} {race.colls[rs[0]].op}({fmt_shape(race.colls[rs[0]].input_sizes)})"
+        for n, rs in sorted(sides.items(), key=lambda kv: kv[1]))
+    later = (f"; gloo paired them silently (the same sizes) up to seq {div.seq}, where the "
+             "sizes differ" if div.seq is not None and race.seq < div.seq else "")
+    summary = (f"Two threads of every rank post on {group}, {where}, in an order each "
+               f"rank's timing sets: at seq {race.seq} {met}{later}.")
+    helpers = [n for n in threads if n != "MainThread"] or threads[1:]
+    named = " and ".join(helpers)
+    site = race.sites.get(helpers[0])
+    text = (f"Give {named}'s collectives a group of their own (g = dist.new_group(...), "
+            "created on every rank in the same order before the thread starts; then "
+            f"all_reduce(..., group=g)), or post them from one thread: a group's collectives "
+            "pair by their order on each rank, and two threads' order on one group is timing.")
+    culprits = sorted(race.roles)
+    return Conclusion(Verdict.DESYNC, culprits, CulpritBasis.THREAD_ORDER, Certainty.DEFINITE,
+                      summary, Advice(text, site=site,
+                                      site_why=f"{named}'s collective on {group}"), div)

@@ -56,6 +56,8 @@ class CulpritBasis(StrEnum):
     SOURCE = "source"  # the source runs the code only on these ranks (a rank condition)
     WAITED_FOR = "waited_for"  # outside any collective while the others wait for it
     AMBIGUOUS = "ambiguous"  # the evidence does not decide: every candidate is named
+    # two threads of every rank post on one group: the order is each rank's timing
+    THREAD_ORDER = "thread_order"
     NONE = "none"  # no culprit (healthy, or nothing to blame)
     # NCCL's own evidence (analysis/ras/)
     NCCL_ERROR = "nccl_error"  # NCCL reports an error or an abort on it (RAS)

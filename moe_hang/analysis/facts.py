@@ -23,6 +23,7 @@ from moe_hang.analysis.ranks import report
 from moe_hang.analysis.rankstate import rank_view
 from moe_hang.analysis.ras.reading import RasReading, read_ras
 from moe_hang.analysis.reconcile import Disagreement, reconcile
+from moe_hang.analysis.threads import ThreadRace, thread_race
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
@@ -69,6 +70,8 @@ class Facts:
     # the program the ranks agreed on, learned from the steps before every divergence
     program: Program = field(default_factory=Program)
     ras: RasReading | None = None  # what NCCL RAS's reports say together (None: none read)
+    # the first divergence two threads' interleaving on one group explains (threads.py)
+    thread_race: ThreadRace | None = None
 
     @property
     def ctx(self) -> Context:
@@ -206,6 +209,7 @@ def facts(ev: Evidence) -> Facts:
     if not divs and len(waiting) >= 2:
         f.stack_div = stack_divergence(ctx, waiting, [r for r in alive if r not in waiting])
     f.size_abort = size_abort
+    f.thread_race = thread_race(divs, views)
     return f
 
 

@@ -19,7 +19,7 @@ from moe_hang.analysis.advice import (
 )
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, mark_skipped
-from moe_hang.analysis.cycles import cycle
+from moe_hang.analysis.cycles import cycle, thread_order
 from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
@@ -283,6 +283,9 @@ RULES: tuple[Rule, ...] = (
          "healthy", "—", "definite"),
     Rule("root_cause", "root-cause exception", lambda f: bool(f.root_causes), root_cause,
          "crash", "exception", "definite"),
+    Rule("thread_order", "two threads post on one group",
+         lambda f: f.thread_race is not None, thread_order, "desync", "thread_order",
+         "definite"),
     Rule("size_abort", "gloo size abort", lambda f: f.size_abort is not None, _size_abort,
          "desync", "the ladder (history, majority, source, program order) or ambiguous",
          "definite; likely where one side is inferred"),

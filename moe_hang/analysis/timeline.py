@@ -24,6 +24,7 @@ from moe_hang.evidence.ops import normalise_dtype, normalise_op
 from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import (
+    OS_THREAD_NAMES,
     Frame,
     StackView,
     collective_of,
@@ -89,7 +90,8 @@ def timeline(ev: RankEvidence) -> RankTimeline:
             if not old.frames and c.frames:  # the posted log kept what a dump left out
                 old.frames = c.frames
             old.thread_id = old.thread_id or c.thread_id
-            old.thread_name = old.thread_name or c.thread_name
+            if c.thread_name and (old.thread_name or "") in OS_THREAD_NAMES:
+                old.thread_name = c.thread_name  # the Python name over the OS one
             return
         slot[c.seq] = c
         enq[c.pg] = max(enq.get(c.pg, -1), c.seq)

@@ -379,6 +379,11 @@ def view(thread: ThreadStack | None) -> StackView:
                      thread_id=thread.thread_id or None)
 
 
+# a recorder dump names every Python thread by its OS name: not a name that tells them apart
+# (the probe's posted log has the Python thread's own: ``MainThread``, ``Thread-1 (log)``)
+OS_THREAD_NAMES = frozenset({"python", "python3", "pt_main_thread", ""})
+
+
 def thread_number(tid: str) -> int | None:
     """A thread id as the recorder (decimal), py-spy (decimal), the probe (decimal) or
     faulthandler (hex) write it: the same pthread id."""

@@ -44,6 +44,8 @@ BASIS_WORDS: dict[str, tuple[str, str]] = {
                           "a rank condition in the source sets them apart"),
     CulpritBasis.WAITED_FOR: ("the others wait for it outside any collective",
                               "the others wait for them outside any collective"),
+    CulpritBasis.THREAD_ORDER: ("its threads post on one group in an order timing sets",
+                                "their threads post on one group in an order timing sets"),
     CulpritBasis.AMBIGUOUS: ("the evidence does not decide",
                              "the evidence does not decide between them"),
     CulpritBasis.NCCL_ERROR: ("NCCL reports an error on it", "NCCL reports errors on them"),

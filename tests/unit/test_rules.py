@@ -6,6 +6,7 @@ without a case here fails :func:`test_every_rule_has_a_case`."""
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -377,10 +378,42 @@ def _inconclusive(_: int) -> tuple[Evidence, list[int]]:
 
 # name -> (evidence for a culprit, whether the case is asymmetric: run it for both roles)
 Case = Callable[[int], tuple[Evidence, list[int]]]
+def _threads_fr(rank: int, posts: list[tuple[int, str, int, bool | None]]) -> FRDump:
+    """A recorder on the default group, each entry with the thread that posted it: (seq,
+    thread, elements, completed); MainThread at train.py:20, the logger at train.py:8."""
+    entries = [Collective(pg="0", seq=s, op="all_reduce", input_sizes=[[n]],
+                          dtypes=["Float"], time_created_ns=1000 * s, completed=done,
+                          record_id=s, thread_name=t, thread_id=str(1 if t == "MainThread" else 2),
+                          frames=[Frame(TORCH, 9, "all_reduce"),
+                                  Frame("/job/train.py", 20, "step") if t == "MainThread"
+                                  else Frame("/job/train.py", 8, "log_loop")])
+               for s, t, n, done in posts]
+    done = max((s for s, _, _, d in posts if d), default=0)
+    return FRDump(entries, {"0": PgStatus(max(s for s, *_ in posts), done)},
+                  pg_ranks={"0": (0, 1)}, backend="gloo")
+
+
+LOG = "Thread-1 (log_loop)"
+
+
+def _thread_order(helper: int) -> tuple[Evidence, list[int]]:
+    """A logger thread all-reduces on the default group beside the training loop: at seq 4
+    rank ``helper``'s logger posted first, the other's training step."""
+    agreed = [(1, "MainThread", 64, True), (2, LOG, 4, True), (3, "MainThread", 64, True)]
+    ranks = []
+    for r in (0, 1):
+        t = LOG if r == helper else "MainThread"
+        ranks.append(_stuck(r, _in("all_reduce", 8 if r == helper else 20),
+                            fr=_threads_fr(r, [*agreed, (4, t, 4 if r == helper else 64,
+                                                         False)])))
+    return _ev(*ranks), [0, 1]
+
+
 CASES: dict[str, tuple[Case, bool]] = {
     "stall held past --hang-after": (_held, True),
     "every rank finished": (_finished, False),
     "root-cause exception": (_root_cause, True),
+    "two threads post on one group": (_thread_order, True),
     "gloo size abort": (_size_abort, False),
     "rank killed or gone": (_killed, True),
     "rank left early": (_left, True),
@@ -510,6 +543,39 @@ def test_one_error_on_every_rank_is_the_codes_not_the_first_ranks(first: int) ->
     d = diagnose(_ev(*raised, job=JobState.FAILED))
     assert d.culprit_ranks == [first] and "only failed because" not in d.fix, d.fix
     assert f"rank {1 - first} raised an error of its own too" in d.fix
+
+
+@pytest.mark.parametrize("helper", [1, 0], ids=["rank1_logger_first", "mirrored"])
+def test_two_threads_on_one_group_are_the_codes_order_not_a_ranks_skip(helper: int) -> None:
+    """A trial (a logger thread all-reducing a metric on the default group beside the
+    training loop): it said "Rank 1 skipped an all_reduce ... that rank 0 posted", definite.
+    Every rank's history shows both threads on the group: the order is each rank's timing;
+    every rank is named, the helper's line is the next step, and the advice a group of its
+    own. Where one rank's history never shows the logger on the group, it is no race."""
+    ev, _ = _thread_order(helper)
+    d = diagnose(ev)
+    assert (d.verdict, d.rule_id, d.culprit_ranks, d.culprit_basis, d.certainty) == (
+        "desync", "thread_order", [0, 1], "thread_order", "definite"), d.summary
+    assert d.summary.startswith("Two threads of every rank post on default_pg, MainThread at "
+                                "/job/train.py:20 step and Thread-1 (log_loop) at "
+                                "/job/train.py:8 log_loop"), d.summary
+    assert f"rank {helper}'s Thread-1 (log_loop) all_reduce(4)" in d.summary
+    assert "group of their own" in d.fix and d.fix_site is not None \
+        and d.fix_site.line == 8
+    # the logger's rank posted a training collective the other never did (it skipped
+    # the one the other posts at seq 4): its own thread's order differs, no race explains it
+    mine = ev.ranks[helper].fr
+    assert mine is not None
+    mine.entries.append(replace(mine.entries[0], seq=5, input_sizes=[[32]], completed=False,
+                                record_id=5))
+    d = diagnose(ev)
+    assert d.rule_id != "thread_order" and d.culprit_basis != "thread_order", d.summary
+    mine.entries.pop()
+    other = ev.ranks[1 - helper]
+    assert other.fr is not None
+    other.fr.entries[1].thread_name = "MainThread"  # its logger never posted on the group
+    d = diagnose(ev)
+    assert d.rule_id != "thread_order" and d.culprit_basis != "thread_order", d.summary
 
 
 def test_every_mismatch_kind_has_its_words_and_advice() -> None:
