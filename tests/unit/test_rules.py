@@ -6,8 +6,8 @@ without a case here fails :func:`test_every_rule_has_a_case`."""
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
