@@ -3,6 +3,8 @@ exit, a dead launcher, a timeout waiting for a rank outside collectives (pure)."
 
 from __future__ import annotations
 
+import signal
+
 from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
@@ -10,7 +12,7 @@ from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.routing import block_label, routing_report
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report, monitored_barrier_laggards
-from moe_hang.evidence.model import Evidence, Restarts
+from moe_hang.evidence.model import Evidence, RankError, Restarts
 from moe_hang.evidence.stacks import callsite, collective_of
 from moe_hang.evidence.vocab import RankState, agree, exit_desc, who
 
@@ -47,28 +49,23 @@ def root_cause(f: Facts) -> Conclusion:
                f"{'an error of its' if len(others) == 1 else 'errors of their'} own too "
                "(--verbose)." if others
                else ": the other ranks only failed because it left."))
-    empty = _no_token_block(f.ev, rank) if "does not require grad" in err.message else None
-    if empty is not None:
-        text = (f"Rank {rank} routed no token into {empty}, so nothing that trains was in its "
-                "loss's graph and its backward had nothing to run. Anchor each MoE block's "
-                "output to its experts' parameters (y = y + sum(p.sum() for p in "
-                "experts.parameters()) * 0; moe_hang.anchor_gradients) so every rank's "
-                "backward runs, and posts its collectives, with or without tokens.")
-    elif "find_unused_parameters" in err.message:
-        text = ("DistributedDataParallel says some parameters of rank "
-                f"{rank} took no part in its loss: pass "
-                "find_unused_parameters=True to DistributedDataParallel, or make every rank "
-                "use every parameter every step.")
+    text = _special_advice(f, err, [rank]) or text
     return Conclusion(Verdict.CRASH, [rank], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
                       Advice(text))
 
 
 def _same_error(f: Facts) -> Conclusion | None:
-    """Several ranks raised one error — its type, its first line, at one line — each of its
-    own (none is a consequence of another's leaving): the code's error, every rank's, not one
-    rank's whose leaving failed the rest. None where their errors differ."""
+    """Several ranks raised one error — its type, its first sentence, at one line of the job
+    outside any collective — each of its own, and no rank died, was killed or left: the
+    code's error, every one of those ranks', not one rank's whose leaving failed the rest.
+    None where their errors differ, where one is raised inside a collective (several ranks'
+    identical error there is how a peer's failure usually reads), or where a rank ended
+    another way (its ending may be the cause)."""
     roots = f.root_causes
-    if len(roots) < 2:
+    # the rest ended of a consequence (a peer's closed connection), or torchrun's SIGTERM
+    torn = {r for r in set(f.bad_exit) - set(roots) - set(f.consequences)
+            if f.ev.ranks[r].exit_code != -signal.SIGTERM}
+    if len(roots) < 2 or f.killed or f.left or torn:
         return None
     keys = {r: (e.type, error_text(e), callsite(e.frames)) for r, e in roots.items()}
     if len(set(keys.values())) != 1:
@@ -76,14 +73,40 @@ def _same_error(f: Facts) -> Conclusion | None:
     ranks = sorted(roots)
     err = roots[ranks[0]]
     site = callsite(err.frames)
-    at = f" at {site.short()}" if site else ""
-    every = set(ranks) == set(f.views)
-    summary = (f"{'Every rank' if every else who(ranks).capitalize()} raised "
-               f"{error_text(err)}{at}: the same error on each, its own (none failed "
-               "because another left).")
+    if site is None or collective_of(err.frames)[0] is not None:
+        return None
+    at = f" at {site.short()}"
+    every = set(ranks) == set(f.views) and f.ev.unreached is None
+    them = "every rank" if every else who(ranks)
+    special = _special_advice(f, err, ranks)
+    after = sorted(set(f.consequences) - set(roots))
+    then = (f" {who(after).capitalize()} then failed as a consequence "
+            f"({error_text(f.consequences[after[0]], 80)})." if after else "")
     return Conclusion(Verdict.CRASH, ranks, CulpritBasis.EXCEPTION, Certainty.DEFINITE,
-                      summary, Advice(f"Fix the {err.type.rsplit('.', 1)[-1]}{at}: "
-                                      f"{'every rank' if every else who(ranks)} met it."))
+                      f"{them[0].upper()}{them[1:]} raised {error_text(err)}{at}: the same "
+                      f"error on each, its own (none failed because another left).{then}",
+                      Advice(special or f"Fix the {err.type.rsplit('.', 1)[-1]}{at}: {them} "
+                             "met it."))
+
+
+def _special_advice(f: Facts, err: RankError, ranks: list[int]) -> str | None:
+    """What an error's own words call for, where they name its cause: a rank that routed no
+    token into an MoE block (nothing that trains in its loss), DDP's unused parameters."""
+    if "does not require grad" in err.message:
+        empty = {r: b for r in ranks if (b := _no_token_block(f.ev, r)) is not None}
+        if empty:
+            r0 = min(empty)
+            return (f"{who(sorted(empty)).capitalize()} routed no token into {empty[r0]}, so "
+                    "nothing that trains was in the loss's graph and the backward had nothing "
+                    "to run. Anchor each MoE block's output to its experts' parameters (y = y "
+                    "+ sum(p.sum() for p in experts.parameters()) * 0; "
+                    "moe_hang.anchor_gradients) so every rank's backward runs, and posts its "
+                    "collectives, with or without tokens.")
+    elif "find_unused_parameters" in err.message:
+        return (f"DistributedDataParallel says some parameters of {who(ranks)} took no part "
+                "in the loss: pass find_unused_parameters=True to DistributedDataParallel, or "
+                "make every rank use every parameter every step.")
+    return None
 
 
 def _no_token_block(ev: Evidence, rank: int) -> str | None:

@@ -49,27 +49,19 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
     out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > since]
     for f in mine[:depth]:
         out += [(f, g) for g in gates(s.src, f.file, f.line)]
-    if lap is not None and out and _may_have_left(s, lap.line, lap.end, fm, here, now):
+    if lap is not None and out and _may_have_left(lap.line, lap.end, here):
         # fewer laps of the loop is the other way past it (where the lap holds no gate,
         # the loop's own advice says so)
         out.append((fm, Gate(lap.line, lap.end, lap.header or "the loop", LAPS)))
     return out
 
 
-def _may_have_left(s: Situation, top: int, end: int, fm: Frame, here: list[int],
-                   now: list[Frame]) -> bool:
-    """Fewer laps of the loop at ``top``..``end`` is a way past: the culprit is outside it
-    now, or a loop around it (in its function, or around a call on the culprit's stack
-    that leads there) could have brought it back in; a culprit inside the loop it never
-    left ran no fewer laps of it."""
-    if not any(top < n <= end for n in here):
-        return True
-    if loop_step(s.src, fm.file, top, top) is not None:
-        return True
-    callers = [f for f in now if not is_library_frame(f)]
-    at = next((i for i, f in enumerate(callers)
-               if (f.file, f.function) == (fm.file, fm.function)), len(callers))
-    return any(loop_step(s.src, f.file, f.line, f.line) is not None for f in callers[at + 1:])
+def _may_have_left(top: int, end: int, here: list[int]) -> bool:
+    """Fewer laps of the loop at ``top``..``end`` is a way past only for a culprit outside it
+    now: one inside it (past the exclusions above, between the skipped line and its last
+    agreed one) passed the skipped line in this very lap, whatever loops enclose it, so a
+    gate let it past, not the loop's count."""
+    return not any(top < n <= end for n in here)
 
 
 LAPS = "laps"  # a pseudo-gate: fewer laps of the loop (``test``: its header)

@@ -95,7 +95,9 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
     # startup_s did not start; a stall the evidence leaves uncertain is final after 3 stalls
     opts = WatchOptions(stall_s=cfg.stall_s, hang_after_s=cfg.stall_s * 3, native=native,
                         poll_s=0.1, refresh_s=1.0, startup_timeout_s=settings.startup_s,
-                        timings=settings)
+                        world=cfg.nproc, timings=settings,
+                        # bounded whatever happens: its process groups time out by then
+                        limit_s=settings.startup_s + cfg.pg_timeout_s)
     ref: subprocess.Popen[bytes] | None = None
     ref_report: ReferenceReport | None = None
     completed = False
@@ -105,8 +107,10 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
                 with starting_child():
                     ref = _start_reference(layout)
             say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
+            # the workers run in the run directory, with moe_hang importable from a checkout
             res = watch_command(argv, say, lambda _: None, options=opts, layout=layout,
-                                command=command, meta={"config": cfg.to_dict(), "port": port})
+                                command=command, meta={"config": cfg.to_dict(), "port": port},
+                                base_env=launcher.job_env(), cwd=layout.root)
             outcome = res.outcome
             completed = outcome.kind == EventKind.COMPLETED and res.diagnosis is not None
             if outcome.kind == EventKind.STARTUP_TIMEOUT:

@@ -53,6 +53,7 @@ class WatchOptions:
     refresh_s: float = 2.0
     # no rank up after this long: the job did not start (repro's own job); watch waits on
     startup_timeout_s: float = float("inf")
+    world: int | None = None  # the ranks the job starts, where the caller knows (repro)
     timings: Settings = field(default_factory=Settings)  # the tool's own waits (the CLI's)
 
 

@@ -160,9 +160,11 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                   out: str | None = None, stall_s: float = 10.0, native: bool = False,
                   command: list[str] | None = None,
                   options: WatchOptions | None = None, layout: RunLayout | None = None,
-                  meta: dict[str, Any] | None = None) -> WatchResult:
+                  meta: dict[str, Any] | None = None, base_env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> WatchResult:
     """``layout``: a run directory made by the caller (repro's, with its config in it);
-    ``meta``: more for its meta.json."""
+    ``meta``: more for its meta.json; ``base_env``, ``cwd``: the job's environment before
+    the probe's (default: ours) and its working directory (default: ours)."""
     cmd = resolve_command(cmd)
     opts = options or WatchOptions(stall_s=stall_s, native=native)
     plan = multinode.plan(cmd, opts.shared_dir)  # None: one node, nothing to coordinate
@@ -193,7 +195,8 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
             try:
                 with starting_child():
                     job = launcher.start(cmd, layout.job_log,
-                                         {**probe_env(layout), **dict(opts.env)}, stream=True)
+                                         {**probe_env(layout, base_env), **dict(opts.env)},
+                                         cwd=cwd, stream=True)
                 assert job.popen.stdout is not None
                 pump = threading.Thread(target=_pump, args=(job.popen.stdout, log, gate),
                                         daemon=True)
@@ -204,7 +207,7 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
                                           stall_s=opts.stall_s)
                     node.attach(job)
                 say(f"watching PID {job.pid}: {' '.join(cmd)[:80]}")
-                settings = WatchSettings(probe_dir=layout.ranks_dir, world=None,
+                settings = WatchSettings(probe_dir=layout.ranks_dir, world=opts.world,
                                          stall_s=opts.stall_s,
                                          startup_timeout_s=opts.startup_timeout_s,
                                          straggler_notice=True, poll_s=opts.poll_s,

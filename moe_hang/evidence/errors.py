@@ -25,6 +25,8 @@ _CONSEQUENCE = re.compile(
     r"failed to pass monitoredBarrier|monitoredBarrier|"
     r"DistNetworkError|DistBackendError: .*(?:reset|closed|timed out|Timed out|abort)|"
     r"Rank \d+ is not reachable|ECONNRESET|EPIPE|"
+    # NCCL's ncclRemoteError: a peer of this rank's communicator went away
+    r"remote process exited or there was a network error|ncclRemoteError|"
     r"Signal \d+ \(SIGTERM\)|got signal: 15|SignalException", re.IGNORECASE)
 _CONSEQUENCE_TYPES = ("KeyboardInterrupt", "SystemExit", "ChildFailedError", "SignalException")
 

@@ -334,8 +334,7 @@ def _on_sigterm() -> None:
 
 def install(directory: str | os.PathLike[str] | None = None, rank: int | None = None,
             interval: float | None = None, identity: Identity | None = None) -> Probe | None:
-    """Install the probe once per process; a no-op outside a rank or when already installed
-    (by either copy of this module: then that probe is this one's too)."""
+    """Install the probe once per process (either copy of this module's is this one's)."""
     global _PROBE
     if _PROBE is None:
         _PROBE = installed_elsewhere(__name__)
@@ -386,14 +385,16 @@ def after_join() -> Probe | None:
 
 def joined() -> None:
     """Right after any ``init_process_group`` of a probed rank (watch's hook): the routers
-    counted from the model's first call on."""
-    if _PROBE is not None:
+    counted from the model's first call on (the probe either copy of this module started)."""
+    p = _PROBE or installed_elsewhere(__name__)
+    if p is not None:
         with contextlib.suppress(Exception):
-            _PROBE.start_routing()
+            p.start_routing()
 
 
 def set_progress(**kv: Any) -> None:
     """Report progress (step k of N, phase) in the heartbeat; a no-op without a probe."""
-    if _PROBE is not None:
-        with _PROBE._lock:
-            _PROBE.progress.update(kv)
+    p = _PROBE or installed_elsewhere(__name__)
+    if p is not None:
+        with p._lock:
+            p.progress.update(kv)

@@ -39,7 +39,7 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
         head = Text(f"moe-hang check: {base.verdict.upper()} with routing untouched "
                     "(no plan tried)", style="bold red")
     elif res.found is None and res.compiled:
-        head = Text("moe-hang check: no MoE router seen: the model runs under torch.compile "
+        head = Text("moe-hang check: no MoE router seen outside torch.compile's graphs "
                     "(nothing to plan)", style="bold yellow")
     elif res.found is None:
         head = Text("moe-hang check: no MoE router found (nothing to plan)", style="bold yellow")
@@ -64,9 +64,10 @@ def check_screen(res: CheckResult, width: int) -> list[Text]:
     lines = wrap(head, width, hang=2)
     if res.found is None and res.compiled and not base.reproduced:
         lines += wrap(Text(
-            "torch.compile traced the routers into its graphs, where nothing can count or "
-            "re-route them; without compile the routing and the collectives it leads to are "
-            "the model's own", style="dim"), width, hang=2)
+            "torch.compile ran in the job and no router ran outside its graphs, where "
+            "nothing can count or re-route one: they may be inside them (without compile the "
+            "routing and its collectives are the model's own), or have another shape (name "
+            "yours: --router pkg.mod.Class)", style="dim"), width, hang=2)
     elif res.found is None and not base.reproduced:
         lines += wrap(Text(
             "no module with `experts` and a `gate`/`router` child ran (name one: --router "

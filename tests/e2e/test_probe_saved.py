@@ -78,3 +78,34 @@ def test_a_job_that_installs_the_probe_under_watch_gets_the_injected_one(tmp_pat
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "1"  # one probe thread
+
+
+JOB_FIRST = textwrap.dedent("""\
+    import os, sys, threading
+    from moe_hang.probe import probe
+    mine = probe.install(os.environ["MOE_HANG_PROBE_DIR"], 0)  # before any group
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1)  # watch's hook wraps this
+    assert mine is not None and mine.routing is not None, "routing not started at the join"
+    print(sum(t.name == "moe-hang-probe" for t in threading.enumerate()))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_installs_the_probe_before_joining_gets_routing_at_the_join(
+        tmp_path: Path):
+    """The other order (no RANK in the environment: mp.spawn, srun): the job's own install
+    comes first; watch's hook around ``init_process_group`` then starts the routers'
+    counting on that probe (a review: it looked at its own copy's, None, and did nothing)."""
+    layout = RunLayout(tmp_path / "run")
+    layout.ranks_dir.mkdir(parents=True)
+    job = tmp_path / "job.py"
+    job.write_text(JOB_FIRST)
+    env = probe_env(layout, dict(os.environ))
+    env.pop("RANK", None)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    run = subprocess.run([sys.executable, str(job)], env=env, timeout=90,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "1"

@@ -259,6 +259,19 @@ def test_keep_plan_cuts_the_blocks_input_and_pads_its_output(counted, keep: floa
     assert all(sum(c.counts) == int(T * keep) * K for c in calls)
 
 
+def test_an_eager_model_without_a_router_is_not_marked_compiled(counted) -> None:
+    """The mark needs dynamo to have compiled something: an eager job with no router is
+    "no router" (name one), not "compiled"."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Linear(D, D))
+    r = counted()
+    _train(model, 2)
+    got = read_routing(r.path)
+    assert got.calls == [] and not got.compiled and r.broken is None
+
+
 def test_a_compiled_model_gets_no_graph_break_from_the_hooks(counted) -> None:
     """torch.compile traces module hooks: ours do nothing while it traces (before, they broke
     this model into 7 graphs). Its routers go uncounted."""
@@ -281,6 +294,7 @@ def test_a_compiled_model_gets_no_graph_break_from_the_hooks(counted) -> None:
     got = read_routing(r.path)
     assert got.calls == [] and got.compiled and got.bad == 0
     torch._dynamo.reset()
+    counters.clear()  # process-wide: a later test's eager model must not read as compiled
 
 
 class FusedExperts(torch.nn.Module):

@@ -29,6 +29,7 @@ from moe_hang.evidence.model import (
     Unreached,
 )
 from moe_hang.evidence.probe_records import Heartbeat
+from moe_hang.evidence.routing import RouterCall
 from moe_hang.evidence.stacks import Frame, ThreadStack
 from moe_hang.evidence.vocab import JobState
 
@@ -543,6 +544,46 @@ def test_one_error_on_every_rank_is_the_codes_not_the_first_ranks(first: int) ->
     d = diagnose(_ev(*raised, job=JobState.FAILED))
     assert d.culprit_ranks == [first] and "only failed because" not in d.fix, d.fix
     assert f"rank {1 - first} raised an error of its own too" in d.fix
+
+
+def test_one_error_on_several_ranks_keeps_what_its_words_call_for() -> None:
+    """A review's cases. DDP's unused parameters on every rank: its own advice, not "fix the
+    RuntimeError". Two of four ranks routed no token (the anchor advice), the other two
+    failed of the closed connections (said as consequences). NCCL's remote error on three
+    ranks after the fourth was SIGKILLed: a consequence, the killed rank named. The same
+    error on two ranks while another was killed: no "none failed because another left"."""
+    ddp = ("Expected to have finished reduction in the prior iteration before starting a new "
+           "one. ... pass the keyword argument `find_unused_parameters=True` to "
+           "`torch.nn.parallel.DistributedDataParallel`")
+    d = diagnose(_ev(*(RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", ddp, frames=[Frame("/job/train.py", 40, "main")], time=1.0 + r))
+        for r in (0, 1)), job=JobState.FAILED))
+    assert d.culprit_ranks == [0, 1] and "find_unused_parameters=True" in d.fix, d.fix
+    block = "model.layers.0.block_sparse_moe"
+    ranks = [RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+        "RuntimeError", "element 0 of tensors does not require grad and does not have a "
+        "grad_fn", frames=[Frame("/job/train.py", 72, "main")], time=1.0 + r) if r < 2 else
+        RankError("RuntimeError", CONNECTION_CLOSED, time=3.0),
+        routing=[RouterCall(1, block, 0, 0 if r < 2 else 32,
+                            (0,) * 4 if r < 2 else (16,) * 4, 2)]) for r in range(4)]
+    d = diagnose(_ev(*ranks, job=JobState.FAILED))
+    assert d.culprit_ranks == [0, 1] and "Ranks 0, 1 routed no token" in d.fix, d.fix
+    assert "Ranks 2, 3 then failed as a consequence" in d.summary, d.summary
+    nccl = ("NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited or there was a "
+            "network error, NCCL version 2.21.5")
+    ranks = [RankEvidence(rank=0, alive=False, exit_code=-signal.SIGKILL), *(RankEvidence(
+        rank=r, alive=False, exit_code=1, error=RankError(
+            "torch.distributed.DistBackendError", nccl, frames=[
+                Frame(TORCH, 9, "all_reduce"), Frame("/job/train.py", 88, "main")],
+            time=5.0 + r)) for r in (1, 2, 3))]
+    d = diagnose(_ev(*ranks, job=JobState.FAILED))
+    assert (d.rule_id, d.culprit_ranks) == ("killed", [0]), d.summary
+    same = [RankEvidence(rank=r, alive=False, exit_code=1, error=RankError(
+        "ValueError", "bad batch", frames=[Frame("/job/train.py", 50, "main")], time=1.0 + r))
+        for r in (0, 1)]
+    d = diagnose(_ev(*same, RankEvidence(rank=2, alive=False, exit_code=-signal.SIGKILL),
+                     job=JobState.FAILED))
+    assert "none failed because another left" not in d.summary, d.summary
 
 
 @pytest.mark.parametrize("helper", [1, 0], ids=["rank1_logger_first", "mirrored"])
