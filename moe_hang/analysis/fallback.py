@@ -71,11 +71,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         for r, op in ops.items()}
     div = Divergence(pg="?", seq=None, kind=kind, members=sorted(ops), per_rank=per_rank,
                      phase="backward" if any(views[r].stack.in_backward for r in ops) else None)
-    # a rank in a recv whose peer is inside a collective (py-spy --locals, or the probe,
-    # name the peer): the peer went on past the send it owed; a rank waiting on a peer that
-    # is itself in a recv is held up by it (a pipeline stalls stage by stage)
+    # a rank in a recv (or a send that blocks until its peer receives) whose peer is inside
+    # a collective (py-spy --locals, or the probe, name the peer): the peer went on past the
+    # send (the recv) it owed — no other rank owes a point-to-point op, so none of them is
+    # a culprit of it; a rank waiting on a peer that is itself in a recv or a send is held
+    # up by it (a pipeline stalls stage by stage)
     owed = {r: p2p.peer for r in ops if (p2p := views[r].stack.p2p) is not None
-            and p2p.op == "recv" and p2p.peer is not None}
+            and p2p.op in ("recv", "send") and p2p.peer is not None}
     peers = {q for q in owed.values() if q in ops and q not in owed}
 
     def at(r: int) -> tuple[Frame, ...]:
