@@ -30,17 +30,28 @@ JOB = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.timeout(120)
-def test_the_probe_saves_the_recorder_while_collectives_complete(tmp_path: Path):
+def _run_probed(tmp_path: Path, source: str, *, torchrun_env: bool = True
+                ) -> tuple[RunLayout, subprocess.CompletedProcess[str]]:
+    """``source`` as one rank of a world of one, with the probe injected as watch injects it;
+    ``torchrun_env``: RANK and the rest set as torchrun sets them (else none: mp.spawn)."""
     layout = RunLayout(tmp_path / "run")
     layout.ranks_dir.mkdir(parents=True)
     job = tmp_path / "job.py"
-    job.write_text(JOB)
+    job.write_text(source)
     env = probe_env(layout, dict(os.environ))
-    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
-    subprocess.run([sys.executable, str(job)], env=env, timeout=90, check=True,
-                   capture_output=True)
+    env.pop("RANK", None)
+    if torchrun_env:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    run = subprocess.run([sys.executable, str(job)], env=env, timeout=90,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return layout, run
+
+
+@pytest.mark.timeout(120)
+def test_the_probe_saves_the_recorder_while_collectives_complete(tmp_path: Path):
+    layout, _ = _run_probed(tmp_path, JOB)
     saved = layout.rank(0).fr_saved
     assert saved.exists(), sorted(p.name for p in layout.ranks_dir.iterdir())
     dump = fr.load(saved)
@@ -67,16 +78,7 @@ def test_a_job_that_installs_the_probe_under_watch_gets_the_injected_one(tmp_pat
     """repro's worker installs the probe itself and runs under watch's machinery, which has
     injected it already (as another module): one probe, not two heartbeat threads and every
     router's tokens counted twice."""
-    layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
-    job = tmp_path / "job.py"
-    job.write_text(ONE_PROBE)
-    env = probe_env(layout, dict(os.environ))
-    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
-    run = subprocess.run([sys.executable, str(job)], env=env, timeout=90,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
+    _, run = _run_probed(tmp_path, ONE_PROBE)
     assert run.stdout.split()[-1] == "1"  # one probe thread
 
 
@@ -98,14 +100,5 @@ def test_a_job_that_installs_the_probe_before_joining_gets_routing_at_the_join(
     """The other order (no RANK in the environment: mp.spawn, srun): the job's own install
     comes first; watch's hook around ``init_process_group`` then starts the routers'
     counting on that probe (a review: it looked at its own copy's, None, and did nothing)."""
-    layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
-    job = tmp_path / "job.py"
-    job.write_text(JOB_FIRST)
-    env = probe_env(layout, dict(os.environ))
-    env.pop("RANK", None)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    run = subprocess.run([sys.executable, str(job)], env=env, timeout=90,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
+    _, run = _run_probed(tmp_path, JOB_FIRST, torchrun_env=False)
     assert run.stdout.split()[-1] == "1"
