@@ -233,7 +233,9 @@ def advise_order(s: Situation) -> Advice:
         # the others' collective, every rank's, runs under a branch that leaves ranks out;
         # the culprits' under none: they are the ones left out of it
         op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
-        return advise_condition(s.culprits, s.waiting(), op or "collective", missed_at,
+        # the ranks in that collective (not one held up elsewhere, in a send to a culprit)
+        there = [r for r in s.waiting() if s.site(r) == missed_at]
+        return advise_condition(s.culprits, there, op or "collective", missed_at,
                                 left_out, True,
                                 path_condition_site(s.src, s.frames.get(s.waiting()[0], [])))
     posted = next((s.frames[r] for r in s.waiting() if s.frames.get(r)), [])
