@@ -268,7 +268,12 @@ def thread_order(f: Facts) -> Conclusion:
     program; the order the group's collectives pair in is each rank's timing."""
     race = f.thread_race
     assert race is not None
-    div = race.div.div
+    first = race.div.div
+    # what each member posted where their threads' orders first part (the divergence found
+    # later, and its blame's marks, say something else: a skip where none happened)
+    div = Divergence(first.pg, race.seq, MismatchKind.ORDER, first.pg_desc,
+                     sorted(race.colls), {r: to_rc(c, f.views[r])
+                                          for r, c in sorted(race.colls.items())})
     group = pg_label(div.pg, div.pg_desc)
     threads = sorted(race.sites, key=lambda n: (n != "MainThread", n))
     where = " and ".join(f"{n} at {site_str(race.sites[n])}" for n in threads)
@@ -278,8 +283,8 @@ def thread_order(f: Facts) -> Conclusion:
     met = " met ".join(
         f"{who(rs)}'s {n} {race.colls[rs[0]].op}({fmt_shape(race.colls[rs[0]].input_sizes)})"
         for n, rs in sorted(sides.items(), key=lambda kv: kv[1]))
-    later = (f"; gloo paired them silently (the same sizes) up to seq {div.seq}, where the "
-             "sizes differ" if div.seq is not None and race.seq < div.seq else "")
+    later = (f"; gloo paired them silently (the same sizes) up to seq {first.seq}, where the "
+             "sizes differ" if first.seq is not None and race.seq < first.seq else "")
     summary = (f"Two threads of every rank post on {group}, {where}, in an order each "
                f"rank's timing sets: at seq {race.seq} {met}{later}.")
     helpers = [n for n in threads if n != "MainThread"] or threads[1:]

@@ -60,7 +60,7 @@ def thread_race(divs: list[GroupDivergence], views: RankViews) -> ThreadRace | N
                 continue
             if None in roles.values():
                 break
-            sites = _shared(slots, main, seq, named)
+            sites = _shared(slots, main, named)
             if sites is not None and _each_thread_agrees(slots, main, named) \
                     and _same_laps(views, ranks):
                 return ThreadRace(g, seq, {r: str(n) for r, n in roles.items()},
@@ -69,16 +69,17 @@ def thread_race(divs: list[GroupDivergence], views: RankViews) -> ThreadRace | N
     return None
 
 
-def _shared(slots: dict[int, dict[int, Collective]], main: dict[int, str | None], seq: int,
+def _shared(slots: dict[int, dict[int, Collective]], main: dict[int, str | None],
             named: set[str]) -> dict[str, Frame | None] | None:
     """Each thread's line on the group, where every member posted on it from every one of
-    ``named`` before ``seq``; None where one did not."""
+    ``named`` (the first time may be ``seq`` itself, or just after it: each rank's first
+    post of the helper is where their orders first part); None where one did not — a
+    thread one rank alone has posts its extras, no race."""
     sites: dict[str, Frame | None] = {}
     for r, slot in slots.items():
         seen: dict[str, Frame | None] = {}
-        for s, c in slot.items():
-            if s < seq and (role := _role(c, main.get(r))) is not None \
-                    and seen.get(role) is None:
+        for c in slot.values():
+            if (role := _role(c, main.get(r))) is not None and seen.get(role) is None:
                 seen[role] = callsite(c.frames)
         if not named <= set(seen):
             return None
