@@ -39,3 +39,19 @@ def test_every_option_of_every_command_is_in_the_synopsis() -> None:
                 if not re.search(re.escape(flag) + r"(?![\w-])", text):
                     missing.setdefault(name, []).append(flag)
     assert not missing, f"options missing from docs/reference.md's synopsis: {missing}"
+
+
+def test_the_synopsis_names_no_option_the_cli_lacks() -> None:
+    cli = typer.main.get_command(app)
+    assert isinstance(cli, typer.core.TyperGroup)
+    gone: dict[str, list[str]] = {}
+    for name, text in _synopsis().items():
+        cmd = cli.commands[name]
+        known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        if "the options of repro" in text:
+            known |= {o for p in cli.commands["repro"].params
+                      for o in (*p.opts, *p.secondary_opts)}
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
+            if flag not in known:
+                gone.setdefault(name, []).append(flag)
+    assert not gone, f"docs/reference.md's synopsis names options the CLI lacks: {gone}"
