@@ -225,6 +225,7 @@ def capture_and_diagnose(event: WatchEvent, kind: EventKind, layout: RunLayout,
     alive = {r: is_alive(pid) for r, pid in event.rank_pids.items()}
     capture_frozen(event, layout, say, settings=opts.timings, native=opts.native,
                    ask_probes=not event.sampled)
+    rundir.snapshot_capture(layout)  # what the verdict comes from, kept if it ends the job
     say("analysing")
     return diagnose_watched(layout, event, alive, cmd, kind)
 

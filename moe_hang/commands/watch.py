@@ -268,9 +268,15 @@ def watch_command(cmd: list[str], say: Phase, echo: Callable[[str], None], *,
         if pump is not None:
             pump.join(2.0)
         log.close()
+        # where a verdict ended the job, the run directory keeps the capture it came from
+        after_verdict = interrupted is None and diag is not None \
+            and outcome.kind != EventKind.COMPLETED
         if node is not None:
-            node.finish(ended_after_verdict=interrupted is None and diag is not None
-                        and outcome.kind != EventKind.COMPLETED)
+            node.finish(ended_after_verdict=after_verdict)
+        elif not after_verdict:
+            rundir.drop_snapshot(layout)
+        elif (why := rundir.keep_capture(layout)) is not None:
+            echo(f"[moe-hang] {why}")
     if interrupted is not None:
         raise Interrupted(interrupted)
     if not outcome.heartbeats and not outcome.rank_pids:

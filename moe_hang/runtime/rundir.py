@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -103,3 +105,58 @@ def versions() -> dict[str, str]:
 def meta(command: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"tool": "moe-hang", "versions": versions(), "host": socket.gethostname(),
             "command": command, "started": time.time(), **(extra or {})}
+
+
+# -------------------------------------------------- the capture, kept apart from the teardown
+
+_LOG_BYTES = "job.log.bytes"  # under .capture/: job.log's length when the ranks were captured
+
+
+def snapshot_capture(layout: RunLayout) -> None:
+    """The ranks' files as captured, and job.log's length then (``.capture/``): ending the
+    job after the verdict makes its ranks raise, dump and log into the same directory, and
+    ``analyze`` of it later must read the capture the verdict came from
+    (:func:`keep_capture`). FIFOs and sockets are not copied."""
+    snap = layout.snapshot_dir
+    shutil.rmtree(snap, ignore_errors=True)
+
+    def not_plain(d: str, names: list[str]) -> list[str]:
+        return [n for n in names if not (Path(d) / n).is_file() and not (Path(d) / n).is_dir()]
+
+    with contextlib.suppress(OSError, shutil.Error):
+        shutil.copytree(layout.ranks_dir, snap / "ranks", ignore=not_plain)
+        try:
+            size = layout.job_log.stat().st_size
+        except OSError:
+            size = 0
+        (snap / _LOG_BYTES).write_text(str(size))
+
+
+def keep_capture(layout: RunLayout) -> str | None:
+    """After the job ended because of the verdict: ``ranks/`` and job.log back to what was
+    captured, what came after in ``teardown/``; the snapshot goes. Returns why not, where
+    the swap failed (the directory then holds the teardown's files too)."""
+    snap = layout.snapshot_dir
+    try:
+        if not (snap / "ranks").is_dir():
+            return None
+        size = int((snap / _LOG_BYTES).read_text())
+        tear = layout.teardown_dir
+        tear.mkdir(mode=0o700, exist_ok=True)
+        os.replace(layout.ranks_dir, tear / "ranks")
+        os.replace(snap / "ranks", layout.ranks_dir)
+        with open(layout.job_log, "rb+") as f:
+            f.seek(size)
+            rest = f.read()
+            f.truncate(size)
+        RunLayout(tear).job_log.write_bytes(rest)
+        return None
+    except (OSError, ValueError) as exc:
+        return f"could not keep the capture apart from the teardown ({exc})"
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+
+
+def drop_snapshot(layout: RunLayout) -> None:
+    """No verdict ended the job (it ran on, or finished): the snapshot is not needed."""
+    shutil.rmtree(layout.snapshot_dir, ignore_errors=True)

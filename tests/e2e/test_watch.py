@@ -66,6 +66,13 @@ def test_skipped_collective(tmp_path):
     # the moment of the capture, before the job was ended (what came after is not evidence)
     table = json.loads((out / "processes.json").read_text())
     assert table["captured_at"] <= (out / "diagnosis.json").stat().st_mtime
+    # ... and the directory keeps what was captured: the ranks' files as the verdict read
+    # them, what ending the job made them write in teardown/ (analyze says what watch said)
+    assert (out / "teardown" / "ranks").is_dir() and not (out / ".capture").exists()
+    again = run_cli("analyze", str(out), "--json", timeout=120)
+    replay = json.loads(again.stdout)
+    assert (replay["verdict"], replay["culprit_ranks"], replay["summary"], replay["fix"]) == (
+        d["verdict"], d["culprit_ranks"], d["summary"], d["fix"])
 
 
 def test_ragged_dtensor_gather_aborts_gloo(tmp_path):

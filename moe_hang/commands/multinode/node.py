@@ -3,7 +3,6 @@ summaries, and one round from a capture to the verdict every node prints."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -11,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe_hang.analysis.diagnosis import Diagnosis
@@ -79,7 +77,6 @@ class Node(NodeChannel):
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last_offer = 0.0
-        self._snapshot: int | None = None  # job.log's size when the ranks were captured
         self._run_info: RunInfo | None = None  # this node's own record (command, timings)
         self._relay: Relay | None = None  # the watchers' own store, where this node serves it
         self._on_relay = False  # this node talks in the relay (not in the job's store)
@@ -225,24 +222,6 @@ class Node(NodeChannel):
             moving = {r: outcome.progressed[r] for r in outcome.progressed}
         return capture_summary(self.layout, self.node, self.host, moving=moving, alive=alive)
 
-    def _snapshot_capture(self) -> None:
-        """The ranks' files as captured: ending the job (here, or on another node first)
-        makes the ranks raise, dump and log connection errors into the same directory, and
-        ``analyze`` must read the capture the verdict came from (:meth:`finish`)."""
-        snap = self.layout.snapshot_dir
-        shutil.rmtree(snap, ignore_errors=True)
-
-        def not_plain(d: str, names: list[str]) -> list[str]:
-            return [n for n in names if not (Path(d) / n).is_file()
-                    and not (Path(d) / n).is_dir()]
-
-        with contextlib.suppress(OSError, shutil.Error):
-            shutil.copytree(self.layout.ranks_dir, snap / "ranks", ignore=not_plain)
-            try:
-                self._snapshot = self.layout.job_log.stat().st_size
-            except OSError:
-                self._snapshot = 0
-
     def _analyse(self, summaries: dict[str, NodeSummary], missing: list[str], kind: EventKind,
                  req: CaptureRequest | None) -> dict[str, Any]:
         """On the node that analyses: its own capture plus every other node's summary; the
@@ -298,7 +277,7 @@ class Node(NodeChannel):
             self.layout.coord_dir.mkdir(mode=0o700, exist_ok=True)
             rundir.write_json(self.layout.coord_local,
                               local.to_dict())
-            self._snapshot_capture()
+            rundir.snapshot_capture(self.layout)  # (the watch's capture took one: anew)
             return self._capture_summary(mon, outcome)
 
         if co is None or req is None:
@@ -357,24 +336,10 @@ class Node(NodeChannel):
     def finish(self, ended_after_verdict: bool) -> None:
         """After the job ended: where a verdict ended it, the run directory keeps the capture
         it came from (ranks/, job.log up to then); what came after is in teardown/."""
-        snap = self.layout.snapshot_dir
-        try:
-            if not ended_after_verdict or self._snapshot is None or not (snap / "ranks").is_dir():
-                return
-            tear = self.layout.teardown_dir
-            tear.mkdir(mode=0o700, exist_ok=True)
-            os.replace(self.layout.ranks_dir, tear / "ranks")
-            os.replace(snap / "ranks", self.layout.ranks_dir)
-            log = self.layout.job_log
-            with open(log, "rb+") as f:
-                f.seek(self._snapshot)
-                rest = f.read()
-                f.truncate(self._snapshot)
-            RunLayout(tear).job_log.write_bytes(rest)
-        except OSError as exc:
-            self.notice(f"could not keep the capture apart from the teardown ({exc})")
-        finally:
-            shutil.rmtree(snap, ignore_errors=True)
+        if not ended_after_verdict:
+            rundir.drop_snapshot(self.layout)
+        elif (why := rundir.keep_capture(self.layout)) is not None:
+            self.notice(why)
 
 
 def block_of(ranks: list[int]) -> str | None:
