@@ -37,8 +37,9 @@ def _role(c: Collective, main: str | None) -> str | None:
 def thread_race(divs: list[GroupDivergence], views: RankViews) -> ThreadRace | None:
     """The earliest divergence that two threads' interleaving on one group explains: from
     the first seq where the members' collectives came from different threads (gloo pairs
-    equal sizes silently, so that may be before the divergence), every member having posted
-    on the group from both threads before it."""
+    equal sizes silently, so that may be before the divergence), every member's records
+    showing both threads on the group (:func:`_shared`), each thread's own collectives alike
+    across the members and no loop counter setting them apart."""
     main = {r: v.ev.heartbeat.main_thread if v.ev.heartbeat is not None else None
             for r, v in views.items()}
     for g in divs:
