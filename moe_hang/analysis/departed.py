@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from moe_hang.analysis.timeline import RankView, RankViews, StackView, beat_counts
 from moe_hang.evidence.probe_records import said_exiting
+from moe_hang.evidence.stacks import main_thread
 from moe_hang.evidence.vocab import RankState
 
 
@@ -37,13 +38,26 @@ def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:
     return posted, done
 
 
+def _sampled_before_exit(v: RankView) -> bool:
+    """Its main thread's stack was sampled while its program still ran: a module's top level
+    is on it (the script's, or the ``python -m`` module's, or mp.spawn's). Once the
+    interpreter's shutdown began — where the exit beat comes from — the main thread runs only
+    the shutdown and the atexit handlers, never a module's top level: the beat is newer
+    (where the program ended normally: one that raised may have raised in that collective)."""
+    if v.ev.error is not None or v.ev.fatal:
+        return False  # it raised, maybe in that very collective: not past it
+    t = main_thread(v.ev.threads or [])
+    return t is not None and any(f.function == "<module>" for f in t.frames)
+
+
 def departing(views: RankViews) -> list[int]:
     """The live ranks on their way out: the last beat came from the interpreter's exit, with
-    the recorder's final counts, and no stack shows them inside a collective (a recorder
-    saved before the exit may still show one pending: they went past it)."""
+    the recorder's final counts, and no stack shows them inside a collective since (a
+    recorder saved before the exit may still show one pending, and a stack sampled before it
+    one they were in: they went past it; a collective an atexit handler posts is after it)."""
     return [r for r, v in views.items()
-            if v.state != RankState.EXITED and v.stack.op is None
-            and _final_counts(v) is not None]
+            if v.state != RankState.EXITED and _final_counts(v) is not None
+            and (v.stack.op is None or _sampled_before_exit(v))]
 
 
 def answered_all(views: RankViews, ranks: list[int]) -> set[int]:

@@ -130,6 +130,15 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
     def over() -> bool:
         return limit_at is not None and time.monotonic() >= limit_at
 
+    def watched_on(line: str, diag: Diagnosis) -> None:
+        # said in one line; the diagnosis behind it kept, for the line is all a person sees
+        notice(line)
+        kept_at = rundir.keep_watched(layout)
+        rundir.append_jsonl(layout.watched, {
+            "at": round(time.time(), 3), "said": line,
+            "capture": None if kept_at is None else str(kept_at.relative_to(layout.root)),
+            "diagnosis": diag.to_dict()})
+
     def stop() -> bool:
         if asked.is_set() or peers.tick(mon) or over():
             return True
@@ -177,39 +186,44 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
             notice(f"{opts.limit_s:.0f} s passed: {diag.verdict}, and the job is ended")
             return event, diag
         if rk in ON_DEMAND:
-            notice(f"on request: {diag.verdict}: {diag.summary[:160]} ({layout.diagnosis})")
+            watched_on(f"on request: {diag.verdict}: {diag.summary[:160]} "
+                       f"({layout.diagnosis})", diag)
             rundir.write_json(layout.diagnosis, diag.to_dict())
             peers.next_round()
             continue
         if rk == EventKind.STALLED and peers.alone() and mon.job.poll() == 0:
             # the launcher exited 0 while we captured: every rank finished, so whatever the
             # capture caught (a stack older than the rank's last steps) was no hang
-            notice(f"the job finished during the capture: not {diag.verdict} (watched on)")
+            caught = ("" if diag.verdict == Verdict.HEALTHY
+                      else f": what looked like {_A_VERDICT[diag.verdict]} was its end")
+            watched_on(f"the job finished during the capture{caught} (watched on)", diag)
             continue
         if rk == EventKind.STALLED and diag.verdict == Verdict.HEALTHY:
             # the capture saw the ranks move (a rank past the collective its older stack
             # showed): no stall to end the job for; watched on, as an uncertain one is
-            notice(f"{diag.summary} (watched on)")
+            watched_on(f"{diag.summary} (watched on)", diag)
             mon.hold()
             peers.next_round()
             continue
         if rk == EventKind.STALLED and diag.certainty == Certainty.UNCERTAIN:
-            notice(f"{diag.summary} (not ended: still watching)"
-                   if diag.rule_id == "unreached" else waiting_line(diag, opts.stall_s))
+            watched_on(f"{diag.summary} (not ended: still watching)"
+                       if diag.rule_id == "unreached" else waiting_line(diag, opts.stall_s),
+                       diag)
             mon.hold()
             peers.next_round()
             continue
         if rk == EventKind.FINAL and diag.verdict == Verdict.INCONCLUSIVE:
             # --hang-after passed, but nothing here could see whether the ranks move (watched
             # by sampling, on NCCL): time alone does not make that a hang
-            notice(f"{diag.summary} (not ended: nothing here can tell; still watching)")
+            watched_on(f"{diag.summary} (not ended: nothing here can tell; still watching)",
+                       diag)
             mon.s.hang_after_s = 0.0
             mon.hold()
             peers.next_round()
             continue
         if opts.keep_running and rk in FROZEN:
-            notice(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
-                   "(--keep-running)")
+            watched_on(f"{diag.verdict}: {diag.summary[:160]} — the job keeps running "
+                       "(--keep-running)", diag)
             kept = diag
             mon.s.hang_after_s = 0.0
             mon.hold()
@@ -259,6 +273,12 @@ def other_nodes(event: WatchEvent) -> Unreached | None:
     lw = next((hb.local_world for hb in event.heartbeats.values() if hb.local_world),
               event.local_world)
     return Unreached(sorted(set(range(world)) - set(ranks)), local_world=lw or len(ranks))
+
+
+_A_VERDICT = {Verdict.DESYNC: "a desync", Verdict.HANG: "a hang", Verdict.CRASH: "a crash",
+              Verdict.RANK_DIED: "a dead rank", Verdict.STRAGGLER: "a straggler",
+              Verdict.INCONCLUSIVE: "something", Verdict.TRANSPORT_HANG: "a transport hang",
+              Verdict.HEALTHY: "nothing"}
 
 
 def _here(f: Frame) -> str:

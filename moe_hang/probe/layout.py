@@ -181,6 +181,18 @@ class RunLayout:
         return self.root / "diagnosis.json"
 
     @property
+    def watched(self) -> Path:
+        """Each capture watch made and watched on (an uncertain stall, a capture that saw the
+        ranks move, one on request): the line it said, the whole diagnosis and where its
+        capture is kept (``watched_dir``), one per line."""
+        return self.root / "watched.jsonl"
+
+    @property
+    def watched_dir(self) -> Path:
+        """``watched/<n>/``: the n-th of those captures, a run directory ``analyze`` reads."""
+        return self.root / "watched"
+
+    @property
     def source(self) -> Path:
         """What the job's source says of the capture's lines, read when it was made."""
         return self.root / "source.json"

@@ -124,6 +124,11 @@ class Monitor(SamplingWatch):
     def held_for(self) -> float:
         return time.monotonic() - self.held_since if self.held_since is not None else 0.0
 
+    def moving_s(self) -> float:
+        """A rank whose heartbeat moved this recently is moving now (never more than half of
+        --stall)."""
+        return min(self.s.timings.summary_moving_s, self.s.stall_s / 2)
+
     def moving(self, within_s: float) -> dict[int, bool]:
         """Which ranks moved in the last ``within_s`` seconds (what a multi-node watcher tells
         the other nodes); empty until every local rank is up."""
@@ -304,7 +309,10 @@ class Monitor(SamplingWatch):
     def _straggler_notice(self, hbs: dict[int, Heartbeat], now: float, idle_for: float) -> None:
         waiting = [r for r, hb in hbs.items() if hb.pending
                    and now - self.ranks[r].moved_at >= self.s.stall_s]
-        busy = [r for r in hbs if r not in waiting and r not in self.out.dead_ranks]
+        # "still computing" is a rank moving now, not one that last moved just after the
+        # waiter posted (it went to sleep a moment later: the stall is seconds away)
+        busy = [r for r in hbs if r not in waiting and r not in self.out.dead_ranks
+                and now - self.ranks[r].moved_at < self.moving_s()]
         if self.s.straggler_notice and waiting and busy and idle_for < self.s.stall_s:
             if not self.straggling:
                 w = who(waiting)

@@ -86,6 +86,13 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
+def append_jsonl(path: Path, data: Any) -> None:
+    """One JSON line more (created 0600 when new)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(json.dumps(data, default=str) + "\n")
+
+
 def versions() -> dict[str, str]:
     out = {"moe_hang": __version__, "python": platform.python_version(),
            "platform": platform.platform()}
@@ -155,6 +162,38 @@ def keep_capture(layout: RunLayout) -> str | None:
         return f"could not keep the capture apart from the teardown ({exc})"
     finally:
         shutil.rmtree(snap, ignore_errors=True)
+
+
+WATCHED_KEPT = 8  # captures kept of a job watched on: a flapping stall must not fill the disk
+
+
+def keep_watched(layout: RunLayout) -> Path | None:
+    """The capture a watched-on line came from, apart from what the job writes next (its
+    ranks move on and rewrite their files): the snapshot's ``ranks/``, ``stacks/``, what
+    ``analyze`` reads beside them and job.log up to the capture, as ``watched/<n>/``. None
+    past the first ``WATCHED_KEPT``, or where it could not be copied (the line still said)."""
+    snap = layout.snapshot_dir
+    base = layout.watched_dir
+    try:
+        n = len(list(base.iterdir())) + 1 if base.is_dir() else 1
+        if n > WATCHED_KEPT or not (snap / "ranks").is_dir():
+            return None
+        if not base.is_dir():
+            _mkdir_private(base)
+        dest = base / str(n)
+        _mkdir_private(dest)
+        shutil.copytree(snap / "ranks", dest / "ranks")
+        if layout.stacks_dir.is_dir():
+            shutil.copytree(layout.stacks_dir, dest / "stacks")
+        for f in (layout.meta, layout.processes, layout.source, layout.config):
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
+        size = int((snap / _LOG_BYTES).read_text())
+        with open(layout.job_log, "rb") as src:
+            (dest / layout.job_log.name).write_bytes(src.read(size))
+        return dest
+    except (OSError, ValueError, shutil.Error):
+        return None
 
 
 def drop_snapshot(layout: RunLayout) -> None:

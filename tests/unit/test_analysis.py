@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import ROOT, captured, relocated
+from conftest import JOBS, ROOT, captured, relocated
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
@@ -1117,3 +1117,22 @@ def test_a_rank_behind_its_own_async_post_is_at_that_post_not_the_fsdp_call(
     r = {x["rank"]: x for x in d["ranks"]}
     assert (r[culprit]["collective"]["op"], r[culprit]["callsite"]["line"]) == ("all_reduce", 70)
     assert all(r[o]["callsite"]["line"] == 49 for o in r if o != culprit), r
+
+
+@pytest.mark.parametrize("name, stale", [("stale_stack_at_exit_0", 0),
+                                         ("stale_stack_at_exit_1", 1)])
+def test_an_exit_beat_is_newer_than_a_stack_that_shows_the_program_running(
+        fixtures, tmp_path, name, stale):
+    """pause_once.py under watch on two busy cores (fixtures/stale_stack_at_exit_*, recorded
+    by watch itself in watched/1/, both roles): one rank pauses 10.6 s, the stall is captured
+    as it resumes. py-spy caught rank ``stale`` in the all-reduce; by the time its probe was
+    asked for a dump it was in its interpreter's exit, its last beat counting every
+    collective posted and completed (8 of 8), as the other rank's did. A stack whose main
+    thread is still at a module's top level was sampled before that exit: both finished.
+    Was, with the pausing rank 1: "Rank 1 exited ... before the others while rank 0 in
+    all_reduce waited for it", rank_died, definite — which ends a job that is finishing."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main/tests/e2e/jobs", str(JOBS))
+    d = diagnose(load_capture(run)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("healthy", []), d["summary"]
+    r = {x["rank"]: x for x in d["ranks"]}
+    assert r[stale]["state"] == "exited" and r[1 - stale]["state"] == "exited"

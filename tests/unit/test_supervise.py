@@ -3,6 +3,7 @@ when the job itself says otherwise."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from moe_hang.analysis.diagnosis import Certainty, Diagnosis, Verdict
 from moe_hang.commands.supervise import AloneOnNode, WatchOptions, supervise
 from moe_hang.probe.layout import RunLayout
+from moe_hang.runtime import rundir
 from moe_hang.runtime.watchevent import EventKind, WatchEvent
 
 
@@ -79,3 +81,32 @@ def test_a_stall_the_capture_finds_moving_is_watched_on_not_ended(tmp_path: Path
                             notices.append, WatchOptions(), threading.Event())
     assert (event.kind, diag) == (EventKind.COMPLETED, None), notices
     assert any("making progress" in n and "watched on" in n for n in notices), notices
+    # the line a person saw, and the diagnosis behind it, are in the run directory
+    (said,) = [json.loads(ln) for ln in RunLayout(tmp_path).watched.read_text().splitlines()]
+    assert said["said"] == notices[0] and said["diagnosis"]["verdict"] == "healthy"
+    assert said["capture"] is None  # this scripted capture took no snapshot
+
+
+def test_each_watched_on_capture_is_kept_apart_for_analyze(tmp_path: Path) -> None:
+    """The ranks rewrite their files as they move on: the capture a watched-on line came from
+    is copied, as captured, to watched/<n>/ (its ranks/ from the snapshot, job.log up to the
+    capture), at most WATCHED_KEPT of them, each 0700."""
+    layout = RunLayout(tmp_path)
+    layout.ranks_dir.mkdir()
+    layout.stacks_dir.mkdir()
+    layout.rank(0).heartbeat.write_text('{"as": "captured"}')
+    (layout.stacks_dir / "rank0.pyspy.json").write_text("[]")
+    layout.processes.write_text("{}")
+    layout.job_log.write_text("before\n")
+    rundir.snapshot_capture(layout)
+    layout.rank(0).heartbeat.write_text('{"as": "after"}')
+    with layout.job_log.open("a") as f:
+        f.write("after\n")
+    kept = [rundir.keep_watched(layout) for _ in range(rundir.WATCHED_KEPT + 1)]
+    assert kept[0] == layout.watched_dir / "1" and kept[-1] is None
+    one = RunLayout(kept[0])
+    assert one.rank(0).heartbeat.read_text() == '{"as": "captured"}'
+    assert one.job_log.read_text() == "before\n"
+    assert (one.stacks_dir / "rank0.pyspy.json").is_file() and one.processes.is_file()
+    assert oct(layout.watched_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct(one.root.stat().st_mode & 0o777) == "0o700"
