@@ -84,6 +84,8 @@ class RunConfig:
     port: int | None = None
     # fsdp-skip: wrap LoRA outside fully_shard (the coverage mistake verify must catch)
     lora_outside_fsdp: bool = False
+    # verify --fixed: every step's output, loss share and whole LoRA gradients in result.pt
+    keep_results: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property

@@ -69,6 +69,9 @@ class Settings:
     # repro/verify: no rank of the scenario's job up after this long (torchrun could not
     # start it: a cold import on a slow filesystem takes tens of seconds) is a tool error
     startup_s: float = 180.0
+    # verify --fixed: the built-in model's single-process reference, from "compare" to its
+    # report (it computed while the ranks ran: a second or two)
+    reference_s: float = 120.0
 
     # -- diagnose (commands/diagnose.py)
 

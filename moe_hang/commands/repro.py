@@ -8,9 +8,9 @@ functions return, whatever happens.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
@@ -29,10 +29,17 @@ from moe_hang.errors import EXIT_OK, EXIT_VERIFY_FAILED, MoeHangError
 from moe_hang.evidence.torchrun_log import notable_log_lines, read_job_log
 from moe_hang.probe.layout import RankFiles, RunLayout
 from moe_hang.runtime import launcher, rundir
-from moe_hang.runtime.procs import Tracker, end_tree, starting_child
-from moe_hang.runtime.reference import await_reference, reference_report
+from moe_hang.runtime.procs import starting_child
+from moe_hang.runtime.reference import finish_reference, reference_report, start_reference
 from moe_hang.runtime.watchevent import EventKind, WatchEvent
-from moe_hang.scenarios.registry import FIXES, SCENARIOS, recommend_fix
+from moe_hang.scenarios.registry import (
+    ENV_RUN_CONFIG,
+    FIXES,
+    REFERENCE_BATCH,
+    REFERENCE_BUILD,
+    SCENARIOS,
+    recommend_fix,
+)
 from moe_hang.settings import Settings
 
 
@@ -49,32 +56,16 @@ class RunResult:
         return self.diagnosis.run
 
 
-def _start_reference(layout: RunLayout) -> subprocess.Popen[bytes]:
-    log = open(layout.reference_log, "wb")  # noqa: SIM115 - child owns it
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "moe_hang.scenarios.reference", str(layout.root)],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-            env=launcher.job_env(), start_new_session=True)
-    finally:
-        log.close()
-
-
-def _finish_reference(ref: subprocess.Popen[bytes], layout: RunLayout, compare: bool,
-                      timeout: float = 120.0) -> ReferenceReport | None:
-    tracker = Tracker()
-    tracker.add(ref.pid)
-    try:
-        if ref.stdin is not None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                ref.stdin.write(b"compare\n" if compare else b"")
-                ref.stdin.close()
-        if not compare:
-            return None
-        await_reference(ref, timeout, layout.reference_log)
-        return reference_report(layout.reference, layout.reference_log)
-    finally:
-        end_tree(ref, tracker, grace=1.0)
+def _start_reference(cfg: RunConfig, layout: RunLayout) -> subprocess.Popen[bytes]:
+    """moe_hang.check's reference runner on the built-in model (scenarios/reference.py):
+    it computes while torchrun starts, and compares once told."""
+    # float32 throughout: the runner's tolerance by dtype is the one verify always had
+    args = ["--reference", REFERENCE_BUILD, "--batch", REFERENCE_BATCH, "--world",
+            str(cfg.nproc), "--steps", str(cfg.steps), "--reduce", "sum",
+            "--runs", json.dumps([{"run_dir": str(layout.root), "plan": None}])]
+    return start_reference(args, layout.reference_log,
+                           {**launcher.job_env(), ENV_RUN_CONFIG: str(layout.config)},
+                           when_told=True)
 
 
 def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: list[str],
@@ -86,6 +77,7 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
     the worker reads, and the reference that verify compares with."""
     layout = RunLayout(rundir.create(out_dir, cfg.label).resolve())
     t0 = time.time()
+    cfg = dataclasses.replace(cfg, keep_results=with_reference)
     rundir.write_json(layout.config, cfg.to_dict())
     port = launcher.pick_port(cfg.port)
     argv = launcher.torchrun_argv(cfg.nproc, port, ["-m", "moe_hang.scenarios.worker",
@@ -105,7 +97,7 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
         try:
             if with_reference:  # computed while torchrun starts, compared once it is done
                 with starting_child():
-                    ref = _start_reference(layout)
+                    ref = _start_reference(cfg, layout)
             say(f"launching {cfg.nproc} ranks under torchrun (port {port})")
             # the workers run in the run directory, with moe_hang importable from a checkout
             res = watch_command(argv, say, lambda _: None, options=opts, layout=layout,
@@ -123,10 +115,12 @@ def run_scenario(cfg: RunConfig, out_dir: str | None, say: Phase, *, command: li
                                    + f" (see {layout.job_log})")
             if ref is not None and completed:
                 say("comparing with the single-process reference")
-                ref_report = _finish_reference(ref, layout, compare=True)
+                finish_reference(ref, layout.reference_log, settings.reference_s)
+                ref_report = reference_report(layout.reference, layout.reference_log)
         finally:
             if ref is not None and not completed:
-                _finish_reference(ref, layout, compare=False)
+                finish_reference(ref, layout.reference_log, settings.reference_s,
+                                 compare=False)
     diag = res.diagnosis
     timings = diag.timings or Timings()
     timings.wall_s = round(time.time() - t0, 3)

@@ -21,14 +21,13 @@ from torch import nn
 from moe_hang.config import RunConfig
 from moe_hang.scenarios.a2a import AllToAllDispatch
 from moe_hang.scenarios.ep import NaiveDTensorDispatch, VarlenDispatch
-from moe_hang.scenarios.fsdp import FSDPExperts, full_grads, shard_experts, uncovered_trainable
+from moe_hang.scenarios.fsdp import FSDPExperts, shard_experts, uncovered_trainable
 from moe_hang.scenarios.moe import (
     GroupedExpertsLoRA,
     MoELayer,
     MoEModel,
     layer_weights,
     local_dispatch,
-    local_tensor,
 )
 from moe_hang.scenarios.registry import SCENARIOS
 
@@ -36,9 +35,6 @@ from moe_hang.scenarios.registry import SCENARIOS
 @dataclass
 class Built:
     model: MoEModel
-    first_expert: int  # the experts whose gradients this rank reports: [first, first + n)
-    num_local: int
-    grads: Callable[[], dict[str, torch.Tensor | None]]
     uncovered: list[str] = field(default_factory=list)  # trainable params outside FSDP
 
 
@@ -63,19 +59,6 @@ def make_dispatch(name: str, mesh: Any, num_local: int) -> Any:
     raise ValueError(f"no dispatch named {name!r}")
 
 
-def _ep_grads(layers: list[Any]) -> Callable[[], dict[str, torch.Tensor | None]]:
-    def grads() -> dict[str, torch.Tensor | None]:
-        out: dict[str, torch.Tensor | None] = {}
-        for li, layer in enumerate(layers):
-            for name, p in layer.experts.lora_params().items():
-                g = p.grad
-                out[f"{li}.{name}"] = (None if g is None
-                                       else local_tensor(g).detach().cpu().clone())
-        return out
-
-    return grads
-
-
 def build_ep_model(cfg: RunConfig, mesh: Any, rank: int, device: torch.device) -> Built:
     """Experts sharded over the 1-D EP mesh: rank r owns experts [r*L, (r+1)*L)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -96,7 +79,7 @@ def build_ep_model(cfg: RunConfig, mesh: Any, rank: int, device: torch.device) -
                                      wrap=shard)
         layers.append(MoELayer(mcfg, i, experts, dispatch))
     model = MoEModel(layers).to(device)
-    return Built(model, first, num_local, _ep_grads(layers))
+    return Built(model)
 
 
 def build_fsdp_model(cfg: RunConfig, mesh: Any, device: torch.device,
@@ -113,7 +96,7 @@ def build_fsdp_model(cfg: RunConfig, mesh: Any, device: torch.device,
     model = MoEModel(layers).to(device)
     shard_experts(layers, mesh, cfg.lora_outside_fsdp, lambda li: layer_weights(mcfg, li),
                   before_unshard)
-    return Built(model, 0, mcfg.experts, lambda: full_grads(layers), uncovered_trainable(model))
+    return Built(model, uncovered_trainable(model))
 
 
 def build(cfg: RunConfig, mesh: Any, rank: int, device: torch.device,

@@ -104,25 +104,3 @@ def uncovered_trainable(model: nn.Module) -> list[str]:
 
     return [name for name, p in model.named_parameters()
             if p.requires_grad and not isinstance(p, DTensor)]
-
-
-def full_grads(model_layers: list[Any]) -> dict[str, torch.Tensor | None]:
-    """Every LoRA gradient, all experts stacked ``[E, ...]``, gathered from the shards.
-
-    ``full_tensor()`` is a collective: every rank calls it in the same order."""
-    out: dict[str, torch.Tensor | None] = {}
-    for li, layer in enumerate(model_layers):
-        for name in LORA_NAMES:
-            grads = []
-            for expert in layer.experts.experts:
-                g = getattr(expert, name).grad
-                if g is not None and hasattr(g, "full_tensor"):
-                    g = g.full_tensor()
-                grads.append(None if g is None else g.detach().cpu())
-            if all(g is None for g in grads):
-                out[f"{li}.{name}"] = None
-                continue
-            like = next(g for g in grads if g is not None)
-            out[f"{li}.{name}"] = torch.stack([g if g is not None else torch.zeros_like(like)
-                                               for g in grads])
-    return out

@@ -9,6 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# verify --fixed's single-process reference: moe_hang.check's runner (usercheck/reference.py)
+# on these (scenarios/reference.py), told the run's config.json by this variable
+REFERENCE_BUILD = "moe_hang.scenarios.reference:reference"
+REFERENCE_BATCH = "moe_hang.scenarios.reference:batch"
+ENV_RUN_CONFIG = "MOE_HANG_RUN_CONFIG"
+
 # Fixed ragged patterns, so the same command routes the same tokens on every machine.
 # 68/401/1607 are the per-rank counts from the NeMo Automodel report (PR #3631).
 _RAGGED = (68, 401, 1607, 230, 911, 5, 1203, 333)

@@ -6,7 +6,9 @@ of the experts, runs ``steps`` training steps on its slice of the global batch, 
 ``ranks/rank{R}.tokens.jsonl``  one line per EP collective, written *before* it is posted:
                                 local tokens, tokens per expert, the sizes about to be sent and
                                 the sequence number the collective will get.
-``ranks/rank{R}.result.pt``     outputs, losses and LoRA gradients of every step (for verify).
+``ranks/rank{R}.result.pt``     verify --fixed (``keep_results``): every step's output, loss
+                                share and whole LoRA gradients, as moe_hang.check's ranks keep
+                                them (usercheck/rank.py), for the one reference runner.
 ``ranks/rank{R}.error.json``    the exception, when the step raised one.
 """
 
@@ -96,6 +98,7 @@ def run(run_dir: Path) -> int:
     from moe_hang.scenarios import ep
     from moe_hang.scenarios.build import build
     from moe_hang.scenarios.moe import global_batch, local_loss, tokens_per_expert
+    from moe_hang.usercheck.rank import stepped_grads
 
     cfg = RunConfig.from_dict(json.loads(RunLayout(run_dir).config.read_text()))
     backend = _choose_backend(cfg.backend, cfg.nproc)
@@ -165,16 +168,17 @@ def run(run_dir: Path) -> int:
         # FSDP averages gradients over ranks; EP sums them through its collectives
         (loss * cfg.nproc if cfg.scenario == "fsdp-skip" else loss).backward()
         probe.set_progress(phase="optimizer")
-        grads = built.grads()
-        results.append({"out": out_TD.detach().cpu().clone(), "loss": reduce_loss(loss),
-                        "grads": grads})
+        total = reduce_loss(loss)
+        if cfg.keep_results:  # whole gradients: DTensor shards gathered, alike on every rank
+            results.append({"out": out_TD.detach().cpu().clone(), "loss": float(loss.detach()),
+                            "total_loss": total, "grads": stepped_grads(model, opt)})
         opt.step()
         opt.zero_grad(set_to_none=True)
         probe.set_progress(step=step, phase="step-done")
 
-    torch.save({"rank": rank, "rows": [offset, n_tok], "first_expert": built.first_expert,
-                "num_local": built.num_local, "backend": backend, "steps": results},
-               files.result)
+    if cfg.keep_results:
+        torch.save({"rank": rank, "rows": [offset, n_tok], "backend": backend,
+                    "steps": results, "dtypes": ["torch.float32"]}, files.result)
     probe.set_progress(phase="finishing")
     dist.barrier()
     dist.destroy_process_group()

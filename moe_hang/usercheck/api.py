@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +21,8 @@ from moe_hang.errors import MoeHangError
 from moe_hang.probe.layout import RunLayout
 from moe_hang.probe.routing import ENV_ROUTER
 from moe_hang.runtime import launcher, rundir
-from moe_hang.runtime.procs import Tracker, end_tree
-from moe_hang.runtime.reference import await_reference, reference_report
+from moe_hang.runtime.procs import starting_child
+from moe_hang.runtime.reference import finish_reference, reference_report, start_reference
 from moe_hang.settings import Settings
 
 
@@ -141,18 +140,10 @@ def _compare(res: CheckResult, args: list[str], timeout_s: float) -> None:
     spec = [{"run_dir": r.run_dir, "plan": None if r.plan is None else r.plan.to_dict()}
             for r in runs]
     log_path = RunLayout(res.run_dir).reference_log
-    tracker = Tracker()
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "moe_hang.usercheck.reference", *args,
-                 "--runs", json.dumps(spec)], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=launcher.job_env(), start_new_session=True)
-        tracker.add(proc.pid)
-        await_reference(proc, timeout_s, log_path)
-    finally:
-        end_tree(proc, tracker, grace=1.0)
+    with starting_child():
+        proc = start_reference([*args, "--runs", json.dumps(spec)], log_path,
+                               launcher.job_env())
+    finish_reference(proc, log_path, timeout_s)
     for r in runs:
         r.reference = reference_report(RunLayout(Path(r.run_dir)).reference, log_path)
     res.compared = True

@@ -4,7 +4,9 @@ turn, under the plan each run had, and compared with what the ranks kept (``resu
 
 ``python -m moe_hang.usercheck.reference --reference M:F --batch M:F --world W --steps S
 --runs JSON`` (JSON: ``[{"run_dir": ..., "plan": {...} | null}, ...]``, the clean runs) writes
-each run directory's ``reference.json``. A world of one gloo rank exists in this process (an
+each run directory's ``reference.json``; with ``--when-told`` it computes while the runs still
+run and compares once the parent says so (``verify --fixed``, whose reference is the built-in
+model's: scenarios/reference.py). A world of one gloo rank exists in this process (an
 in-memory store), so that a ``reference`` that builds a device mesh or calls ``fully_shard``
 (``build`` itself, often) runs as on one rank.
 
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -131,6 +135,35 @@ def compare_run(ref: list[dict[str, Any]], results: dict[int, dict[str, Any]], w
     return c.report(len(ref), WHAT)
 
 
+def _listen() -> threading.Event:
+    """``--when-told``: the parent's word arrives on stdin, maybe while the reference still
+    computes — "compare", or EOF (the run failed, or the parent died, even by SIGKILL): then
+    this process ends at once, so that no reference outlives the command that started it."""
+    told = threading.Event()
+
+    def listen() -> None:
+        if sys.stdin.readline().strip() != "compare":
+            os._exit(0)
+        told.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    return told
+
+
+def _report(layout: RunLayout, ref: list[dict[str, Any]] | None, error: str | None,
+            args: argparse.Namespace) -> None:
+    if ref is None:
+        report: dict[str, Any] = {"ok": False, "error": error, "rtol": args.rtol or 0.0,
+                                  "steps": args.steps, "what": WHAT}
+    else:
+        results = {}
+        for p in layout.files_of(RankFiles.RESULT):
+            data = torch.load(p, weights_only=True)
+            results[int(data["rank"])] = data
+        report = compare_run(ref, results, args.world, args.rtol)
+    write_atomic(layout.reference, (json.dumps(report, indent=2) + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="moe_hang.usercheck.reference")
     ap.add_argument("--reference", required=True)
@@ -141,28 +174,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reduce", choices=("mean", "sum"), default="mean")
     ap.add_argument("--router")
     ap.add_argument("--runs", required=True)
+    ap.add_argument("--when-told", action="store_true",
+                    help="compute while the runs run; compare once stdin says 'compare'")
     args = ap.parse_args(argv)
+    told = _listen() if args.when_told else None
     reference, batch = load(args.reference), load(args.batch)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    waiting: list[tuple[RunLayout, list[dict[str, Any]] | None, str | None]] = []
     for run in json.loads(args.runs):
         layout = RunLayout(Path(run["run_dir"]))
         plan = None if run.get("plan") is None else Plan.from_dict(run["plan"])
         print(f"reference: {layout.root.name}", flush=True)
+        ref, error = None, None
         try:
             ref = reference_steps(reference, batch, world=args.world, steps=args.steps,
                                   reduce=args.reduce, plan=plan,
                                   routing_path=layout.reference_routing, router=args.router)
         except ReferenceFailed as exc:
             traceback.print_exc()  # into reference.log: the whole story, for the curious
-            report: dict[str, Any] = {"ok": False, "error": str(exc), "rtol": args.rtol or 0.0,
-                                      "steps": args.steps, "what": WHAT}
+            error = str(exc)
+        if told is None:
+            _report(layout, ref, error, args)  # one run's reference in memory at a time
         else:
-            results = {}
-            for p in layout.files_of(RankFiles.RESULT):
-                data = torch.load(p, weights_only=True)
-                results[int(data["rank"])] = data
-            report = compare_run(ref, results, args.world, args.rtol)
-        write_atomic(layout.reference, (json.dumps(report, indent=2) + "\n").encode())
+            waiting.append((layout, ref, error))
+    if told is not None:
+        told.wait()  # bounded: the parent always writes or closes, or dies (EOF)
+        for layout, ref, error in waiting:
+            _report(layout, ref, error, args)
     dist.destroy_process_group()
     return 0
 

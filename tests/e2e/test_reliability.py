@@ -148,14 +148,25 @@ def test_the_reference_stops_when_its_parent_is_gone(tmp_path):
     command dies (even by SIGKILL: its end of the pipe closes), the reference stops at once
     instead of computing, and holding memory, for nobody."""
     from moe_hang.config import RunConfig
+    from moe_hang.runtime.launcher import job_env
+    from moe_hang.runtime.reference import start_reference
+    from moe_hang.scenarios.registry import ENV_RUN_CONFIG, REFERENCE_BATCH, REFERENCE_BUILD
 
     (tmp_path / "config.json").write_text(RunConfig(steps=100000).to_json())
-    ref = subprocess.Popen([sys.executable, "-m", "moe_hang.scenarios.reference", str(tmp_path)],
-                           stdin=subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    args = ["--reference", REFERENCE_BUILD, "--batch", REFERENCE_BATCH, "--world", "2",
+            "--steps", "100000", "--reduce", "sum",
+            "--runs", json.dumps([{"run_dir": str(tmp_path), "plan": None}])]
+    ref = start_reference(args, tmp_path / "reference.log",
+                          {**job_env(), ENV_RUN_CONFIG: str(tmp_path / "config.json")},
+                          when_told=True)
     try:
         assert ref.stdin is not None
+        deadline = time.monotonic() + 60
+        while "reference: " not in (tmp_path / "reference.log").read_text():
+            assert time.monotonic() < deadline and ref.poll() is None
+            time.sleep(0.2)  # until it computes (100000 steps: for minutes)
         ref.stdin.close()  # what the kernel does for a parent that died
-        assert ref.wait(timeout=60) == 0
+        assert ref.wait(timeout=10) == 0
         assert not (tmp_path / "reference.json").exists()
     finally:
         if ref.poll() is None:
