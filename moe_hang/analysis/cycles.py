@@ -32,6 +32,7 @@ from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
+from moe_hang.analysis.shift import count_shift, shifted
 from moe_hang.analysis.source import excludes_ranks, path_condition_site
 from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge
@@ -95,6 +96,12 @@ def cycle(f: Facts) -> Conclusion:
     summary = "Deadlock: " + "; ".join(parts) + "."
     if len(f.wait_cycles) > 1:
         summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
+    if b.basis == CulpritBasis.CYCLE and not redirected \
+            and (sh := count_shift(cyc, f.views)) is not None:
+        verdict, said, advice = shifted(sh, f.views)
+        return Conclusion(verdict, sh.culprits, CulpritBasis.MAJORITY, Certainty.LIKELY,
+                          summary + said, advice,
+                          next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
     if p2p_only and b.basis == CulpritBasis.CYCLE:
         text = ("Each rank waits to receive before it sends: order the calls so one side sends "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
 from moe_hang.analysis.source import gates, loop_step, rank_condition
-from moe_hang.evidence.source import Gate
+from moe_hang.evidence.source import Gate, SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import who
 
@@ -129,3 +129,22 @@ def advise_gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame, g: 
         "(all-reduce what it tests first), or post that collective on every rank whatever "
         "the data.", site=Frame(now.file, g.line, now.function),
         site_why=f"the branch {me} took")
+
+
+def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
+    """A rank at ``fa`` is at a later line of a loop's body than the others' collective at
+    ``fb`` (user frames, outermost first, the outer ones alike), and nothing in the source
+    lets a rank get from the loop's top to ``fb``'s line without posting it: no ``if`` it
+    sits in or guard before it within the body, no rank condition. Then the rank posted that
+    line's collective itself on its way, under another sequence number where the counts
+    differ: it skipped nothing there (who has one more or one fewer is decided earlier)."""
+    if len(fa) != len(fb) or not fa or any(
+            (x.file, x.function, x.line) != (y.file, y.function, y.line)
+            for x, y in zip(fa[:-1], fb[:-1], strict=True)):
+        return False
+    a, b = fa[-1], fb[-1]
+    if (a.file, a.function) != (b.file, b.function) or not b.line < a.line:
+        return False
+    body = loop_step(src, b.file, b.line, a.line)
+    return body is not None and rank_condition(src, b.file, b.line) is None and not any(
+        g.line > body.line for g in gates(src, b.file, b.line))

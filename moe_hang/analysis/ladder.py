@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.gates import passed_through
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
@@ -350,6 +351,8 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
     for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
         fa = [f for f in at_mine if not is_library_frame(f)]
         ahead = position_order(ctx, fa, fb, ca, cb) if fa and fb else None
+        if ahead and r.edit == Edit.SKIP and passed_through(ctx.views.source, fa, fb):
+            ahead = None  # it posted that line's collective itself, numbered otherwise
         answers.append(None if ahead is None else (not ahead) if r.edit == Edit.BEHIND
                        else ahead)
     if any(a is False for a in answers):

@@ -1136,3 +1136,25 @@ def test_an_exit_beat_is_newer_than_a_stack_that_shows_the_program_running(
     assert (d["verdict"], d["culprit_ranks"]) == ("healthy", []), d["summary"]
     r = {x["rank"]: x for x in d["ranks"]}
     assert r[stale]["state"] == "exited" and r[1 - stale]["state"] == "exited"
+
+
+@pytest.mark.parametrize("name, extra", [("count_shift_0", 0), ("count_shift_1", 1)])
+def test_ranks_past_an_unconditional_line_posted_it_themselves_one_more_is_an_extra(
+        fixtures, tmp_path, name, extra):
+    """A 2x3 mesh, 6 ranks on two busy cores under watch (fixtures/count_shift_jobs, fuzz
+    seed 19283746 job 9, and its mirror): at step 2 one rank also all-reduces a gradient
+    norm on the default group, which gloo pairs silently with the others' next step's first
+    all-reduce (one float each). No probe answered the dump request: the recorders are the
+    periodic saves, without call sites. The ranks then meet in a cycle: the extra rank waits
+    in default #11 at the loop's first line, the others are past that line in the same pass
+    (in tp/dp all-reduces) having posted its all-reduce as #10. Nothing lets a rank through
+    that line without posting it: they skipped nothing there; the one rank with one more is
+    the culprit (5 against 1). Was: "ranks 1-3, 5 went past what rank 0 waits in", definite,
+    both roles."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-19283746/jobs",
+                    str(fixtures / "count_shift_jobs"))
+    d = diagnose(load_capture(run)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["certainty"], d["culprit_basis"]) == (
+        "desync", [extra], "likely", "majority"), d["summary"]
+    assert f"rank {extra} posted one collective more on default_pg" in d["summary"]
+    assert d["fix"].startswith(f"Rank {extra} posted one collective more on default_pg than")
