@@ -145,9 +145,10 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     sv, source = _threads(ev)
     if source and not ev.stack_source:
         ev.stack_source = source
-    # a rank held alive after it raised has failed there: it is not waiting, nor moving
+    # a rank held alive after it raised has failed there: it is not waiting, nor moving;
+    # nor is one whose main thread the capture caught in an excepthook, recording it
     exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True) \
-        or (ev.held and ev.error is not None)
+        or (ev.error is not None and (ev.held or _in_excepthook(sv)))
     pending = _pending(tl)
     current: Collective | None = _in_call(pending, sv) or (pending[0] if pending else None)
     state: RankState
@@ -190,6 +191,11 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
         site = _posting_site(current, sv, current, state) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site, moved)
+
+
+def _in_excepthook(sv: StackView) -> bool:
+    """The main thread is in an excepthook (torch's, the probe's): the program has raised."""
+    return bool(sv.frames) and "excepthook" in sv.frames[-1].function
 
 
 def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) -> bool:

@@ -290,7 +290,10 @@ def callsite(frames: list[Frame]) -> Frame | None:
     outside Python's own library where a frame of the job's is below it (``ctypes.string_at``
     called from the job: the job's line; the library frame stays in the stack, above it)."""
     ours = [f for f in frames if not is_library_frame(f)]
-    return next((f for f in ours if not is_stdlib_frame(f)), ours[0] if ours else None)
+    job = next((f for f in ours if not is_stdlib_frame(f)), None)
+    # else a library frame, unless the probe called it (its dump's lock in an excepthook)
+    return job if job is not None or not ours else None if any(
+        is_tool_frame(f) for f in frames[frames.index(ours[0]) + 1:]) else ours[0]
 
 
 
@@ -346,12 +349,12 @@ def autograd_function(frames: list[Frame]) -> str | None:
     return None
 
 
+_IDLE_WAITS = ("sleep", "wait", "select", "poll", "acquire", "join", "_wait_for_tstate_lock",
+               "read", "recv", "accept")
+
+
 def _is_idle_wait(frames: list[Frame]) -> bool:
-    if not frames:
-        return False
-    top = _func(frames[0])
-    return top in ("sleep", "wait", "select", "poll", "acquire", "join", "_wait_for_tstate_lock",
-                   "read", "recv", "accept")
+    return bool(frames) and _func(frames[0]) in _IDLE_WAITS
 
 
 def view(thread: ThreadStack | None) -> StackView:
@@ -363,10 +366,8 @@ def view(thread: ThreadStack | None) -> StackView:
     back = in_backward(frames)
     site = callsite(frames)
     fn = autograd_function(frames) if back else None
-    if op is not None:
-        p2p = thread.p2p if op in ("send", "recv") else None
-        if p2p is None and op in ("send", "recv"):
-            p2p = P2PCall(op, None)  # inside it, peer not visible (no --locals)
+    if op is not None:  # a send/recv's peer is not visible without --locals
+        p2p = (thread.p2p or P2PCall(op, None)) if op in ("send", "recv") else None
         return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p,
                          counters=thread.counters, thread_id=thread.thread_id or None)
     if thread.active is True:

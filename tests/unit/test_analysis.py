@@ -1158,3 +1158,24 @@ def test_ranks_past_an_unconditional_line_posted_it_themselves_one_more_is_an_ex
         "desync", [extra], "likely", "majority"), d["summary"]
     assert f"rank {extra} posted one collective more on default_pg" in d["summary"]
     assert d["fix"].startswith(f"Rank {extra} posted one collective more on default_pg than")
+
+
+@pytest.mark.parametrize("name, killed", [("excepthook_stack_0", 2), ("excepthook_stack_1", 0)])
+def test_a_rank_caught_in_its_excepthook_is_at_the_line_that_raised(
+        fixtures, tmp_path, name, killed):
+    """A 2x2 mesh on two nodes beside a busy neighbour (fixtures/excepthook_stack_jobs, fuzz
+    seed 55173209 job 9, and its mirror): one rank is SIGKILLed, the others fail in the
+    broadcast at line 61. py-spy caught one of them in its excepthook, the probe's dump
+    waiting on its lock (contextlib's ``__enter__`` under moe-hang's own frames, no frame of
+    the job's). That rank has raised: its line is the traceback's, 61 (was:
+    ``contextlib.py:137``, the probe's own lock read as the job's line)."""
+    from moe_hang.evidence.load import load_captures
+
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-55173209/jobs",
+                    str(fixtures / "excepthook_stack_jobs"))
+    d = diagnose(load_captures([run / "node0", run / "node1"])).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("rank_died", [killed]), d["summary"]
+    sites = {r["rank"]: r["callsite"] or {} for r in d["ranks"]}
+    assert all(sites[r].get("file", "").endswith("_sigkill_mesh2d.py") for r in range(4)), sites
+    if name.endswith("_1"):  # the mirror: rank 3 was the one in its excepthook
+        assert all(sites[r]["line"] == 61 for r in (1, 2, 3)), sites
