@@ -43,9 +43,12 @@ def _sampled_before_exit(v: RankView) -> bool:
     is on it (the script's, or the ``python -m`` module's, or mp.spawn's). Once the
     interpreter's shutdown began — where the exit beat comes from — the main thread runs only
     the shutdown and the atexit handlers, never a module's top level: the beat is newer
-    (where the program ended normally: one that raised may have raised in that collective)."""
-    if v.ev.error is not None or v.ev.fatal:
-        return False  # it raised, maybe in that very collective: not past it
+    (where the program ended normally, every collective it posted completed: one that raised,
+    or left one pending, may have failed in that very collective)."""
+    counts = _final_counts(v)
+    if v.ev.error is not None or v.ev.fatal or counts is None or any(
+            counts[1].get(pg, -1) < n for pg, n in counts[0].items()):
+        return False  # it raised, or its exit left one pending: maybe in that very one
     t = main_thread(v.ev.threads or [])
     return t is not None and any(f.function == "<module>" for f in t.frames)
 

@@ -137,7 +137,9 @@ def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
     lets a rank get from the loop's top to ``fb``'s line without posting it: no ``if`` it
     sits in or guard before it within the body, no rank condition. Then the rank posted that
     line's collective itself on its way, under another sequence number where the counts
-    differ: it skipped nothing there (who has one more or one fewer is decided earlier)."""
+    differ: it skipped nothing there (who has one more or one fewer is decided earlier).
+    ``fb``'s statement must sit right in the loop's body: one inside an inner loop, a
+    ``try``, a ``with`` or an ``if`` may run no time in a pass."""
     if len(fa) != len(fb) or not fa or any(
             (x.file, x.function, x.line) != (y.file, y.function, y.line)
             for x, y in zip(fa[:-1], fb[:-1], strict=True)):
@@ -146,5 +148,11 @@ def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
     if (a.file, a.function) != (b.file, b.function) or not b.line < a.line:
         return False
     body = loop_step(src, b.file, b.line, a.line)
-    return body is not None and rank_condition(src, b.file, b.line) is None and not any(
+    lf = src.line(b.file, b.line)
+    if body is None or lf is None:
+        return False
+    at = next((i for i, st in enumerate(lf.path) if st.line == body.line), None)
+    if at is None or len(lf.path) != at + 2 or lf.path[at + 1].field != "body":
+        return False
+    return rank_condition(src, b.file, b.line) is None and not any(
         g.line > body.line for g in gates(src, b.file, b.line))

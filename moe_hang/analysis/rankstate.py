@@ -148,7 +148,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     # a rank held alive after it raised has failed there: it is not waiting, nor moving;
     # nor is one whose main thread the capture caught in an excepthook, recording it
     exited = ev.alive is False or (ev.exit_code is not None and ev.alive is not True) \
-        or (ev.error is not None and (ev.held or _in_excepthook(sv)))
+        or (ev.error is not None and (ev.held or _in_excepthook(ev)))
     pending = _pending(tl)
     current: Collective | None = _in_call(pending, sv) or (pending[0] if pending else None)
     state: RankState
@@ -193,9 +193,12 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     return RankView(ev, tl, sv, state, current, site, moved)
 
 
-def _in_excepthook(sv: StackView) -> bool:
+def _in_excepthook(ev: RankEvidence) -> bool:
     """The main thread is in an excepthook (torch's, the probe's): the program has raised."""
-    return bool(sv.frames) and "excepthook" in sv.frames[-1].function
+    t = main_thread(ev.threads or [])
+    out = t.frames[-1] if t is not None and t.frames else None
+    return out is not None and ("excepthook" in out.function
+                                or (is_tool_frame(out) and out.function.endswith("hook")))
 
 
 def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) -> bool:

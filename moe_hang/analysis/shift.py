@@ -4,8 +4,9 @@ leave, no rank condition before it in the body), the ranks waiting in it as G#s 
 past it in the same pass — having posted it themselves, as an earlier number — skipped
 nothing there. One side posted more collectives on G before this pass's line than the other:
 an extra (gloo paired it silently with the other side's next one of equal size) or a skip.
-Which side: the smaller one (the others agree with each other); as many on each side, or the
-passed ranks at different counts, decides nothing. Pure."""
+Which side: the smaller one (the ranks whose counts the evidence holds; the rest are not
+counted); as many on each side, or the passed ranks at different counts, decides nothing.
+Pure."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.gates import passed_through
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
-from moe_hang.analysis.source import loop_step, rank_condition
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.stacks import Frame
@@ -73,36 +73,25 @@ def count_shift(cycle: list[Edge], views: RankViews) -> Shift | None:
     return None
 
 
-def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
-    """The sentence and the advice; the fix's line where the loop's body shows exactly one
-    collective under a rank condition (the branch one side takes)."""
+def shifted(sh: Shift) -> tuple[Verdict, str, Advice]:
+    """The sentence and the advice. How many more: not said — a collective on G between the
+    line and where the passed ranks are counts in their number too."""
     group = pg_label(sh.pg, sh.pg_desc)
     c, o = sh.culprits, sh.others
-    n = sh.seq - sh.passed_seq
-    colls = "one collective" if n == 1 else f"{n} collectives"
     line = site_str(sh.site)
-    said = (f" {who(sh.passed).capitalize()} went through {line} in this pass and posted its "
-            f"{sh.op} as {group}#{sh.passed_seq}; {who(sh.ahead)} "
-            f"{agree(sh.ahead, 'waits', 'wait')} in it as #{sh.seq}: ")
+    said = (f" {who(sh.passed).capitalize()} went through {line} in this pass, having posted "
+            f"up to {group}#{sh.passed_seq}; {who(sh.ahead)} "
+            f"{agree(sh.ahead, 'waits', 'wait')} in its {sh.op} as #{sh.seq}: ")
     if sh.extra:
-        said += (f"{who(c)} posted {colls} more on {group} before it than the "
-                 f"{len(o)} others, which agree (an extra, paired silently with their next "
-                 "of the same size).")
-        text = (f"{who(c).capitalize()} posted {colls} more on {group} than "
-                f"{who(o)} before {line}: one that runs on {agree(c, 'it', 'them')} only (a "
-                "log, a metric, a check under a condition on the rank). Post it on every rank "
-                "of the group, or on a group of its own.")
+        said += (f"{who(c)} posted more collectives on {group} before it than "
+                 f"{who(o)} (an extra, paired silently with their next of the same size).")
+        text = (f"{who(c).capitalize()} posted more collectives on {group} than {who(o)} "
+                f"before {line}: one that runs on {agree(c, 'it', 'them')} only (a log, a "
+                "metric, a check under a condition on the rank). Post it on every rank of "
+                "the group, or on a group of its own.")
     else:
-        said += (f"{who(c)} posted {colls} fewer on {group} before it than the "
-                 f"{len(o)} others, which agree (a skip).")
-        text = (f"{who(c).capitalize()} posted {colls} fewer on {group} than "
-                f"{who(o)} before {line}: one the others post, skipped there (an `if` or "
-                "`continue` on the rank's own data). Post every collective of a pass on "
-                "every rank.")
-    body = loop_step(views.source, sh.site.file, sh.site.line, sh.site.line)
-    conds = [ln for ln in (body.calls if body is not None else ())
-             if rank_condition(views.source, sh.site.file, ln) is not None]
-    site = Frame(sh.site.file, conds[0], sh.site.function) if len(conds) == 1 else None
-    return Verdict.DESYNC, said, Advice(text, site=site,
-                                        site_why="the collective under a rank condition"
-                                        if site is not None else None)
+        said += f"{who(c)} posted fewer on {group} before it than {who(o)} (a skip)."
+        text = (f"{who(c).capitalize()} posted fewer collectives on {group} than {who(o)} "
+                f"before {line}: one the others post, skipped there (an `if` or `continue` "
+                "on the rank's own data). Post every collective of a pass on every rank.")
+    return Verdict.DESYNC, said, Advice(text)

@@ -14,6 +14,7 @@ node still move is a straggler there, not a hang.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -134,10 +135,11 @@ def supervise(mon: Monitor, peers: Peers, capture: Capture, layout: RunLayout,
         # said in one line; the diagnosis behind it kept, for the line is all a person sees
         notice(line)
         kept_at = rundir.keep_watched(layout)
-        rundir.append_jsonl(layout.watched, {
-            "at": round(time.time(), 3), "said": line,
-            "capture": None if kept_at is None else str(kept_at.relative_to(layout.root)),
-            "diagnosis": diag.to_dict()})
+        with contextlib.suppress(OSError):  # a full disk must not end a job watched on
+            rundir.append_jsonl(layout.watched, {
+                "at": round(time.time(), 3), "said": line,
+                "capture": None if kept_at is None else str(kept_at.relative_to(layout.root)),
+                "diagnosis": diag.to_dict()})
 
     def stop() -> bool:
         if asked.is_set() or peers.tick(mon) or over():

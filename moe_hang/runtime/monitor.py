@@ -320,7 +320,7 @@ class Monitor(SamplingWatch):
                             f"wait{'s' if len(waiting) == 1 else ''}: a straggler, not a hang "
                             "(still watching)")
                 self.straggling = True
-        else:
+        elif not waiting:  # said once while they wait, however the straggler's pace varies
             self.straggling = False
 
     def _describe(self, hbs: dict[int, Heartbeat], world: int | None) -> None:

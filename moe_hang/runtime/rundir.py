@@ -165,6 +165,7 @@ def keep_capture(layout: RunLayout) -> str | None:
 
 
 WATCHED_KEPT = 8  # captures kept of a job watched on: a flapping stall must not fill the disk
+WATCHED_LOG_BYTES = 16 << 20
 
 
 def keep_watched(layout: RunLayout) -> Path | None:
@@ -182,6 +183,9 @@ def keep_watched(layout: RunLayout) -> Path | None:
             _mkdir_private(base)
         dest = base / str(n)
         _mkdir_private(dest)
+    except (OSError, ValueError):
+        return None
+    try:
         shutil.copytree(snap / "ranks", dest / "ranks")
         if layout.stacks_dir.is_dir():
             shutil.copytree(layout.stacks_dir, dest / "stacks")
@@ -189,10 +193,16 @@ def keep_watched(layout: RunLayout) -> Path | None:
             if f.is_file():
                 shutil.copy2(f, dest / f.name)
         size = int((snap / _LOG_BYTES).read_text())
-        with open(layout.job_log, "rb") as src:
-            (dest / layout.job_log.name).write_bytes(src.read(size))
+        with open(layout.job_log, "rb") as src, open(dest / layout.job_log.name, "wb") as out:
+            # the log up to the capture: its last WATCHED_LOG_BYTES (a job's log may be GBs)
+            src.seek(max(0, size - WATCHED_LOG_BYTES))
+            left = min(size, WATCHED_LOG_BYTES)
+            while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
         return dest
     except (OSError, ValueError, shutil.Error):
+        shutil.rmtree(dest, ignore_errors=True)  # a half copy is not kept (nor counted)
         return None
 
 

@@ -3,7 +3,8 @@
 It installs the probe before torch starts any thread, builds the scenario's model on its slice
 of the experts, runs ``steps`` training steps on its slice of the global batch, and writes:
 
-``ranks/rank{R}.tokens.jsonl``  one line per EP collective, written *before* it is posted:
+``ranks/rank{R}.tokens.jsonl``  one line per EP collective of the model (not the gathers of
+                                verify's results), written *before* it is posted:
                                 local tokens, tokens per expert, the sizes about to be sent and
                                 the sequence number the collective will get.
 ``ranks/rank{R}.result.pt``     verify --fixed (``keep_results``): every step's output, loss

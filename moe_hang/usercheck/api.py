@@ -140,10 +140,15 @@ def _compare(res: CheckResult, args: list[str], timeout_s: float) -> None:
     spec = [{"run_dir": r.run_dir, "plan": None if r.plan is None else r.plan.to_dict()}
             for r in runs]
     log_path = RunLayout(res.run_dir).reference_log
-    with starting_child():
-        proc = start_reference([*args, "--runs", json.dumps(spec)], log_path,
-                               launcher.job_env())
-    finish_reference(proc, log_path, timeout_s)
+    proc = None
+    try:
+        with starting_child():
+            proc = start_reference([*args, "--runs", json.dumps(spec)], log_path,
+                                   launcher.job_env())
+        finish_reference(proc, log_path, timeout_s)
+    finally:  # an interrupt between the two: it is ended all the same
+        if proc is not None and proc.poll() is None:
+            finish_reference(proc, log_path, timeout_s, compare=False)
     for r in runs:
         r.reference = reference_report(RunLayout(Path(r.run_dir)).reference, log_path)
     res.compared = True

@@ -1156,8 +1156,9 @@ def test_ranks_past_an_unconditional_line_posted_it_themselves_one_more_is_an_ex
     d = diagnose(load_capture(run)).to_dict()
     assert (d["verdict"], d["culprit_ranks"], d["certainty"], d["culprit_basis"]) == (
         "desync", [extra], "likely", "majority"), d["summary"]
-    assert f"rank {extra} posted one collective more on default_pg" in d["summary"]
-    assert d["fix"].startswith(f"Rank {extra} posted one collective more on default_pg than")
+    assert f"rank {extra} posted more collectives on default_pg before it" in d["summary"]
+    assert "having posted up to default_pg#10" in d["summary"]
+    assert d["fix"].startswith(f"Rank {extra} posted more collectives on default_pg than")
 
 
 @pytest.mark.parametrize("name, killed", [("excepthook_stack_0", 2), ("excepthook_stack_1", 0)])
@@ -1179,3 +1180,17 @@ def test_a_rank_caught_in_its_excepthook_is_at_the_line_that_raised(
     assert all(sites[r].get("file", "").endswith("_sigkill_mesh2d.py") for r in range(4)), sites
     if name.endswith("_1"):  # the mirror: rank 3 was the one in its excepthook
         assert all(sites[r]["line"] == 61 for r in (1, 2, 3)), sites
+
+
+def test_an_exit_beat_with_a_collective_left_pending_is_not_past_the_stack(fixtures, tmp_path):
+    """The same capture, but the exit beat counts the all-reduce posted and not completed (a
+    rank that caught the collective's failure and exited): its stack may be where it failed,
+    so it is not taken as past it."""
+    run = relocated(fixtures / "stale_stack_at_exit_0", tmp_path / "run",
+                    "/work/main/tests/e2e/jobs", str(JOBS))
+    hb_path = run / "ranks" / "rank0.hb.json"
+    hb = json.loads(hb_path.read_text())
+    hb["pg_status"]["0"]["completed"] = 7
+    hb_path.write_text(json.dumps(hb))
+    d = diagnose(load_capture(run)).to_dict()
+    assert {r["rank"]: r["state"] for r in d["ranks"]}[0] == "in_collective", d["summary"]
