@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
 from moe_hang.analysis.source import gates, loop_step, rank_condition
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.source import Gate, SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import who
@@ -133,20 +134,25 @@ def advise_gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame, g: 
 
 def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
     """A rank at ``fa`` is at a later line of a loop's body than the others' collective at
-    ``fb`` (user frames, outermost first, the outer ones alike), and nothing in the source
-    lets a rank get from the loop's top to ``fb``'s line without posting it: no ``if`` it
-    sits in or guard before it within the body, no rank condition. Then the rank posted that
-    line's collective itself on its way, under another sequence number where the counts
-    differ: it skipped nothing there (who has one more or one fewer is decided earlier).
-    ``fb``'s statement must sit right in the loop's body: one inside an inner loop, a
-    ``try``, a ``with`` or an ``if`` may run no time in a pass."""
-    if len(fa) != len(fb) or not fa or any(
-            (x.file, x.function, x.line) != (y.file, y.function, y.line)
-            for x, y in zip(fa[:-1], fb[:-1], strict=True)):
-        return False
-    a, b = fa[-1], fb[-1]
-    if (a.file, a.function) != (b.file, b.function) or not b.line < a.line:
-        return False
+    ``fb`` (user frames, outermost first, the outer ones alike), and every pass posts
+    ``fb``'s (:func:`every_pass`). Then the rank posted that line's collective itself on its
+    way, under another sequence number where the counts differ: it skipped nothing there
+    (who has more or fewer is decided elsewhere)."""
+    return _same_body(fa, fb) and fb[-1].line < fa[-1].line and every_pass(src, fb[-1], fa[-1])
+
+
+def _same_body(fa: list[Frame], fb: list[Frame]) -> bool:
+    return len(fa) == len(fb) > 0 and (fa[-1].file, fa[-1].function) == (
+        fb[-1].file, fb[-1].function) and all(
+        (x.file, x.function, x.line) == (y.file, y.function, y.line)
+        for x, y in zip(fa[:-1], fb[:-1], strict=True))
+
+
+def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
+    """Every pass of the innermost loop holding ``a`` and ``b`` posts ``b``'s collective:
+    its statement sits right in the loop's body (one inside an inner loop, a ``try``, a
+    ``with`` or an ``if`` may run no time in a pass), no guard before it leaves the pass
+    early, no rank condition."""
     body = loop_step(src, b.file, b.line, a.line)
     lf = src.line(b.file, b.line)
     if body is None or lf is None:
@@ -156,3 +162,24 @@ def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
         return False
     return rank_condition(src, b.file, b.line) is None and not any(
         g.line > body.line for g in gates(src, b.file, b.line))
+
+
+def went_through(src: SourceFacts, fa: list[Frame], fb: list[Frame], mine: Collective | None,
+                 theirs: list[dict[str, int]]) -> bool:
+    """The rank at ``fa`` posted ``fb``'s collective in the pass the ranks at ``fb`` are in:
+    later in that pass (:func:`passed_through`), or a pass on (:func:`a_pass_on`: waiting in
+    ``mine`` where they, by their counts per group ``theirs``, have not posted it)."""
+    return passed_through(src, fa, fb) or (
+        mine is not None and mine.seq is not None and bool(fa) and bool(fb)
+        and every_pass(src, fb[-1], fa[-1])
+        and any(a_pass_on(src, fa, fb, mine.seq, t[mine.pg]) for t in theirs if mine.pg in t))
+
+
+def a_pass_on(src: SourceFacts, fa: list[Frame], fb: list[Frame], seq: int,
+              posted: int) -> bool:
+    """A rank at ``fa``, an earlier line of a loop's body than ``fb``, is in a later pass
+    than the rank at ``fb``: it waits there in a collective every pass posts, as #``seq`` on
+    its group, where the rank at ``fb`` — past that line in its own pass — has posted only
+    up to #``posted`` there. It went through the rest of that pass, ``fb``'s line too."""
+    return _same_body(fa, fb) and fa[-1].line < fb[-1].line and posted < seq \
+        and every_pass(src, fa[-1], fb[-1])

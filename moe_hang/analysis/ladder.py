@@ -13,8 +13,8 @@ the first rung that singles out one reading decides, and names itself as the bas
 2. ``majority`` — its culprits are a strict minority of the ranks that posted there;
 3. ``source`` — a rank condition in the source (``if rank == 0:``) puts the culprits' own
    collective in a branch only they take, or leaves out the one they lack;
-4. ``program_order`` — the culprits' line comes after the others' within one iteration (the
-   source's statement order where no loop repeats both, or the probe's step and tag).
+4. ``program_order`` — the culprits' line comes after the others' within one iteration (never
+   a skip of a line every pass posts: :func:`.gates.went_through`), or the probe's step/tag.
 
 Where no rung singles one out, the verdict names every candidate (``ambiguous``). Never by rank
 number or dict order. Byte counts are not a rung: they are what places a rank gloo aborted
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.gates import passed_through
+from moe_hang.analysis.gates import went_through
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
@@ -339,8 +339,7 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
 
 
 def program_order(r: Reading, ctx: Context) -> bool | None:
-    """The culprits went past the others' collective (their line runs later, within one
-    iteration); or, absent, they are behind it."""
+    """The culprits went past the others' collective (a later line in one pass), or behind."""
     if CulpritBasis.PROGRAM_ORDER in r.given:
         return r.given[CulpritBasis.PROGRAM_ORDER]
     if r.edit in (Edit.EXTRA, Edit.SWAP, Edit.GROUP):
@@ -351,8 +350,9 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
     for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
         fa = [f for f in at_mine if not is_library_frame(f)]
         ahead = position_order(ctx, fa, fb, ca, cb) if fa and fb else None
-        if ahead and r.edit == Edit.SKIP and passed_through(ctx.views.source, fa, fb):
-            ahead = None  # it posted that line's collective itself, numbered otherwise
+        if ahead and r.edit == Edit.SKIP and went_through(  # then it posted it, numbered
+                ctx.views.source, fa, fb, r.mine, [ctx.views[o].tl.enqueued for o in r.others]):
+            ahead = None
         answers.append(None if ahead is None else (not ahead) if r.edit == Edit.BEHIND
                        else ahead)
     if any(a is False for a in answers):

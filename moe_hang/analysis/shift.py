@@ -1,7 +1,8 @@
 """A count shift on a group (docs/DESIGN.md §8): where the wait-for cycle runs through a line
 of a loop's body that posts a collective on group G whatever the rank (no ``if``, no early
 leave, no rank condition before it in the body), the ranks waiting in it as G#s and the ranks
-past it in the same pass — having posted it themselves, as an earlier number — skipped
+past it in the same pass, or a pass on (waiting at an earlier line in what every pass posts
+and the ahead ranks have not) — having posted it themselves, as an earlier number — skipped
 nothing there. One side posted more collectives on G before this pass's line than the other:
 an extra (gloo paired it silently with the other side's next one of equal size) or a skip.
 Which side: the smaller one (the ranks whose counts the evidence holds; the rest are not
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import Verdict, pg_label
 from moe_hang.analysis.explain import site_str
-from moe_hang.analysis.gates import passed_through
+from moe_hang.analysis.gates import went_through
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
+from moe_hang.analysis.source import loop_step
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.stacks import Frame
@@ -51,37 +53,49 @@ class Shift:
 
 
 def count_shift(cycle: list[Edge], views: RankViews) -> Shift | None:
-    for e in cycle:
-        w = e.coll
-        if w is None or w.seq is None:
-            continue
-        fb = list(at(w, views[e.waiter]))
-        ahead = sorted(r for r, v in views.items() if v.current is not None
-                       and (v.current.pg, v.current.seq) == (w.pg, w.seq))
-        passed: list[int] = []
-        counts: set[int] = set()
-        for r, v in views.items():
-            posted = v.tl.enqueued.get(w.pg, -1)
-            if r in ahead or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq:
-                continue
-            if fb and passed_through(views.source, list(v.position), fb):
-                passed.append(r)
-                counts.add(posted)
-        if passed and len(counts) == 1 and len(ahead) != len(passed):
-            return Shift(e, w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead),
-                         tuple(passed), fb[-1])
+    """The shift on the first edge whose passed ranks are later in the same pass; else on the
+    first whose are a pass on (a pass read from another group's counts, which a shift on
+    that group would read alike: the same pass is the one edit, and it goes first)."""
+    for laps in (False, True):
+        for e in cycle:
+            if (sh := _shift_at(e, views, laps)) is not None:
+                return sh
     return None
 
 
-def shifted(sh: Shift) -> tuple[Verdict, str, Advice]:
+def _shift_at(e: Edge, views: RankViews, laps: bool) -> Shift | None:
+    w = e.coll
+    if w is None or w.seq is None:
+        return None
+    fb = list(at(w, views[e.waiter]))
+    ahead = sorted(r for r, v in views.items() if v.current is not None
+                   and (v.current.pg, v.current.seq) == (w.pg, w.seq))
+    passed: list[int] = []
+    counts: set[int] = set()
+    for r, v in views.items():
+        posted = v.tl.enqueued.get(w.pg, -1)
+        if r in ahead or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq or not fb:
+            continue
+        if went_through(views.source, list(v.position), fb, v.current if laps else None,
+                        [views[a].tl.enqueued for a in ahead]):
+            passed.append(r)
+            counts.add(posted)
+    if not passed or len(counts) != 1 or len(ahead) == len(passed):
+        return None
+    return Shift(e, w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed),
+                 fb[-1])
+
+
+def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
     """The sentence and the advice. How many more: not said — a collective on G between the
     line and where the passed ranks are counts in their number too."""
     group = pg_label(sh.pg, sh.pg_desc)
     c, o = sh.culprits, sh.others
     line = site_str(sh.site)
-    said = (f" {who(sh.passed).capitalize()} went through {line} in this pass, having posted "
-            f"up to {group}#{sh.passed_seq}; {who(sh.ahead)} "
-            f"{agree(sh.ahead, 'waits', 'wait')} in its {sh.op} as #{sh.seq}: ")
+    said = (f" {who(sh.passed).capitalize()} went through {line} in the pass "
+            f"{who(sh.ahead)} {agree(sh.ahead, 'is', 'are')} in, having posted up to "
+            f"{group}#{sh.passed_seq}; {agree(sh.ahead, 'it waits', 'they wait')} in its "
+            f"{sh.op} as #{sh.seq}: ")
     if sh.extra:
         said += (f"{who(c)} posted more collectives on {group} before it than "
                  f"{who(o)} (an extra, paired silently with their next of the same size).")
@@ -94,4 +108,24 @@ def shifted(sh: Shift) -> tuple[Verdict, str, Advice]:
         text = (f"{who(c).capitalize()} posted fewer collectives on {group} than {who(o)} "
                 f"before {line}: one the others post, skipped there (an `if` or `continue` "
                 "on the rank's own data). Post every collective of a pass on every rank.")
-    return Verdict.DESYNC, said, Advice(text)
+    site = _branch_site(sh, views)
+    if site is not None:
+        text += f" The one under a branch in this loop on {group}: {site_str(site)}."
+    return Verdict.DESYNC, said, Advice(text, site=site, site_why=None if site is None else
+                                        f"the only collective on {group} of the loop that a "
+                                        "branch decides")
+
+
+def _branch_site(sh: Shift, views: RankViews) -> Frame | None:
+    """The one collective call of the loop's body on the default group that a branch (an
+    ``if``, a guard, a rank condition) decides: where the extra or the skip is. Only on the
+    default group (the source tells a call with no ``group=`` apart; other groups' names do
+    not map to the recorder's)."""
+    src, b = views.source, sh.site
+    body = loop_step(src, b.file, b.line, b.line)
+    if sh.pg_desc != "default_pg" or body is None:
+        return None
+    found = [ln for ln in body.calls if ln != b.line
+             and (lf := src.line(b.file, ln)) is not None and lf.default_group is True
+             and (lf.rank_condition is not None or any(g.line > body.line for g in lf.gates))]
+    return Frame(b.file, found[0], b.function) if len(found) == 1 else None

@@ -78,8 +78,12 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         everyone = every_rank_groups(tree, once)
         waits = wait_calls(tree)
         posted = {n: p for n in lines if (p := posted_by(tree, waits, calls, n)) is not None}
-        # the line a wait's collective was posted from is read too: its branch, its group
-        lines = set(lines) | {p[0] for p in posted.values()}
+        # the line a wait's collective was posted from is read too: its branch, its group;
+        # and every collective call of a loop around a line (what a pass posts, and under
+        # which branch: a skip or an extra one pass earlier is at one of them)
+        lines = set(lines) | {p[0] for p in posted.values()} | {
+            c for n in lines for st in _path(tree.body, n, calls) if st.calls
+            and st.kind in ("For", "While", "AsyncFor") for c in st.calls}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),

@@ -1157,6 +1157,7 @@ def test_ranks_past_an_unconditional_line_posted_it_themselves_one_more_is_an_ex
     assert (d["verdict"], d["culprit_ranks"], d["certainty"], d["culprit_basis"]) == (
         "desync", [extra], "likely", "majority"), d["summary"]
     assert f"rank {extra} posted more collectives on default_pg before it" in d["summary"]
+    assert d["fix_site"]["line"] == 59  # the loop's one default-group call under a branch
     assert "having posted up to default_pg#10" in d["summary"]
     assert d["fix"].startswith(f"Rank {extra} posted more collectives on default_pg than")
 
@@ -1194,3 +1195,24 @@ def test_an_exit_beat_with_a_collective_left_pending_is_not_past_the_stack(fixtu
     hb_path.write_text(json.dumps(hb))
     d = diagnose(load_capture(run)).to_dict()
     assert {r["rank"]: r["state"] for r in d["ranks"]}[0] == "in_collective", d["summary"]
+
+
+@pytest.mark.parametrize("name, skipper", [("count_shift_lap_0", 1), ("count_shift_lap_1", 3)])
+def test_a_rank_a_pass_on_posted_the_line_the_others_wait_in_it_skipped_another(
+        fixtures, tmp_path, name, skipper):
+    """A 4x2 mesh, 8 ranks under watch (fixtures/count_shift_jobs, fuzz seed 19283746 job 8,
+    and its mirror): at step 3 one rank skips the accuracy all-reduce (under ``if not
+    (FAULTY and step == FAULT_STEP)``), its loss all-reduce pairs with the others' accuracy
+    one, and it goes on to the next step's tp all-reduce, where its partner never comes: the
+    others wait in the loss all-reduce, default #8. It is a pass on (it waits in tp#5, its
+    partner — past that line in its own pass — posted 4), so it went through the loss line
+    of their pass and posted it: it did not skip what they wait in (was: "went past what rank
+    0 waits in: make it post that too"); it posted fewer on the default group before it."""
+    run = relocated(fixtures / name, tmp_path / "run", "/work/wt-f/runs/fuzz-19283746/jobs",
+                    str(fixtures / "count_shift_jobs"))
+    d = diagnose(load_capture(run)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [skipper], "majority"), d["summary"]
+    assert d["fix"].startswith(f"Rank {skipper} posted fewer collectives on default_pg than")
+    assert "make it post that too" not in d["fix"]
+    assert d["fix_site"]["line"] == 52  # the loop's one default-group call under a branch
