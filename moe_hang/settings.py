@@ -126,6 +126,11 @@ class Settings:
     # on a shared filesystem takes tens of seconds
     gpu_check_timeout_s: float = 60.0
 
+    def moving_within(self, stall_s: float) -> float:
+        """A rank that moved this recently is moving now: ``summary_moving_s``, never more
+        than half of --stall."""
+        return min(self.summary_moving_s, stall_s / 2)
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(getattr(self, f.name), f.name, whole=_whole(f))

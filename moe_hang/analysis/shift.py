@@ -27,7 +27,6 @@ from moe_hang.evidence.vocab import agree, who
 
 @dataclass(frozen=True)
 class Shift:
-    edge: Edge  # the cycle's edge whose waited collective the others passed
     op: str
     pg: str
     pg_desc: str
@@ -82,8 +81,7 @@ def _shift_at(e: Edge, views: RankViews, laps: bool) -> Shift | None:
             counts.add(posted)
     if not passed or len(counts) != 1 or len(ahead) == len(passed):
         return None
-    return Shift(e, w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed),
-                 fb[-1])
+    return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed), fb[-1])
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:

@@ -127,7 +127,7 @@ class Monitor(SamplingWatch):
     def moving_s(self) -> float:
         """A rank whose heartbeat moved this recently is moving now (never more than half of
         --stall)."""
-        return min(self.s.timings.summary_moving_s, self.s.stall_s / 2)
+        return self.s.timings.moving_within(self.s.stall_s)
 
     def moving(self, within_s: float) -> dict[int, bool]:
         """Which ranks moved in the last ``within_s`` seconds (what a multi-node watcher tells

@@ -60,7 +60,7 @@ class Node(NodeChannel):
         self.hold_s = hold_s
         # "moving" in a summary: moved this recently (well inside --stall, so that ranks that
         # just entered the collective the others wait in are not read as computing)
-        self.moving_s = min(timings.summary_moving_s, stall_s / 2)
+        self.moving_s = timings.moving_within(stall_s)
         self.publish_s = 2.0
         self.host = socket.gethostname()
         self.co: Coordinator | None = None
