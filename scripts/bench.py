@@ -1,11 +1,12 @@
 """Benchmarks: time to verdict, diagnose latency, probe overhead, and the cost of each fix.
 
-    python scripts/bench.py [--quick] [--only overhead] [--rounds N] [--json bench.json]
+    python scripts/bench.py [--quick] [--only overhead] [--rounds N] [--against DIR]
+                            [--json bench.json]
 
 Prints a table per section and writes bench.json with the keys ``time_to_verdict_s``,
-``repro_wall_s``, ``pg_timeout_s``, ``diagnose_s``, ``probe_overhead_ratio``,
+``repro_wall_s``, ``verify_s``, ``pg_timeout_s``, ``diagnose_s``, ``probe_overhead_ratio``,
 ``detail_overhead_ratio`` and ``fix_cost``. ``--quick`` (under 3 minutes on a 2-core machine)
-runs fewer repeats and a smaller fix matrix. ``--only SECTION`` (verdict, diagnose,
+runs fewer repeats and a smaller fix matrix. ``--only SECTION`` (verdict, verify, diagnose,
 overhead, fix) runs that section alone (``--rounds`` overhead rounds; JSON keys of the others
 are absent). Nothing here is asserted by the test suite.
 
@@ -15,6 +16,10 @@ What each number is:
   never completes, or the crash time) to diagnosis.json on disk (``timings.onset_to_verdict_s``
   of the run), against what you wait today: the process-group timeout before the recorder
   dumps (NCCL 600 s, gloo 1800 s by default).
+* verify: wall time of ``moe-hang verify --fixed --scenario S`` (the fixed variant under
+  torchrun and its single-process reference, compared) per scenario (median of 3, 1 with
+  ``--quick``), with the comparison's max relative error and the count of tensors compared;
+  ``--against DIR`` times another checkout's the same way, interleaved run by run.
 * diagnose: wall time of ``moe-hang diagnose PID`` on N hung ranks (median of 3).
 * probe overhead: steps/s of the healthy model (varlen fix) plain vs. with only the Flight
   Recorder on vs. under ``moe-hang watch`` (recorder + probe + the watcher process) vs. with
@@ -51,7 +56,7 @@ if str(JOBS) not in sys.path:
 from _wait import wait_blocked, wait_marks  # noqa: E402
 
 PG_TIMEOUT_S = {"nccl (default)": 600, "gloo (default)": 1800}
-SECTIONS = ("verdict", "diagnose", "overhead", "fix")
+SECTIONS = ("verdict", "verify", "diagnose", "overhead", "fix")
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -108,6 +113,44 @@ def time_to_verdict(tmp: Path) -> tuple[dict[str, float], dict[str, float]]:
           [[k, f"{v:.2f} s", f"{wall.get(k, '-')} s" if k in wall else "-",
             f"{600 / v:.0f}x sooner", f"{1800 / v:.0f}x sooner"] for k, v in ttv.items()])
     return ttv, wall
+
+
+def _verify_once(root: Path, scenario: str, out: Path) -> tuple[float, dict]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "moe_hang.cli", "verify", "--fixed",
+                           "--scenario", scenario, "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=root,
+                          env=dict(env(), PYTHONPATH=str(root)))
+    wall = round(time.monotonic() - t0, 2)
+    d = json.loads(proc.stdout)
+    assert d["verified"] is True, proc.stdout[:300]
+    return wall, d.get("reference") or {}
+
+
+def verify_wall(tmp: Path, samples: int, against: Path | None
+                ) -> dict[str, dict[str, dict[str, object]]]:
+    """Per scenario and code (this checkout; ``against``, another checkout, run interleaved
+    with it, sample by sample, so both see the same load)."""
+    codes = {"this": ROOT} | ({"against": against} if against else {})
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    rows: list[list[object]] = []
+    for scenario in ("ep-ragged", "ep-no-anchor", "fsdp-skip"):
+        times: dict[str, list[float]] = {c: [] for c in codes}
+        ref: dict[str, dict] = {}
+        for i in range(samples):
+            for code, root in reversed(codes.items()):
+                t, ref[code] = _verify_once(root, scenario, tmp / f"verify-{code}-{scenario}-{i}")
+                times[code].append(t)
+        out[scenario] = {}
+        for code in codes:
+            wall, err = statistics.median(times[code]), ref[code].get("max_rel_err")
+            out[scenario][code] = {"wall_s": round(wall, 2), "runs_s": times[code],
+                                   "max_rel_err": err, "compared": ref[code].get("compared")}
+            rows.append([scenario, code, f"{wall:.2f} s", " ".join(map(str, times[code])),
+                         "-" if err is None else f"{err:.2e}", ref[code].get("compared")])
+    table("verify --fixed (fixed variant under torchrun + single-process reference)",
+          ["scenario", "code", "wall (median)", "runs", "max rel err", "compared"], rows)
+    return out
 
 
 # ----------------------------------------------------------------------------- 2. diagnose
@@ -240,6 +283,9 @@ def main() -> int:
     ap.add_argument("--json", default="bench.json", help="where to write the results")
     ap.add_argument("--only", choices=SECTIONS, action="append",
                     help="run only this section (repeatable); default: all of them")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="verify: another checkout (e.g. a git worktree of an older commit) "
+                         "timed interleaved with this one")
     ap.add_argument("--rounds", type=int, default=None,
                     help="overhead rounds (default 5, 1 with --quick)")
     args = ap.parse_args()
@@ -252,6 +298,8 @@ def main() -> int:
     try:
         if "verdict" in only:
             result["time_to_verdict_s"], result["repro_wall_s"] = time_to_verdict(tmp)
+        if "verify" in only:
+            result["verify_s"] = verify_wall(tmp, 1 if args.quick else 3, args.against)
         if "diagnose" in only:
             result["diagnose_s"] = diagnose_latency(tmp, [2, 4] if args.quick else [2, 4, 8],
                                                     samples=1 if args.quick else 3)

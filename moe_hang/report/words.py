@@ -194,7 +194,13 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
             site = c.callsite or (rep.callsite if rep else None)
             # how it ended (killed by SIGABRT) is the summary's and the detail's to say
             at = f" at {site_text(site)}" if site is not None else ""
-            return f"in {collective_text(c, sizes=sizes)}{at}"
+            now = rep.collective if rep is not None and rep.state == RankState.IN_COLLECTIVE \
+                else None
+            # a rank that waits in a later collective went past this one (a silent
+            # mispairing): "in" it would contradict the rank table
+            verb = "posted" if now is not None and (now.pg, now.seq) != (c.pg, c.seq) \
+                and now.seq is not None and c.seq is not None else "in"
+            return f"{verb} {collective_text(c, sizes=sizes)}{at}"
         posted = next((x for x in fd.per_rank.values() if x is not None), None)
         # the others' sizes may differ from each other: the op and the seq say which one
         what = collective_text(posted, sizes=False) if posted is not None else "the collective"

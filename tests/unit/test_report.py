@@ -853,3 +853,25 @@ def test_the_routing_line_gives_its_second_row_only_when_nothing_else_can():
     routing.last = lambda: screen.clip(routing.lines, 1, 80)
     screen._fit([*fixed[:11], spare, routing], 80)
     assert len(routing.lines) == 2 and len(spare.lines) == 2  # another section gave way
+
+
+def test_a_rank_past_the_divergence_posted_it_and_is_not_in_it():
+    """A silent mispairing: rank 0 posted expert 2's all-gather at seq 59 and went on (it now
+    waits in seq 61); it is said to have posted #59, not to be in it, which the rank table
+    (seq 61) would contradict. A rank still waiting in the diverging collective is in it."""
+    loop = Frame(f"{CWD}/modeling_mixtral.py", 133, "forward")
+    step = Frame(TRAIN, 20, "<module>")
+    at59 = _coll("all_gather", 59, [[1056]], loop)
+    ranks = [RankReport(rank=0, pid=1, state=RankState.IN_COLLECTIVE, callsite=step,
+                        collective=_coll("all_gather", 61, [[1056]], step)),
+             RankReport(rank=1, pid=2, state=RankState.IN_COLLECTIVE, callsite=step,
+                        collective=_coll("all_reduce", 61, [[576]], step))]
+    d = Diagnosis(verdict=Verdict.DESYNC, summary="s", culprit_ranks=[1], ranks=ranks,
+                  first_divergence=Divergence(pg="0", seq=59, kind=MismatchKind.OP,
+                                              pg_desc="default_pg",
+                                              per_rank={0: at59, 1: None}))
+    phrases = {tuple(m): p for m, p, _ in site_groups(d)}
+    assert phrases[(0,)].startswith("posted all_gather default_pg#59")
+    assert phrases[(1,)].startswith("never posted all_gather default_pg#59; in all_reduce")
+    ranks[0].collective = at59  # still waiting in it
+    assert {tuple(m): p for m, p, _ in site_groups(d)}[(0,)].startswith("in all_gather")
