@@ -132,20 +132,26 @@ def advise_gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame, g: 
         site_why=f"the branch {me} took")
 
 
-def passed_through(src: SourceFacts, fa: list[Frame], fb: list[Frame]) -> bool:
-    """A rank at ``fa`` is at a later line of a loop's body than the others' collective at
-    ``fb`` (user frames, outermost first, the outer ones alike), and every pass posts
-    ``fb``'s (:func:`every_pass`). Then the rank posted that line's collective itself on its
-    way, under another sequence number where the counts differ: it skipped nothing there
-    (who has more or fewer is decided elsewhere)."""
-    return _same_body(fa, fb) and fb[-1].line < fa[-1].line and every_pass(src, fb[-1], fa[-1])
-
-
-def _same_body(fa: list[Frame], fb: list[Frame]) -> bool:
-    return len(fa) == len(fb) > 0 and (fa[-1].file, fa[-1].function) == (
-        fb[-1].file, fb[-1].function) and all(
-        (x.file, x.function, x.line) == (y.file, y.function, y.line)
-        for x, y in zip(fa[:-1], fb[:-1], strict=True))
+def went_through(src: SourceFacts, fa: list[Frame], fb: list[Frame], mine: Collective | None,
+                 theirs: list[dict[str, int]]) -> bool:
+    """The rank at ``fa`` posted ``fb``'s collective in the pass the ranks at ``fb`` are in
+    (user frames, outermost first, the outer ones alike; a line of one loop's body that every
+    pass posts, :func:`every_pass`): it is later in that pass, or a pass on — at an earlier
+    line, waiting in ``mine`` (posted every pass too) as a number they, by their counts per
+    group ``theirs``, have not reached. Then it posted that line's collective itself, under
+    another sequence number where the counts differ: it skipped nothing there (who has more
+    or fewer is decided elsewhere)."""
+    if not (len(fa) == len(fb) > 0 and all(
+            (x.file, x.function, x.line) == (y.file, y.function, y.line)
+            for x, y in zip(fa[:-1], fb[:-1], strict=True))
+            and (fa[-1].file, fa[-1].function) == (fb[-1].file, fb[-1].function)):
+        return False
+    a, b = fa[-1], fb[-1]
+    if b.line < a.line:
+        return every_pass(src, b, a)
+    return a.line < b.line and mine is not None and mine.seq is not None \
+        and every_pass(src, b, a) and every_pass(src, a, b) \
+        and any(t[mine.pg] < mine.seq for t in theirs if mine.pg in t)
 
 
 def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
@@ -162,24 +168,3 @@ def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
         return False
     return rank_condition(src, b.file, b.line) is None and not any(
         g.line > body.line for g in gates(src, b.file, b.line))
-
-
-def went_through(src: SourceFacts, fa: list[Frame], fb: list[Frame], mine: Collective | None,
-                 theirs: list[dict[str, int]]) -> bool:
-    """The rank at ``fa`` posted ``fb``'s collective in the pass the ranks at ``fb`` are in:
-    later in that pass (:func:`passed_through`), or a pass on (:func:`a_pass_on`: waiting in
-    ``mine`` where they, by their counts per group ``theirs``, have not posted it)."""
-    return passed_through(src, fa, fb) or (
-        mine is not None and mine.seq is not None and bool(fa) and bool(fb)
-        and every_pass(src, fb[-1], fa[-1])
-        and any(a_pass_on(src, fa, fb, mine.seq, t[mine.pg]) for t in theirs if mine.pg in t))
-
-
-def a_pass_on(src: SourceFacts, fa: list[Frame], fb: list[Frame], seq: int,
-              posted: int) -> bool:
-    """A rank at ``fa``, an earlier line of a loop's body than ``fb``, is in a later pass
-    than the rank at ``fb``: it waits there in a collective every pass posts, as #``seq`` on
-    its group, where the rank at ``fb`` — past that line in its own pass — has posted only
-    up to #``posted`` there. It went through the rest of that pass, ``fb``'s line too."""
-    return _same_body(fa, fb) and fa[-1].line < fb[-1].line and posted < seq \
-        and every_pass(src, fa[-1], fb[-1])

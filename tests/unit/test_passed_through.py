@@ -1,4 +1,4 @@
-"""gates.passed_through (the count shift's premise): a rank at a later line of a loop's body
+"""gates.went_through (the count shift's premise): a rank at a later line of a loop's body
 posted the collective of an earlier line itself only where nothing in the body lets a pass
 get by that line without posting it."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_hang.analysis.gates import passed_through
+from moe_hang.analysis.gates import went_through
 from moe_hang.capture.source import read_facts
 from moe_hang.evidence.stacks import Frame
 
@@ -43,5 +43,30 @@ def test_only_a_line_every_pass_posts_was_posted_by_a_rank_past_it(
     job.write_text(JOB)
     at_b, at_a = Frame(str(job), line, "<module>"), Frame(str(job), 15, "<module>")
     src = read_facts([at_b, at_a])
-    assert passed_through(src, [at_a], [at_b]) is passed
-    assert passed_through(src, [at_b], [at_a]) is False  # the rank behind posted nothing
+    assert went_through(src, [at_a], [at_b], None, []) is passed
+    assert went_through(src, [at_b], [at_a], None, []) is False  # the rank behind posted nothing
+
+
+LAP = '''import torch.distributed as dist
+for step in range(4):
+    dist.all_reduce(a, group=tp)
+    loss = step_loss()
+    dist.all_reduce(loss)
+'''
+
+
+@pytest.mark.parametrize("posted, went", [(4, True), (5, False)])
+def test_a_rank_a_pass_on_went_through_the_line_the_others_are_past(
+        tmp_path: Path, posted: int, went: bool) -> None:
+    """A rank at line 3 waiting in tp's #5 where the ranks at line 5 (both lines posted every
+    pass) posted up to tp#4 is a pass on: it went through line 5 too. Where they posted tp#5
+    already, nothing says it is a pass on."""
+    from moe_hang.evidence.flight_recorder import Collective
+
+    job = tmp_path / "job.py"
+    job.write_text(LAP)
+    at_a, at_b = Frame(str(job), 3, "<module>"), Frame(str(job), 5, "<module>")
+    src = read_facts([at_a, at_b])
+    mine = Collective(pg="1", seq=5, op="all_reduce", frames=[])
+    assert went_through(src, [at_a], [at_b], mine, [{"1": posted}]) is went
+    assert went_through(src, [at_a], [at_b], None, [{"1": posted}]) is False
