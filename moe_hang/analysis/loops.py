@@ -72,9 +72,23 @@ def loop_at(loop: Frame) -> str:
 def loop_left(s: Situation, culprit: int, stayed: bool = False) -> Frame | None:
     """The loop (its header's frame) the culprit left and every waiting rank is still in: at the
     deepest frame the stacks share, the waiters' line is inside a loop the culprit's line
-    comes after. ``stayed``: the loop the culprit is still in and every waiting rank left."""
-    return loop_between(s.src, s.frames.get(culprit, []),
+    comes after. ``stayed``: the loop the culprit is still in and every waiting rank left.
+    Not where a waiting rank's last collective before the divergence was posted past that
+    loop: it came back into the loop round one around it since — a pass on, not still in
+    the pass the culprit left (line numbers order statements within one pass only)."""
+    loop = loop_between(s.src, s.frames.get(culprit, []),
                         [s.frames.get(r, []) for r in s.waiting()], stayed=stayed)
+    if loop is None or stayed:
+        return loop
+    for r in s.waiting():
+        here = [f for f in s.frames.get(r, []) if (f.file, f.function) == (loop.file,
+                                                                            loop.function)]
+        prev = [f for f in s.before.get(r, []) if (f.file, f.function) == (loop.file,
+                                                                             loop.function)]
+        if here and prev and left_loop(s.src, loop.file, prev[0].line, here[0].line) \
+                == loop.line:
+            return None
+    return loop
 
 
 def loop_between(src: SourceFacts, mine: list[Frame], theirs: list[list[Frame]], *,

@@ -215,7 +215,7 @@ def _situation(f: Facts, div: Divergence, culprits: list[int],
             frames[r] = v.stack.frames
     block = next((g.block for g in f.divs if g.div is div), None)
     s = Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
-    for c in culprits:  # where each culprit posted last on the group before it parted
+    for c in div.per_rank:  # where each rank posted last on the group before it parted
         prev = f.views[c].tl.by_pg.get(div.pg, {}).get(div.seq - 1) \
             if c in f.views and div.seq is not None else None
         if prev is not None and prev.frames:

@@ -29,7 +29,7 @@ class Situation:
     # every culprit is behind every waiting rank where each is now (position_order: an
     # earlier line of one iteration, by the source and the loop counters); False: not known
     behind: bool = False
-    # the stack each culprit posted its last collective on the divergence's group from
+    # the stack each rank posted its last collective on the divergence's group from
     before: dict[int, list[Frame]] = field(default_factory=dict)
 
     def all_frames(self) -> list[Frame]:

@@ -645,6 +645,15 @@ CASES: tuple[Case, ...] = (
               "two gradients are None and their async all-reduces are skipped; equal sizes "
               "pair silently until the loss all-reduce. The gate inside the loop (and fewer "
               "laps) are the ways past a collective of one line skipped on a later lap"),
+    Case("early_stop_branch", "early_stop_branch.py", 4, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(1), culprits=C,
+         lines=(at(C, "flag", "divergence"), at(others(C, 4), "grad_allreduce", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("left the loop",),
+         fix_require=("val < best_val",), basis=frozenset({"history"}),
+         note="written for the occasion: rank C alone posts the early-stopping flag (its own "
+              "validation shard improved) after the stats all-reduce; the others are in the "
+              "next step's inner loop over the parameters, a pass on: not a loop it left, "
+              "the branch its data took"),
     Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "reduce"), at(others(C, 2), "gather")),
