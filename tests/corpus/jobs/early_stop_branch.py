@@ -29,8 +29,9 @@ for step in range(8):
     loss = model(x).pow(2).mean()
     loss.backward()
     for p in model.parameters():
+        assert p.grad is not None
         dist.all_reduce(p.grad)  # corpus: grad_allreduce
-        p.grad /= world
+        p.grad.div_(world)
     opt.step()
     opt.zero_grad()
     stats = torch.tensor([loss.item()])
