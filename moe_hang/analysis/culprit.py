@@ -42,8 +42,8 @@ class Blame:
     reading: Reading | None = None  # the reading the ladder chose
 
 
-def _blame(d: Decision, causal: bool = True) -> Blame:
-    return Blame(d.culprits, d.basis, d.confirmed, causal, d.reading)
+def _blame(d: Decision) -> Blame:
+    return Blame(d.culprits, d.basis, reading=d.reading)
 
 
 def minority(groups: list[list[int]]) -> list[int] | None:
@@ -159,8 +159,7 @@ def _blame_absent(g: GroupDivergence, ctx: Context) -> Blame:
         elif d.reading is not None and d.reading.edit == Edit.BEHIND:
             behind.append(a)
     if ahead:
-        return Blame(sorted(ahead), bases[0].basis, all(x.confirmed for x in bases),
-                     reading=bases[0].reading)
+        return Blame(sorted(ahead), bases[0].basis, reading=bases[0].reading)
     if behind and len(behind) == len(g.absent):
         return Blame(sorted(behind), CulpritBasis.PROGRAM_ORDER, causal=False)
     return Blame(sorted(g.absent), CulpritBasis.AMBIGUOUS)
@@ -220,8 +219,7 @@ def blame_cycle(cycle: list[Edge], ctx: Context, redirected: Sequence[int] = ())
             decisions.append(d)
     if culprits and len(culprits) < len(ranks):
         first = decisions[0]
-        return Blame(sorted(culprits), first.basis, all(x.confirmed for x in decisions),
-                     reading=first.reading)
+        return Blame(sorted(culprits), first.basis, reading=first.reading)
     inv = cycle_inversion(cycle, ctx)
     if inv is not None:
         return Blame(inv.culprits, inv.basis)

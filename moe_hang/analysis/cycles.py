@@ -97,9 +97,9 @@ def cycle(f: Facts) -> Conclusion:
     if len(f.wait_cycles) > 1:
         summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
     if b.basis == CulpritBasis.CYCLE and not redirected and _ended_edge(cyc, f) is None \
-            and (sh := count_shift(cyc, f.views)) is not None:
+            and (sh := count_shift(cyc, f.ctx)) is not None:
         verdict, said, advice = shifted(sh, f.views)
-        return Conclusion(verdict, sh.culprits, CulpritBasis.MAJORITY, Certainty.LIKELY,
+        return Conclusion(verdict, sh.culprits, sh.decision.basis, Certainty.LIKELY,
                           summary + said, advice,
                           next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)

@@ -178,12 +178,8 @@ def _same_shapes(g: GroupDivergence) -> bool:
 
 
 def culprit_clause(basis: CulpritBasis, culprits: list[int], confirmed: bool = True) -> str:
-    """What the summary adds about the blame: the report says the basis in words; only an
-    order read from line numbers alone (no source here) is flagged in the sentence."""
-    if basis == CulpritBasis.PROGRAM_ORDER and not confirmed and culprits:
-        return (f" ({who(culprits).capitalize()} {agree(culprits, 'is', 'are')} further along "
-                "by line numbers only: the "
-                "source was not readable here.)")
+    """What the summary adds about the blame: the report says the basis in words; only a
+    side inferred from the shape its collective always had is flagged in the sentence."""
     if basis == CulpritBasis.HISTORY and not confirmed and culprits:
         return (" (Earlier steps decide: that collective always had one shape there; the "
                 "aborted rank's own size is not recorded, so this is likely, not certain.)")

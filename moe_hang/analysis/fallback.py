@@ -244,12 +244,9 @@ def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
                        keys: Sequence[object]) -> bool:
     """Do these camps' collectives run on the default group, as the source says, so that no
     rank can have completed one without every other rank?"""
-    return bool(keys) and all(_on_every_rank(views[camps[k][0]].stack.callsite, views)
-                              for k in keys)
-
-
-def _on_every_rank(site: Frame | None, views: RankViews) -> bool:
-    return site is not None and on_every_rank(views.source, site.file, site.line) is True
+    return bool(keys) and all(
+        (site := views[camps[k][0]].stack.callsite) is not None
+        and on_every_rank(views.source, site.file, site.line) is True for k in keys)
 
 
 def _paired_with(entries: list[Collective], site: Frame | None,

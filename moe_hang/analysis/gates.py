@@ -50,19 +50,13 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
     out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > since]
     for f in mine[:depth]:
         out += [(f, g) for g in gates(s.src, f.file, f.line)]
-    if lap is not None and out and _may_have_left(lap.line, lap.end, here):
+    if lap is not None and out and not any(lap.line < n <= lap.end for n in here):
         # fewer laps of the loop is the other way past it (where the lap holds no gate,
-        # the loop's own advice says so)
+        # the loop's own advice says so) — only for a culprit outside the loop now: one
+        # inside it (past the exclusions above) passed the skipped line in this very lap,
+        # whatever loops enclose it, so a gate let it past, not the loop's count
         out.append((fm, Gate(lap.line, lap.end, lap.header or "the loop", LAPS)))
     return out
-
-
-def _may_have_left(top: int, end: int, here: list[int]) -> bool:
-    """Fewer laps of the loop at ``top``..``end`` is a way past only for a culprit outside it
-    now: one inside it (past the exclusions above, between the skipped line and its last
-    agreed one) passed the skipped line in this very lap, whatever loops enclose it, so a
-    gate let it past, not the loop's count."""
-    return not any(top < n <= end for n in here)
 
 
 LAPS = "laps"  # a pseudo-gate: fewer laps of the loop (``test``: its header)

@@ -97,7 +97,6 @@ class Decision:
     culprits: list[int]
     basis: CulpritBasis
     reading: Reading | None  # the reading chosen (None: ambiguous)
-    confirmed: bool = True  # False: likely only (an inferred side, a stale record)
 
 
 @dataclass(frozen=True)
@@ -134,21 +133,18 @@ def history(r: Reading, ctx: Context) -> bool | None:
     if r.edit == Edit.BEHIND:
         return None
     regular = [p.regular(c) for c in r.block] if r.realigned else []
-    if r.edit == Edit.EXTRA and regular:
+    # every collective of the block regular (True) or never seen in a step (False)
+    reg = regular[0] if regular and len(set(regular)) == 1 else None
+    if r.edit == Edit.EXTRA and reg is not None:
         # an extra is what no agreed step ever posted (a block every step posts is not one)
-        if all(x is True for x in regular):
-            return False
-        if all(x is False for x in regular):
-            return True
+        return not reg
     # the program's own step: what it posts at this seq, a step on from the agreed run
-    exp = p.expected(r.theirs) if r.theirs is not None else None
+    exp = p.expected(r.theirs)
     if exp is not None and r.mine is not None and r.theirs is not None \
-            and (r.mine.pg, r.mine.seq) == (r.theirs.pg, r.theirs.seq):
-        ok_theirs, ok_mine = same_collective(r.theirs, exp), same_collective(r.mine, exp)
-        if ok_theirs and not ok_mine:
-            return True
-        if ok_mine and not ok_theirs:
-            return False
+            and (r.mine.pg, r.mine.seq) == (r.theirs.pg, r.theirs.seq) \
+            and (got := _kept(same_collective(r.theirs, exp),
+                              same_collective(r.mine, exp))) is not None:
+        return got
     mines = r.mines or ((r.mine,) if r.mine is not None else ())
     follow = [p.follows(r.prev, m, r.posted_order) for m in mines]
     mine = (False if follow and all(x is False for x in follow)
@@ -157,23 +153,23 @@ def history(r: Reading, ctx: Context) -> bool | None:
     fm = fine_key(r.mine) if r.mine is not None else None
     one_path = fm is not None and r.theirs is not None and fm == fine_key(r.theirs)
     # what always followed: the others' next kept it, the culprits' broke it
-    if not one_path:
-        if theirs is True and mine is False:
-            return True
-        if mine is True and theirs is False:
-            return False
-    if r.edit == Edit.SKIP and regular:
-        if all(x is True for x in regular):
-            return True  # a regular part of every step: its absence is the skip
-        if all(x is False for x in regular):
-            return False
+    if not one_path and (got := _kept(theirs, mine)) is not None:
+        return got
+    if r.edit == Edit.SKIP and reg is not None:
+        return reg  # a regular part of every step: its absence is the skip
     if r.mine is not None and r.theirs is not None and r.mine.op == r.theirs.op:
         # one collective, two shapes: the side that kept the shape it always had is right
-        km, kt = p.keeps_shape(r.mine), p.keeps_shape(r.theirs)
-        if kt is True and km is False:
-            return True
-        if km is True and kt is False:
-            return False
+        return _kept(p.keeps_shape(r.theirs), p.keeps_shape(r.mine))
+    return None
+
+
+def _kept(theirs: bool | None, mine: bool | None) -> bool | None:
+    """The others kept what the program did and the culprits broke it (True), or the other
+    way round (False); else nothing."""
+    if theirs is True and mine is False:
+        return True
+    if mine is True and theirs is False:
+        return False
     return None
 
 

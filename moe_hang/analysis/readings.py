@@ -253,11 +253,8 @@ def _keeps_history(r: int, views: RankViews, first: Collective,
                    follow: Followers) -> bool | None:
     """Does the collective the rank posted first of the two follow the one it posted before
     it the way earlier steps did? None: no history for that one."""
-    seq = views.order_with(r, first)
-    i = next((j for j, c in enumerate(seq) if (c.pg, c.seq) == (first.pg, first.seq)), None)
-    if not i:
-        return None
-    nxt = follow.get(_shape(seq[i - 1]))
+    prev = before(r, first, views)
+    nxt = follow.get(_shape(prev)) if prev is not None else None
     return None if not nxt else _shape(first) in nxt
 
 

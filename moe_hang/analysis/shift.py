@@ -5,17 +5,19 @@ past it in the same pass, or a pass on (waiting at an earlier line in what every
 and the ahead ranks have not) — having posted it themselves, as an earlier number — skipped
 nothing there. One side posted more collectives on G before this pass's line than the other:
 an extra (gloo paired it silently with the other side's next one of equal size) or a skip.
-Which side: the smaller one (the ranks whose counts the evidence holds; the rest are not
-counted); as many on each side, or the passed ranks at different counts, decides nothing.
+Which side: the ladder's majority rung on the two readings, the smaller one (the ranks whose
+counts the evidence holds; the rest are not counted); as many on each side, or the passed
+ranks at different counts, decides nothing.
 Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_hang.analysis.diagnosis import Verdict, pg_label
+from moe_hang.analysis.diagnosis import CulpritBasis, Verdict, pg_label
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.gates import went_through
+from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import loop_step
@@ -35,34 +37,40 @@ class Shift:
     ahead: tuple[int, ...]  # waiting in it
     passed: tuple[int, ...]  # past its line in the same pass
     site: Frame  # the line
+    decision: Decision  # the ladder's: the ahead side's extra, or the passed side's skip
 
     @property
     def extra(self) -> bool:
-        """The ahead side is the smaller: it posted more (an extra); else the passed side
-        posted fewer (a skip)."""
-        return len(self.ahead) < len(self.passed)
+        return self.decision.reading is not None and self.decision.reading.edit == Edit.EXTRA
 
     @property
     def culprits(self) -> list[int]:
-        return sorted(self.ahead if self.extra else self.passed)
+        return self.decision.culprits
 
     @property
     def others(self) -> list[int]:
-        return sorted(self.passed if self.extra else self.ahead)
+        return sorted(set(self.ahead + self.passed) - set(self.culprits))
 
 
-def count_shift(cycle: list[Edge], views: RankViews) -> Shift | None:
+# what the ladder already weighed on the cycle itself: only the counts are left to weigh
+_COUNTS_ONLY: dict[CulpritBasis, bool | None] = {
+    CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None, CulpritBasis.PROGRAM_ORDER: None}
+
+
+def count_shift(cycle: list[Edge], ctx: Context) -> Shift | None:
     """The shift on the first edge whose passed ranks are later in the same pass; else on the
     first whose are a pass on (a pass read from another group's counts, which a shift on
-    that group would read alike: the same pass is the one edit, and it goes first)."""
+    that group would read alike: the same pass is the one edit, and it goes first). The
+    two readings — the ahead side's extra, the passed side's skip — go to the ladder."""
     for laps in (False, True):
         for e in cycle:
-            if (sh := _shift_at(e, views, laps)) is not None:
+            if (sh := _shift_at(e, ctx, laps)) is not None:
                 return sh
     return None
 
 
-def _shift_at(e: Edge, views: RankViews, laps: bool) -> Shift | None:
+def _shift_at(e: Edge, ctx: Context, laps: bool) -> Shift | None:
+    views = ctx.views
     w = e.coll
     if w is None or w.seq is None:
         return None
@@ -79,9 +87,15 @@ def _shift_at(e: Edge, views: RankViews, laps: bool) -> Shift | None:
                         [views[a].tl.enqueued for a in ahead]):
             passed.append(r)
             counts.add(posted)
-    if not passed or len(counts) != 1 or len(ahead) == len(passed):
+    if not passed or len(counts) != 1:
         return None
-    return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed), fb[-1])
+    d = decide([Reading(tuple(ahead), tuple(passed), Edit.EXTRA, mine=w, given=_COUNTS_ONLY),
+                Reading(tuple(passed), tuple(ahead), Edit.SKIP, theirs=w,
+                        given=_COUNTS_ONLY)], ctx)
+    if d.reading is None:
+        return None  # as many on each side: the counts decide nothing
+    return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed),
+                 fb[-1], d)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:

@@ -122,14 +122,7 @@ def function_step(src: SourceFacts, path: str, line: int) -> Step | None:
 
 def in_loop(src: SourceFacts, path: str, line: int) -> bool:
     """The line is inside the body of a ``for``/``while`` loop of its file."""
-    lf = src.line(path, line)
-    return lf is not None and _loop_bodies(lf) != []
-
-
-def _loop_bodies(lf: LineFacts) -> list[Step]:
-    """The loops whose body holds the line, outermost first."""
-    p = lf.path
-    return [p[k] for k in range(len(p) - 1) if p[k].kind in _LOOPS and p[k + 1].field == "body"]
+    return loop_step(src, path, line, line) is not None
 
 
 def left_loop(src: SourceFacts, path: str, ahead: int, behind: int) -> int | None:
@@ -203,11 +196,8 @@ def excludes_ranks(cond: str) -> bool:
     """A condition from :func:`rank_condition` that every rank but the ones it names takes
     (``if rank != 3``, the ``else`` of ``if rank == 0``): the named ranks skip what runs
     under it; they are not the ones that run something extra."""
-    try:
-        e = ast.parse(cond.removeprefix("if "), mode="eval").body
-    except SyntaxError:
-        return False
-    return _excludes(e)
+    e = _parsed(cond)
+    return e is not None and _excludes(e)
 
 
 # the names that hold the global rank itself (not a flag such as ``is_main``, nor a node's
@@ -296,11 +286,8 @@ def taken_only_by(cond: str, ranks: Iterable[int], others: Iterable[int]) -> boo
 def enclosing_loop(src: SourceFacts, path: str, line: int) -> str | None:
     """The header of the innermost ``for``/``while`` loop whose body holds ``line``
     (``for expert in self.experts``), else None."""
-    lf = src.line(path, line)
-    if lf is None:
-        return None
-    loops = _loop_bodies(lf)
-    return loops[-1].header if loops else None
+    step = loop_step(src, path, line, line)
+    return step.header if step is not None else None
 
 
 def module_group(src: SourceFacts, path: str, line: int) -> str | None:
