@@ -6,23 +6,85 @@ from __future__ import annotations
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.situation import Advice, Situation, at_line, collective_of_ranks
-from moe_hang.analysis.source import common_loop, gates, in_loop, left_loop
+from moe_hang.analysis.source import (
+    common_loop,
+    excludes_ranks,
+    gates,
+    in_loop,
+    left_loop,
+    taken_only_by,
+)
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
 def advise_loop_left(s: Situation, loop: Frame) -> Advice:
-    """The culprits are past a loop the others are still in (``loop``: its ``file:line``)."""
+    """The culprits are past a loop the others are still in (``loop``: its ``file:line``).
+    Where the source shows the loop's ways out before its end (its ``break``, a ``return``),
+    they are said: one under a rank condition only the culprits take is the decision they
+    made alone."""
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
-    return Advice(f"{who(s.culprits).capitalize()} left the loop at {loop_at(loop)} while "
-                  f"{who(s.waiting())} {agree(s.waiting(), 'is', 'are')} still in it "
-                  f"({missed}): the ranks ran different numbers of iterations, or "
-                  f"{who(s.culprits)} cut one short before its collectives (a `continue` "
-                  "or `break` on a rank's own data). Give each the same count: equal data "
-                  "shards (DistributedSampler), or all-reduce the count with MIN first; "
-                  "skip an update, never an iteration's collectives.")
+    me, others = who(s.culprits), who(s.waiting())
+    head = (f"{me.capitalize()} left the loop at {loop_at(loop)} while {others} "
+            f"{agree(s.waiting(), 'is', 'are')} still in it ({missed})")
+    exits = _ways_out(s, loop)
+    if len(exits) == 1 and (cond := exits[0][2]) is not None:
+        line, kind, _, cond_line = exits[0]
+        src = f"src={s.culprits[0]}" if len(s.culprits) == 1 else "src=DECIDING_RANK"
+        return Advice(
+            f"Only {me} {agree(s.culprits, 'takes', 'take')} the one early way out of the "
+            f"loop at {loop_at(loop)}: the `{kind}` at {short_path(loop.file)}:{line} under "
+            f"`if {cond}:` ({short_path(loop.file)}:{cond_line}). {me.capitalize()} left "
+            f"the loop while {others} {agree(s.waiting(), 'is', 'are')} still in it "
+            f"({missed}): the decision to leave was made on {me} alone. Make it on every "
+            f"rank: send it to all (a stop flag, dist.broadcast) and {kind} on every rank.",
+            f"stop = torch.tensor([float(should_stop)])  # set on the rank that decides\n"
+            f"dist.broadcast(stop, {src})  # every rank gets the decision\n"
+            f"if stop.item():\n    {kind}",
+            site=Frame(loop.file, line, loop.function), site_why="the loop's way out")
+    said = "; ".join(f"`{kind}` ({short_path(loop.file)}:{line})"
+                     + (f" under `if {test}:`" if test else "")
+                     for line, kind, _, test in ((e[0], e[1], None, _test(s, loop, e[0]))
+                                                 for e in exits))
+    ways = (f" The source shows {'its one way' if len(exits) == 1 else 'its ways'} out "
+            f"before its end: {said}.") if exits else ""
+    return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
+                  "short before its collectives (a `continue` or `break` on a rank's own "
+                  f"data).{ways} Give each the same count: equal data shards "
+                  "(DistributedSampler), or all-reduce the count with MIN first; decide a "
+                  "way out alike on every rank (all-reduce its flag); skip an update, never "
+                  "an iteration's collectives.",
+                  site=Frame(loop.file, exits[0][0], loop.function) if len(exits) == 1
+                  else None, site_why="the loop's way out" if len(exits) == 1 else None)
+
+
+def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int | None]]:
+    """The loop's ways out before its end, as the source shows them (from a waiting rank's
+    line in it): (line, ``break``/``return``, the rank condition only the culprits take
+    there, its line)."""
+    here = next((f for r in s.waiting() for f in s.frames.get(r, [])
+                 if (f.file, f.function) == (loop.file, loop.function)), None)
+    lf = s.src.line(loop.file, here.line) if here is not None else None
+    step = next((st for st in lf.path if st.line == loop.line), None) if lf else None
+    out: list[tuple[int, str, str | None, int | None]] = []
+    for line in step.exits if step is not None else ():
+        ex = s.src.line(loop.file, line)
+        kind = ex.path[-1].kind.lower() if ex is not None and ex.path else "break"
+        cond = ex.rank_condition if ex is not None else None
+        only = cond is not None and not excludes_ranks(cond) \
+            and taken_only_by(cond, s.culprits, s.waiting())
+        out.append((line, kind, cond.removeprefix("if ") if only and cond else None,
+                    ex.rank_condition_line if only and ex is not None else None))
+    return out
+
+
+def _test(s: Situation, loop: Frame, line: int) -> str | None:
+    """The test of the innermost ``if`` a way out sits in."""
+    ex = s.src.line(loop.file, line)
+    g = next((g for g in ex.gates if g.how in ("if", "else")), None) if ex else None
+    return None if g is None else g.test if g.how == "if" else f"not ({g.test})"
 
 
 def advise_loop_stayed(s: Situation, loop: Frame, now: str, missed: str) -> Advice:

@@ -80,10 +80,11 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         posted = {n: p for n in lines if (p := posted_by(tree, waits, calls, n)) is not None}
         # the line a wait's collective was posted from is read too: its branch, its group;
         # and every collective call of a loop around a line (what a pass posts, and under
-        # which branch: a skip or an extra one pass earlier is at one of them)
+        # which branch: a skip or an extra one pass earlier is at one of them), and its
+        # ways out (the branch a rank that left it early took)
         lines = set(lines) | {p[0] for p in posted.values()} | {
-            c for n in lines for st in _path(tree.body, n, calls) if st.calls
-            and st.kind in ("For", "While", "AsyncFor") for c in st.calls}
+            c for n in lines for st in _path(tree.body, n, calls)
+            if st.kind in ("For", "While", "AsyncFor") for c in st.calls + st.exits}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
                                         (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),
@@ -188,7 +189,7 @@ def _path(body: list[ast.stmt], line: int, calls: list[ast.Call]) -> list[Step]:
                                        if st.lineno < c.lineno <= end})) \
                     if isinstance(st, _REPEATED) else ()
                 out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st),
-                                inside, end))
+                                inside, end, _exits(st)))
                 inner = _inner_block(st, line)
                 if inner is None:
                     block = None
@@ -199,6 +200,29 @@ def _path(body: list[ast.stmt], line: int, calls: list[ast.Call]) -> list[Step]:
         else:
             break
     return out
+
+
+def _exits(st: ast.stmt) -> tuple[int, ...]:
+    """A loop's ways out before its end: the lines of its own ``break`` statements and of the
+    ``return`` statements in its body (none of a function or class defined in it; a nested
+    loop's ``break`` leaves only that loop)."""
+    if not isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
+        return ()
+    out: list[int] = []
+
+    def walk(node: ast.AST, own: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                  ast.Lambda)):
+                continue
+            if isinstance(child, ast.Return) or (own and isinstance(child, ast.Break)):
+                out.append(child.lineno)
+            inner = isinstance(child, (ast.For, ast.AsyncFor, ast.While))
+            walk(child, own and not inner)
+
+    for part in st.body:
+        walk(ast.Module(body=[part], type_ignores=[]), True)
+    return tuple(sorted(set(out)))
 
 
 def _header(st: ast.stmt) -> str | None:

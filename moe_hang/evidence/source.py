@@ -45,10 +45,13 @@ class Step:
     # torch.distributed by name (what the source shows; calls through other code are not)
     calls: tuple[int, ...] = ()
     end: int = 0  # where the statement ends
+    # a loop's: the lines of the statements in its body that leave it before its end (its
+    # own ``break``, a ``return``), not those of a loop or a function nested in it
+    exits: tuple[int, ...] = ()
 
     def to_list(self) -> list[Any]:
         return [self.block, self.index, self.field, self.kind, self.line, self.header,
-                list(self.calls), self.end]
+                list(self.calls), self.end, list(self.exits)]
 
     @classmethod
     def from_list(cls, d: Any) -> Step | None:
@@ -56,8 +59,9 @@ class Step:
             block, index, fld, kind, line, header, *more = d
             calls = tuple(int(x) for x in more[0]) if more else ()
             end = int(more[1]) if len(more) > 1 else int(line)
+            exits = tuple(int(x) for x in more[2]) if len(more) > 2 else ()
             return cls(str(block), int(index), str(fld), str(kind), int(line),
-                       None if header is None else str(header), calls, end)
+                       None if header is None else str(header), calls, end, exits)
         except (TypeError, ValueError):
             return None
 

@@ -654,6 +654,16 @@ CASES: tuple[Case, ...] = (
               "validation shard improved) after the stats all-reduce; the others are in the "
               "next step's inner loop over the parameters, a pass on: not a loop it left, "
               "the branch its data took"),
+    Case("early_stop_rank", "early_stop_rank.py", 3, DESYNC,
+         env=culprit_env(0), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "barrier", "rank+divergence"),
+                at(others(C, 3), "backward", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("DistributedSampler",),
+         fix_require=("takes the one early way out", "rank == logger"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: the logging rank C alone runs the patience check "
+              "and breaks out of the epoch loop; the loop's one way out before its end is "
+              "under a rank condition only C takes: its decision alone, broadcast it"),
     Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "reduce"), at(others(C, 2), "gather")),

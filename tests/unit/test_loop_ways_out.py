@@ -1,0 +1,79 @@
+"""A rank that left a loop the others are still in: the loop's ways out before its end (its
+own ``break``, a ``return``) are read with the capture (``Step.exits``), and the one under a
+rank condition only the culprit takes is the decision it made alone. Jobs of a new user's
+trial (``early_stop_rank_jobs/``: patience-based early stopping decided on the logging rank,
+or on each rank's own loss), recorded under ``moe-hang watch`` on 3 ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_hang.analysis.rules import diagnose
+from moe_hang.capture.source import read_facts
+from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.stacks import Frame
+
+JOB = '''def train(loader):
+    for step, batch in enumerate(loader):
+        for micro in batch:
+            if micro is None:
+                break
+            step_on(micro)
+        if step > 100:
+            return step
+
+        def hook():
+            return 1
+        while True:
+            break
+        if done(step):
+            break
+    for x in range(3):
+        pass
+'''
+
+
+def test_a_loops_ways_out_are_its_own_break_and_any_return(tmp_path: Path) -> None:
+    """Line 2's loop: the ``return`` (8) and its own ``break`` (15); not the inner loops'
+    ``break`` (5, 13), nor the ``return`` of a function defined in it (11). They travel with
+    the capture, and their lines are read too (their branches)."""
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    src = read_facts([Frame(str(job), 6, "train")])
+    outer, inner = src.line(str(job), 6).path[1:3]
+    assert (outer.line, outer.exits) == (2, (8, 15))
+    assert (inner.line, inner.exits) == (3, (5,))
+    assert src.line(str(job), 15) is not None and src.line(str(job), 15).gates[0].test \
+        == "done(step)"
+    again = SourceFacts.from_dict(json.loads(json.dumps(src.to_dict())))
+    assert again.line(str(job), 6).path[1].exits == (8, 15)
+
+
+@pytest.mark.parametrize("name, lucky", [("early_stop_rank_0", 0), ("early_stop_rank_2", 2)])
+def test_a_break_only_the_deciding_rank_takes_is_its_decision_alone(fixtures, name, lucky):
+    """``if rank == LOG_RANK:`` around the patience check's ``break``: the rank that left the
+    loop took the one way out only it can take. Was: "the ranks ran different numbers of
+    iterations ... equal data shards (DistributedSampler)", the wrong fix."""
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [lucky]), d["summary"]
+    fix, code = d["fix"], d["fix_code"]
+    assert f"Only rank {lucky} takes the one early way out" in fix, fix
+    assert "train_stop.py:32 under `if rank == LOG_RANK:` (/tmp/trial4/train_stop.py:26)" \
+        in fix, fix
+    assert "DistributedSampler" not in fix, fix
+    assert f"dist.broadcast(stop, src={lucky})" in code and "break" in code, code
+
+
+def test_a_break_on_each_ranks_own_data_is_said_beside_the_counts(fixtures):
+    """Each rank's own loss decides its ``break``: no rank condition, so the way out is said
+    as one of the possibilities beside different counts, never as a decision of one rank."""
+    d = diagnose(load_capture(fixtures / "early_stop_local_1")).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [1]), d["summary"]
+    fix = d["fix"]
+    assert "its one way out before its end: `break` (/tmp/trial4/train_stop_local.py:25) under " \
+           "`if bad_epochs >= 2:`" in fix, fix
+    assert "different numbers of iterations" in fix and "Only" not in fix, fix
