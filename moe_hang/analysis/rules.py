@@ -338,7 +338,9 @@ RULES: tuple[Rule, ...] = (
     Rule("dumps_completed", "recorded collectives all completed", nothing_pending,
          all_completed, "inconclusive", "—", "uncertain"),
     Rule("outside", "stalled outside collectives", some_outside, stalled_outside,
-         "hang", "waited_for", "uncertain"),
+         "hang", "waited_for; exception where its posting thread raised",
+         "uncertain; likely where its thread that posts there has ended, definite where "
+         "that thread raised"),
     Rule("straggler", "straggler", lambda f: bool(f.waiting) and bool(f.moving), straggler,
          "straggler", "waited_for", "uncertain"),
     Rule("transport", "transport or hardware hang", lambda f: transport(f) is not None,

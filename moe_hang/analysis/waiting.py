@@ -16,11 +16,11 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.dumps_only import outside_recorded
-from moe_hang.analysis.explain import site_str, waits_text
+from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.loops import loop_at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
-from moe_hang.evidence.stacks import Frame, Helper, idle_in_backward
+from moe_hang.evidence.stacks import Frame, Helper, callsite, idle_in_backward, thread_number
 from moe_hang.evidence.vocab import RankState, agree, spans, who
 
 
@@ -53,6 +53,8 @@ def stalled_outside(f: Facts) -> Conclusion:
     left = _left_for_good(f, culprits)
     if left is not None:
         return _left_loop(f, culprits, left, div)
+    if div is not None and (ended := _poster_ended(f, culprits, div, w)) is not None:
+        return ended
     where = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
     back = [r for r in f.waiting if r not in culprits and idle_in_backward(f.views[r].stack)]
     if back and not w:
@@ -75,6 +77,49 @@ def stalled_outside(f: Facts) -> Conclusion:
                              "wait (slow I/O or a checkpoint resolves by itself; a stuck data "
                              "loader does not)."),
                       div)
+
+
+def _poster_ended(f: Facts, culprits: list[int], div: Divergence, w: str) -> Conclusion | None:
+    """Every culprit's one thread that posted on the group the others wait in has ended (it
+    is not among its threads at capture): that thread will never post that collective — a
+    hang, not a slow rank. Where it recorded the exception that ended it, that is the cause
+    (definite); else likely (another thread of the rank may yet post there)."""
+    if not all(f.views.poster_ended(c, div.pg) for c in culprits):
+        return None
+    c = culprits[0]
+    v = f.views[c]
+    ids = {x.thread_id for x in v.tl.by_pg.get(div.pg, {}).values() if x.thread_id}
+    names = {x.thread_name for x in v.tl.by_pg.get(div.pg, {}).values() if x.thread_name}
+    poster = thread_number(next(iter(ids))) if len(ids) == 1 else None
+    err = next((e for e in v.ev.thread_errors if e.thread_id is not None
+                and thread_number(e.thread_id) == poster), None) if len(culprits) == 1 else None
+    name = err.thread if err is not None and err.thread else (
+        names.pop() if len(names) == 1 else None)
+    thread = f"thread {name}" if name else "thread"
+    group = pg_label(div.pg, div.pg_desc)
+    them = w or "the others"
+    now = "; ".join(f"rank {r} at {site_str(f.views[r].site)}" for r in culprits)
+    if err is not None:
+        site = callsite(err.frames)
+        at = f" at {site.short()}" if site else ""
+        summary = (f"Rank {c}'s {thread} raised {error_text(err)}{at} and ended: it posted "
+                   f"rank {c}'s collectives on {group}, so {them} wait for one it will never "
+                   f"post ({now}).")
+        return Conclusion(
+            Verdict.HANG, [c], CulpritBasis.EXCEPTION, Certainty.DEFINITE, summary,
+            Advice(f"Fix the {err.type.rsplit('.', 1)[-1]} rank {c}'s {thread} raised{at}. A "
+                   "thread that posts collectives must not end on one rank alone: catch its "
+                   "exception and hand it to the main thread (raise it there, so the rank "
+                   "fails instead of hanging), or stop every rank.",
+                   site=site, site_why="where its thread raised"), div)
+    summary = (f"{who(culprits).capitalize()}'s {thread} that posted on {group} has ended: "
+               f"{them} wait for a collective it will never post ({now}).")
+    # likely: another thread of the rank may yet post there (a new one each epoch)
+    return Conclusion(
+        Verdict.HANG, culprits, CulpritBasis.WAITED_FOR, Certainty.LIKELY, summary,
+        Advice(f"{who(culprits).capitalize()}'s {thread} posted fewer collectives on {group} "
+               "than the others' and ended: make every rank's thread post as many (the same "
+               "count of items, the same end), or end them together."), div)
 
 
 def _left_for_good(f: Facts, culprits: list[int]) -> Frame | None:

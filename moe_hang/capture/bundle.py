@@ -37,8 +37,8 @@ MAX_ENTRIES = 1024  # of a recorder dump, the newest (the probe's ring keeps 256
 MAX_RANKS = 4096  # of one node
 # what the loader reads of a rank (evidence/load.py), by the name's part after "rank{R}.";
 # the small ones first: each rank's share goes to them, then to its dump and its posted log
-SMALL = (RankFiles.HEARTBEAT, RankFiles.ERROR, RankFiles.GROUPS, RankFiles.DUMP_MARKER,
-         RankFiles.FATAL, RankFiles.STACK)
+SMALL = (RankFiles.HEARTBEAT, RankFiles.ERROR, RankFiles.THREAD_ERRORS, RankFiles.GROUPS,
+         RankFiles.DUMP_MARKER, RankFiles.FATAL, RankFiles.STACK)
 STACK_FILES = (RankFiles.PYSPY, RankFiles.PYSPY_ERROR, RankFiles.HELPERS)
 LINE_LOGS = (RankFiles.TOKENS, RankFiles.ROUTING)
 RANK_FILES = (*SMALL, RankFiles.FR, RankFiles.FR_SAVED, RankFiles.POSTED, *LINE_LOGS)

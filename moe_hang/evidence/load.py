@@ -107,6 +107,9 @@ def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> R
         ev.notes.extend(log.notes)
     recorded = RankError.parse(_read_json(files.error, ev, "error record"))
     ev.error = unwrap(recorded) if recorded is not None else None
+    threads = _read_json(files.thread_errors, ev, "thread error record")
+    ev.thread_errors = [e for x in threads if (e := RankError.parse(x)) is not None] \
+        if isinstance(threads, list) else []
     groups = _read_json(files.groups, ev, "process-group list")
     if isinstance(groups, dict):
         ev.groups = {str(k): [x for x in v if isinstance(x, int)] for k, v in groups.items()

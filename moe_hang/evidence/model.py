@@ -46,6 +46,10 @@ class RankError:
     seen_at: int | None = None  # from the job log: the line its traceback starts on
     wrapped_by: str | None = None  # ``Type: message`` of the wrapper that re-raised it
     restart: int | None = None  # torchrun's restart count of the attempt it ended (0: first)
+    # one that ended a thread of the rank, not the rank: that thread's name and id (as the
+    # recorder's thread ids)
+    thread: str | None = None
+    thread_id: str | None = None
 
     @classmethod
     def parse(cls, data: Any) -> RankError | None:
@@ -56,7 +60,9 @@ class RankError:
             frames = traceback_frames([str(x) for x in data["traceback"]])
         return cls(type=str(data.get("type") or "Error"), message=str(data.get("message", "")),
                    frames=frames, time=as_float(data.get("time")),
-                   source=str(data.get("source", "probe")), restart=as_int(data.get("restart")))
+                   source=str(data.get("source", "probe")), restart=as_int(data.get("restart")),
+                   thread=None if data.get("thread") is None else str(data["thread"]),
+                   thread_id=None if data.get("thread_id") is None else str(data["thread_id"]))
 
 
 @dataclass
@@ -203,6 +209,7 @@ class RankEvidence:
     log_op_lead: dict[str, int] = field(default_factory=dict)  # gloo: FRDump.op_lead, its log's
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
+    thread_errors: list[RankError] = field(default_factory=list)  # ones that ended a thread
     fatal: str | None = None  # faulthandler's fatal-signal text
     groups: dict[str, list[int]] | None = None  # pg name -> member ranks, from the probe
     # it raised and its probe holds it alive for the capture (multi-node watch): to the

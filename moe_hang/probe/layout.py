@@ -12,6 +12,7 @@ A run directory (repro, verify, watch, diagnose --out) looks the same for every 
     ranks/rank{R}.posted.jsonl  every collective the rank posted, kept past its end (history.py)
     ranks/rank{R}.tokens.jsonl  posted collectives     ranks/rank{R}.stack.txt   faulthandler
     ranks/rank{R}.fatal.txt     fatal-signal stack     ranks/rank{R}.error.json  exception
+    ranks/rank{R}.thread_errors.json  exceptions that ended one of its threads (not the rank)
     ranks/rank{R}.groups.json   process groups         ranks/rank{R}.dump.json   dump marker
     ranks/rank{R}.ctl           the probe's FIFO       ranks/rank{R}.dump.err    dump failed
     ranks/rank{R}.coverage.json LoRA coverage          ranks/rank{R}.result.pt   verify's results
@@ -50,6 +51,7 @@ class RankFiles:
     STACK = "stack.txt"
     FATAL = "fatal.txt"
     ERROR = "error.json"
+    THREAD_ERRORS = "thread_errors.json"  # exceptions that ended a thread, not the rank
     GROUPS = "groups.json"
     DUMP_MARKER = "dump.json"
     DUMP_ERROR = "dump.err"
@@ -108,6 +110,10 @@ class RankFiles:
     @property
     def error(self) -> Path:
         return self.in_ranks(self.ERROR)
+
+    @property
+    def thread_errors(self) -> Path:
+        return self.in_ranks(self.THREAD_ERRORS)
 
     @property
     def groups(self) -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ == "moe_hang.probe":
-    from moe_hang.probe import appendlog, history, lastgasp, launchers, routing, sample
+    from moe_hang.probe import appendlog, history, lastgasp, launchers, raised, routing, sample
     from moe_hang.probe.dumps import Dumps
     from moe_hang.probe.env import (
         ENV_DIR,
@@ -77,6 +77,7 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
     history = _sibling("history")
     appendlog = _sibling("appendlog")
     lastgasp = _sibling("lastgasp")
+    raised = _sibling("raised")
     routeplan = _sibling("routeplan")  # routing.py's own sibling: loaded before it
     routing = _sibling("routing")
     RankFiles = _sibling("layout").RankFiles  # type: ignore[misc]
@@ -109,6 +110,7 @@ class Probe(Dumps):
         self._hb_lock = threading.Lock()
         self._stopping = False
         self._held = False
+        self._thread_errors: list[dict[str, Any]] = []
         self._release = threading.Event()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
@@ -247,39 +249,24 @@ class Probe(Dumps):
     # -------------------------------------------------------------- threads
 
     def record_exception(self, exc: BaseException) -> None:
-        """The exception that ends a rank (type, first line, frames innermost first), plus a
-        recorder dump: often the survivors' side of a peer's death or abort."""
-        # the frames straight from the traceback, not through the traceback module: that
-        # stats and reads every file of it (linecache; torch's are large), and on a loaded
-        # machine torchrun's SIGTERM has ended ranks half-way through, before the record was
-        # on disk (its line lost)
-        frames: list[list[Any]] = []
-        t = exc.__traceback__
-        while t is not None:
-            frames.append([t.tb_frame.f_code.co_filename, t.tb_lineno, t.tb_frame.f_code.co_name])
-            t = t.tb_next
-        err = {"type": type(exc).__name__,
-               "message": (str(exc).strip().splitlines() or [""])[0][:500],
-               "frames": frames[::-1][:80],
-               "time": time.time(), "restart": restart_count()}
+        """The exception that ends a rank, plus a recorder dump: often the survivors' side of
+        a peer's death or abort."""
+        err = raised.error_record(exc, restart_count())
         # the record first: it is small, and torchrun's SIGTERM may end us during the dump
         write_atomic(self.files.error, json.dumps(err).encode())
         with contextlib.suppress(Exception):
             self.dump("exception", "exception")
         self.last_gasp("exception")
 
-    def _chain_excepthook(self) -> None:
-        previous = sys.excepthook
-
-        def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-            if not isinstance(value, (KeyboardInterrupt, SystemExit)):
-                with contextlib.suppress(Exception):
-                    self.record_exception(value)
-                with contextlib.suppress(Exception):
-                    self.hold()
-            previous(tp, value, tb)
-
-        sys.excepthook = hook
+    def record_thread_exception(self, exc: BaseException, thread: threading.Thread | None
+                                ) -> None:
+        """An exception that ended one of the job's threads, not the rank: the last few, with
+        the thread's name and id (the recorder's thread ids)."""
+        err = raised.error_record(exc, restart_count())
+        err["thread"] = thread.name if thread is not None else None
+        err["thread_id"] = str(thread.ident) if thread is not None and thread.ident else None
+        self._thread_errors = [*self._thread_errors, err][-raised.THREAD_ERRORS_KEPT:]
+        write_atomic(self.files.thread_errors, json.dumps(self._thread_errors).encode())
 
     def hold(self) -> None:
         """Where the watcher said so (``ranks/hold.json``: multi-node watch), stay alive after
@@ -307,7 +294,8 @@ class Probe(Dumps):
         self._fatal_file = open(self.files.fatal, "w")  # noqa: SIM115 - kept open for faulthandler
         faulthandler.enable(file=self._fatal_file, all_threads=True)
         lastgasp.SigtermRelay.start(_on_sigterm)
-        self._chain_excepthook()
+        raised.chain_excepthook(self.record_exception, self.hold)
+        raised.chain_thread_excepthook(self.record_thread_exception)
         with contextlib.suppress(Exception):
             lastgasp.wrap_os_exit(self.last_gasp)
         with contextlib.suppress(Exception):

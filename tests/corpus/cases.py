@@ -712,6 +712,15 @@ CASES: tuple[Case, ...] = (
               "count all-to-all where a rank has no token; the culprit waits in the same "
               "step's gradient all-reduce, inside the step loop: it ran no fewer laps, so "
               "the early return is the one way past (was: 'fewer laps' too)"),
+    Case("thread_died", "thread_died.py", 3, frozenset({"hang"}),
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "get"), at(others(C, 3), "broadcast", "divergence")), stall=5.0,
+         fix_forbid=SKIP_ADVICE + VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("Fix the KeyError",), summary_contains="missing from the shard index",
+         basis=frozenset({"exception"}), certainty=frozenset({"definite"}),
+         note="written for the occasion: rank C's prefetch thread raises and ends; the rank "
+              "lives on at q.get(), the others' threads wait in its broadcast: its thread's "
+              "exception is the cause, at once (was: uncertain until --hang-after)"),
     Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(others(C, 2), "metric"), at(C, "barrier")),

@@ -45,3 +45,36 @@ def test_the_exception_is_recorded_without_reading_any_source(
     (inner_file, inner_line, inner_fn), (_, _, outer_fn) = err["frames"][:2]
     assert inner_file == __file__ and inner_fn == "_post" and outer_fn == "_step"
     assert "the raising line" in Path(__file__).read_text().splitlines()[inner_line - 1]
+
+
+def test_an_exception_that_ends_a_thread_is_recorded_with_the_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """threading.excepthook, chained: the thread's name and id (the recorder's thread ids),
+    the exception's line; the rank lives on (nothing of the rank's own exception is written),
+    and Python's own report of it still comes after."""
+    import threading
+
+    from moe_hang.evidence.load import load_rank
+    from moe_hang.probe import raised
+    from moe_hang.probe.layout import RunLayout
+
+    printed: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.thread.name))
+    (tmp_path / "ranks").mkdir()
+    probe = Probe(tmp_path / "ranks", 1, 1.0)
+    raised.chain_thread_excepthook(probe.record_thread_exception)
+
+    def prefetch() -> None:
+        raise KeyError("sample 51 missing")  # the raising line
+
+    t = threading.Thread(target=prefetch, name="prefetch")
+    t.start()
+    t.join(10)
+    errs = json.loads(probe.files.thread_errors.read_text())
+    assert [(e["type"], e["thread"], e["thread_id"]) for e in errs] == [
+        ("KeyError", "prefetch", str(t.ident))]
+    assert errs[0]["frames"][0][2] == "prefetch" and printed == ["prefetch"]
+    assert not probe.files.error.exists()
+    ev = load_rank(RunLayout(tmp_path), 1)
+    assert [(e.thread, e.thread_id, e.type) for e in ev.thread_errors] == [
+        ("prefetch", str(t.ident), "KeyError")]
