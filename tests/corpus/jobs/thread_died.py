@@ -31,7 +31,7 @@ def prefetch() -> None:
 threading.Thread(target=prefetch, daemon=True).start()
 model = torch.nn.Linear(16, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(steps):
+for _step in range(steps):
     x = q.get()  # corpus: get
     loss = model(x).pow(2).mean()
     loss.backward()
