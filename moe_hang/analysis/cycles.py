@@ -27,7 +27,8 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.explain import culprit_clause, site_str
-from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.facts import Facts, situation
+from moe_hang.analysis.gates import advise_gate, gates_passed
 from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
@@ -98,11 +99,12 @@ def cycle(f: Facts) -> Conclusion:
         summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
     if b.basis == CulpritBasis.CYCLE and not redirected and _ended_edge(cyc, f) is None \
             and (sh := count_shift(cyc, f.ctx)) is not None:
-        verdict, said, advice = shifted(sh, f.views)
+        verdict, said, counted = shifted(sh, f.views)
         return Conclusion(verdict, sh.culprits, sh.decision.basis, Certainty.LIKELY,
-                          summary + said, advice,
+                          summary + said, counted,
                           next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
+    advice: Advice | None = None
     if p2p_only and b.basis == CulpritBasis.CYCLE:
         text = ("Each rank waits to receive before it sends: order the calls so one side sends "
                 "first (e.g. even ranks send then receive, odd ranks receive then send), or "
@@ -169,6 +171,8 @@ def cycle(f: Facts) -> Conclusion:
                 f"{who(sorted(g.absent))} never {agree(g.absent, 'posts', 'post')}: remove "
                 "it there, or make every rank "
                 "of that group post it as often.")
+    elif (gated := _gated(f, cyc, culprits, b.basis)) is not None:
+        advice = gated
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
@@ -190,7 +194,26 @@ def cycle(f: Facts) -> Conclusion:
         kind = redirected[0].meant_desc or redirected[0].meant
         div = next((g.div for g in f.divs if set(g.absent) & culprits
                     and (g.div.pg_desc or g.div.pg) == kind), div)
-    return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary, Advice(text), div)
+    return Conclusion(verdict, sorted(culprits), b.basis, certainty, summary,
+                      advice or Advice(text), div)
+
+
+def _gated(f: Facts, cyc: list[Edge], culprits: set[int], basis: CulpritBasis
+           ) -> Advice | None:
+    """One culprit that never posted what its waiter waits in on a group, past the way the
+    source shows round it (``if x.shape[0] == 0: return`` before an expert exchange): that
+    branch, as the advice of a divergence gives it."""
+    e = next((e for e in cyc if e.on in culprits and e.coll is not None), None)
+    if e is None or e.coll is None or len(culprits) != 1:
+        return None
+    div = next((g.div for g in f.divs if g.div.pg == e.coll.pg and e.on in g.absent), None)
+    if div is None:
+        return None
+    s = situation(f, div, [e.on], basis)
+    missed = s.site(e.waiter)
+    found = gates_passed(s, e.on, s.frames.get(e.waiter, []), s.frames.get(e.on, [])) \
+        if missed is not None else []
+    return advise_gate(s, e.on, missed, found) if found and missed is not None else None
 
 
 def _ended_edge(cyc: list[Edge], f: Facts) -> tuple[Edge, str] | None:

@@ -17,18 +17,20 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
-from moe_hang.analysis.ladder import Context
+from moe_hang.analysis.ladder import Context, position_order, progress
 from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.rankstate import rank_view
 from moe_hang.analysis.ras.reading import RasReading, read_ras
 from moe_hang.analysis.reconcile import Disagreement, reconcile
+from moe_hang.analysis.situation import Situation
 from moe_hang.analysis.threads import ThreadRace, thread_race
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, RankEvidence
 from moe_hang.evidence.probe_records import said_exiting
+from moe_hang.evidence.stacks import callsite, is_library_frame
 from moe_hang.evidence.vocab import JobState, RankState
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
@@ -258,3 +260,37 @@ def stuck_shown(f: Facts) -> bool:
         return True
     return bool(f.waiting) and all(
         (j := f.activity.get(r)) is not None and j.motion == Motion.STUCK for r in f.waiting)
+
+
+def situation(f: Facts, div: Divergence, culprits: list[int],
+              basis: CulpritBasis) -> Situation:
+    """What advice is given from, for one divergence and its culprits."""
+    frames = {}
+    for r, v in f.views.items():
+        coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
+        frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
+        if coll is not None and coll.frames and v.stack.frames \
+                and not any(is_library_frame(x) for x in coll.frames) \
+                and v.stack.callsite == callsite(coll.frames):
+            # a node's summary and the posted log keep a collective's user frames only; its
+            # stack, inside that same call, says how it was posted (FSDP's unshard, ...)
+            frames[r] = v.stack.frames
+    block = next((g.block for g in f.divs if g.div is div), None)
+    s = Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
+    for c in div.per_rank:  # where each rank posted last on the group before it parted
+        prev = f.views[c].tl.by_pg.get(div.pg, {}).get(div.seq - 1) \
+            if c in f.views and div.seq is not None else None
+        if prev is not None and prev.frames:
+            s.before[c] = prev.frames
+        if c in f.views:
+            s.enqueued[c] = f.views[c].tl.enqueued
+    if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
+        # asked only where the advice uses it (a culprit short of the others' FSDP call): on
+        # thousands of ranks it is a position order per culprit and waiting rank
+        waiting = s.waiting()
+        s.behind = bool(culprits and waiting) and all(
+            position_order(f.ctx, f.views[c].user_frames_outer_first(),
+                           f.views[w].user_frames_outer_first(), progress(f.views, [c]),
+                           progress(f.views, [w])) is False
+            for c in culprits for w in waiting if c in f.views and w in f.views)
+    return s

@@ -26,8 +26,14 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
     skipped anything), or where a rank condition decides it (that advice says it)."""
     prev = [f for f in s.before.get(culprit, []) if not is_library_frame(f)]
     mine = [f for f in missed if not is_library_frame(f)]
-    common = next(((d, fm, fp) for d, fm in enumerate(mine) for fp in prev
-                   if (fp.file, fp.function) == (fm.file, fm.function)), None)
+    shared = [(d, fm, fp) for d, fm in enumerate(mine) for fp in prev
+              if (fp.file, fp.function) == (fm.file, fm.function)]
+    # the innermost function both were posted through — but where both came from one line
+    # of it that nothing there repeats (one call of ``moe_layer`` a step), the lap between
+    # them is an outer frame's: the first shared frame out where they differ, or a loop does
+    common = next(((d, fm, fp) for d, fm, fp in shared if fp.line != fm.line
+                   or loop_step(s.src, fm.file, fp.line, fm.line) is not None),
+                  shared[0] if shared else None)
     if common is None:
         return []
     depth, fm, fp = common
@@ -39,10 +45,13 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
             return []
     else:
         # its last agreed collective was at this line or a later one, a lap of a loop
-        # holding both before: the way round is from the loop's top down to the line
+        # holding both before: the way round is from the loop's top down to the line —
+        # unless the culprit is still in that lap (a later line, with no count saying it is
+        # in the others' pass: then it may have posted an extra there, not skipped)
         lap = loop_step(s.src, fm.file, fp.line, fm.line)
-        if lap is None or any(lap.line < n < fm.line or fp.line < n <= lap.end
-                              for n in here):
+        if lap is None or any(lap.line < n < fm.line or (
+                fp.line < n <= lap.end and not _in_their_pass(s, culprit, fm, n))
+                for n in here):
             return []
         since = lap.line
     if any(rank_condition(s.src, f.file, f.line) is not None for f in mine[:depth + 1]):
@@ -57,6 +66,20 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
         # whatever loops enclose it, so a gate let it past, not the loop's count
         out.append((fm, Gate(lap.line, lap.end, lap.header or "the loop", LAPS)))
     return out
+
+
+def _in_their_pass(s: Situation, culprit: int, fm: Frame, n: int) -> bool:
+    """The culprit, at line ``n`` of the loop's body past the others' line ``fm``, is in
+    their pass: it waits there in a collective every pass posts (its statement right in the
+    body) as #k on its group, where every waiting rank has posted #k-1 there — one pass
+    through that line fewer, being earlier in the same pass. Then it went through ``fm``'s
+    line in this pass without posting what the others did: a way past it was taken there."""
+    rep = s.reports.get(culprit)
+    c = rep.collective if rep is not None else None
+    if c is None or c.seq is None or not s.waiting():
+        return False
+    return every_pass(s.src, Frame(fm.file, n, fm.function), fm) and all(
+        s.enqueued.get(w, {}).get(c.pg) == c.seq - 1 for w in s.waiting())
 
 
 LAPS = "laps"  # a pseudo-gate: fewer laps of the loop (``test``: its header)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.advice import (
     KIND_ADVICE,
-    Situation,
     advise_p2p,
 )
 from moe_hang.analysis.conclusion import Conclusion
@@ -24,7 +23,6 @@ from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
     Diagnosis,
-    Divergence,
     Verdict,
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending
@@ -35,7 +33,7 @@ from moe_hang.analysis.explain import (
     desync_summary,
     site_str,
 )
-from moe_hang.analysis.facts import Facts, desync_divs, facts, stuck_shown
+from moe_hang.analysis.facts import Facts, desync_divs, facts, situation, stuck_shown
 from moe_hang.analysis.failures import (
     agent_died,
     barrier_laggards,
@@ -48,7 +46,6 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
-from moe_hang.analysis.ladder import position_order, progress
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
 from moe_hang.analysis.ras.launches import (
@@ -85,7 +82,6 @@ from moe_hang.analysis.waiting import (
     straggler,
 )
 from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.stacks import callsite, is_library_frame
 from moe_hang.evidence.vocab import JobState, RankState, agree, who
 
 
@@ -150,7 +146,7 @@ def _size_abort(f: Facts) -> Conclusion:
     summary += culprit_clause(b.basis, b.culprits, b.confirmed)
     certainty = Certainty.DEFINITE if b.confirmed else Certainty.LIKELY
     return Conclusion(Verdict.DESYNC, b.culprits, b.basis, certainty, summary,
-                      KIND_ADVICE[div.kind](_situation(f, div, b.culprits, b.basis)), div)
+                      KIND_ADVICE[div.kind](situation(f, div, b.culprits, b.basis)), div)
 
 
 def _desync(f: Facts) -> Conclusion:
@@ -175,7 +171,7 @@ def _desync(f: Facts) -> Conclusion:
     certain = (Certainty.DEFINITE if (same_seq or g.block is not None) and b.confirmed
                else Certainty.LIKELY)
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
-                      KIND_ADVICE[g.div.kind](_situation(f, g.div, b.culprits, b.basis)),
+                      KIND_ADVICE[g.div.kind](situation(f, g.div, b.culprits, b.basis)),
                       g.div, [x.div for x, _ in found[1:]])
 
 
@@ -197,39 +193,8 @@ def _stack_desync(f: Facts) -> Conclusion:
         assert p2p is not None and p2p.peer is not None
         advice = advise_p2p(waiter, "recv", p2p.peer, f.views[waiter].site, f.views.source)
     else:
-        advice = KIND_ADVICE[div.kind](_situation(f, div, culprits, basis))
+        advice = KIND_ADVICE[div.kind](situation(f, div, culprits, basis))
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary, advice, div)
-
-
-def _situation(f: Facts, div: Divergence, culprits: list[int],
-               basis: CulpritBasis) -> Situation:
-    frames = {}
-    for r, v in f.views.items():
-        coll = v.tl.by_pg.get(div.pg, {}).get(div.seq) if div.seq is not None else None
-        frames[r] = (coll.frames if coll is not None and coll.frames else v.stack.frames)
-        if coll is not None and coll.frames and v.stack.frames \
-                and not any(is_library_frame(x) for x in coll.frames) \
-                and v.stack.callsite == callsite(coll.frames):
-            # a node's summary and the posted log keep a collective's user frames only; its
-            # stack, inside that same call, says how it was posted (FSDP's unshard, ...)
-            frames[r] = v.stack.frames
-    block = next((g.block for g in f.divs if g.div is div), None)
-    s = Situation(div, culprits, basis, f.reports(div), frames, block, f.views.source)
-    for c in div.per_rank:  # where each rank posted last on the group before it parted
-        prev = f.views[c].tl.by_pg.get(div.pg, {}).get(div.seq - 1) \
-            if c in f.views and div.seq is not None else None
-        if prev is not None and prev.frames:
-            s.before[c] = prev.frames
-    if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
-        # asked only where the advice uses it (a culprit short of the others' FSDP call): on
-        # thousands of ranks it is a position order per culprit and waiting rank
-        waiting = s.waiting()
-        s.behind = bool(culprits and waiting) and all(
-            position_order(f.ctx, f.views[c].user_frames_outer_first(),
-                           f.views[w].user_frames_outer_first(), progress(f.views, [c]),
-                           progress(f.views, [w])) is False
-            for c in culprits for w in waiting if c in f.views and w in f.views)
-    return s
 
 
 def _held(f: Facts) -> Conclusion:

@@ -31,6 +31,8 @@ class Situation:
     behind: bool = False
     # the stack each rank posted its last collective on the divergence's group from
     before: dict[int, list[Frame]] = field(default_factory=dict)
+    # the last seq each rank posted, per group (its counts)
+    enqueued: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]

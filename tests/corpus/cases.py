@@ -721,6 +721,14 @@ CASES: tuple[Case, ...] = (
          note="written for the occasion: rank C's prefetch thread raises and ends; the rank "
               "lives on at q.get(), the others' threads wait in its broadcast: its thread's "
               "exception is the cause, at once (was: uncertain until --hang-after)"),
+    Case("ep_mesh_fast_path", "ep_mesh_fast_path.py", 4, DESYNC,
+         env=culprit_env(3), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "stats"),),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("x_TD.shape[0] == 0",),
+         note="written for the occasion: rank C's layer returns before its ep all-to-all "
+              "(no token); its ep partner waits there, it went on through dp to the world "
+              "all-reduce: a cycle whose fix is the guard inside the layer"),
     Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(others(C, 2), "metric"), at(C, "barrier")),
