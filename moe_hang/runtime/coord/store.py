@@ -165,7 +165,15 @@ class StoreChannel:
 
     def put(self, key: str, value: bytes) -> None:
         k = self._k(key)
-        self._op("set", lambda s: s.set(k, value))
+
+        def put(s: Any) -> None:
+            s.set(k, value)
+            # TCPStore's set is sent without waiting for a reply: a read on another
+            # connection (another node) could still see the old value. One round trip on
+            # this connection, answered after the set, makes the put done when it returns
+            s.check([k])
+
+        self._op("set", put)
 
     def get(self, key: str) -> bytes | None:
         k = self._k(key)
@@ -182,6 +190,7 @@ class StoreChannel:
         def both(s: Any) -> None:
             s.set(k, value)  # before the index entry: a listed member always exists
             s.append(idx, f"{name},")
+            s.check([idx])  # answered after both: done when it returns (see put)
 
         self._op("set", both)
 
