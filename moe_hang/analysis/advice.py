@@ -15,7 +15,13 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
 from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
-from moe_hang.analysis.loops import advise_loop_left, advise_loop_stayed, loop_left, stayed
+from moe_hang.analysis.loops import (
+    advise_loop_left,
+    advise_loop_stayed,
+    decided_exit,
+    loop_left,
+    stayed,
+)
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -243,6 +249,10 @@ def advise_order(s: Situation) -> Advice:
             (found := gates_passed(s, culprit, posted, s.frames.get(culprit, []))):
         # the branch the culprit took past the others' collective
         return advise_gate(s, culprit, missed_at, found)
+    if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
+            and decided_exit(s, out):
+        # past a loop the others are in, whose one way out only it takes
+        return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "

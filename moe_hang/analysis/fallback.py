@@ -29,7 +29,7 @@ from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence
 from moe_hang.evidence.ops import nbytes
-from moe_hang.evidence.stacks import Frame, callsite
+from moe_hang.evidence.stacks import Frame, callsite, idle_in_backward
 
 
 def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] = ()
@@ -43,6 +43,12 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     source's rank conditions, the order of the lines within one iteration)."""
     views = ctx.views
     ops: dict[int, str] = {r: op for r in waiting if (op := views[r].stack.op) is not None}
+    if any(op != "unknown" for op in ops.values()):
+        # a rank idle inside the autograd engine waits in what its backward's hooks posted
+        # (DDP's buckets, FSDP's reduce-scatters: threads with no Python frames): a
+        # collective, which one unknown — not outside every collective
+        ops.update({r: "unknown" for r in waiting
+                    if r not in ops and idle_in_backward(views[r].stack)})
     if all(op == "unknown" for op in ops.values()):
         return None  # waits on collectives posted earlier, and nothing says which
     # a rank that waits outside every collective (a lock, a queue) can hold up a group's

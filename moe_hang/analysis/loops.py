@@ -30,7 +30,7 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     head = (f"{me.capitalize()} left the loop at {loop_at(loop)} while {others} "
             f"{agree(s.waiting(), 'is', 'are')} still in it ({missed})")
     exits = _ways_out(s, loop)
-    if len(exits) == 1 and (cond := exits[0][2]) is not None:
+    if decided_exit(s, loop) and (cond := exits[0][2]) is not None:
         line, kind, _, cond_line = exits[0]
         src = f"src={s.culprits[0]}" if len(s.culprits) == 1 else "src=DECIDING_RANK"
         return Advice(
@@ -58,6 +58,13 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                   "an iteration's collectives.",
                   site=Frame(loop.file, exits[0][0], loop.function) if len(exits) == 1
                   else None, site_why="the loop's way out" if len(exits) == 1 else None)
+
+
+def decided_exit(s: Situation, loop: Frame) -> bool:
+    """The loop has one way out before its end, under a rank condition only the culprits
+    take: their decision alone."""
+    exits = _ways_out(s, loop)
+    return len(exits) == 1 and exits[0][2] is not None
 
 
 def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int | None]]:

@@ -32,7 +32,7 @@ def outside_collectives(f: Facts) -> list[int]:
     forward while the rest sit idle in ``loss.backward()``)."""
     out = sorted(r for r in f.waiting if f.views[r].state != RankState.IN_COLLECTIVE)
     back = [r for r in out if idle_in_backward(f.views[r].stack)]
-    if len(out) == len(f.waiting) and 0 < len(back) < len(out):
+    if 0 < len(back) < len(f.waiting):
         return [r for r in out if r not in back]
     return out
 

@@ -664,6 +664,14 @@ CASES: tuple[Case, ...] = (
          note="written for the occasion: the logging rank C alone runs the patience check "
               "and breaks out of the epoch loop; the loop's one way out before its end is "
               "under a rank condition only C takes: its decision alone, broadcast it"),
+    Case("early_stop_rank_attach", "early_stop_rank.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(0), mirror=culprit_env(2), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "barrier"), at(others(C, 3), "backward")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("DistributedSampler",),
+         fix_require=("takes the one early way out", "rank == logger"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C in the final barrier, the others idle inside "
+              "loss.backward() (in what DDP's hooks posted, not outside every collective)"),
     Case("skip_gather_in_loop", "skip_gather_in_loop.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "reduce"), at(others(C, 2), "gather")),

@@ -77,3 +77,17 @@ def test_a_break_on_each_ranks_own_data_is_said_beside_the_counts(fixtures):
     assert "its one way out before its end: `break` (/tmp/trial4/train_stop_local.py:25) under " \
            "`if bad_epochs >= 2:`" in fix, fix
     assert "different numbers of iterations" in fix and "Only" not in fix, fix
+
+
+@pytest.mark.parametrize("name, lucky", [("early_stop_stacks_0", 0), ("early_stop_stacks_2", 2)])
+def test_stacks_alone_name_the_rank_that_broke_out_not_the_ones_in_backward(
+        fixtures, name, lucky):
+    """``moe-hang diagnose`` of the same job launched plainly (no recorder, no probe): the
+    deciding rank in the final barrier, the others idle inside ``loss.backward()`` — in what
+    DDP's hooks posted, not outside every collective. Was: the two in backward blamed ("outside
+    any collective ... slow I/O"), then, with them counted in, inconclusive."""
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [lucky], "majority"), d["summary"]
+    assert f"Only rank {lucky} takes the one early way out" in d["fix"], d["fix"]
+    assert f"dist.broadcast(stop, src={lucky})" in d["fix_code"]
