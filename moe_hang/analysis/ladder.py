@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.gates import went_through
+from moe_hang.analysis.gates import every_pass, went_through
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
@@ -166,11 +166,7 @@ def history(r: Reading, ctx: Context) -> bool | None:
 def _kept(theirs: bool | None, mine: bool | None) -> bool | None:
     """The others kept what the program did and the culprits broke it (True), or the other
     way round (False); else nothing."""
-    if theirs is True and mine is False:
-        return True
-    if mine is True and theirs is False:
-        return False
-    return None
+    return theirs if theirs is not None and mine is not None and theirs != mine else None
 
 
 def majority(r: Reading, ctx: Context) -> bool | None:
@@ -241,24 +237,27 @@ def progress(views: RankViews, ranks: Sequence[int]) -> Progress:
 
 
 def _lapped(calls: Sequence[int], file: str, first: int, later: int, p_later: Posts,
-            p_first: Posts) -> bool | None:
+            p_first: Posts, sure: frozenset[int]) -> bool | None:
     """From what the recorders hold: is the rank at the loop's earlier line a lap on (True)
     or in the rank at the later line's iteration (False)? Every line of the loop both posted
     from votes: in one iteration the later rank alone has posted from the lines up to its
     own since, and neither from the rest; a lap on, the earlier rank alone has posted from
     the rest, and both as often from the lines between. The edit (what one of them skipped)
-    spoils a vote or two; None where the votes tie."""
+    spoils a vote or two; None where the votes tie. One vote alone decides only from a line
+    every pass posts (``sure``): one a branch may skip may be the edit's own line."""
     same = lap = 0
+    voters: set[int] = set()
     # the edit's own line is left out: what it says depends on the edit
     for c in (set(calls) | {later}) - {first}:
         a, b = p_later.get((file, c), {}), p_first.get((file, c), {})
         between = first < c <= later
         for g in a.keys() & b.keys():
+            voters.add(c)
             if between:
                 same, lap = same + (a[g] > b[g]), lap + (a[g] == b[g])
             else:
                 same, lap = same + (a[g] == b[g]), lap + (a[g] < b[g])
-    return None if same == lap else lap > same
+    return None if same == lap or (same + lap < 2 and not voters <= sure) else lap > same
 
 
 def _iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
@@ -315,7 +314,10 @@ def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
                 return x_later  # one iteration of the loop holding both: the later line
             first, later = (y.line, x.line) if x_later else (x.line, y.line)
             p_later, p_first = (pa.posts, pb.posts) if x_later else (pb.posts, pa.posts)
-            lapped = _lapped(region.calls, x.file, first, later, p_later, p_first)
+            at = Frame(x.file, first, x.function)
+            sure = frozenset(c for c in {*region.calls, later}
+                             if every_pass(src, replace(at, line=c), at))
+            lapped = _lapped(region.calls, x.file, first, later, p_later, p_first, sure)
             if lapped is not None:
                 return x_later != lapped
         if region is None and not repeated:

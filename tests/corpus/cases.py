@@ -737,6 +737,14 @@ CASES: tuple[Case, ...] = (
          note="written for the occasion: rank C's layer returns before its ep all-to-all "
               "(no token); its ep partner waits there, it went on through dp to the world "
               "all-reduce: a cycle whose fix is the guard inside the layer"),
+    Case("metrics_gather_skip", "metrics_gather_skip.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "grad", "rank+divergence"), at(others(C, 2), "gather", "rank+divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("left the loop",),
+         fix_require=("step % 4 == 3 and metrics",),
+         note="written for the occasion: rank C's metrics dict is empty at step 7, so it skips "
+              "the all_gather_object and waits in step 8's all-reduce at an earlier line; "
+              "the recorders' only vote on the lap is the skipped line's own"),
     Case("metrics_thread", "metrics_thread.py", 2, DESYNC_OR_HANG,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(others(C, 2), "metric"), at(C, "barrier")),

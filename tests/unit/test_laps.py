@@ -350,3 +350,22 @@ def test_a_count_of_one_against_one_says_nothing():
         assert majority(Reading((0,), (1,), edit), None) is None  # type: ignore[arg-type]
     assert majority(Reading((0,), (1, 2), Edit.EXTRA), None) is True  # type: ignore[arg-type]
     assert majority(Reading((0, 1), (2,), Edit.EXTRA), None) is False  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name, quiet", [("metrics_gather_skip_1", 1),
+                                         ("metrics_gather_skip_0", 0)])
+def test_a_lone_vote_from_a_line_a_branch_may_skip_decides_nothing(fixtures, name, quiet):
+    """A module-level loop posts its gradient all-reduces (line 21) every step and an
+    ``all_gather_object`` of the metrics (line 28) under ``if step % 4 == 3 and metrics:``.
+    One rank had no metrics at step 7 and skipped the gather: it waits in step 8's
+    all-reduce at the earlier line. The only vote the recorders give on the lap is line
+    28's — the skipped line itself — so it decides nothing; the tentative program (one
+    4-step period seen, begun again) expects the gather there. Was: the rank that posted
+    the gather blamed, "left the loop", both roles. Recorded under ``moe-hang watch``
+    (``metrics_gather_skip_jobs/``, a new user's trial)."""
+    from moe_hang.evidence.load import load_capture
+
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [quiet]), d["summary"]
+    assert "`if step % 4 == 3 and metrics:`" in d["fix"], d["fix"]
+    assert f"false on rank {quiet}" in d["fix"], d["fix"]
