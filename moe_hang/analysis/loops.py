@@ -79,7 +79,11 @@ def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int
     for line in step.exits if step is not None else ():
         ex = s.src.line(loop.file, line)
         kind = ex.path[-1].kind.lower() if ex is not None and ex.path else "break"
-        cond = ex.rank_condition if ex is not None else None
+        # a rank condition of the loop's own body (one around the loop, every rank in it
+        # took too)
+        inside = ex is not None and ex.rank_condition_line is not None and step is not None \
+            and step.line < ex.rank_condition_line <= step.end
+        cond = ex.rank_condition if ex is not None and inside else None
         only = cond is not None and not excludes_ranks(cond) \
             and taken_only_by(cond, s.culprits, s.waiting())
         out.append((line, kind, cond.removeprefix("if ") if only and cond else None,
@@ -88,9 +92,10 @@ def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int
 
 
 def _test(s: Situation, loop: Frame, line: int) -> str | None:
-    """The test of the innermost ``if`` a way out sits in."""
+    """The test of the innermost ``if`` a way out sits in, inside the loop."""
     ex = s.src.line(loop.file, line)
-    g = next((g for g in ex.gates if g.how in ("if", "else")), None) if ex else None
+    g = next((g for g in ex.gates if g.how in ("if", "else") and g.line > loop.line),
+             None) if ex else None
     return None if g is None else g.test if g.how == "if" else f"not ({g.test})"
 
 

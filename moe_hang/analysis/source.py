@@ -260,7 +260,7 @@ def holds(cond: str, rank: int) -> bool | None:
 def _parsed(cond: str) -> ast.expr | None:
     try:
         return ast.parse(cond.removeprefix("if "), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a capture's odd text
         return None
 
 

@@ -226,6 +226,11 @@ def load_capture(root: Path, *, world: int | None = None, job: JobState | None =
     for r, ev in loaded.items():
         if ev.error is not None and ev.error.restart is not None and ev.error.restart < attempt:
             earlier[r], ev.error = ev.error, None
+        # a thread's exception of an earlier attempt, or one after the capture, neither
+        ev.thread_errors = [e for e in ev.thread_errors
+                            if (e.restart is None or e.restart >= attempt) and not (
+                                table.captured_at is not None and e.time is not None
+                                and e.time > table.captured_at)]
     # what was taken off (an earlier attempt's, or raised after the capture) goes from the
     # log's copies too
     dropped = {**earlier, **_after_capture(loaded, table.captured_at)}

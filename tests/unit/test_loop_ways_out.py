@@ -91,3 +91,22 @@ def test_stacks_alone_name_the_rank_that_broke_out_not_the_ones_in_backward(
         "desync", [lucky], "majority"), d["summary"]
     assert f"Only rank {lucky} takes the one early way out" in d["fix"], d["fix"]
     assert f"dist.broadcast(stop, src={lucky})" in d["fix_code"]
+
+
+def test_a_rank_condition_around_the_loop_is_not_the_way_outs_own(fixtures, tmp_path: Path):
+    """The same data-decided ``break``, the whole loop under ``if rank in data_ranks:`` (line
+    12, before the loop): every rank still in the loop took that condition too, so it says
+    nothing of who left — the way out is said beside different counts, never as one rank's
+    decision (the review's case)."""
+    import shutil
+
+    root = tmp_path / "cap"
+    shutil.copytree(fixtures / "early_stop_local_1", root)
+    facts = json.loads((root / "source.json").read_text())
+    job = next(iter(facts["files"]))
+    facts["files"][job]["25"].update(rank_condition="if rank in data_ranks",
+                                     rank_condition_line=12)
+    (root / "source.json").write_text(json.dumps(facts))
+    d = diagnose(load_capture(root)).to_dict()
+    assert d["culprit_ranks"] == [1], d["summary"]
+    assert "Only" not in d["fix"] and "under `if bad_epochs >= 2:`" in d["fix"], d["fix"]

@@ -46,3 +46,20 @@ def test_a_posting_thread_that_ended_without_a_record_still_decides(
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"], d["certainty"]) == (
         "hang", [short], "waited_for", "likely"), d["summary"]
     assert "has ended" in d["summary"] and "KeyError" not in d["summary"], d["summary"]
+
+
+def test_an_exception_from_before_the_threads_last_post_is_not_its_end(fixtures, tmp_path):
+    """A record under the poster's id but older than its last collective on the group (a
+    pthread id reused by a later thread): not the exception that ended the poster — likely,
+    no cause named."""
+    import json
+
+    root = tmp_path / "cap"
+    shutil.copytree(fixtures / "thread_died_1", root)
+    path = root / "ranks" / "rank1.thread_errors.json"
+    errs = json.loads(path.read_text())
+    errs[0]["time"] = 1.0
+    path.write_text(json.dumps(errs))
+    d = diagnose(load_capture(root)).to_dict()
+    assert (d["culprit_ranks"], d["culprit_basis"], d["certainty"]) == (
+        [1], "waited_for", "likely"), d["summary"]
