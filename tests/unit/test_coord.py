@@ -215,8 +215,10 @@ def test_channel_primitives(make_channel: Callable[[], coord.Channel]) -> None:
     t = time.monotonic()
     assert b.wait("late", 0.3) is False
     assert time.monotonic() - t < 3.0
-    threading.Timer(0.3, lambda: a.put("late", b"1")).start()
+    late = threading.Timer(0.3, lambda: a.put("late", b"1"))
+    late.start()
     assert b.wait("late", 5.0) is True
+    late.join(10)  # its put is done only once its round trip returns: before the store goes
     with pytest.raises(ValueError):
         a.put("../escape", b"x")
 
