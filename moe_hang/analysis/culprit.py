@@ -24,6 +24,7 @@ from moe_hang.analysis.readings import (
     swap_readings,
     user_frames,
 )
+from moe_hang.analysis.shift import Shift, divergence_shifts
 from moe_hang.analysis.source import excludes_ranks, path_condition
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
@@ -40,6 +41,7 @@ class Blame:
     confirmed: bool = True  # False: likely only (an inferred side)
     causal: bool = True  # False: its absent ranks are held up elsewhere (a consequence)
     reading: Reading | None = None  # the reading the ladder chose
+    shift: Shift | None = None  # the count shift whose reading it chose
 
 
 def _blame(d: Decision) -> Blame:
@@ -112,7 +114,12 @@ def blame(g: GroupDivergence, ctx: Context) -> Blame:
     if tagged is not None:
         readings = [replace(r, given={**r.given, CulpritBasis.PROGRAM_ORDER:
                                       sorted(r.culprits) == tagged}) for r in readings]
-    return _blame(decide(readings, ctx))
+    shifts = divergence_shifts(entries, ctx)
+    d = decide([*readings, *(x for sh in shifts for x in sh.readings)], ctx)
+    b = _blame(d)
+    b.shift = next((replace(sh, decision=d) for sh in shifts
+                    if any(d.reading is x for x in sh.readings)), None)
+    return b
 
 
 def _chosen(blocks: tuple[Block, ...], d: Decision, views: RankViews) -> Block:

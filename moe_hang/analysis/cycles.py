@@ -100,7 +100,7 @@ def cycle(f: Facts) -> Conclusion:
     if b.basis == CulpritBasis.CYCLE and not redirected and _ended_edge(cyc, f) is None \
             and (sh := count_shift(cyc, f.ctx)) is not None:
         verdict, said, counted = shifted(sh, f.views)
-        return Conclusion(verdict, sh.culprits, sh.decision.basis, Certainty.LIKELY,
+        return Conclusion(verdict, sh.culprits, sh.basis, Certainty.LIKELY,
                           summary + said, counted,
                           next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)

@@ -17,7 +17,8 @@ from moe_hang.analysis.diagnosis import (
     RankReport,
 )
 from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
-from moe_hang.analysis.ladder import Context, position_order, progress
+from moe_hang.analysis.ladder import Context
+from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
 from moe_hang.analysis.rankstate import rank_view
@@ -289,7 +290,7 @@ def situation(f: Facts, div: Divergence, culprits: list[int],
         # thousands of ranks it is a position order per culprit and waiting rank
         waiting = s.waiting()
         s.behind = bool(culprits and waiting) and all(
-            position_order(f.ctx, f.views[c].user_frames_outer_first(),
+            position_order(f.views.source, f.views[c].user_frames_outer_first(),
                            f.views[w].user_frames_outer_first(), progress(f.views, [c]),
                            progress(f.views, [w])) is False
             for c in culprits for w in waiting if c in f.views and w in f.views)

@@ -13,10 +13,9 @@ from moe_hang.analysis.ladder import (
     Edit,
     Reading,
     decide,
-    position_order,
-    progress,
     source,
 )
+from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import (
@@ -86,6 +85,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             and p2p.op in ("recv", "send") and p2p.peer is not None}
     peers = {q for q in owed.values() if q in ops and q not in owed}
 
+    src = views.source
+
     def at(r: int) -> tuple[Frame, ...]:
         return tuple(views[r].user_frames_outer_first())
 
@@ -95,12 +96,12 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # ... unless the lines say the rank in the recv is a lap on from its peer (it went round
     # the loop past the peer's collective: the peer never got back to the send)
     if owed and peers and all(q in peers or q in owed for q in owed.values()) and not any(
-            position_order(ctx, at(r), at(q), progress(views, [r]), progress(views, [q]))
+            position_order(src, at(r), at(q), progress(views, [r]), progress(views, [q]))
             for r, q in owed.items() if q in peers):
         return div, sorted(peers), CulpritBasis.PROGRAM_ORDER
 
     prog = {k: progress(views, rs) for k, rs in camps.items()}
-    behind = [k for k in camps if all(position_order(ctx, where(k), where(o), prog[k], prog[o])
+    behind = [k for k in camps if all(position_order(src, where(k), where(o), prog[k], prog[o])
                                       is False for o in camps if o != k)]
     if elsewhere and not _on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):
@@ -134,10 +135,10 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             # pair), so only their order can say that one side went past the other's —
             # unless the source puts the branch's collective on a group no other camp's
             # is on (the default group against the others' subgroups): those never pair
-            src = x.given.get(CulpritBasis.SOURCE)
-            side = x.culprits if src is True else x.others
-            keep = src is not None and _unpaired(views, camps, side)
-            given = {**x.given, CulpritBasis.SOURCE: src if keep else None}
+            cond = x.given.get(CulpritBasis.SOURCE)
+            side = x.culprits if cond is True else x.others
+            keep = cond is not None and _unpaired(views, camps, side)
+            given = {**x.given, CulpritBasis.SOURCE: cond if keep else None}
             if x.culprits not in counted:
                 given[CulpritBasis.MAJORITY] = None
             if partners_unknown and x.culprits == ahead:

@@ -23,23 +23,17 @@ number or dict order. Byte counts are not a rung: they are what places a rank gl
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.gates import every_pass, went_through
+from moe_hang.analysis.gates import went_through
+from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
 from moe_hang.analysis.source import (
-    Order,
-    enclosing_loop,
     excludes_ranks,
-    function_step,
-    in_loop,
-    loop_step,
-    order,
     path_condition,
     taken_only_by,
 )
@@ -106,7 +100,6 @@ class Context:
 
 
 Rung = Callable[[Reading, Context], bool | None]
-_FOR = re.compile(r"^(?:async\s+)?for\s+(.+?)\s+in\s")
 
 
 def _frames(c: Collective | None) -> list[Frame]:
@@ -215,127 +208,6 @@ def source(r: Reading, ctx: Context) -> bool | None:
     return None
 
 
-Counters = Mapping[Frame, Mapping[str, int]]
-Posts = Mapping[tuple[str, int], Mapping[str, int]]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far one camp has got round its loops: py-spy's integer loop counters per frame,
-    and the latest seq its recorder holds posted from each line of the job."""
-
-    counters: Counters = field(default_factory=dict)
-    posts: Posts = field(default_factory=dict)
-
-
-def progress(views: RankViews, ranks: Sequence[int]) -> Progress:
-    """The first of ``ranks``' progress (its camp's: one line, one iteration)."""
-    v = views.get(ranks[0]) if ranks else None
-    if v is None:
-        return Progress()
-    return Progress(v.stack.counters, views.latest_posts(ranks[0]))
-
-
-def _lapped(calls: Sequence[int], file: str, first: int, later: int, p_later: Posts,
-            p_first: Posts, sure: frozenset[int]) -> bool | None:
-    """From what the recorders hold: is the rank at the loop's earlier line a lap on (True)
-    or in the rank at the later line's iteration (False)? Every line of the loop both posted
-    from votes: in one iteration the later rank alone has posted from the lines up to its
-    own since, and neither from the rest; a lap on, the earlier rank alone has posted from
-    the rest, and both as often from the lines between. The edit (what one of them skipped)
-    spoils a vote or two; None where the votes tie. One vote alone decides only from a line
-    every pass posts (``sure``): one a branch may skip may be the edit's own line."""
-    same = lap = 0
-    voters: set[int] = set()
-    # the edit's own line is left out: what it says depends on the edit
-    for c in (set(calls) | {later}) - {first}:
-        a, b = p_later.get((file, c), {}), p_first.get((file, c), {})
-        between = first < c <= later
-        for g in a.keys() & b.keys():
-            voters.add(c)
-            if between:
-                same, lap = same + (a[g] > b[g]), lap + (a[g] == b[g])
-            else:
-                same, lap = same + (a[g] == b[g]), lap + (a[g] < b[g])
-    return None if same == lap or (same + lap < 2 and not voters <= sure) else lap > same
-
-
-def _iteration(header: str | None, x: Frame, y: Frame, ca: Counters, cb: Counters
-               ) -> int | None:
-    """Two ranks' frames in one ``for`` loop (``header``), by the loop's integer counters
-    py-spy showed: 1 where ``x``'s iteration is the later, -1 where ``y``'s is, 0 where
-    every counter both show is equal; None where none is known."""
-    m = _FOR.match(header or "")
-    if m is None:
-        return None
-    va, vb = ca.get(x, {}), cb.get(y, {})
-    names = [n for n in re.findall(r"[A-Za-z_]\w*", m.group(1)) if n in va and n in vb]
-    for name in names:
-        if va[name] != vb[name]:
-            return 1 if va[name] > vb[name] else -1
-    return 0 if names else None
-
-
-def position_order(ctx: Context, fa: Sequence[Frame], fb: Sequence[Frame],
-                   pa: Progress | None = None, pb: Progress | None = None) -> bool | None:
-    """Is ``fa`` (user frames outermost first) further along than ``fb``: at the deepest
-    frame both share, the later statement. Where a loop repeats both lines (a loop holding
-    them, or one around a frame they share), either may be ahead: the later line within one
-    iteration (it skipped what lies between), or the earlier one a lap on (it skipped what
-    lies from the later line round to it) — the reading that skips fewer of the collectives
-    the source shows there wins (gloo stops a rank at the first collective it cannot
-    complete, so a rank that lapped the other skipped every one on its way); None where
-    they tie or nothing is known."""
-    src = ctx.views.source
-    pa, pb = pa or Progress(), pb or Progress()
-    ca, cb = pa.counters, pb.counters
-    repeated = False
-    for x, y in zip(fa, fb, strict=False):
-        if (x.file, x.function) != (y.file, y.function):
-            return None
-        if x.line == y.line:
-            # one line in a loop: its counters (py-spy's locals) say whether they are in
-            # one iteration or which is the later
-            it = _iteration(enclosing_loop(src, x.file, x.line), x, y, ca, cb)
-            if it:
-                return it > 0
-            repeated = repeated or (in_loop(src, x.file, x.line) and it != 0)
-            continue
-        o = order(src, x.file, x.line, y.line)
-        if o not in (Order.A_FIRST, Order.B_FIRST):
-            return None
-        x_later = o is Order.B_FIRST
-        region = loop_step(src, x.file, x.line, y.line)
-        if region is not None and not repeated:
-            it = _iteration(region.header, x, y, ca, cb)
-            if it:
-                return it > 0
-            if it == 0:
-                return x_later  # one iteration of the loop holding both: the later line
-            first, later = (y.line, x.line) if x_later else (x.line, y.line)
-            p_later, p_first = (pa.posts, pb.posts) if x_later else (pb.posts, pa.posts)
-            at = Frame(x.file, first, x.function)
-            sure = frozenset(c for c in {*region.calls, later}
-                             if every_pass(src, replace(at, line=c), at))
-            lapped = _lapped(region.calls, x.file, first, later, p_later, p_first, sure)
-            if lapped is not None:
-                return x_later != lapped
-        if region is None and not repeated:
-            return x_later  # within one run of this code: the later line is ahead
-        if region is None:
-            region = function_step(src, x.file, x.line)
-        if region is None:
-            return None
-        first, later = (y.line, x.line) if x_later else (x.line, y.line)
-        within = {first} | {c for c in region.calls if first < c < later}
-        lap = {later} | {c for c in region.calls if c > later or c < first}
-        if len(within) == len(lap):
-            return None
-        later_ahead = len(within) < len(lap)
-        return x_later if later_ahead else not x_later
-    return None
-
-
 def program_order(r: Reading, ctx: Context) -> bool | None:
     """The culprits went past the others' collective (a later line in one pass), or behind."""
     if CulpritBasis.PROGRAM_ORDER in r.given:
@@ -347,9 +219,8 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
     answers = []
     for at_mine in r.at_mines or (r.at_mine,):  # every culprit camp past the others
         fa = [f for f in at_mine if not is_library_frame(f)]
-        ahead = position_order(ctx, fa, fb, ca, cb) if fa and fb else None
-        if ahead and r.edit == Edit.SKIP and went_through(  # then it posted it, numbered
-                ctx.views.source, fa, fb, r.mine, [ctx.views[o].tl.enqueued for o in r.others]):
+        ahead = position_order(ctx.views.source, fa, fb, ca, cb) if fa and fb else None
+        if ahead is not None and _numbered(ctx, r, fa, fb, ahead):
             ahead = None
         answers.append(None if ahead is None else (not ahead) if r.edit == Edit.BEHIND
                        else ahead)
@@ -367,6 +238,21 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
         if ok_theirs != ok_mine:
             return ok_theirs
     return None
+
+
+def _numbered(ctx: Context, r: Reading, fa: list[Frame], fb: list[Frame], ahead: bool
+              ) -> bool:
+    """The side further along went through the other's line in its pass: it posted that
+    collective itself, numbered, and being further along says nothing of a skip (a culprit
+    behind, at one position, no more says the others skipped: the counts decide, :mod:`.shift`).
+    At one position only where the recorder numbers both sides: from stacks alone a rank past
+    the line may have posted it on another group, and the later line is the order known."""
+    numbered = r.mine is not None and r.theirs is not None and None not in (
+        r.mine.seq, r.theirs.seq)
+    if not ((r.edit == Edit.SKIP and ahead) or (r.edit == Edit.CHANGE and numbered)):
+        return False
+    fx, fy, c, them = (fa, fb, r.mine, r.others) if ahead else (fb, fa, r.theirs, r.culprits)
+    return went_through(ctx.views.source, fx, fy, c, [ctx.views[o].tl.enqueued for o in them])
 
 
 LADDER: tuple[tuple[CulpritBasis, Rung], ...] = (

@@ -60,6 +60,7 @@ from moe_hang.analysis.ras.launches import (
 )
 from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.routing import routing_report
+from moe_hang.analysis.shift import shifted
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
@@ -159,7 +160,8 @@ def _desync(f: Facts) -> Conclusion:
         summary = block_summary(g, reports)
     else:
         summary = desync_summary(g.div, reports, b.culprits, exits)
-        summary += culprit_clause(b.basis, b.culprits, b.confirmed)
+        summary += culprit_clause(b.basis, b.culprits, b.confirmed) if b.shift is None \
+            else shifted(b.shift, f.views)[1]
     if len(found) > 1:
         summary += (f" {len(found) - 1} more group(s) diverged: "
                     + "; ".join(f"{x.div.pg}#{x.div.seq} ({who(bb.culprits)})"
@@ -168,10 +170,12 @@ def _desync(f: Facts) -> Conclusion:
     # every member posted this seq and they disagree, or one side posted a block the other
     # never did and the two line up again after it: it can never complete
     same_seq = all(c is not None for c in g.div.per_rank.values()) and not g.absent
+    # counts say one side posted more before a line, not what the extra was: likely
     certain = (Certainty.DEFINITE if (same_seq or g.block is not None) and b.confirmed
-               else Certainty.LIKELY)
-    return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary,
-                      KIND_ADVICE[g.div.kind](situation(f, g.div, b.culprits, b.basis)),
+               and b.shift is None else Certainty.LIKELY)
+    advice = KIND_ADVICE[g.div.kind](situation(f, g.div, b.culprits, b.basis)) \
+        if b.shift is None else shifted(b.shift, f.views)[2]
+    return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary, advice,
                       g.div, [x.div for x, _ in found[1:]])
 
 
@@ -270,7 +274,8 @@ RULES: tuple[Rule, ...] = (
          "the ladder, else a count shift (majority), else cycle",
          "definite; likely on posting order alone (NCCL) or a count shift"),
     Rule("desync", "collective desync", lambda f: bool(desync_divs(f)) and not _in_flight(f),
-         _desync, "desync", "the ladder, else ambiguous", "definite, or likely"),
+         _desync, "desync", "the ladder (beside a count shift's two readings), else ambiguous",
+         "definite, or likely (a count shift)"),
     Rule("stack_desync", "desync from stacks",
          lambda f: f.stack_div is not None and not _in_flight(f), _stack_desync,
          "desync", "the ladder without history, else ambiguous", "likely"),

@@ -12,7 +12,8 @@ Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Verdict, pg_label
 from moe_hang.analysis.explain import site_str
@@ -21,8 +22,9 @@ from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import loop_step
-from moe_hang.analysis.timeline import RankViews
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import agree, who
 
@@ -37,15 +39,25 @@ class Shift:
     ahead: tuple[int, ...]  # waiting in it
     passed: tuple[int, ...]  # past its line in the same pass
     site: Frame  # the line
-    decision: Decision  # the ladder's: the ahead side's extra, or the passed side's skip
+    readings: tuple[Reading, Reading]  # the ahead side's extra, the passed side's skip
+    decision: Decision | None = None  # the ladder's, where it chose one of the two
 
     @property
     def extra(self) -> bool:
-        return self.decision.reading is not None and self.decision.reading.edit == Edit.EXTRA
+        return self.chosen is not None and self.chosen.edit == Edit.EXTRA
+
+    @property
+    def chosen(self) -> Reading | None:
+        r = self.decision.reading if self.decision is not None else None
+        return r if any(r is x for x in self.readings) else None
+
+    @property
+    def basis(self) -> CulpritBasis:
+        return self.decision.basis if self.decision is not None else CulpritBasis.AMBIGUOUS
 
     @property
     def culprits(self) -> list[int]:
-        return self.decision.culprits
+        return sorted(self.chosen.culprits) if self.chosen is not None else []
 
     @property
     def others(self) -> list[int]:
@@ -64,38 +76,61 @@ def count_shift(cycle: list[Edge], ctx: Context) -> Shift | None:
     two readings — the ahead side's extra, the passed side's skip — go to the ladder."""
     for laps in (False, True):
         for e in cycle:
-            if (sh := _shift_at(e, ctx, laps)) is not None:
-                return sh
+            if e.coll is not None and (sh := shift_at(e.coll, e.waiter, ctx, laps)) is not None:
+                d = decide(sh.readings, ctx)
+                if d.reading is not None:  # as many on each side: the counts decide nothing
+                    return replace(sh, decision=d)
     return None
 
 
-def _shift_at(e: Edge, ctx: Context, laps: bool) -> Shift | None:
+def divergence_shifts(entries: Mapping[int, Collective | None], ctx: Context) -> list[Shift]:
+    """Where ranks posted different collectives at one seq: a count shift at each camp's
+    line (the ranks past it in the same pass numbered it lower), for the ladder to weigh
+    beside the camps' own readings — a rank later in the pass than another's line posted
+    that line's collective itself, so its being further along says nothing of a skip."""
+    for laps in (False, True):
+        found = [sh for r, c in sorted(entries.items()) if c is not None
+                 and (sh := shift_at(c, r, ctx, laps)) is not None]
+        if found:
+            return found
+    return []
+
+
+def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | None:
+    """The two readings of a count shift at the line ``waiter`` posted ``w`` from: the ranks
+    waiting in ``w`` there (ahead), and the ranks past that line in the same pass (or, with
+    ``laps``, a pass on) that posted it themselves as a lower number, all at one count (a
+    rank waiting at ``w``'s number at a later line posted it before that one: lower)."""
     views = ctx.views
-    w = e.coll
-    if w is None or w.seq is None:
+    if w.seq is None:
         return None
-    fb = list(at(w, views[e.waiter]))
-    ahead = sorted(r for r, v in views.items() if v.current is not None
-                   and (v.current.pg, v.current.seq) == (w.pg, w.seq))
+    fb = list(at(w, views[waiter]))
+    if not fb:
+        return None
+
+    def here(v: RankView) -> bool:
+        return v.current is not None and (v.current.pg, v.current.seq) == (w.pg, w.seq)
+
+    ahead = sorted(r for r, v in views.items() if here(v) and at(v.current, v)[-1:] == (fb[-1],))
+    theirs = [views[a].tl.enqueued for a in ahead]
     passed: list[int] = []
     counts: set[int] = set()
     for r, v in views.items():
         posted = v.tl.enqueued.get(w.pg, -1)
-        if r in ahead or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq or not fb:
+        if r in ahead or w.pg not in v.tl.by_pg or not (0 <= posted < w.seq or here(v)):
             continue
         if went_through(views.source, list(v.position), fb, v.current if laps else None,
-                        [views[a].tl.enqueued for a in ahead]):
+                        theirs):
             passed.append(r)
-            counts.add(posted)
-    if not passed or len(counts) != 1:
+            if not here(v):
+                counts.add(posted)
+    if not ahead or not passed or len(counts) != 1:
         return None
-    d = decide([Reading(tuple(ahead), tuple(passed), Edit.EXTRA, mine=w, given=_COUNTS_ONLY),
-                Reading(tuple(passed), tuple(ahead), Edit.SKIP, theirs=w,
-                        given=_COUNTS_ONLY)], ctx)
-    if d.reading is None:
-        return None  # as many on each side: the counts decide nothing
-    return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), tuple(ahead), tuple(passed),
-                 fb[-1], d)
+    ahead_t, passed_t = tuple(sorted(ahead)), tuple(sorted(passed))
+    readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=_COUNTS_ONLY),
+                Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
+    return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
+                 readings)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
@@ -105,9 +140,9 @@ def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
     c, o = sh.culprits, sh.others
     line = site_str(sh.site)
     said = (f" {who(sh.passed).capitalize()} went through {line} in the pass "
-            f"{who(sh.ahead)} {agree(sh.ahead, 'is', 'are')} in, having posted up to "
-            f"{group}#{sh.passed_seq}; {agree(sh.ahead, 'it waits', 'they wait')} in its "
-            f"{sh.op} as #{sh.seq}: ")
+            f"{who(sh.ahead)} {agree(sh.ahead, 'is', 'are')} in, posting its collective as "
+            f"{group}#{sh.passed_seq} at the latest; "
+            f"{agree(sh.ahead, 'it waits', 'they wait')} in its {sh.op} as #{sh.seq}: ")
     if sh.extra:
         said += (f"{who(c)} posted more collectives on {group} before it than "
                  f"{who(o)} (an extra, paired silently with their next of the same size).")

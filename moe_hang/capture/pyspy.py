@@ -100,7 +100,7 @@ def _kept(f: dict[str, Any], v: Any) -> bool:
 def _loop_counter(f: dict[str, Any], name: str) -> bool:
     """An integer the job's own ``for`` loop around this frame's line binds (``for step in
     range(n)``): which iteration each rank is in, so that two ranks at two lines of one loop
-    are known to be in one iteration or a lap apart (analysis/ladder.position_order)."""
+    are known to be in one iteration or a lap apart (analysis/position.position_order)."""
     file, line = str(f.get("filename", "")), f.get("line")
     if not isinstance(line, int) or is_library_frame(Frame(file, line, "")) \
             or is_stdlib_frame(Frame(file, line, "")):

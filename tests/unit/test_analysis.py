@@ -1158,8 +1158,33 @@ def test_ranks_past_an_unconditional_line_posted_it_themselves_one_more_is_an_ex
         "desync", [extra], "likely", "majority"), d["summary"]
     assert f"rank {extra} posted more collectives on default_pg before it" in d["summary"]
     assert d["fix_site"]["line"] == 59  # the loop's one default-group call under a branch
-    assert "having posted up to default_pg#10" in d["summary"]
+    assert "posting its collective as default_pg#10 at the latest" in d["summary"]
     assert d["fix"].startswith(f"Rank {extra} posted more collectives on default_pg than")
+
+
+@pytest.mark.parametrize("name, extra, rule", [("count_shift_p2p_0", 0, "cycle"),
+                                               ("count_shift_p2p_2", 2, "desync")])
+def test_a_count_shift_decides_a_desync_as_it_does_a_cycle(fixtures, tmp_path, name, extra,
+                                                           rule):
+    """An 8-stage send/recv pipeline under watch (fixtures/count_shift_jobs, fuzz seed
+    74125896 job 4, and its mirror): at step 2 one stage also all-reduces one float, which
+    pairs silently with the next step's first. The captures are the recorded ones with the
+    probe's answers taken out (as on the busy machine where the miss was seen: only the
+    periodic saves, without call sites). Mirrored, rank 0 (the first stage, past its send,
+    in the accuracy all-reduce at line 52) and rank 2 (the token all-reduce, 43) both wait
+    in default_pg#11: line order read rank 0 as past what rank 2 waits in, and blamed it.
+    But every rank went through line 43 in this pass (nothing lets a pass by it) posting
+    it as #10 at the latest, where rank 2 waits in it as #11: the counts decide a desync as
+    they decide a cycle (7 against 1), and a rank further along a line it posted itself
+    skipped nothing there."""
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/f74/jobs",
+                    str(fixtures / "count_shift_jobs"))
+    d = diagnose(load_capture(run)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"], d["rule_id"]) == (
+        "desync", [extra], "majority", rule), d["summary"]
+    assert f"rank {extra} posted more collectives on default_pg before it" in d["summary"]
+    assert d["fix"].startswith(f"Rank {extra} posted more collectives on default_pg than")
+    assert d["fix_site"]["line"] == 57  # the loop's one default-group call under a branch
 
 
 @pytest.mark.parametrize("name, killed", [("excepthook_stack_0", 2), ("excepthook_stack_1", 0)])
