@@ -21,6 +21,7 @@ from moe_hang.analysis.loops import (
     decided_exit,
     loop_left,
     stayed,
+    ways_out,
 )
 from moe_hang.analysis.situation import (
     Advice,
@@ -250,7 +251,7 @@ def advise_order(s: Situation) -> Advice:
         # the branch the culprit took past the others' collective
         return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
-            and decided_exit(s, out):
+            and decided_exit(ways_out(s, out)) is not None:
         # past a loop the others are in, whose one way out only it takes
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it

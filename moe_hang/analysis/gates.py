@@ -29,7 +29,7 @@ def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Fram
     shared = [(d, fm, fp) for d, fm in enumerate(mine) for fp in prev
               if (fp.file, fp.function) == (fm.file, fm.function)]
     # the innermost function both were posted through — but where both came from one line
-    # of it that nothing there repeats (one call of ``moe_layer`` a step), the lap between
+    # of it that nothing there repeats (a layer called once a step), the lap between
     # them is an outer frame's: the first shared frame out where they differ, or a loop does
     common = next(((d, fm, fp) for d, fm, fp in shared if fp.line != fm.line
                    or loop_step(s.src, fm.file, fp.line, fm.line) is not None),

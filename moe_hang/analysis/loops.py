@@ -4,6 +4,8 @@ one the others have left (one more pass, or the collective after it skipped) —
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.situation import Advice, Situation, at_line, collective_of_ranks
 from moe_hang.analysis.source import (
@@ -29,25 +31,24 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     me, others = who(s.culprits), who(s.waiting())
     head = (f"{me.capitalize()} left the loop at {loop_at(loop)} while {others} "
             f"{agree(s.waiting(), 'is', 'are')} still in it ({missed})")
-    exits = _ways_out(s, loop)
-    if decided_exit(s, loop) and (cond := exits[0][2]) is not None:
-        line, kind, _, cond_line = exits[0]
+    exits = ways_out(s, loop)
+    if (one := decided_exit(exits)) is not None:
         src = f"src={s.culprits[0]}" if len(s.culprits) == 1 else "src=DECIDING_RANK"
         return Advice(
             f"Only {me} {agree(s.culprits, 'takes', 'take')} the one early way out of the "
-            f"loop at {loop_at(loop)}: the `{kind}` at {short_path(loop.file)}:{line} under "
-            f"`if {cond}:` ({short_path(loop.file)}:{cond_line}). {me.capitalize()} left "
-            f"the loop while {others} {agree(s.waiting(), 'is', 'are')} still in it "
-            f"({missed}): the decision to leave was made on {me} alone. Make it on every "
-            f"rank: send it to all (a stop flag, dist.broadcast) and {kind} on every rank.",
+            f"loop at {loop_at(loop)}: the `{one.kind}` at {short_path(loop.file)}:{one.line} "
+            f"under `if {one.decided_by}:` ({short_path(loop.file)}:{one.condition_line}). "
+            f"{me.capitalize()} left the loop while {others} "
+            f"{agree(s.waiting(), 'is', 'are')} still in it ({missed}): the decision to leave "
+            f"was made on {me} alone. Make it on every rank: send it to all (a stop flag, "
+            f"dist.broadcast) and {one.kind} on every rank.",
             f"stop = torch.tensor([float(should_stop)])  # set on the rank that decides\n"
             f"dist.broadcast(stop, {src})  # every rank gets the decision\n"
-            f"if stop.item():\n    {kind}",
-            site=Frame(loop.file, line, loop.function), site_why="the loop's way out")
-    said = "; ".join(f"`{kind}` ({short_path(loop.file)}:{line})"
-                     + (f" under `if {test}:`" if test else "")
-                     for line, kind, _, test in ((e[0], e[1], None, _test(s, loop, e[0]))
-                                                 for e in exits))
+            f"if stop.item():\n    {one.kind}",
+            site=Frame(loop.file, one.line, loop.function), site_why="the loop's way out")
+    said = "; ".join(f"`{e.kind}` ({short_path(loop.file)}:{e.line})"
+                     + (f" under `if {test}:`" if (test := _test(s, loop, e.line)) else "")
+                     for e in exits)
     ways = (f" The source shows {'its one way' if len(exits) == 1 else 'its ways'} out "
             f"before its end: {said}.") if exits else ""
     return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
@@ -56,26 +57,34 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                   "(DistributedSampler), or all-reduce the count with MIN first; decide a "
                   "way out alike on every rank (all-reduce its flag); skip an update, never "
                   "an iteration's collectives.",
-                  site=Frame(loop.file, exits[0][0], loop.function) if len(exits) == 1
+                  site=Frame(loop.file, exits[0].line, loop.function) if len(exits) == 1
                   else None, site_why="the loop's way out" if len(exits) == 1 else None)
 
 
-def decided_exit(s: Situation, loop: Frame) -> bool:
-    """The loop has one way out before its end, under a rank condition only the culprits
-    take: their decision alone."""
-    exits = _ways_out(s, loop)
-    return len(exits) == 1 and exits[0][2] is not None
+@dataclass(frozen=True)
+class WayOut:
+    """A way out of a loop before its end, as the source shows it."""
+
+    line: int
+    kind: str  # ``break`` / ``return``
+    decided_by: str | None = None  # the rank condition only the culprits take there
+    condition_line: int | None = None  # its line
 
 
-def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int | None]]:
+def decided_exit(exits: list[WayOut]) -> WayOut | None:
+    """The loop's one way out before its end, where it sits under a rank condition only the
+    culprits take: their decision alone."""
+    return exits[0] if len(exits) == 1 and exits[0].decided_by is not None else None
+
+
+def ways_out(s: Situation, loop: Frame) -> list[WayOut]:
     """The loop's ways out before its end, as the source shows them (from a waiting rank's
-    line in it): (line, ``break``/``return``, the rank condition only the culprits take
-    there, its line)."""
+    line in it)."""
     here = next((f for r in s.waiting() for f in s.frames.get(r, [])
                  if (f.file, f.function) == (loop.file, loop.function)), None)
     lf = s.src.line(loop.file, here.line) if here is not None else None
     step = next((st for st in lf.path if st.line == loop.line), None) if lf else None
-    out: list[tuple[int, str, str | None, int | None]] = []
+    out: list[WayOut] = []
     for line in step.exits if step is not None else ():
         ex = s.src.line(loop.file, line)
         kind = ex.path[-1].kind.lower() if ex is not None and ex.path else "break"
@@ -84,10 +93,11 @@ def _ways_out(s: Situation, loop: Frame) -> list[tuple[int, str, str | None, int
         inside = ex is not None and ex.rank_condition_line is not None and step is not None \
             and step.line < ex.rank_condition_line <= step.end
         cond = ex.rank_condition if ex is not None and inside else None
-        only = cond is not None and not excludes_ranks(cond) \
-            and taken_only_by(cond, s.culprits, s.waiting())
-        out.append((line, kind, cond.removeprefix("if ") if only and cond else None,
-                    ex.rank_condition_line if only and ex is not None else None))
+        if ex is not None and cond is not None and not excludes_ranks(cond) \
+                and taken_only_by(cond, s.culprits, s.waiting()):
+            out.append(WayOut(line, kind, cond.removeprefix("if "), ex.rank_condition_line))
+        else:
+            out.append(WayOut(line, kind))
     return out
 
 

@@ -265,26 +265,43 @@ class RankViews(dict[int, RankView]):
             got = self.memo[("posts", r)] = posts
         return cast(dict[tuple[str, int], dict[str, int]], got)
 
+    def poster(self, r: int, pg: str) -> Poster | None:
+        """The one thread of ``r`` that posted on ``pg`` (the recorder's thread ids), with
+        its name and its last post there; None where several did or none is named."""
+        v = self.get(r)
+        posts = list(v.tl.by_pg.get(pg, {}).values()) if v is not None else []
+        ids = {c.thread_id for c in posts if c.thread_id}
+        number = thread_number(next(iter(ids))) if len(ids) == 1 else None
+        if number is None:
+            return None
+        names = {c.thread_name for c in posts if c.thread_name}
+        return Poster(number, names.pop() if len(names) == 1 else None,
+                      max((c.time_created_ns or 0 for c in posts), default=0) / 1e9)
+
     def poster_ended(self, r: int, pg: str) -> bool:
-        """The one thread of ``r`` that posted on ``pg`` (the recorder's thread ids) is no
-        longer among its threads (its stack at capture): that thread's collectives there are
-        all it will ever post — it is not held up before the next one."""
+        """The one thread of ``r`` that posted on ``pg`` is no longer among its threads (its
+        stack at capture): that thread's collectives there are all it will ever post — it is
+        not held up before the next one."""
         v = self.get(r)
         known = [t.thread_id for t in v.ev.threads] if v is not None and v.ev.threads else None
-        if v is None or not known:
-            return False
-        ids = {c.thread_id for c in v.tl.by_pg.get(pg, {}).values() if c.thread_id}
-        if len(ids) != 1:
-            return False
-        live = {thread_number(t) for t in known}
-        poster = thread_number(next(iter(ids)))
-        return poster is not None and None not in live and poster not in live
+        p = self.poster(r, pg) if known else None
+        live = {thread_number(t) for t in known or []}
+        return p is not None and None not in live and p.number not in live
 
     def posting_keys(self, r: int) -> list[PostingKey]:
         got = self._keys.get(r)
         if got is None:
             got = self._keys[r] = [posting_key(c) for c in self.posting_order(r)]
         return got
+
+
+@dataclass(frozen=True)
+class Poster:
+    """The one thread that posted a rank's collectives on a group."""
+
+    number: int  # its pthread id (as the probe's thread records name it)
+    name: str | None
+    last: float  # when it posted its last there (s since the epoch; 0 where not known)
 
 
 def _posted_upto(v: RankView, pg: str) -> int:

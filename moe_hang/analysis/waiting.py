@@ -87,19 +87,15 @@ def _poster_ended(f: Facts, culprits: list[int], div: Divergence, w: str) -> Con
     if not all(f.views.poster_ended(c, div.pg) for c in culprits):
         return None
     c = culprits[0]
-    v = f.views[c]
-    ids = {x.thread_id for x in v.tl.by_pg.get(div.pg, {}).values() if x.thread_id}
-    names = {x.thread_name for x in v.tl.by_pg.get(div.pg, {}).values() if x.thread_name}
-    poster = thread_number(next(iter(ids))) if len(ids) == 1 else None
+    p = f.views.poster(c, div.pg)
+    if p is None:  # (poster_ended found the one)
+        return None
     # the poster's own exception: by its id, raised after its last post there (a pthread id
     # is reused: an earlier thread's exception under the same id is not this one's)
-    last = max((x.time_created_ns or 0 for x in v.tl.by_pg.get(div.pg, {}).values()),
-               default=0) / 1e9
-    err = next((e for e in v.ev.thread_errors if e.thread_id is not None
-                and thread_number(e.thread_id) == poster
-                and (e.time is None or e.time >= last)), None) if len(culprits) == 1 else None
-    name = err.thread if err is not None and err.thread else (
-        names.pop() if len(names) == 1 else None)
+    err = next((e for e in f.views[c].ev.thread_errors if e.thread_id is not None
+                and thread_number(e.thread_id) == p.number
+                and (e.time is None or e.time >= p.last)), None) if len(culprits) == 1 else None
+    name = err.thread if err is not None and err.thread else p.name
     thread = f"thread {name}" if name else "thread"
     group = pg_label(div.pg, div.pg_desc)
     them = w or "the others"
