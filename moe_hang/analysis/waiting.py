@@ -21,7 +21,7 @@ from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.loops import loop_at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Frame, Helper, callsite, idle_in_backward, thread_number
-from moe_hang.evidence.vocab import RankState, agree, spans, who
+from moe_hang.evidence.vocab import RankState, agree, who
 
 
 def outside_collectives(f: Facts) -> list[int]:
@@ -309,8 +309,28 @@ def progress_unseen(f: Facts) -> Conclusion:
 
 
 def inconclusive(f: Facts) -> Conclusion:
+    """Nothing decides: what is known, what is missing, and what would settle it."""
     known = [r for r, v in f.views.items() if v.state != RankState.UNKNOWN]
+    missing = [r for r, v in f.views.items() if v.state == RankState.UNKNOWN]
+    dumps = [r for r in known if recorder_only(f.views[r].ev)]
+    summary = "Not enough evidence to name a cause: " + (
+        f"states known for {who(known)} only." if known
+        else "no stack or recorder data could be read.")
+    if missing and dumps:
+        summary += (f" {who(missing).capitalize()} left no Flight Recorder dump (a rank ended "
+                    "by a signal, gloo's abort included, writes none).")
+    # gloo retires a collective that raised as it does one that completed (measured: every
+    # entry after the failed one retired, pg_status's completed count short of them)
+    retired = [r for r in dumps if f.views[r].state == RankState.IDLE
+               and (fr := f.views[r].ev.fr) is not None and fr.backend == "gloo"]
+    if retired:
+        holds = agree(retired, "recorder holds", "recorders hold")
+        summary += (f" {who(retired).capitalize()}'s {holds} nothing pending, but gloo "
+                    "retires a collective that failed as one that completed: the dumps "
+                    "cannot say whether the last ones failed.")
+    settle = ([f"{who(missing)}'s dump or log (how it ended)"] if missing and known else []) + [
+        "the job's log (its first error names the rank and the collective)",
+        "or a run under `moe-hang watch -- <launch command>`, whose probe keeps every rank's "
+        "collectives on disk to its end (a SIGABRT or SIGKILL too)"]
     return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
-                      "Not enough evidence to name a cause: "
-                      + (f"states known for rank {spans(known)} only." if known
-                         else "no stack or recorder data could be read."))
+                      summary, Advice("What would settle it: " + "; ".join(settle) + "."))

@@ -10,6 +10,7 @@ from conftest import JOBS, ROOT, captured, relocated
 
 from moe_hang.analysis.diagnosis import SCHEMA
 from moe_hang.analysis.rules import diagnose
+from moe_hang.commands.diagnose import analyze_paths
 from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.flight_recorder import PgStatus
 from moe_hang.evidence.load import load_capture
@@ -116,6 +117,26 @@ def test_reads_torch_pickle_dump_of_gloo(fixtures):
                                                         ("0", 1, "all_gather")]
     assert d.pg_status["0"] == PgStatus(enqueued=1, completed=-1)
     assert d.entries[1].frames[-1].function == "<module>"
+
+
+@pytest.mark.parametrize("name, dead, dumped", [("gloo_abort_dumps_1", 1, [0, 2]),
+                                                ("gloo_abort_dumps_0", 0, [1, 2])])
+def test_torch_dumps_without_the_aborted_rank_say_what_would_settle_it(fixtures, name, dead,
+                                                                      dumped):
+    """torch's own pickle dumps of a 3-rank gloo MoE job with a hand-written gradient sync
+    (fixtures/gloo_abort_dumps_job.py, and its mirror): one rank's batch routes no token to
+    three experts, its `if p.grad is None: continue` skips their all-reduces, gloo aborts it
+    (SIGABRT: no dump), the others raise in `w.wait()` and dump in their `except`. Every
+    entry of theirs is retired — gloo retires a collective that failed as one that
+    completed. Nothing decides: it says what is known, what is missing and what would
+    settle it (was: a bare "not enough evidence", no advice)."""
+    d = analyze_paths([fixtures / name], force=False)
+    assert (d.verdict, d.culprit_ranks) == ("inconclusive", []), d.summary
+    assert f"states known for ranks {dumped[0]}, {dumped[1]} only" in d.summary
+    assert f"Rank {dead} left no Flight Recorder dump" in d.summary
+    assert "gloo retires a collective that failed as one that completed" in d.summary
+    assert d.fix.startswith(f"What would settle it: rank {dead}'s dump or log")
+    assert "moe-hang watch" in d.fix
 
 
 def test_reads_torch_json_dump_format_by_rank_in_filename(fixtures):
