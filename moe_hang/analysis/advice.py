@@ -14,7 +14,13 @@ from moe_hang.analysis.diagnosis import (
     fmt_shape,
 )
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
-from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
+from moe_hang.analysis.gates import (
+    advise_gate,
+    advise_gate_taken,
+    gate_taken,
+    gates_passed,
+    went_through,
+)
 from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
@@ -40,7 +46,7 @@ from moe_hang.analysis.source import (
     taken_only_by,
 )
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -254,6 +260,12 @@ def advise_order(s: Situation) -> Advice:
             and decided_exit(ways_out(s, out)) is not None:
         # past a loop the others are in, whose one way out only it takes
         return advise_loop_left(s, out)
+    if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
+            and len(s.culprits) == 1 and _went_through(s, culprit, missed_at) \
+            and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
+        # it posted the others' collective itself in this pass (a line every pass posts):
+        # its own is the extra, inside the branch its data took
+        return advise_gate_taken(s, culprit, now_at, missed_at, g)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "
@@ -295,6 +307,14 @@ def advise_order(s: Situation) -> Advice:
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
 
+
+
+def _went_through(s: Situation, culprit: int, missed: Frame) -> bool:
+    """The culprit, later in the pass, went through the line the others posted at."""
+    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
+    theirs = next(([f for f in reversed(s.frames[r]) if not is_library_frame(f)]
+                   for r in s.waiting() if s.site(r) == missed and s.frames.get(r)), [])
+    return bool(mine and theirs) and went_through(s.src, mine, theirs, None, [])
 
 
 def _advise_behind(s: Situation) -> Advice:

@@ -645,6 +645,16 @@ CASES: tuple[Case, ...] = (
               "two gradients are None and their async all-reduces are skipped; equal sizes "
               "pair silently until the loss all-reduce. The gate inside the loop (and fewer "
               "laps) are the ways past a collective of one line skipped on a later lap"),
+    Case("best_checkpoint", "best_checkpoint.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "save", "divergence"), at(others(C, 3), "backward", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("left the loop",),
+         fix_require=("if val < best:", "held on"), basis=frozenset({"majority"}),
+         note="written for the occasion: every rank scores its own validation shard and "
+              "saves the best model with torch.distributed.checkpoint where its own score "
+              "improved; at step 4 only rank C does, its save's all-gather meeting the "
+              "others' next DDP backward. It went through their line (every pass posts "
+              "it): its collective is the extra, in the branch its data took"),
     Case("early_stop_branch", "early_stop_branch.py", 4, DESYNC,
          env=culprit_env(2), mirror=culprit_env(1), culprits=C,
          lines=(at(C, "flag", "divergence"), at(others(C, 4), "grad_allreduce", "divergence")),

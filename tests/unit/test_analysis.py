@@ -523,6 +523,26 @@ def test_a_dead_ranks_stale_count_does_not_place_it_before_what_its_peer_complet
     assert "Run it on every rank" in d["fix"], d["fix"]
 
 
+@pytest.mark.parametrize("name, saver", [("best_checkpoint_2", 2), ("best_checkpoint_0", 0)])
+def test_an_extra_posted_after_the_others_line_in_its_pass_names_its_branch(
+        fixtures, tmp_path, name, saver):
+    """tests/corpus/jobs/best_checkpoint.py and its mirror, recorded under watch: each rank
+    saves the best model with torch.distributed.checkpoint where its own validation score
+    improved; at step 4 only one does, and its save's all-gather (line 51) meets the
+    others' next DDP backward (line 44). The saver went through line 44 in its pass (every
+    pass posts it): its collective is the extra, inside the branch its data took — the fix
+    names `if val < best:` (line 49). Was: "every rank must post the same collectives in
+    the same order", no branch."""
+    from tests.conftest import ROOT
+
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main", str(ROOT))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [saver], "majority"), d["summary"]
+    assert "in `if val < best:`" in d["fix"] and f"held on rank {saver} alone" in d["fix"]
+    assert d["fix_site"]["line"] == 49, d["fix_site"]
+
+
 def test_a_saved_recorder_pending_in_a_collective_is_not_where_the_rank_died(fixtures,
                                                                            tmp_path):
     """tests/corpus/jobs/rank0_eval_collective.py mirrored (rank 1 evaluates), recorded where
