@@ -24,7 +24,6 @@ from moe_hang.analysis.gates import (
 from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
-    decided_exit,
     loop_left,
     stayed,
     ways_out,
@@ -257,8 +256,9 @@ def advise_order(s: Situation) -> Advice:
         # the branch the culprit took past the others' collective
         return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
-            and decided_exit(ways_out(s, out)) is not None:
-        # past a loop the others are in, whose one way out only it takes
+            and ways_out(s, out):
+        # past a loop the others are still in, which the source shows a way out of before
+        # its end (without one, as many passes posting one collective fewer leave it too)
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
             and len(s.culprits) == 1 and _went_through(s, culprit, missed_at) \

@@ -655,6 +655,24 @@ CASES: tuple[Case, ...] = (
               "improved; at step 4 only rank C does, its save's all-gather meeting the "
               "others' next DDP backward. It went through their line (every pass posts "
               "it): its collective is the extra, in the branch its data took"),
+    Case("iter_shard_break", "iter_shard_break.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "barrier", "divergence"), at(others(C, 3), "grad_allreduce", "divergence")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("left the loop", "its one way out before its end: `break`"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: hand-sharded samples (data[rank::world]), 16 on "
+              "rank C and 17 on the others; C's iterator runs out a step early and it breaks "
+              "out to the final barrier"),
+    Case("iter_shard_break_attach", "iter_shard_break.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "barrier"), at(others(C, 3), "grad_allreduce")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("left the loop", "its one way out before its end: `break`"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C in the final barrier, the others in the loop's gradient "
+              "all-reduce; the loop's way out is the `break` on StopIteration (was: \"every "
+              "rank must post the same collectives\", no loop named)"),
     Case("early_stop_branch", "early_stop_branch.py", 4, DESYNC,
          env=culprit_env(2), mirror=culprit_env(1), culprits=C,
          lines=(at(C, "flag", "divergence"), at(others(C, 4), "grad_allreduce", "divergence")),

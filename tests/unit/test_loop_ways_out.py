@@ -93,6 +93,22 @@ def test_stacks_alone_name_the_rank_that_broke_out_not_the_ones_in_backward(
     assert f"dist.broadcast(stop, src={lucky})" in d["fix_code"]
 
 
+@pytest.mark.parametrize("name, short", [("iter_shard_stacks_2", 2), ("iter_shard_stacks_0", 0)])
+def test_stacks_alone_past_a_loop_with_a_way_out_name_it(fixtures, name, short):
+    """``moe-hang diagnose`` of tests/corpus/jobs/iter_shard_break.py (hand-sharded samples,
+    ``except StopIteration: break``) and its mirror: the short rank in the final barrier, the
+    others in the loop's gradient all-reduce. The majority names it; it is past a loop the
+    others are still in, which the source shows a way out of before its end: the loop's
+    advice with the `break` (was: "every rank must post the same collectives in the same
+    order", no loop named)."""
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [short], "majority"), d["summary"]
+    assert f"Rank {short} left the loop at" in d["fix"], d["fix"]
+    assert "its one way out before its end: `break`" in d["fix"], d["fix"]
+    assert d["fix_site"]["line"] == 34, d["fix_site"]  # the `break`
+
+
 def test_a_rank_condition_around_the_loop_is_not_the_way_outs_own(fixtures, tmp_path: Path):
     """The same data-decided ``break``, the whole loop under ``if rank in data_ranks:`` (line
     12, before the loop): every rank still in the loop took that condition too, so it says
