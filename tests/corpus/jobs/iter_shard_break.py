@@ -17,7 +17,7 @@ if short != world - 1:  # the one sample fewer goes to rank `short`
     samples.insert(short, None)
 mine = [s for s in samples[rank::world] if s is not None]
 model = torch.nn.Linear(16, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.SGD(model.parameters(), lr=0.01 / world)  # the gradients are summed
 
 
 def batches(xs: list[torch.Tensor], bs: int = 4):
@@ -39,7 +39,7 @@ while True:
     loss.backward()
     for p in model.parameters():
         dist.all_reduce(p.grad)  # corpus: grad_allreduce
-        p.grad /= world
+        # (summed over the ranks: the learning rate is divided by the world size)
     opt.step()
     step += 1
 dist.barrier()  # corpus: barrier
