@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_hang.analysis.advice import Advice, advise_condition, advise_p2p
+from moe_hang.analysis.advice import KIND_ADVICE, Advice, advise_condition, advise_p2p
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import (
@@ -28,7 +28,6 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts, situation
-from moe_hang.analysis.gates import advise_gate, gates_passed
 from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
@@ -171,8 +170,8 @@ def cycle(f: Facts) -> Conclusion:
                 f"{who(sorted(g.absent))} never {agree(g.absent, 'posts', 'post')}: remove "
                 "it there, or make every rank "
                 "of that group post it as often.")
-    elif (gated := _gated(f, cyc, culprits, b.basis)) is not None:
-        advice = gated
+    elif (given := _divergence_advice(f, cyc, culprits, b.basis)) is not None:
+        advice = given
     else:
         waiter = next(e.waiter for e in cyc if e.on in culprits)
         them = "it" if len(culprits) == 1 else "them"
@@ -198,22 +197,16 @@ def cycle(f: Facts) -> Conclusion:
                       advice or Advice(text), div)
 
 
-def _gated(f: Facts, cyc: list[Edge], culprits: set[int], basis: CulpritBasis
+def _divergence_advice(f: Facts, cyc: list[Edge], culprits: set[int], basis: CulpritBasis
            ) -> Advice | None:
-    """One culprit that never posted what its waiter waits in on a group, past the way the
-    source shows round it (``if x.shape[0] == 0: return`` before an expert exchange): that
-    branch, as the advice of a divergence gives it."""
+    """One culprit that never posted what its waiter waits in on a group: the advice of that
+    group's divergence, where the culprit is absent from it (the branch the source shows
+    round it, a loop it left, or what to post)."""
     e = next((e for e in cyc if e.on in culprits and e.coll is not None), None)
     if e is None or e.coll is None or len(culprits) != 1:
         return None
     div = next((g.div for g in f.divs if g.div.pg == e.coll.pg and e.on in g.absent), None)
-    if div is None:
-        return None
-    s = situation(f, div, [e.on], basis)
-    missed = s.site(e.waiter)
-    found = gates_passed(s, e.on, s.frames.get(e.waiter, []), s.frames.get(e.on, [])) \
-        if missed is not None else []
-    return advise_gate(s, e.on, missed, found) if found and missed is not None else None
+    return None if div is None else KIND_ADVICE[div.kind](situation(f, div, [e.on], basis))
 
 
 def _ended_edge(cyc: list[Edge], f: Facts) -> tuple[Edge, str] | None:
