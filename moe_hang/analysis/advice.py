@@ -19,7 +19,6 @@ from moe_hang.analysis.gates import (
     advise_gate_taken,
     gate_taken,
     gates_passed,
-    went_through,
 )
 from moe_hang.analysis.loops import (
     advise_loop_left,
@@ -257,14 +256,15 @@ def advise_order(s: Situation) -> Advice:
         return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
             and ways_out(s, out):
-        # past a loop the others are still in, which the source shows a way out of before
-        # its end (without one, as many passes posting one collective fewer leave it too)
+        # past a loop the others are still in: where the source shows a way out before its
+        # end, the loop's advice names it beside the count; without one, the stacks cannot
+        # tell fewer passes from a pass that posted fewer, and the order advice says so
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
-            and len(s.culprits) == 1 and _went_through(s, culprit, missed_at) \
+            and len(s.culprits) == 1 and _in_step(s) \
             and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
-        # it posted the others' collective itself in this pass (a line every pass posts):
-        # its own is the extra, inside the branch its data took
+        # in step up to the collective before (one line for all): the culprit's path from
+        # there took the branch its own is in, the others' did not
         return advise_gate_taken(s, culprit, now_at, missed_at, g)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
@@ -308,13 +308,12 @@ def advise_order(s: Situation) -> Advice:
                   "collectives in the same order.")
 
 
-
-def _went_through(s: Situation, culprit: int, missed: Frame) -> bool:
-    """The culprit, later in the pass, went through the line the others posted at."""
-    mine = [f for f in reversed(s.frames.get(culprit, [])) if not is_library_frame(f)]
-    theirs = next(([f for f in reversed(s.frames[r]) if not is_library_frame(f)]
-                   for r in s.waiting() if s.site(r) == missed and s.frames.get(r)), [])
-    return bool(mine and theirs) and went_through(s.src, mine, theirs, None, [])
+def _in_step(s: Situation) -> bool:
+    """Every rank posted its collective before the divergence on its group from one line (by
+    the same calls): they were in step there."""
+    ranks = [*s.culprits, *s.waiting()]
+    paths = [tuple(f for f in s.before.get(r, []) if not is_library_frame(f)) for r in ranks]
+    return bool(paths) and all(paths) and len(set(paths)) == 1
 
 
 def _advise_behind(s: Situation) -> Advice:

@@ -96,8 +96,12 @@ def cycle(f: Facts) -> Conclusion:
     summary = "Deadlock: " + "; ".join(parts) + "."
     if len(f.wait_cycles) > 1:
         summary += f" ({len(f.wait_cycles) - 1} more cycle(s) like it.)"
-    if b.basis == CulpritBasis.CYCLE and not redirected and _ended_edge(cyc, f) is None \
-            and (sh := count_shift(cyc, f.ctx)) is not None:
+    # the count shift that decided the divergence the cycle came from, else the cycle's own
+    sh = b.shift if aligned is not None else None
+    if sh is None and b.basis == CulpritBasis.CYCLE and not redirected \
+            and _ended_edge(cyc, f) is None:
+        sh = count_shift(cyc, f.ctx)
+    if sh is not None:
         verdict, said, counted = shifted(sh, f.views)
         return Conclusion(verdict, sh.culprits, sh.basis, Certainty.LIKELY,
                           summary + said, counted,
@@ -206,7 +210,10 @@ def _divergence_advice(f: Facts, cyc: list[Edge], culprits: set[int], basis: Cul
     if e is None or e.coll is None or len(culprits) != 1:
         return None
     div = next((g.div for g in f.divs if g.div.pg == e.coll.pg and e.on in g.absent), None)
-    return None if div is None else KIND_ADVICE[div.kind](situation(f, div, [e.on], basis))
+    # what the present ranks' sizes or dtypes disagree on is no advice for an absent one
+    if div is None or div.kind in (MismatchKind.SIZE, MismatchKind.DTYPE):
+        return None
+    return KIND_ADVICE[div.kind](situation(f, div, [e.on], basis))
 
 
 def _ended_edge(cyc: list[Edge], f: Facts) -> tuple[Edge, str] | None:

@@ -49,11 +49,13 @@ def all_completed(f: Facts) -> Conclusion:
     n = len(f.alive)
     # gloo retires a collective that raised as it does one that completed
     gloo = any((fr := f.views[r].ev.fr) is not None and fr.backend == "gloo" for r in f.alive)
-    done = "finished (completed, or failed: gloo retires both alike)" if gloo else "completed"
+    said = (f"Every collective in the {n} dumps finished (completed, or failed: gloo retires "
+            "both alike): no rank was waiting in one when they were written. Whether the last "
+            "ones failed (a mismatch gloo aborted) the dumps cannot say; the job's log can. "
+            if gloo else f"Every collective in the {n} dumps completed: no rank was waiting "
+            "in one when they were written, so they show no desync. ")
     return Conclusion(Verdict.INCONCLUSIVE, [], CulpritBasis.NONE, Certainty.UNCERTAIN,
-                      f"Every collective in the {n} dumps {done}: no rank was waiting in one "
-                      "when they were written, so they show no desync. If the job hung, it hung "
-                      "outside collectives (or after the dumps); each rank's stack would say "
-                      "where.",
+                      said + "If the job hung, it hung outside collectives (or after the "
+                      "dumps); each rank's stack would say where.",
                       Advice("Take stacks while it hangs (`moe-hang diagnose`, or `py-spy dump "
                              "--pid PID` per rank)."))

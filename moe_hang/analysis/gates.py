@@ -158,10 +158,7 @@ def went_through(src: SourceFacts, fa: list[Frame], fb: list[Frame], mine: Colle
     group ``theirs``, have not reached. Then it posted that line's collective itself, under
     another sequence number where the counts differ: it skipped nothing there (who has more
     or fewer is decided elsewhere)."""
-    if not (len(fa) == len(fb) > 0 and all(
-            (x.file, x.function, x.line) == (y.file, y.function, y.line)
-            for x, y in zip(fa[:-1], fb[:-1], strict=True))
-            and (fa[-1].file, fa[-1].function) == (fb[-1].file, fb[-1].function)):
+    if not alike(fa, fb):
         return False
     a, b = fa[-1], fb[-1]
     if b.line < a.line:
@@ -169,6 +166,14 @@ def went_through(src: SourceFacts, fa: list[Frame], fb: list[Frame], mine: Colle
     return a.line < b.line and mine is not None and mine.seq is not None \
         and every_pass(src, b, a) and every_pass(src, a, b) \
         and any(t[mine.pg] < mine.seq for t in theirs if mine.pg in t)
+
+
+def alike(fa: list[Frame], fb: list[Frame]) -> bool:
+    """Two positions (user frames, outermost first) in one function by the same calls."""
+    return len(fa) == len(fb) > 0 and all(
+        (x.file, x.function, x.line) == (y.file, y.function, y.line)
+        for x, y in zip(fa[:-1], fb[:-1], strict=True)) \
+        and (fa[-1].file, fa[-1].function) == (fb[-1].file, fb[-1].function)
 
 
 def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:

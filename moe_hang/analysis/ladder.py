@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.gates import went_through
+from moe_hang.analysis.gates import alike, every_pass, went_through
 from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
@@ -242,17 +242,20 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
 
 def _numbered(ctx: Context, r: Reading, fa: list[Frame], fb: list[Frame], ahead: bool
               ) -> bool:
-    """The side further along went through the other's line in its pass: it posted that
-    collective itself, numbered, and being further along says nothing of a skip (a culprit
-    behind, at one position, no more says the others skipped: the counts decide, :mod:`.shift`).
-    At one position only where the recorder numbers both sides: from stacks alone a rank past
-    the line may have posted it on another group, and the later line is the order known."""
+    """The side further along went through the other's line: it posted that collective
+    itself, numbered, and being further along says nothing of a skip. A skip's culprit ahead
+    (:func:`.gates.went_through`); at one position where the recorder numbers both, either
+    side ahead — later in the pass or a lap on, through a line every pass posts — where the
+    counts decide (:mod:`.shift`). From stacks alone a rank past a line may have posted it
+    on another group, and the later line is the order known."""
+    if r.edit == Edit.SKIP and ahead:
+        return went_through(ctx.views.source, fa, fb, r.mine,
+                            [ctx.views[o].tl.enqueued for o in r.others])
     numbered = r.mine is not None and r.theirs is not None and None not in (
         r.mine.seq, r.theirs.seq)
-    if not ((r.edit == Edit.SKIP and ahead) or (r.edit == Edit.CHANGE and numbered)):
-        return False
-    fx, fy, c, them = (fa, fb, r.mine, r.others) if ahead else (fb, fa, r.theirs, r.culprits)
-    return went_through(ctx.views.source, fx, fy, c, [ctx.views[o].tl.enqueued for o in them])
+    fx, fy = (fa, fb) if ahead else (fb, fa)
+    return r.edit == Edit.CHANGE and numbered and alike(fx, fy) \
+        and every_pass(ctx.views.source, fy[-1], fx[-1])
 
 
 LADDER: tuple[tuple[CulpritBasis, Rung], ...] = (

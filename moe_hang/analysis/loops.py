@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.situation import Advice, Situation, at_line, collective_of_ranks
+from moe_hang.analysis.situation import (
+    Advice,
+    Situation,
+    at_line,
+    collective_of_ranks,
+    grad_hook,
+)
 from moe_hang.analysis.source import (
     common_loop,
     excludes_ranks,
@@ -51,6 +57,17 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                      for e in exits)
     ways = (f" The source shows {'its one way' if len(exits) == 1 else 'its ways'} out "
             f"before its end: {said}.") if exits else ""
+    hook = next((h for r in s.waiting() if (h := grad_hook(s.frames.get(r, [])))), None)
+    if hook is not None and not exits:
+        # posted from a gradient hook: a parameter with no gradient posts nothing that pass
+        return Advice(f"{head}: theirs is posted by {hook.function}() "
+                      f"({short_path(hook.file)}:{hook.line}) from inside backward, a gradient "
+                      "hook, which never runs for a parameter that got no gradient (a layer "
+                      "the rank's data skipped, an expert with no token): that pass posts "
+                      "fewer. Give every parameter a gradient every step (call the layer on an "
+                      "empty input, or add `0 * p.sum()` to the loss); where the ranks ran "
+                      "different numbers of iterations, give each the same count (all-reduce "
+                      "it with MIN first).")
     return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
                   "short before its collectives (a `continue` or `break` on a rank's own "
                   f"data).{ways} Give each the same count: equal data shards "

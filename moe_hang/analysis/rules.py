@@ -122,9 +122,11 @@ def _size_abort(f: Facts) -> Conclusion:
     assert f.size_abort is not None
     div, aborted = f.size_abort
     detail = abort_detail(aborted, f.ev.size_abort)
-    if desync_divs(f):
+    if found := desync_divs(f):
         out = _desync(f)
-        confirmed = True
+        # counts at a line say who posted more, not what: likely, and their sentence stays
+        by_counts = found[0][1].shift is not None
+        confirmed = not by_counts
         if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
             # the aborted rank left no recorder entry: the abort's byte counts may decide
             # (its side of this very collective: stronger than what earlier steps did)
@@ -132,7 +134,8 @@ def _size_abort(f: Facts) -> Conclusion:
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-        if out.div is not None and mark_skipped(out.div, out.culprits, f.ctx):
+        if not by_counts and out.div is not None and mark_skipped(out.div, out.culprits,
+                                                                  f.ctx):
             out.summary = desync_summary(out.div, f.reports(out.div), out.culprits, {}) \
                 + culprit_clause(out.basis, out.culprits, confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."

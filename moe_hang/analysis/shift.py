@@ -1,14 +1,14 @@
-"""A count shift on a group (docs/DESIGN.md §8): where the wait-for cycle runs through a line
-of a loop's body that posts a collective on group G whatever the rank (no ``if``, no early
-leave, no rank condition before it in the body), the ranks waiting in it as G#s and the ranks
-past it in the same pass, or a pass on (waiting at an earlier line in what every pass posts
-and the ahead ranks have not) — having posted it themselves, as an earlier number — skipped
-nothing there. One side posted more collectives on G before this pass's line than the other:
-an extra (gloo paired it silently with the other side's next one of equal size) or a skip.
-Which side: the ladder's majority rung on the two readings, the smaller one (the ranks whose
-counts the evidence holds; the rest are not counted); as many on each side, or the passed
-ranks at different counts, decides nothing.
-Pure."""
+"""A count shift on a group (docs/DESIGN.md §8): at a line of a loop's body that posts a
+collective on group G whatever the rank (no ``if``, no early leave, no rank condition before
+it in the body), the ranks waiting in it as G#s there, and the ranks past it in the same pass,
+or a pass on (waiting at an earlier line in what every pass posts and the ahead ranks have
+not) — having posted it themselves, as an earlier number — skipped nothing there. One side
+posted more collectives on G before this pass's line than the other: an extra (gloo paired it
+silently with the other side's next one of equal size) or a skip. Which side: the ladder on
+the two readings (counts only: the majority rung), the smaller one; as many on each side, or
+the passed ranks at different counts, decides nothing. Read on a wait-for cycle's edges
+(:func:`count_shift`) and beside the camps of a desync at one seq
+(:func:`divergence_shifts`). Pure."""
 
 from __future__ import annotations
 
@@ -99,8 +99,7 @@ def divergence_shifts(entries: Mapping[int, Collective | None], ctx: Context) ->
 def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | None:
     """The two readings of a count shift at the line ``waiter`` posted ``w`` from: the ranks
     waiting in ``w`` there (ahead), and the ranks past that line in the same pass (or, with
-    ``laps``, a pass on) that posted it themselves as a lower number, all at one count (a
-    rank waiting at ``w``'s number at a later line posted it before that one: lower)."""
+    ``laps``, a pass on) that posted it themselves as a lower number, all at one count."""
     views = ctx.views
     if w.seq is None:
         return None
@@ -111,19 +110,20 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     def here(v: RankView) -> bool:
         return v.current is not None and (v.current.pg, v.current.seq) == (w.pg, w.seq)
 
-    ahead = sorted(r for r, v in views.items() if here(v) and at(v.current, v)[-1:] == (fb[-1],))
+    ahead = sorted(r for r, v in views.items() if here(v) and list(at(v.current, v)) == fb)
     theirs = [views[a].tl.enqueued for a in ahead]
     passed: list[int] = []
     counts: set[int] = set()
     for r, v in views.items():
+        # a rank at w's number at another line is no side: whether it is in the waiters'
+        # pass (then it posted the line's collective below) or a pass behind, nothing says
         posted = v.tl.enqueued.get(w.pg, -1)
-        if r in ahead or w.pg not in v.tl.by_pg or not (0 <= posted < w.seq or here(v)):
+        if r in ahead or here(v) or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq:
             continue
         if went_through(views.source, list(v.position), fb, v.current if laps else None,
                         theirs):
             passed.append(r)
-            if not here(v):
-                counts.add(posted)
+            counts.add(posted)
     if not ahead or not passed or len(counts) != 1:
         return None
     ahead_t, passed_t = tuple(sorted(ahead)), tuple(sorted(passed))

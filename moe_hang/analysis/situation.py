@@ -11,7 +11,7 @@ from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, RankReport, pg
 from moe_hang.analysis.frames import fsdp_unshard
 from moe_hang.analysis.source import on_default_group
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.evidence.stacks import Frame, in_backward, is_library_frame
 
 
 @dataclass
@@ -71,6 +71,17 @@ class Advice:
     code: str | None = None  # a snippet to paste at the user's line
     site: Frame | None = None  # the line it is about, where that is not the culprit's
     site_why: str | None = None  # what that line is to the culprit ("the branch rank 1 took")
+
+
+def grad_hook(frames: list[Frame]) -> Frame | None:
+    """The user function that posted the collective from inside backward, called by the
+    autograd engine itself (a gradient hook: ``register_post_accumulate_grad_hook``, a
+    tensor hook), if any: where a parameter gets no gradient, it never runs."""
+    for i, f in enumerate(frames):
+        if not is_library_frame(f):
+            outer = frames[i + 1:]
+            return f if outer and is_library_frame(outer[0]) and in_backward(outer) else None
+    return None
 
 
 def user_autograd_backward(frames: list[Frame]) -> Frame | None:

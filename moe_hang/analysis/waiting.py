@@ -317,15 +317,15 @@ def inconclusive(f: Facts) -> Conclusion:
         f"states known for {who(known)} only." if known
         else "no stack or recorder data could be read.")
     if missing and dumps:
-        summary += (f" {who(missing).capitalize()} left no Flight Recorder dump (a rank ended "
-                    "by a signal, gloo's abort included, writes none).")
+        summary += (f" {who(missing).capitalize()} left no Flight Recorder dump here (a rank "
+                    "ended by a signal, gloo's abort included, writes none).")
     # gloo retires a collective that raised as it does one that completed (measured: every
     # entry after the failed one retired, pg_status's completed count short of them)
     retired = [r for r in dumps if f.views[r].state == RankState.IDLE
                and (fr := f.views[r].ev.fr) is not None and fr.backend == "gloo"]
     if retired:
-        holds = agree(retired, "recorder holds", "recorders hold")
-        summary += (f" {who(retired).capitalize()}'s {holds} nothing pending, but gloo "
+        rec, holds = agree(retired, "recorder", "recorders"), agree(retired, "holds", "hold")
+        summary += (f" The {rec} of {who(retired)} {holds} nothing pending, but gloo "
                     "retires a collective that failed as one that completed: the dumps "
                     "cannot say whether the last ones failed.")
     settle = ([f"{who(missing)}'s dump or log (how it ended)"] if missing and known else []) + [

@@ -673,6 +673,15 @@ CASES: tuple[Case, ...] = (
          note="stacks only: rank C in the final barrier, the others in the loop's gradient "
               "all-reduce; the loop's way out is the `break` on StopIteration (was: \"every "
               "rank must post the same collectives\", no loop named)"),
+    Case("hook_sync_skip", "hook_sync_skip.py", 3, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "barrier", "divergence"), at(others(C, 3), "hook_allreduce", "divergence")),
+         fix_forbid=(*DTYPE_ADVICE, "DistributedSampler"),
+         fix_require=("a gradient hook", "never runs for a parameter that got no gradient"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: gradients all-reduced from post-accumulate-grad "
+              "hooks; rank C's easy batch skips a block, whose parameters' hooks never post; "
+              "the shift carries to the end, where it waits in the final barrier"),
     Case("early_stop_branch", "early_stop_branch.py", 4, DESYNC,
          env=culprit_env(2), mirror=culprit_env(1), culprits=C,
          lines=(at(C, "flag", "divergence"), at(others(C, 4), "grad_allreduce", "divergence")),

@@ -133,7 +133,8 @@ def test_torch_dumps_without_the_aborted_rank_say_what_would_settle_it(fixtures,
     d = analyze_paths([fixtures / name], force=False)
     assert (d.verdict, d.culprit_ranks) == ("inconclusive", []), d.summary
     assert f"states known for ranks {dumped[0]}, {dumped[1]} only" in d.summary
-    assert f"Rank {dead} left no Flight Recorder dump" in d.summary
+    assert f"Rank {dead} left no Flight Recorder dump here" in d.summary
+    assert f"The recorders of ranks {dumped[0]}, {dumped[1]} hold nothing pending" in d.summary
     assert "gloo retires a collective that failed as one that completed" in d.summary
     assert d.fix.startswith(f"What would settle it: rank {dead}'s dump or log")
     assert "moe-hang watch" in d.fix
@@ -541,6 +542,46 @@ def test_an_extra_posted_after_the_others_line_in_its_pass_names_its_branch(
         "desync", [saver], "majority"), d["summary"]
     assert "in `if val < best:`" in d["fix"] and f"held on rank {saver} alone" in d["fix"]
     assert d["fix_site"]["line"] == 49, d["fix_site"]
+
+
+def test_an_extra_is_put_in_a_branch_only_where_the_ranks_were_seen_in_step_before(
+        fixtures, tmp_path):
+    """The same capture (best_checkpoint_2), its recorders without call sites (as the
+    periodic saves are where no probe answered): nothing shows the ranks in step at the
+    collective before the divergence — a silent pairing before it may have shifted them (the
+    review's case: a skip earlier, then one rank alone in `if step % 2 == 0:`) — so the
+    branch around the saver's collective is not named as the decision."""
+    from tests.conftest import ROOT
+
+    run = relocated(fixtures / "best_checkpoint_2", tmp_path / "run", "/work/main", str(ROOT))
+    for log in (run / "ranks").glob("rank*.posted.jsonl"):
+        recs = [json.loads(x) for x in log.read_text().splitlines()]
+        for rec in recs:
+            rec.pop("stack", None)
+        log.write_text("".join(json.dumps(rec) + "\n" for rec in recs
+                               if rec.get("kind") != "stack"))
+    d = _diag(run)
+    assert d["culprit_ranks"] == [2], d["summary"]
+    assert "if val < best" not in d["fix"], d["fix"]
+
+
+@pytest.mark.parametrize("name, easy", [("hook_sync_skip_1", 1), ("hook_sync_skip_2", 2)])
+def test_a_rank_past_the_loop_others_post_from_a_gradient_hook_in(fixtures, tmp_path, name,
+                                                                 easy):
+    """tests/corpus/jobs/hook_sync_skip.py and its mirror, recorded under watch: gradients
+    all-reduced from post-accumulate-grad hooks; one rank's easy batch skips a block, whose
+    parameters' hooks never post. It ends in the final barrier, the others in their last
+    hook all-reduces. The recorder's frames show the hook called from inside backward by
+    the engine: the advice says a parameter without a gradient posts nothing there (was:
+    "ran different numbers of iterations, or cut one short", nothing of the hook)."""
+    from tests.conftest import ROOT
+
+    run = relocated(fixtures / name, tmp_path / "run", "/work/main", str(ROOT))
+    d = _diag(run)
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [easy]), d["summary"]
+    assert f"theirs is posted by sync() ({ROOT}/tests/corpus/jobs/hook_sync_skip.py:40) " \
+        "from inside backward, a gradient hook" in d["fix"], d["fix"]
+    assert "Give every parameter a gradient every step" in d["fix"]
 
 
 def test_a_saved_recorder_pending_in_a_collective_is_not_where_the_rank_died(fixtures,

@@ -143,4 +143,5 @@ def test_dumps_with_nothing_pending_say_so(tmp_path, backend):
     done = "finished (completed, or failed: gloo retires both alike)" if backend == "gloo" \
         else "completed"
     assert d.summary.startswith(f"Every collective in the 8 dumps {done}:"), d.summary
+    assert ("the dumps cannot say" in d.summary) == (backend == "gloo"), d.summary
     assert "could be read" not in d.summary and "stack" in d.fix
