@@ -10,15 +10,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
 from moe_hang.probe.layout import RankFiles
 
 
-def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float) -> dict[int, str | None]:
+def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float,
+                  meanwhile: threading.Event | None = None, grace: float = 0.0
+                  ) -> dict[int, str | None]:
     """Ask each rank's probe thread for a Flight Recorder + stack dump; rank -> error or None.
-    ``timeout``: ``Settings.dump_timeout_s``."""
+    ``timeout``: ``Settings.dump_timeout_s``. Past it, an answer still counts while the
+    capture's other work goes on (``meanwhile`` not set yet: py-spy reading the stacks on a
+    loaded machine, where a probe's first dump with call sites takes seconds of CPU), at most
+    ``grace`` seconds more: no wait of its own."""
     request = f"{os.getpid()}-{time.monotonic_ns()}"
     errors: dict[int, str | None] = {}
     waiting = []
@@ -40,7 +46,14 @@ def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float) -> dict[
         finally:
             os.close(fd)
     deadline = time.monotonic() + timeout
-    while waiting and time.monotonic() < deadline:
+    last = deadline + grace
+
+    def on() -> bool:
+        now = time.monotonic()
+        return now < deadline or (meanwhile is not None and not meanwhile.is_set()
+                                  and now < last)
+
+    while waiting and on():
         for r in list(waiting):
             marker = RankFiles(probe_dir, r).dump_marker
             with contextlib.suppress(OSError, ValueError):

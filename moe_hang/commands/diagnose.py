@@ -96,16 +96,22 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, settings: Settings
             probe_ranks.setdefault(r.probe_dir, []).append(r.rank)
     say(f"capturing stacks of {len(pids)} ranks ({SAMPLES} samples)")
     dump_errors: dict[int, str | None] = {}
+    read = threading.Event()  # the stacks are read: a late dump answer no longer costs nothing
 
     def ask_probes() -> None:
         for d, ranks in probe_ranks.items():
             dump_errors.update(dumps.request_dumps(Path(d), ranks,
-                                                   timeout=settings.dump_timeout_s))
+                                                   timeout=settings.dump_timeout_s,
+                                                   meanwhile=read,
+                                                   grace=settings.pyspy_timeout_s))
 
     asker = threading.Thread(target=ask_probes, daemon=True)
     asker.start()
     done0 = _completed(job)
-    win = window.sample_window(pids, settings, native=native)
+    try:
+        win = window.sample_window(pids, settings, native=native)
+    finally:
+        read.set()
     done1 = _completed(job)
     asker.join(settings.dump_timeout_s + 2.0)  # its own bound, and a margin
     pyspy.save_stacks({r: w.final for r, w in win.items()}, out)
