@@ -35,7 +35,9 @@ class Settings:
     # py-spy per rank, all ranks at once: a stopped or huge process takes a few seconds
     pyspy_timeout_s: float = 10.0
     # a probe answers a dump request from its own thread within milliseconds, even while
-    # its rank blocks in a collective; one silent this long is reported as not answering
+    # its rank blocks in a collective (its first dump with call sites: seconds of CPU on a
+    # loaded machine); one silent this long, and still silent when py-spy is done reading
+    # the stacks (at most pyspy_timeout_s more), is reported as not answering
     dump_timeout_s: float = 5.0
     # between the py-spy samples of one window: four of them span about a second, enough
     # for a rank that moves to be seen in two places
