@@ -46,6 +46,7 @@ from moe_hang.analysis.failures import (
     root_cause,
     timed_out_waiting,
 )
+from moe_hang.analysis.joining import all_joining, stuck_joining
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
 from moe_hang.analysis.ras.launches import (
@@ -324,6 +325,9 @@ RULES: tuple[Rule, ...] = (
          "hang", "launch_counts", "uncertain"),
     Rule("ras_clean", "one RAS report, nothing wrong in it", ras_nothing_wrong,
          ras_one_poll_clean, "inconclusive", "—", "uncertain"),
+    Rule("joining", "every rank inside a process group's creation", all_joining, stuck_joining,
+         "hang where the stall is shown, else inconclusive", "—",
+         "uncertain (a group slow to form looks the same)"),
     Rule("unseen", _UNSEEN, lambda f: in_one(f) and not stuck_shown(f), progress_unseen,
          "inconclusive", "—", "uncertain"),
     Rule("all_in_one", "all wait in matching collectives", in_one, all_in_one,

@@ -266,6 +266,13 @@ def _all_in_one(_: int) -> tuple[Evidence, list[int]]:
     return _ev(*(_stuck(r, _in("all_reduce", 30)) for r in (0, 1))), []
 
 
+def _joining(_: int) -> tuple[Evidence, list[int]]:
+    """Both ranks inside init_process_group (gloo connecting them): the group never formed."""
+    making = _stack((TORCH, 2169, "_new_process_group_helper"), (TORCH, 1899,
+                    "init_process_group"), ("/job/train.py", 8, "<module>"))
+    return _ev(*(_stuck(r, making) for r in (0, 1))), []
+
+
 def _progress_unseen(_: int) -> tuple[Evidence, list[int]]:
     """diagnose on NCCL ranks in one all-reduce in every sample: their counters (zero) cannot
     tell a collective that never completes from a new one each time."""
@@ -438,6 +445,7 @@ CASES: dict[str, tuple[Case, bool]] = {
     "transport or hardware hang": (_transport, True),
     "launch counts differ in one RAS report": (_ras_one_poll, True),
     "one RAS report, nothing wrong in it": (_ras_clean, False),
+    "every rank inside a process group's creation": (_joining, False),
     "in matching collectives, progress unseen": (_progress_unseen, False),
     "all wait in matching collectives": (_all_in_one, False),
     "inconclusive": (_inconclusive, False),

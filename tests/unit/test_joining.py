@@ -1,0 +1,48 @@
+"""Ranks stuck making their process group (analysis/joining.py): recorded under ``moe-hang
+watch`` (fixtures/joining_restart_job.py under ``torchrun --max-restarts 2``): the first
+attempt's gloo abort, two restarts whose ranks could not connect, the last attempt's two
+ranks both inside ``init_process_group``. It said "All 2 ranks wait in ? with matching order
+and sizes"; no collective was ever posted in that attempt."""
+
+from __future__ import annotations
+
+from moe_hang.analysis.joining import making_group
+from moe_hang.analysis.rules import diagnose
+from moe_hang.evidence.load import load_capture
+from moe_hang.evidence.stacks import Frame
+from moe_hang.evidence.vocab import JobState
+
+C10D = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def test_ranks_inside_init_process_group_are_said_to_be_forming_the_group(fixtures):
+    d = diagnose(load_capture(fixtures / "joining_restart")).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["rule_id"]) == ("hang", [], "joining"), \
+        d["summary"]
+    # never ended by watch: a group slow to form (a peer still loading) looks the same
+    assert d["certainty"] == "uncertain"
+    assert d["summary"].startswith("All 2 ranks are inside init_process_group at "), \
+        d["summary"]
+    assert "the group never formed" in d["summary"] and " ? " not in d["summary"]
+    assert "MASTER_ADDR" in d["fix"]
+
+
+def test_without_the_stall_shown_it_is_not_called_a_hang(fixtures, tmp_path):
+    """The same ranks caught by one snapshot (no watcher saw their heartbeats hold still):
+    a group still forming looks just the same — inconclusive, said so."""
+    import dataclasses
+
+    ev = load_capture(fixtures / "joining_restart")
+    ev = dataclasses.replace(ev, job=JobState.RUNNING)
+    d = diagnose(ev).to_dict()
+    assert (d["verdict"], d["rule_id"]) == ("inconclusive", "joining"), d["summary"]
+    assert d["summary"].endswith("whether it is stuck or only slow to form.")
+
+
+def test_a_group_is_being_made_only_inside_torchs_own_makers():
+    assert making_group([Frame(C10D, 2169, "_new_process_group_helper"),
+                         Frame(C10D, 1899, "init_process_group"),
+                         Frame("/job/train.py", 8, "<module>")]) == "_new_process_group_helper"
+    # a job's own function of that name is not torch making a group
+    assert making_group([Frame("/job/train.py", 3, "new_group")]) is None
+    assert making_group([Frame(C10D, 3252, "all_reduce")]) is None
