@@ -12,9 +12,13 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from moe_hang.probe.layout import RankFiles
+
+T = TypeVar("T")
 
 
 def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float,
@@ -65,3 +69,26 @@ def request_dumps(probe_dir: Path, ranks: list[int], *, timeout: float,
     for r in waiting:
         errors[r] = f"probe did not answer within {timeout:.0f} s"
     return errors
+
+
+def dumps_beside(requests: Mapping[Path, list[int]], work: Callable[[], T], *, timeout: float,
+                 grace: float) -> tuple[T, dict[int, str | None]]:
+    """Ask the probes (``requests``: probe directory -> its ranks) for their dumps while
+    ``work`` runs (py-spy reading the stacks, at the same moment): what ``work`` returned, and
+    rank -> error or None. A late answer still counts while ``work`` goes on, at most ``grace``
+    seconds past ``timeout``; once it is done the asking ends within its own bound."""
+    errors: dict[int, str | None] = {}
+    done = threading.Event()
+
+    def ask() -> None:
+        for d, ranks in requests.items():
+            errors.update(request_dumps(d, ranks, timeout=timeout, meanwhile=done, grace=grace))
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    try:
+        result = work()
+    finally:
+        done.set()
+    asker.join(timeout + 2.0)  # its own bound, and a margin
+    return result, dict(errors)

@@ -13,7 +13,6 @@ import contextlib
 import json
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,25 +94,12 @@ def capture_job(job: FoundJob, out: RunLayout, say: Phase, *, settings: Settings
         if r.probe_dir:
             probe_ranks.setdefault(r.probe_dir, []).append(r.rank)
     say(f"capturing stacks of {len(pids)} ranks ({SAMPLES} samples)")
-    dump_errors: dict[int, str | None] = {}
-    read = threading.Event()  # the stacks are read: a late dump answer no longer costs nothing
-
-    def ask_probes() -> None:
-        for d, ranks in probe_ranks.items():
-            dump_errors.update(dumps.request_dumps(Path(d), ranks,
-                                                   timeout=settings.dump_timeout_s,
-                                                   meanwhile=read,
-                                                   grace=settings.pyspy_timeout_s))
-
-    asker = threading.Thread(target=ask_probes, daemon=True)
-    asker.start()
     done0 = _completed(job)
-    try:
-        win = window.sample_window(pids, settings, native=native)
-    finally:
-        read.set()
+    win, dump_errors = dumps.dumps_beside(
+        {Path(d): ranks for d, ranks in probe_ranks.items()},
+        lambda: window.sample_window(pids, settings, native=native),
+        timeout=settings.dump_timeout_s, grace=settings.pyspy_timeout_s)
     done1 = _completed(job)
-    asker.join(settings.dump_timeout_s + 2.0)  # its own bound, and a margin
     pyspy.save_stacks({r: w.final for r, w in win.items()}, out)
     outside = {r for r, w in win.items()
                if w.final.data is not None and not window.in_collective(w.final.data)}

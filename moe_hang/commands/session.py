@@ -72,25 +72,13 @@ def capture_frozen(out: WatchEvent, layout: RunLayout, say: Phase, *, settings: 
     stalled = out.kind in FROZEN
     what = "stalled → capturing stacks" if stalled else "capturing the surviving ranks"
     say(f"{what} ({len(live)} ranks)")
-    errors: dict[int, str | None] = {}
-    read = threading.Event()  # py-spy is done: a late dump answer no longer costs nothing
-
-    def ask() -> None:
-        if ask_probes:
-            errors.update(dumps.request_dumps(layout.ranks_dir, sorted(live),
-                                              timeout=settings.dump_timeout_s, meanwhile=read,
-                                              grace=settings.pyspy_timeout_s))
-
     # a stalled job cannot move by construction; orphans of a dead agent may still be stepping
     sample = None if stalled else ProgressSample(layout.ranks_dir, live)
-    t = threading.Thread(target=ask, daemon=True)
-    t.start()
-    try:
-        stacks = pyspy.pyspy_many(live, timeout=settings.pyspy_timeout_s, native=native,
-                                  with_locals=True)
-    finally:
-        read.set()
-    t.join(settings.dump_timeout_s + 2.0)  # its own bound, and a margin
+    stacks, errors = dumps.dumps_beside(
+        {layout.ranks_dir: sorted(live)} if ask_probes else {},
+        lambda: pyspy.pyspy_many(live, timeout=settings.pyspy_timeout_s, native=native,
+                                 with_locals=True),
+        timeout=settings.dump_timeout_s, grace=settings.pyspy_timeout_s)
     if sample is not None:
         out.progressed = sample.finish()
     pyspy.save_stacks(stacks, layout)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_hang.capture.dumps import request_dumps
+from moe_hang.capture.dumps import dumps_beside, request_dumps
 from moe_hang.probe.layout import RankFiles
 
 
@@ -66,3 +66,23 @@ def test_without_other_work_the_timeout_alone_bounds_the_wait(tmp_path):
     assert errors[0] == "probe did not answer within 0 s"
     t.join(5)
     os.close(fd)
+
+
+@pytest.mark.parametrize("work_s, answered", [(1.0, True), (0.1, False)])
+def test_dumps_beside_the_stacks_return_both_and_end_with_the_work(tmp_path, work_s, answered):
+    """The one helper watch and diagnose use: the work's result, and the answers that came
+    while it ran (a late one counts only while the work goes on)."""
+    probe_dir, t, fd = _probe(tmp_path, answer_after_s=0.5)
+    t0 = time.monotonic()
+    out, errors = dumps_beside({probe_dir: [0]}, lambda: time.sleep(work_s) or "stacks",
+                               timeout=0.2, grace=5.0)
+    took = time.monotonic() - t0
+    t.join(5)
+    os.close(fd)
+    assert out == "stacks"
+    assert (errors[0] is None) == answered, errors
+    assert took < (1.5 if answered else 0.6), took  # the work's end, or the timeout
+
+
+def test_dumps_beside_with_nothing_to_ask_runs_the_work_alone():
+    assert dumps_beside({}, lambda: 7, timeout=5.0, grace=5.0) == (7, {})
