@@ -24,17 +24,14 @@ def making_group(frames: list[Frame]) -> str | None:
                  and "torch/distributed/" in f.file.replace("\\", "/")), None)
 
 
-def joining(f: Facts) -> list[int]:
-    """The live ranks whose main thread is inside a group's creation."""
-    return sorted(r for r in f.alive if making_group(f.views[r].stack.frames) is not None)
-
-
 def all_joining(f: Facts) -> bool:
-    return bool(f.alive) and joining(f) == sorted(f.alive)
+    """Every live rank's main thread is inside a group's creation."""
+    return bool(f.alive) and all(making_group(f.views[r].stack.frames) is not None
+                                 for r in f.alive)
 
 
 def stuck_joining(f: Facts) -> Conclusion:
-    ranks = joining(f)
+    ranks = sorted(f.alive)  # all of them: the rule holds only where all_joining does
     views = [f.views[r] for r in ranks]
     # the outermost torch function making it (init_process_group, not its helper)
     made = {next(x.function for x in reversed(v.stack.frames) if x.function in _MAKERS)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.diagnosis import CulpritBasis, pg_label
+from moe_hang.analysis.gates import every_pass
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -15,6 +16,7 @@ from moe_hang.analysis.situation import (
     grad_hook,
 )
 from moe_hang.analysis.source import (
+    branch_call,
     common_loop,
     excludes_ranks,
     gates,
@@ -68,6 +70,23 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                       "empty input, or add `0 * p.sum()` to the loss); where the ranks ran "
                       "different numbers of iterations, give each the same count (all-reduce "
                       "it with MIN first).")
+    if (through := as_many_passes(s, loop)) is not None:
+        # its counts say it made the others' pass: what it lacks was skipped inside one
+        group = pg_label(s.div.pg, s.div.pg_desc)
+        site = branch_call(s.src, through) if s.div.pg_desc == "default_pg" else None
+        named = f" The one under a branch in this loop on {group}: {at_line(site)}." \
+            * bool(site)
+        return Advice(
+            f"{me.capitalize()} {agree(s.culprits, 'is', 'are')} past the loop at "
+            f"{loop_at(loop)} while {others} {agree(s.waiting(), 'is', 'are')} still in it "
+            f"({missed}), after as many passes: every pass posts on another group at "
+            f"{at_line(through)}, and {agree(s.culprits, 'its', 'their')} counts on every "
+            f"other group {agree(s.culprits, 'it shares', 'they share')} with them equal "
+            f"theirs. {me.capitalize()} posted fewer on {group} in those passes: one the "
+            "others post, skipped in a pass (an `if`, `continue` or `break` on the rank's own "
+            f"data).{ways} Post every collective of a pass on every rank.{named}",
+            site=site, site_why=None if site is None else
+            f"the only collective on {group} of the loop that a branch decides")
     return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
                   "short before its collectives (a `continue` or `break` on a rank's own "
                   f"data).{ways} Give each the same count: equal data shards "
@@ -76,6 +95,42 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                   "an iteration's collectives.",
                   site=Frame(loop.file, exits[0].line, loop.function) if len(exits) == 1
                   else None, site_why="the loop's way out" if len(exits) == 1 else None)
+
+
+def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
+    """The culprits, past ``loop`` while the others are still in it, made as many passes as
+    they have: a line of the loop's body before the waiting ranks' line posts on another
+    group than the divergence's every pass (:func:`~.gates.every_pass`), and the culprits'
+    count on every other group they share with the waiting ranks equals theirs — one pass
+    fewer would have posted one fewer there. Then what they lack on the divergence's group
+    was skipped inside a pass, not a pass left out. That line; else None (the counts differ
+    or are not all known, or no such line)."""
+    here = {f for r in s.waiting() for f in s.frames.get(r, [])
+            if (f.file, f.function) == (loop.file, loop.function)}
+    if len(here) != 1 or not s.culprits:
+        return None
+    at = here.pop()
+    lf = s.src.line(loop.file, at.line)
+    body = next((st for st in lf.path if st.line == loop.line), None) if lf else None
+    if body is None:
+        return None
+    # a call elsewhere, as the source tells it: without ``group=`` where the divergence's
+    # group is not the default one, with one where it is
+    elsewhere = s.div.pg_desc != "default_pg"
+    through = next((Frame(loop.file, ln, loop.function) for ln in body.calls if ln < at.line
+                    and (lf := s.src.line(loop.file, ln)) is not None
+                    and lf.default_group is elsewhere
+                    and every_pass(s.src, Frame(loop.file, ln, loop.function), at)), None)
+    compared = 0
+    for c in s.culprits:
+        for pg, n in s.enqueued.get(c, {}).items():
+            if pg == s.div.pg:
+                continue
+            theirs = {s.enqueued[w][pg] for w in s.waiting() if pg in s.enqueued.get(w, {})}
+            if theirs != {n}:
+                return None  # another count, or no waiting rank to compare with
+            compared += 1
+    return through if compared else None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from moe_hang.analysis.gates import went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
-from moe_hang.analysis.source import loop_step
+from moe_hang.analysis.source import branch_call
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import Collective
@@ -155,24 +155,9 @@ def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
         text = (f"{who(c).capitalize()} posted fewer collectives on {group} than {who(o)} "
                 f"before {line}: one the others post, skipped there (an `if` or `continue` "
                 "on the rank's own data). Post every collective of a pass on every rank.")
-    site = _branch_site(sh, views)
+    site = branch_call(views.source, sh.site) if sh.pg_desc == "default_pg" else None
     if site is not None:
         text += f" The one under a branch in this loop on {group}: {site_str(site)}."
     return Verdict.DESYNC, said, Advice(text, site=site, site_why=None if site is None else
                                         f"the only collective on {group} of the loop that a "
                                         "branch decides")
-
-
-def _branch_site(sh: Shift, views: RankViews) -> Frame | None:
-    """The one collective call of the loop's body on the default group that a branch (an
-    ``if``, a guard, a rank condition) decides: where the extra or the skip is. Only on the
-    default group (the source tells a call with no ``group=`` apart; other groups' names do
-    not map to the recorder's)."""
-    src, b = views.source, sh.site
-    body = loop_step(src, b.file, b.line, b.line)
-    if sh.pg_desc != "default_pg" or body is None:
-        return None
-    found = [ln for ln in body.calls if ln != b.line
-             and (lf := src.line(b.file, ln)) is not None and lf.default_group is True
-             and (lf.rank_condition is not None or any(g.line > body.line for g in lf.gates))]
-    return Frame(b.file, found[0], b.function) if len(found) == 1 else None

@@ -320,3 +320,18 @@ def gates(src: SourceFacts, path: str, line: int) -> tuple[Gate, ...]:
     its function, nearest first (nothing where the source was not read)."""
     lf = src.line(path, line)
     return lf.gates if lf is not None else ()
+
+
+def branch_call(src: SourceFacts, at: Frame) -> Frame | None:
+    """The one collective call on the default group of the innermost loop's body around
+    ``at`` that a branch decides (an ``if``, a guard, a rank condition): where a rank's
+    extra or skip on that group is, when the body has just one such call. Only on the
+    default group: the source tells a call with no ``group=`` apart, other groups' names do
+    not map to the recorder's."""
+    body = loop_step(src, at.file, at.line, at.line)
+    if body is None:
+        return None
+    found = [ln for ln in body.calls if ln != at.line
+             and (lf := src.line(at.file, ln)) is not None and lf.default_group is True
+             and (lf.rank_condition is not None or any(g.line > body.line for g in lf.gates))]
+    return Frame(at.file, found[0], at.function) if len(found) == 1 else None

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import relocated
 
 from moe_hang.analysis.rules import diagnose
 from moe_hang.capture.source import read_facts
@@ -126,3 +127,49 @@ def test_a_rank_condition_around_the_loop_is_not_the_way_outs_own(fixtures, tmp_
     d = diagnose(load_capture(root)).to_dict()
     assert d["culprit_ranks"] == [1], d["summary"]
     assert "Only" not in d["fix"] and "under `if bad_epochs >= 2:`" in d["fix"], d["fix"]
+
+
+def _async_skip(fixtures, tmp_path, name):
+    return relocated(fixtures / name, tmp_path / "run", "/work/main/runs/fuzz-29471836-j48/jobs",
+                     str(fixtures / "async_skip_no_sites_jobs"))
+
+
+@pytest.mark.parametrize("name, short", [("async_skip_no_sites_7", 7),
+                                         ("async_skip_no_sites_1", 1)])
+def test_past_the_loop_after_as_many_passes_it_skipped_inside_one(fixtures, tmp_path, name,
+                                                                  short):
+    """A 4x2 mesh, 8 ranks beside a busy neighbour under watch (async_skip_no_sites_jobs, fuzz
+    seed 29471836 job 8, and its mirror): at step 2 one rank skips its async all-reduce of the
+    token count (``if not (FAULTY and step == 2):``); the others' logging all-reduces (one
+    float each, like it) pair with its next ones silently, so it finishes the loop and waits
+    in the final barrier while they wait on the last step's. No probe answered (recorders
+    without call sites). Its counts on the tp and dp groups, which every pass posts on before
+    the others' line, equal theirs: it made as many passes, so the advice is the skip inside
+    a pass and the loop's one default-group call under a branch. Was: "the ranks ran
+    different numbers of iterations ... give each the same count", both roles."""
+    d = diagnose(load_capture(_async_skip(fixtures, tmp_path, name))).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [short]), d["summary"]
+    fix = d["fix"]
+    assert "different numbers of iterations" not in fix and "same count" not in fix, fix
+    assert "after as many passes: every pass posts on another group at" in fix, fix
+    assert "_async_mesh2d.py:51" in fix, fix  # the tp all-reduce: every pass, before theirs
+    assert f"Rank {short} posted fewer on default_pg in those passes" in fix, fix
+    assert d["fix_site"]["line"] == 49, d["fix_site"]  # the one call under a branch
+
+
+def test_fewer_passes_on_another_group_keep_the_loop_advice(fixtures, tmp_path):
+    """The same capture with the culprit one short on a group every pass posts on: then it
+    may have made fewer passes, and the loop's advice (different counts, or one cut short)
+    stays."""
+    from moe_hang.analysis.facts import desync_divs, facts, situation
+    from moe_hang.analysis.loops import advise_loop_left, as_many_passes, loop_left
+
+    f = facts(load_capture(_async_skip(fixtures, tmp_path, "async_skip_no_sites_7")))
+    g, b = desync_divs(f)[0]
+    s = situation(f, g.div, b.culprits, b.basis)
+    loop = loop_left(s, 7)
+    assert loop is not None and as_many_passes(s, loop) is not None
+    short_one = next(pg for pg in s.enqueued[7] if pg != g.div.pg)
+    s.enqueued[7] = {**s.enqueued[7], short_one: s.enqueued[7][short_one] - 1}
+    assert as_many_passes(s, loop) is None
+    assert "different numbers of iterations" in advise_loop_left(s, loop).text
