@@ -26,6 +26,7 @@ from moe_hang.analysis.loops import (
     loop_left,
     stayed,
     ways_out,
+    ways_past,
 )
 from moe_hang.analysis.situation import (
     Advice,
@@ -255,10 +256,10 @@ def advise_order(s: Situation) -> Advice:
         # the branch the culprit took past the others' collective
         return advise_gate(s, culprit, missed_at, found)
     if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
-            and ways_out(s, out):
+            and (ways_out(s, out) or ways_past(s, out)):
         # past a loop the others are still in: where the source shows a way out before its
-        # end, the loop's advice names it beside the count; without one, the stacks cannot
-        # tell fewer passes from a pass that posted fewer, and the order advice says so
+        # end, or past their collective within a pass, the loop's advice names it beside the
+        # count; without one, the order advice says what the stacks show
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
             and len(s.culprits) == 1 and _in_step(s) \

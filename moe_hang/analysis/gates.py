@@ -85,7 +85,7 @@ def _in_their_pass(s: Situation, culprit: int, fm: Frame, n: int) -> bool:
 LAPS = "laps"  # a pseudo-gate: fewer laps of the loop (``test``: its header)
 
 
-def _code(g: Gate) -> str:
+def gate_code(g: Gate) -> str:
     """Gate ``g`` as the source spells it."""
     if g.how == LAPS:
         return f"fewer laps of `{g.test}:`"
@@ -111,11 +111,11 @@ def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Fra
                 "else": f"true on {me}, false on {others}"}.get(
             g.how, f"taken by {me}, not by {others}")
         return Advice(
-            f"{head}: the one way past it the source shows is {_code(g)} "
+            f"{head}: the one way past it the source shows is {gate_code(g)} "
             f"({short_path(f.file)}:{g.line}), {took} {last}. Post it on every rank whatever "
             "the data (an empty tensor if need be), or decide the branch alike on every rank.",
             site=Frame(f.file, g.line, f.function), site_why=f"the branch {me} took")
-    ways = "; ".join(f"{_code(g)} ({short_path(f.file)}:{g.line})" for f, g in found)
+    ways = "; ".join(f"{gate_code(g)} ({short_path(f.file)}:{g.line})" for f, g in found)
     return Advice(
         f"{head}: the source shows {len(found)} ways past it ({ways}), and {me} took one "
         f"that {others} did not {last}. Post it on every rank whatever the data, or decide "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import CulpritBasis, pg_label
-from moe_hang.analysis.gates import every_pass
+from moe_hang.analysis.gates import every_pass, gate_code
 from moe_hang.analysis.situation import (
     Advice,
     Situation,
@@ -22,9 +22,10 @@ from moe_hang.analysis.source import (
     gates,
     in_loop,
     left_loop,
+    rank_condition,
     taken_only_by,
 )
-from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.source import Gate, SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -59,6 +60,16 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                      for e in exits)
     ways = (f" The source shows {'its one way' if len(exits) == 1 else 'its ways'} out "
             f"before its end: {said}.") if exits else ""
+    past = ways_past(s, loop)
+    if past:
+        ways += (f" The source shows {'one way' if len(past) == 1 else 'ways'} past their "
+                 "collective within a pass (a rank that takes it posts fewer): "
+                 + "; ".join(f"{gate_code(g)} ({short_path(f.file)}:{g.line})"
+                             for f, g in past) + ".")
+    # the fix's line: the one way past (out of the loop, or by their collective in a pass)
+    one_way = [Frame(loop.file, e.line, loop.function) for e in exits] \
+        + [Frame(f.file, g.line, f.function) for f, g in past]
+    way = one_way[0] if len(one_way) == 1 else None
     hook = next((h for r in s.waiting() if (h := grad_hook(s.frames.get(r, [])))), None)
     if hook is not None and not exits:
         # posted from a gradient hook: a parameter with no gradient posts nothing that pass
@@ -93,8 +104,32 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                   "(DistributedSampler), or all-reduce the count with MIN first; decide a "
                   "way out alike on every rank (all-reduce its flag); skip an update, never "
                   "an iteration's collectives.",
-                  site=Frame(loop.file, exits[0].line, loop.function) if len(exits) == 1
-                  else None, site_why="the loop's way out" if len(exits) == 1 else None)
+                  site=way, site_why=None if way is None else "the loop's way out" if exits
+                  else "the way past their collective")
+
+
+def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
+    """The ways past the waiting ranks' collective within one pass of ``loop`` that the
+    source shows, each with its frame: the gates of their line inside the loop's body (a
+    guard that leaves the pass early, ``if not torch.isfinite(loss): continue``; an ``if``
+    around it) and of the calls below it. A rank past the loop that took one in some pass
+    posted fewer. Empty where the waiting ranks are at several lines, or a rank condition
+    decides it (that advice says it)."""
+    paths = {tuple(f for f in s.frames.get(r, []) if not is_library_frame(f))
+             for r in s.waiting()}
+    if len(paths) != 1:
+        return []
+    mine = list(paths.pop())  # innermost first
+    at = next((d for d, f in enumerate(mine)
+               if (f.file, f.function) == (loop.file, loop.function)), None)
+    if at is None or any(rank_condition(s.src, f.file, f.line) is not None
+                         for f in mine[:at + 1]):
+        return []
+    out = [(mine[at], g) for g in gates(s.src, mine[at].file, mine[at].line)
+           if g.line > loop.line]
+    for f in mine[:at]:
+        out += [(f, g) for g in gates(s.src, f.file, f.line)]
+    return out
 
 
 def as_many_passes(s: Situation, loop: Frame) -> Frame | None:

@@ -173,3 +173,23 @@ def test_fewer_passes_on_another_group_keep_the_loop_advice(fixtures, tmp_path):
     s.enqueued[7] = {**s.enqueued[7], short_one: s.enqueued[7][short_one] - 1}
     assert as_many_passes(s, loop) is None
     assert "different numbers of iterations" in advise_loop_left(s, loop).text
+
+
+@pytest.mark.parametrize("name, bad", [("nan_skip_stacks_1", 1), ("nan_skip_stacks_2", 2)])
+def test_stacks_alone_past_a_loop_name_the_guard_that_skips_a_pass(fixtures, tmp_path, name,
+                                                                   bad):
+    """A new user's job (nan_skip_jobs/nan_skip.py: DDP on 3 ranks, ``if not
+    torch.isfinite(loss): continue`` before ``loss.backward()``, one rank's batch corrupt at
+    step 3), launched plainly and read by ``moe-hang diagnose``, and its mirror: the rank
+    that skipped in the final barrier, the others in the last step's backward. No way out
+    of the loop before its end, but one past their collective within a pass: the guard, the
+    fix's line. Was: "every rank must post the same collectives in the same order", no line
+    (under watch, the recorders name the same guard)."""
+    run = relocated(fixtures / name, tmp_path / "run", "/tmp/trial",
+                    str(fixtures / "nan_skip_jobs"))
+    d = diagnose(load_capture(run)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
+        "desync", [bad], "majority"), d["summary"]
+    assert "one way past their collective within a pass (a rank that takes it posts fewer): " \
+           "`if not torch.isfinite(loss): continue` (" in d["fix"], d["fix"]
+    assert (d["fix_site"]["line"], d["fix_site_why"]) == (23, "the way past their collective")
