@@ -673,6 +673,25 @@ CASES: tuple[Case, ...] = (
          note="stacks only: rank C in the final barrier, the others in the loop's gradient "
               "all-reduce; the loop's way out is the `break` on StopIteration (was: \"every "
               "rank must post the same collectives\", no loop named)"),
+    Case("nan_skip_ddp", "nan_skip_ddp.py", 3, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "barrier", "divergence"), at(others(C, 3), "backward", "divergence")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("`if not torch.isfinite(loss): continue`",),
+         basis=frozenset({"history"}),
+         note="written for the occasion: DDP, `if not torch.isfinite(loss): continue` before "
+              "backward; rank C's corrupt sample skips one step's buckets, which pair "
+              "silently with the others' next; it ends in the final barrier"),
+    Case("nan_skip_ddp_attach", "nan_skip_ddp.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "barrier"), at(others(C, 3), "backward")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("one way past their collective within a pass",
+                      "`if not torch.isfinite(loss): continue`"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C in the final barrier, the others in the last backward; "
+              "no way out of the loop, the guard that skips a pass (was: \"every rank must "
+              "post the same collectives\", no line)"),
     Case("hook_sync_skip", "hook_sync_skip.py", 3, DESYNC,
          env=culprit_env(1), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "divergence"), at(others(C, 3), "hook_allreduce", "divergence")),
