@@ -98,9 +98,13 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
             f"data).{ways} Post every collective of a pass on every rank.{named}",
             site=site, site_why=None if site is None else
             f"the only collective on {group} of the loop that a branch decides")
+    # the majority names who deviated, not how: one more, paired silently with theirs (gloo
+    # pairs equal sizes), runs a rank out of the loop as early as one fewer
+    extra = (f", or {me} posted one more that paired silently with theirs (the stacks do not "
+             "tell which)") * (s.basis == CulpritBasis.MAJORITY)
     return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
                   "short before its collectives (a `continue` or `break` on a rank's own "
-                  f"data).{ways} Give each the same count: equal data shards "
+                  f"data){extra}.{ways} Give each the same count: equal data shards "
                   "(DistributedSampler), or all-reduce the count with MIN first; decide a "
                   "way out alike on every rank (all-reduce its flag); skip an update, never "
                   "an iteration's collectives.",

@@ -193,3 +193,5 @@ def test_stacks_alone_past_a_loop_name_the_guard_that_skips_a_pass(fixtures, tmp
     assert "one way past their collective within a pass (a rank that takes it posts fewer): " \
            "`if not torch.isfinite(loss): continue` (" in d["fix"], d["fix"]
     assert (d["fix_site"]["line"], d["fix_site_why"]) == (23, "the way past their collective")
+    # the majority names who deviated, not how: one more, paired silently, is said too
+    assert f"or rank {bad} posted one more that paired silently with theirs" in d["fix"]
