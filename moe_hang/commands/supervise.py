@@ -301,5 +301,11 @@ def waiting_line(diag: Diagnosis, stall_s: float) -> str:
             c = rep.collective
             seq = f" {pg_label(c.pg, c.pg_desc, word='pg')}#{c.seq}" if c.seq is not None else ""
             parts.append(f"rank {rep.rank} in {c.op}{seq}")
+    if not parts:  # no culprit, no collective (inside the group's creation): where they are
+        at: dict[str, list[int]] = {}
+        for rep in diag.ranks:
+            if rep.callsite is not None:
+                at.setdefault(_here(rep.callsite), []).append(rep.rank)
+        parts = [f"{who(rs)} at {where}" for where, rs in at.items()]
     head = f"waiting {stall_s:.0f} s on " + (parts[0] if parts else "the job")
     return "; ".join([head, *parts[1:]]) + " (not ended: it may only be slow; still watching)"

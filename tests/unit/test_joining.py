@@ -46,3 +46,14 @@ def test_a_group_is_being_made_only_inside_torchs_own_makers():
     # a job's own function of that name is not torch making a group
     assert making_group([Frame("/job/train.py", 3, "new_group")]) is None
     assert making_group([Frame(C10D, 3252, "all_reduce")]) is None
+
+
+def test_watch_says_where_the_ranks_wait_while_it_waits(fixtures):
+    """Watch's line while it waits on an uncertain stall (it never ends one): with no culprit
+    and no collective, where each rank is — not "waiting 10 s on the job"."""
+    from moe_hang.commands.supervise import waiting_line
+
+    line = waiting_line(diagnose(load_capture(fixtures / "joining_restart")), 10)
+    assert line.startswith("waiting 10 s on ranks 0, 1 at "), line
+    assert "restart_hang.py:8 <module>" in line, line  # as recorded
+    assert line.endswith("(not ended: it may only be slow; still watching)")
