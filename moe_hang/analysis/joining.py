@@ -10,6 +10,7 @@ from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts, stuck_shown
+from moe_hang.analysis.failures import restarted
 from moe_hang.evidence.stacks import Frame, is_library_frame
 from moe_hang.evidence.vocab import agree, who
 
@@ -47,13 +48,19 @@ def stuck_joining(f: Facts) -> Conclusion:
     # uncertain always: ranks waiting for a peer still loading (another node's start) look
     # just the same, and watch must not end a job that is only slow to form; a hang only
     # where the stall is shown
+    first = ""
+    if f.ev.restarts is not None:  # a restarted attempt: the first one's failure is the cause
+        summary += f" torchrun restarted the ranks: {restarted(f.ev.restarts)[0]}."
+        first = ("torchrun restarted these ranks: what failed the first attempt is what to "
+                 "fix (its log; or run it with --max-restarts 0 under `moe-hang watch`, which "
+                 "diagnoses that failure). ")
     stuck = stuck_shown(f)
     if not stuck:
         summary += " Nothing here shows whether it is stuck or only slow to form."
     return Conclusion(
         Verdict.HANG if stuck else Verdict.INCONCLUSIVE, [], CulpritBasis.NONE,
         Certainty.UNCERTAIN, summary,
-        Advice("Every rank of the group must call it, with the same world size and "
+        Advice(first + "Every rank of the group must call it, with the same world size and "
                "rendezvous (MASTER_ADDR, MASTER_PORT; a rank started late or not at all "
                "holds the others), and reach the others' addresses (GLOO_SOCKET_IFNAME or "
                "NCCL_SOCKET_IFNAME on a host with several interfaces; a firewall). "

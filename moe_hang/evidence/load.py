@@ -330,9 +330,13 @@ def load_captures(roots: list[Path]) -> Evidence:
     root_cause = next((p.root_cause_rank for p in parts if p.root_cause_rank is not None), None)
     aborts = [p.size_abort for p in parts if p.size_abort is not None]
     size_abort = next((a for a in aborts if a.received is not None), aborts[0] if aborts else None)
+    # torchrun restarts each node's agent alike: the one that saw the most restarts says
+    restarts = max((p.restarts for p in parts if p.restarts is not None),
+                   key=lambda x: x.count, default=None)
     out = Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
                    agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
-                   artifacts=", ".join(str(r) for r in roots), size_abort=size_abort)
+                   artifacts=", ".join(str(r) for r in roots), size_abort=size_abort,
+                   sampled=any(p.sampled for p in parts), restarts=restarts)
     # NCCL RAS speaks for the whole job from any node: the first capture's polls, mapped
     # with every node's ranks
     polled = next((root for root, p in zip(roots, parts, strict=True) if p.ras), None)
