@@ -7,19 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moe_hang.analysis.blocks import EXTRA, Block
-from moe_hang.analysis.diagnosis import (
-    CulpritBasis,
-    MismatchKind,
-    RankCollective,
-    fmt_shape,
-)
+from moe_hang.analysis.diagnosis import CulpritBasis, MismatchKind, RankCollective, fmt_shape
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
-from moe_hang.analysis.gates import (
-    advise_gate,
-    advise_gate_taken,
-    gate_taken,
-    gates_passed,
-)
+from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
 from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
@@ -198,6 +188,8 @@ def advise_order(s: Situation) -> Advice:
         # is the cause, whatever FSDP the others wait in
         return _advise_branch(s, taken,
                               path_condition_site(s.src, s.frames.get(s.culprits[0], [])))
+    if s.lacks_fsdp_reduce():
+        return _advise_fsdp_sync(s)
     if s.lacks_fsdp_unshard() and s.behind and s.basis == CulpritBasis.MAJORITY:
         return _advise_behind(s)
     if s.lacks_fsdp_unshard():
@@ -307,6 +299,22 @@ def advise_order(s: Situation) -> Advice:
     return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
+
+
+def _advise_fsdp_sync(s: Situation) -> Advice:
+    """The culprits all-gathered parameters where the others reduced gradients after a
+    backward: their gradient sync was off there (a micro-batch not their last)."""
+    me, others, called = who(s.culprits), who(s.waiting()), s.waited_site()
+    return Advice(
+        f"{others.capitalize()} reduced gradients (after the backward at {at_line(called)}) "
+        f"where {me} all-gathered parameters "
+        f"instead: FSDP reduces after a backward only where gradient sync is on "
+        "(`set_requires_gradient_sync`, `no_sync`), so it was off on "
+        f"{me} — a micro-batch that is not {agree(s.culprits, 'its', 'their')} last while it "
+        f"was theirs: {me} {agree(s.culprits, 'has', 'have')} more micro-batches this step "
+        "(a count from its own data: packing by tokens, a ragged last batch) or sync on "
+        "another one. Give every rank the same number of micro-batches (all-reduce the "
+        "count with MAX first, pad with empty ones) and turn sync on at the same one.")
 
 
 def _in_step(s: Situation) -> bool:

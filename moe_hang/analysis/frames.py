@@ -1,5 +1,6 @@
-"""Which torch machinery posted a collective, read off its frames (pure): FSDP2's unshard,
-DTensor's gather. Below both the rank state and the advice, which ask the same."""
+"""Which torch machinery posted a collective, read off its frames (pure): FSDP2's unshard
+and gradient reduction, DTensor's gather. Below both the rank state and the advice, which
+ask the same."""
 
 from __future__ import annotations
 
@@ -22,3 +23,9 @@ def fsdp_unshard(frames: list[Frame]) -> bool:
     return _torch_fn(frames, "torch/distributed/fsdp/", (
         "pre_forward", "_pre_forward", "unshard", "foreach_all_gather", "wait_for_unshard",
         "_root_pre_forward", "lazy_init"))
+
+
+def fsdp_reduce(frames: list[Frame]) -> bool:
+    """FSDP2's gradient reduction after a module's backward (reduce-scatter, all-reduce):
+    posted only where gradient sync is on (``set_requires_gradient_sync``)."""
+    return _torch_fn(frames, "torch/distributed/fsdp/", ("post_backward", "foreach_reduce"))

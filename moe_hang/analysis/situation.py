@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from moe_hang.analysis.blocks import Block
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, RankReport, pg_label
-from moe_hang.analysis.frames import fsdp_unshard
+from moe_hang.analysis.frames import fsdp_reduce, fsdp_unshard
 from moe_hang.analysis.source import on_default_group
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, in_backward, is_library_frame
@@ -57,12 +57,22 @@ class Situation:
         is in the frames, the waiters' line does not call a collective itself (a skipped
         broadcast is no module), and the block the culprits lack, where known, is FSDP's."""
         waited = self.waited_site()
-        if waited is not None and on_default_group(self.src, waited.file, waited.line) \
-                is not None:
+        if self.lacks_fsdp_reduce() or (waited is not None and on_default_group(
+                self.src, waited.file, waited.line) is not None):
             return False
         lacked = self.block.items[0].frames if self.block is not None and self.block.items \
             else []
         return fsdp_unshard(self.all_frames()) and (not lacked or fsdp_unshard(lacked))
+
+
+    def lacks_fsdp_reduce(self) -> bool:
+        """The collective the culprits lack is FSDP's gradient reduction after a backward
+        (the waiting ranks' frames show it), where they all-gathered parameters instead (a
+        module's next backward, the next forward): their gradient sync was off there."""
+        waiting = [f for r in self.waiting() for f in self.frames.get(r, [])]
+        mine = [f for r in self.culprits for f in self.frames.get(r, [])]
+        return bool(self.culprits) and fsdp_reduce(waiting) and fsdp_unshard(mine) \
+            and not fsdp_reduce(mine)
 
 
 @dataclass

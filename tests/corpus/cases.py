@@ -692,6 +692,23 @@ CASES: tuple[Case, ...] = (
          note="stacks only: rank C in the final barrier, the others in the last backward; "
               "no way out of the loop, the guard that skips a pass (was: \"every rank must "
               "post the same collectives\", no line)"),
+    Case("fsdp2_accum_count", "fsdp2_accum_count.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "backward", "divergence"), at(others(C, 3), "backward", "divergence")),
+         fix_forbid=SKIP_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("only where gradient sync is on", "more micro-batches this step"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: FSDP2, micro-batches per step from each rank's own "
+              "data, sync on the last; rank C's third micro-batch all-gathers where the "
+              "others reduce gradients"),
+    Case("fsdp2_accum_count_attach", "fsdp2_accum_count.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "backward"), at(others(C, 3), "backward")),
+         fix_forbid=SKIP_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("only where gradient sync is on", "more micro-batches this step"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C in FSDP's pre-backward all-gather, the others in its "
+              "post-backward reduce-scatter, all at the backward's line"),
     Case("hook_sync_skip", "hook_sync_skip.py", 3, DESYNC,
          env=culprit_env(1), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "divergence"), at(others(C, 3), "hook_allreduce", "divergence")),
