@@ -160,7 +160,7 @@ VERDICT_MAKERS = {"moe_hang.analysis.rules", "moe_hang.analysis.failures",
                   "moe_hang.analysis.conclusion", "moe_hang.analysis.ras.failures",
                   "moe_hang.analysis.ras.launches", "moe_hang.analysis.cycles",
                   "moe_hang.analysis.waiting", "moe_hang.analysis.transport",
-                  "moe_hang.analysis.joining"}
+                  "moe_hang.analysis.joining", "moe_hang.analysis.roots"}
 
 
 def _sets_verdict(path: Path) -> list[int]:

@@ -60,6 +60,7 @@ from moe_hang.analysis.ras.launches import (
     ras_one_poll_mismatch,
 )
 from moe_hang.analysis.ras.reading import ras_summary
+from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.routing import routing_report
 from moe_hang.analysis.shift import shifted
 from moe_hang.analysis.timeline import build_timeline
@@ -283,6 +284,9 @@ RULES: tuple[Rule, ...] = (
     Rule("stack_desync", "desync from stacks",
          lambda f: f.stack_div is not None and not _in_flight(f), _stack_desync,
          "desync", "the ladder without history, else ambiguous", "likely"),
+    Rule("roots", "members name different roots",
+         lambda f: root_camps(f) is not None and not _in_flight(f),
+         roots_differ, "desync", "majority, else ambiguous", "likely"),
     Rule("p2p", "unmatched send/recv", lambda f: bool(unmatched(f.views)) and not _in_flight(f),
          unmatched_outcome, "hang", "program_order / waited_for / cycle",
          "likely, or uncertain"),

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.diagnosis import MismatchKind, pg_label
 from moe_hang.analysis.timeline import RankView, RankViews
+from moe_hang.evidence.calls import P2PCall
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.stacks import P2PCall
 from moe_hang.evidence.vocab import RankState
 
 

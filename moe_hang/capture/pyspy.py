@@ -17,6 +17,7 @@ from typing import Any
 
 from moe_hang.capture import source
 from moe_hang.errors import MoeHangError
+from moe_hang.evidence.calls import ROOTED_FUNCS
 from moe_hang.evidence.rankid import RANK_LOCALS, WORLD_LOCALS
 from moe_hang.evidence.stacks import Frame, is_library_frame, is_stdlib_frame
 from moe_hang.probe.env import write_atomic
@@ -77,10 +78,12 @@ def _parse_result(pid: int, returncode: int | None, out: bytes, err: bytes,
         return StackResult(pid, None, "py-spy printed something that is not JSON", seconds)
 
 
-# the arguments that say whom a send/recv waits for; every other local is dropped at once:
-# a rank's locals may hold anything (a token, a password), and nothing else is needed
+# the arguments that say whom a send/recv waits for, and a rooted collective's root (every
+# member must name the same); every other local is dropped at once: a rank's locals may
+# hold anything (a token, a password), and nothing else is needed
 _P2P_LOCALS = {"send": {"dst", "tag", "group"}, "isend": {"dst", "tag", "group"},
-               "recv": {"src", "tag", "group"}, "irecv": {"src", "tag", "group"}}
+               "recv": {"src", "tag", "group"}, "irecv": {"src", "tag", "group"},
+               **{f: {arg, f"group_{arg}", "group"} for f, arg in ROOTED_FUNCS.items()}}
 # and, in any frame, the integers that may say which rank this is (rankid.identity_from_locals)
 _IDENTITY_LOCALS = {*RANK_LOCALS, *WORLD_LOCALS}
 

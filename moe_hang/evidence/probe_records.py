@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.calls import P2PCall
 from moe_hang.evidence.flight_recorder import PgStatus
-from moe_hang.evidence.stacks import Frame, P2PCall, parse_probe_frames
+from moe_hang.evidence.stacks import Frame, parse_probe_frames
 
 
 def as_int(v: Any) -> int | None:

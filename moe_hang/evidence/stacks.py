@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hang.evidence.calls import P2PCall, RootedCall, pyspy_p2p, pyspy_root
 from moe_hang.evidence.ops import C10D_OPS, HELPER_OPS, WAIT_FUNCS
 from moe_hang.evidence.vocab import RankState
 
@@ -37,47 +38,6 @@ class Frame:
             return None
 
 
-@dataclass(frozen=True)
-class P2PCall:
-    """A point-to-point call a thread is inside: ``recv`` from ``peer`` or ``send`` to it
-    (global ranks; ``peer`` None when the argument was not visible)."""
-
-    op: str  # send | recv
-    peer: int | None
-    tag: int | None = None
-    group: str | None = None  # process-group name; None: the default group
-
-    def describe(self) -> str:
-        where = "from" if self.op == "recv" else "to"
-        return f"{self.op} {where} rank {self.peer if self.peer is not None else '?'}"
-
-
-# c10d point-to-point functions, and the argument naming the peer
-P2P_FUNCS = {"send": ("send", "dst"), "isend": ("send", "dst"), "recv": ("recv", "src"),
-             "irecv": ("recv", "src")}
-
-
-def p2p_from_locals(function: str, values: dict[str, str]) -> P2PCall | None:
-    """The call, from a c10d p2p frame's arguments as text (py-spy's ``repr``s, or the
-    probe's ``str``s); a group-relative peer (``group_src``) is left unknown."""
-    spec = P2P_FUNCS.get(function)
-    if spec is None:
-        return None
-    op, arg = spec
-
-    def num(key: str) -> int | None:
-        v = values.get(key)
-        try:
-            return int(v) if v not in (None, "None") else None
-        except ValueError:
-            return None
-
-    group = values.get("group")
-    # py-spy shows a group as "<ProcessGroup at 0x...>", not its name
-    named = group is not None and group != "None" and not group.startswith("<")
-    return P2PCall(op, num(arg), num("tag"), group if named else None)
-
-
 @dataclass
 class ThreadStack:
     name: str
@@ -86,6 +46,7 @@ class ThreadStack:
     active: bool | None = None  # py-spy: on CPU; None when the source cannot tell
     is_main: bool = False
     p2p: P2PCall | None = None  # the point-to-point call it is inside, with its peer
+    root: RootedCall | None = None  # the rooted collective it is inside, with its root
     # py-spy --locals: a frame's integer loop counters (``step``: 3), which iteration of the
     # job's own loops it is in (capture/pyspy.py keeps only these)
     counters: dict[Frame, dict[str, int]] = field(default_factory=dict)
@@ -129,6 +90,7 @@ class StackView:
     callsite: Frame | None = None
     frames: list[Frame] = field(default_factory=list)
     p2p: P2PCall | None = None
+    root: RootedCall | None = None  # a broadcast's src, a reduce's dst, where visible
     thread: str | None = None  # not the main thread's: the thread that is in the collective
     thread_id: str | None = None  # the id of the thread it is (where the source gave one)
     # it waits on its collective at another line than the one that posted it (work.wait())
@@ -161,7 +123,8 @@ def parse_pyspy(data: Any) -> list[ThreadStack]:
         is_main = name == "MainThread" or t.get("os_thread_id") == t.get("pid")
         threads.append(ThreadStack(name=name, frames=frames, thread_id=str(t.get("thread_id", "")),
                                    active=t.get("active"), is_main=bool(is_main),
-                                   p2p=_pyspy_p2p(raw), counters=_counters(raw, frames)))
+                                   p2p=pyspy_p2p(raw), root=pyspy_root(raw),
+                                   counters=_counters(raw, frames)))
     return threads
 
 
@@ -177,17 +140,6 @@ def _counters(raw: list[dict[str, Any]], frames: list[Frame]) -> dict[Frame, dic
         if ints:
             out.setdefault(fr, ints)
     return out
-
-
-def _pyspy_p2p(raw: list[dict[str, Any]]) -> P2PCall | None:
-    """With ``py-spy dump --locals``: the innermost c10d send/recv frame and its arguments."""
-    for f in raw:
-        if str(f.get("filename", "")).endswith("distributed_c10d.py") and \
-                f.get("name") in P2P_FUNCS and f.get("locals"):
-            values = {str(v.get("name")): str(v.get("repr")) for v in f["locals"]
-                      if isinstance(v, dict)}
-            return p2p_from_locals(str(f["name"]), values)
-    return None
 
 
 _FH_THREAD = re.compile(
@@ -369,7 +321,8 @@ def view(thread: ThreadStack | None) -> StackView:
     if op is not None:  # a send/recv's peer is not visible without --locals
         p2p = (thread.p2p or P2PCall(op, None)) if op in ("send", "recv") else None
         return StackView(RankState.IN_COLLECTIVE, op, api, back, fn, site, frames, p2p,
-                         counters=thread.counters, thread_id=thread.thread_id or None)
+                         thread.root, counters=thread.counters,
+                         thread_id=thread.thread_id or None)
     if thread.active is True:
         state = RankState.COMPUTING
     elif thread.active is False or _is_idle_wait(frames):

@@ -20,12 +20,13 @@ from moe_hang.analysis.source import (
     rank_condition,
 )
 from moe_hang.capture.source import read_facts
+from moe_hang.evidence.calls import P2PCall
 from moe_hang.evidence.errors import is_consequence, log_tracebacks
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import Evidence, RankError, RankEvidence
 from moe_hang.evidence.probe_records import Heartbeat, PostedRecord
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
+from moe_hang.evidence.stacks import Frame, ThreadStack
 
 TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
 

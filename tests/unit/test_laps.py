@@ -17,9 +17,10 @@ from conftest import captured
 
 from moe_hang.analysis.program import Program
 from moe_hang.analysis.rules import diagnose
+from moe_hang.evidence.calls import P2PCall
 from moe_hang.evidence.flight_recorder import Collective, FRDump, PgStatus
 from moe_hang.evidence.model import Evidence, RankEvidence, SizeAbort
-from moe_hang.evidence.stacks import Frame, P2PCall, ThreadStack
+from moe_hang.evidence.stacks import Frame, ThreadStack
 from moe_hang.evidence.vocab import JobState
 
 TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"

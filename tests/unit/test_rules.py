@@ -5,6 +5,7 @@ without a case here fails :func:`test_every_rule_has_a_case`."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -157,7 +158,7 @@ def _unknown(_: int) -> tuple[Evidence, list[int]]:
 
 def _cycle(culprit: int) -> tuple[Evidence, list[int]]:
     """Each rank waits in a recv from the other (no send posted): every rank on the cycle."""
-    from moe_hang.evidence.stacks import P2PCall
+    from moe_hang.evidence.calls import P2PCall
     ranks = [RankEvidence(rank=r, alive=True, progressed=False, threads=[ThreadStack(
         "MainThread", [Frame(TORCH, 9, "recv"), Frame("/job/train.py", 12, "<module>")],
         is_main=True, p2p=P2PCall("recv", 1 - r))]) for r in (0, 1)]
@@ -182,6 +183,17 @@ def _stack_desync(culprit: int) -> tuple[Evidence, list[int]]:
     """No recorder: the culprit's stack is in a barrier at line 40, the two others in the
     all-reduce at line 30 (no source: the majority names the one that differs)."""
     ranks = [_stuck(r, _in("barrier", 40) if r == culprit else _in("all_reduce", 30))
+             for r in range(3)]
+    return _ev(*ranks), [culprit]
+
+
+def _roots(culprit: int) -> tuple[Evidence, list[int]]:
+    """No recorder: three ranks in one broadcast (the default group) at line 30, the
+    culprit naming src=2 where the others name src=1 (stacks alone: the majority)."""
+    from moe_hang.evidence.calls import RootedCall
+
+    ranks = [_stuck(r, [dataclasses.replace(t, root=RootedCall(
+        "broadcast", 2 if r == culprit else 1, "src", True)) for t in _in("broadcast", 30)])
              for r in range(3)]
     return _ev(*ranks), [culprit]
 
@@ -431,6 +443,7 @@ CASES: dict[str, tuple[Case, bool]] = {
     "wait-for cycle": (_cycle, False),
     "collective desync": (_desync, True),
     "desync from stacks": (_stack_desync, True),
+    "members name different roots": (_roots, True),
     "frozen launch counts disagree (RAS)": (_ras_frozen, True),
     "launcher died": (_launcher_died, False),
     "monitored barrier names the laggards": (_monitored, True),
