@@ -302,19 +302,20 @@ def advise_order(s: Situation) -> Advice:
 
 
 def _advise_fsdp_sync(s: Situation) -> Advice:
-    """The culprits all-gathered parameters where the others reduced gradients after a
-    backward: their gradient sync was off there (a micro-batch not their last)."""
+    """The culprits all-gathered parameters in their backward where the others reduced
+    gradients: their sync was off there, or the module was not in their forward."""
     me, others, called = who(s.culprits), who(s.waiting()), s.waited_site()
     return Advice(
         f"{others.capitalize()} reduced gradients (after the backward at {at_line(called)}) "
-        f"where {me} all-gathered parameters "
-        f"instead: FSDP reduces after a backward only where gradient sync is on "
-        "(`set_requires_gradient_sync`, `no_sync`), so it was off on "
-        f"{me} — a micro-batch that is not {agree(s.culprits, 'its', 'their')} last while it "
-        f"was theirs: {me} {agree(s.culprits, 'has', 'have')} more micro-batches this step "
-        "(a count from its own data: packing by tokens, a ragged last batch) or sync on "
-        "another one. Give every rank the same number of micro-batches (all-reduce the "
-        "count with MAX first, pad with empty ones) and turn sync on at the same one.")
+        f"where {me} all-gathered parameters in {agree(s.culprits, 'its', 'their')} "
+        "backward instead: FSDP reduces a module's gradients only where gradient sync is on "
+        "(`set_requires_gradient_sync`, `no_sync`) and the module ran in the forward. So on "
+        f"{me} sync was off — a micro-batch not {agree(s.culprits, 'its', 'their')} last "
+        f"while it was theirs: more micro-batches this step (a count from its own data: "
+        "packing by tokens, a ragged last batch) or sync on another one — or that module "
+        "was not called. Give every rank the same number of micro-batches (all-reduce the "
+        "count with MAX first, pad with empty ones) with sync on the same one, and call the "
+        "same modules on every rank.")
 
 
 def _in_step(s: Situation) -> bool:

@@ -283,8 +283,15 @@ def situation(f: Facts, div: Divergence, culprits: list[int],
             if c in f.views and div.seq is not None else None
         if prev is not None and prev.frames:
             s.before[c] = prev.frames
+        if prev is not None and prev.time_created_ns is not None:
+            s.before_ns[c] = prev.time_created_ns
         if c in f.views:
-            s.enqueued[c] = f.views[c].tl.enqueued
+            v = f.views[c]
+            s.enqueued[c] = v.tl.enqueued
+            s.posted_ns[c] = {pg: t for pg, n in v.tl.enqueued.items()
+                              if (e := v.tl.by_pg.get(pg, {}).get(n)) is not None
+                              and (t := e.time_created_ns) is not None}
+            s.counters[c] = {k: n for cs in v.stack.counters.values() for k, n in cs.items()}
     if basis == CulpritBasis.MAJORITY and s.lacks_fsdp_unshard():
         # asked only where the advice uses it (a culprit short of the others' FSDP call): on
         # thousands of ranks it is a position order per culprit and waiting rank

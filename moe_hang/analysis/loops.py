@@ -4,6 +4,7 @@ one the others have left (one more pass, or the collective after it skipped) —
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import CulpritBasis, pg_label
@@ -25,7 +26,7 @@ from moe_hang.analysis.source import (
     rank_condition,
     taken_only_by,
 )
-from moe_hang.evidence.source import Gate, SourceFacts
+from moe_hang.evidence.source import Gate, SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -81,6 +82,11 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                       "empty input, or add `0 * p.sum()` to the loss); where the ranks ran "
                       "different numbers of iterations, give each the same count (all-reduce "
                       "it with MIN first).")
+    # the majority names who deviated, not how: where the others each posted one more,
+    # paired silently (gloo pairs equal sizes), they are the ones still in the loop
+    extra = (f", or {others} each posted one more that paired silently with "
+             f"{agree(s.culprits, 'its', 'theirs')} (the stacks do not tell which)") \
+        * (s.basis == CulpritBasis.MAJORITY)
     if (through := as_many_passes(s, loop)) is not None:
         # its counts say it made the others' pass: what it lacks was skipped inside one
         group = pg_label(s.div.pg, s.div.pg_desc)
@@ -95,13 +101,9 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
             f"other group {agree(s.culprits, 'it shares', 'they share')} with them equal "
             f"theirs. {me.capitalize()} posted fewer on {group} in those passes: one the "
             "others post, skipped in a pass (an `if`, `continue` or `break` on the rank's own "
-            f"data).{ways} Post every collective of a pass on every rank.{named}",
+            f"data){extra}.{ways} Post every collective of a pass on every rank.{named}",
             site=site, site_why=None if site is None else
             f"the only collective on {group} of the loop that a branch decides")
-    # the majority names who deviated, not how: one more, paired silently with theirs (gloo
-    # pairs equal sizes), runs a rank out of the loop as early as one fewer
-    extra = (f", or {me} posted one more that paired silently with theirs (the stacks do not "
-             "tell which)") * (s.basis == CulpritBasis.MAJORITY)
     return Advice(f"{head}: the ranks ran different numbers of iterations, or {me} cut one "
                   "short before its collectives (a `continue` or `break` on a rank's own "
                   f"data){extra}.{ways} Give each the same count: equal data shards "
@@ -129,11 +131,35 @@ def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
     if at is None or any(rank_condition(s.src, f.file, f.line) is not None
                          for f in mine[:at + 1]):
         return []
+    names = _loop_names(s, loop)
     out = [(mine[at], g) for g in gates(s.src, mine[at].file, mine[at].line)
            if g.line > loop.line]
     for f in mine[:at]:
         out += [(f, g) for g in gates(s.src, f.file, f.line)]
-    return out
+    # not the loop's own ways out (said as such), nor a raise (a rank past it is alive), nor
+    # a test every rank decides alike in a pass (``if step % ACCUM:``: its counter, constants)
+    return [(f, g) for f, g in out if g.how not in ("break", "return", "raise")
+            and not _alike_in_a_pass(g.test, names)]
+
+
+def _loop_names(s: Situation, loop: Frame) -> set[str]:
+    """The loop's own target names (``for step, batch in ...``: step, batch)."""
+    lf = s.src.line(loop.file, loop.line)
+    head = next((st.header for st in lf.path if st.line == loop.line), None) if lf else None
+    target = (head or "").removeprefix("for ").split(" in ", 1)[0]
+    return {n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()}
+
+
+def _alike_in_a_pass(test: str, counters: set[str]) -> bool:
+    """A test that reads only the loop's counters, constants (``ACCUM``) and literals: the
+    same on every rank in one pass."""
+    try:
+        tree = ast.parse(test, mode="eval")
+    except SyntaxError:
+        return False
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    calls = any(isinstance(n, ast.Call | ast.Attribute | ast.Subscript) for n in ast.walk(tree))
+    return not calls and all(n in counters or n.isupper() for n in names)
 
 
 def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
@@ -141,9 +167,11 @@ def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
     they have: a line of the loop's body before the waiting ranks' line posts on another
     group than the divergence's every pass (:func:`~.gates.every_pass`), and the culprits'
     count on every other group they share with the waiting ranks equals theirs — one pass
-    fewer would have posted one fewer there. Then what they lack on the divergence's group
-    was skipped inside a pass, not a pass left out. That line; else None (the counts differ
-    or are not all known, or no such line)."""
+    fewer would have posted one fewer there — posted before their last collective on the
+    divergence's group (not after the loop), and on one at least as many as the passes begun
+    (the loop's counter; at least two where no stack shows it). Then what they lack on the
+    divergence's group was skipped inside a pass, not a pass left out. That line; else None
+    (the counts differ or are not all known, or no such line)."""
     here = {f for r in s.waiting() for f in s.frames.get(r, [])
             if (f.file, f.function) == (loop.file, loop.function)}
     if len(here) != 1 or not s.culprits:
@@ -160,16 +188,35 @@ def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
                     and (lf := s.src.line(loop.file, ln)) is not None
                     and lf.default_group is elsewhere
                     and every_pass(s.src, Frame(loop.file, ln, loop.function), at)), None)
+    # the passes begun, by the loop's counter; where no stack shows it, a group used once
+    # (at start-up, a side group) says nothing of passes: at least two
+    passes = _passes(s, body) or 2
+    if through is None:
+        return None
     compared = 0
     for c in s.culprits:
+        since = s.before_ns.get(c)
         for pg, n in s.enqueued.get(c, {}).items():
             if pg == s.div.pg:
                 continue
             theirs = {s.enqueued[w][pg] for w in s.waiting() if pg in s.enqueued.get(w, {})}
-            if theirs != {n}:
-                return None  # another count, or no waiting rank to compare with
-            compared += 1
+            t = s.posted_ns.get(c, {}).get(pg)
+            # another count, none to compare with, or posted after its last collective on
+            # the divergence's group (after the loop, it may be): the counts say nothing
+            if theirs != {n} or (since is not None and t is not None and t > since):
+                return None
+            # a group posted on at least once a pass, before the loop was left
+            compared += n >= passes and since is not None and t is not None
     return through if compared else None
+
+
+def _passes(s: Situation, body: Step) -> int | None:
+    """The passes of the loop the waiting ranks have begun, by its counter on their stacks
+    (``for step in ...``: ``step`` + 1, counted from 0), where they all agree."""
+    head = (body.header or "").removeprefix("for ").split(" in ", 1)[0].strip()
+    seen = {s.counters.get(w, {}).get(head) for w in s.waiting()} if head.isidentifier() \
+        else {None}
+    return None if len(seen) != 1 or None in seen else int(seen.pop() or 0) + 1
 
 
 @dataclass(frozen=True)

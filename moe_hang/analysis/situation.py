@@ -31,8 +31,12 @@ class Situation:
     behind: bool = False
     # the stack each rank posted its last collective on the divergence's group from
     before: dict[int, list[Frame]] = field(default_factory=dict)
-    # the last seq each rank posted, per group (its counts)
+    # the last seq each rank posted, per group (its counts), and when it was posted
     enqueued: dict[int, dict[str, int]] = field(default_factory=dict)
+    posted_ns: dict[int, dict[str, int]] = field(default_factory=dict)
+    before_ns: dict[int, int] = field(default_factory=dict)  # when ``before`` was posted
+    # each rank's loop counters on its stack (``step``: 3), where py-spy read them
+    counters: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def all_frames(self) -> list[Frame]:
         return [f for fs in self.frames.values() for f in fs]
@@ -67,12 +71,14 @@ class Situation:
 
     def lacks_fsdp_reduce(self) -> bool:
         """The collective the culprits lack is FSDP's gradient reduction after a backward
-        (the waiting ranks' frames show it), where they all-gathered parameters instead (a
-        module's next backward, the next forward): their gradient sync was off there."""
+        (the waiting ranks' frames show it), where they all-gathered parameters instead,
+        inside their backward: their gradient sync was off there, or that module was not in
+        their forward."""
         waiting = [f for r in self.waiting() for f in self.frames.get(r, [])]
         mine = [f for r in self.culprits for f in self.frames.get(r, [])]
+        # inside a backward too: one in the next forward skipped this backward (a guard)
         return bool(self.culprits) and fsdp_reduce(waiting) and fsdp_unshard(mine) \
-            and not fsdp_reduce(mine)
+            and not fsdp_reduce(mine) and in_backward(mine)
 
 
 @dataclass

@@ -28,7 +28,33 @@ def test_a_rank_without_the_others_gradient_reduction_had_its_sync_off(
         "desync", [more], basis), d["summary"]
     fix = d["fix"]
     assert "dummy input" not in fix and "did not call" not in fix, fix
-    assert f"where rank {more} all-gathered parameters instead: FSDP reduces after a " \
-           "backward only where gradient sync is on" in fix, fix
-    assert f"rank {more} has more micro-batches this step" in fix, fix
+    assert f"where rank {more} all-gathered parameters in its backward instead: FSDP " \
+           "reduces a module's gradients only where gradient sync is on" in fix, fix
+    assert "more micro-batches this step" in fix and "or that module was not called" in fix
     assert "Give every rank the same number of micro-batches" in fix, fix
+
+
+def test_a_culprit_in_its_next_forward_is_not_said_to_have_had_sync_off():
+    """The others reduce after their backward; a rank that skipped its backward (a guard
+    before ``loss.backward()``) all-gathers in its next forward: nothing says its sync was off
+    (the review's counter-case)."""
+    from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind
+    from moe_hang.analysis.situation import Situation
+    from moe_hang.evidence.stacks import Frame
+
+    fsdp = "/x/site-packages/torch/distributed/fsdp/_fully_shard/"
+    reduce = [Frame(fsdp + "_fsdp_collectives.py", 619, "foreach_reduce"),
+              Frame(fsdp + "_fsdp_param_group.py", 688, "post_backward"),
+              Frame("/x/site-packages/torch/autograd/graph.py", 979, "_engine_run_backward"),
+              Frame("/job/train.py", 35, "<module>")]
+    forward = [Frame(fsdp + "_fsdp_collectives.py", 364, "foreach_all_gather"),
+               Frame(fsdp + "_fsdp_param_group.py", 407, "unshard"),
+               Frame(fsdp + "_fsdp_state.py", 230, "_pre_forward"),
+               Frame("/job/train.py", 33, "<module>")]
+    backward = [*forward[:2], Frame(fsdp + "_fsdp_param_group.py", 585, "pre_backward"),
+                *reduce[2:]]
+    div = Divergence(pg="0", seq=9, kind=MismatchKind.OP, members=[0, 1, 2],
+                     per_rank={0: None, 1: None, 2: None})
+    for mine, said in ((forward, False), (backward, True)):
+        s = Situation(div, [2], CulpritBasis.HISTORY, {}, {0: reduce, 1: reduce, 2: mine})
+        assert s.lacks_fsdp_reduce() is said

@@ -193,5 +193,34 @@ def test_stacks_alone_past_a_loop_name_the_guard_that_skips_a_pass(fixtures, tmp
     assert "one way past their collective within a pass (a rank that takes it posts fewer): " \
            "`if not torch.isfinite(loss): continue` (" in d["fix"], d["fix"]
     assert (d["fix_site"]["line"], d["fix_site_why"]) == (23, "the way past their collective")
-    # the majority names who deviated, not how: one more, paired silently, is said too
-    assert f"or rank {bad} posted one more that paired silently with theirs" in d["fix"]
+    # the majority names who deviated, not how: the others each posting one more, paired
+    # silently, would leave them in the loop as well
+    others = ", ".join(str(r) for r in range(3) if r != bad)
+    assert f"or ranks {others} each posted one more that paired silently with its" in d["fix"]
+
+
+def test_counts_posted_after_the_loop_say_nothing_of_its_passes(fixtures, tmp_path):
+    """A rank that ran fewer passes and then posted on tp and dp after the loop has their
+    counts: where its last collective on such a group came after its last on the
+    divergence's group, the counts are not the loop's (the review's counter-case)."""
+    from moe_hang.analysis.facts import desync_divs, facts, situation
+    from moe_hang.analysis.loops import as_many_passes, loop_left
+
+    f = facts(load_capture(_async_skip(fixtures, tmp_path, "async_skip_no_sites_7")))
+    g, b = desync_divs(f)[0]
+    s = situation(f, g.div, b.culprits, b.basis)
+    loop = loop_left(s, 7)
+    assert loop is not None and as_many_passes(s, loop) is not None
+    pg = next(p for p, t in s.posted_ns[7].items() if p != g.div.pg)
+    s.posted_ns[7] = {**s.posted_ns[7], pg: s.before_ns[7] + 1}
+    assert as_many_passes(s, loop) is None
+
+
+def test_a_test_every_rank_decides_alike_in_a_pass_is_no_way_past():
+    """``if step % ACCUM != ACCUM - 1:`` reads the loop's counter and constants: every rank
+    takes it alike in one pass, so it cannot make one rank post fewer."""
+    from moe_hang.analysis.loops import _alike_in_a_pass
+
+    assert _alike_in_a_pass("step % ACCUM != ACCUM - 1", {"step"})
+    assert not _alike_in_a_pass("not torch.isfinite(loss)", {"step"})
+    assert not _alike_in_a_pass("micro is None", {"step"})
