@@ -12,7 +12,9 @@ from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_lab
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
 from moe_hang.analysis.situation import Advice
-from moe_hang.evidence.calls import ROOTED_FUNCS
+from moe_hang.analysis.source import on_default_group
+from moe_hang.analysis.timeline import RankView
+from moe_hang.evidence.calls import ROOTED_FUNCS, RootedCall
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -29,13 +31,21 @@ def root_camps(f: Facts) -> dict[str, list[int]] | None:
                                               for k, c in v.stack.counters.items())))
              for v in inside.values()}
     if len(inside) < 2 or len({c.op for c in calls}) != 1 or len(groups) != 1 \
-            or len(spots) != 1 or (groups == {None} and not all(c.default_group
-                                                                 for c in calls)):
+            or len(spots) != 1 or (groups == {None} and not _default(f, inside, calls)):
         return None
     camps: dict[str, list[int]] = {}
     for r, c in zip(inside, calls, strict=True):
         camps.setdefault(f"{c.arg}={c.root}", []).append(r)
     return camps if len(camps) > 1 else None
+
+
+def _default(f: Facts, inside: dict[int, RankView], calls: list[RootedCall]) -> bool:
+    """Stacks alone: the call is on the default group — its ``group`` argument is None, or
+    the source shows the job's line passes no ``group=``."""
+    sites = {v.stack.callsite for v in inside.values()}
+    site = sites.pop() if len(sites) == 1 else None
+    return all(c.default_group for c in calls) or (
+        site is not None and on_default_group(f.views.source, site.file, site.line) is True)
 
 
 def roots_differ(f: Facts) -> Conclusion:

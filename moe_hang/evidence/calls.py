@@ -93,6 +93,7 @@ def pyspy_root(raw: list[dict[str, Any]]) -> RootedCall | None:
         group = values.get("group")
         for name in (arg, f"group_{arg}"):
             if values.get(name, "").isdigit():
+                # a group object's repr does not say which (the default one's too)
                 return RootedCall(str(f["name"]), int(values[name]), name,
-                                  None if group is None else group == "None")
+                                  True if group == "None" else None)
     return None

@@ -3,7 +3,9 @@ job (fixtures/best_src_jobs/best_src.py, 3 ranks under ``moe-hang watch``, both 
 after each epoch the best config is broadcast with ``broadcast_object_list(cfg, src=best)``,
 ``best`` computed on each rank from its own copy of the scores; at epoch 2 one rank's copy is
 stale. Every rank waits in the broadcast, the recorders' entries all match (they keep no
-root). Was: "waiting 10 s on rank 0 in broadcast default_pg#8; ..." and watch waited."""
+root); ``moe-hang diagnose`` of a plain launch (stacks alone: the source shows the call on
+the default group). Was: "waiting 10 s on rank 0 in broadcast default_pg#8; ..." and
+watch waited."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def _run(fixtures, tmp_path, name):
                      str(fixtures / "best_src_jobs"))
 
 
-@pytest.mark.parametrize("name, odd", [("best_src_1", 1), ("best_src_0", 0)])
+@pytest.mark.parametrize("name, odd", [("best_src_1", 1), ("best_src_0", 0),
+                                       ("best_src_stacks_1", 1)])
 def test_ranks_naming_another_root_are_a_desync(fixtures, tmp_path, name, odd):
     d = diagnose(load_capture(_run(fixtures, tmp_path, name))).to_dict()
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"], d["rule_id"]) == (
@@ -51,7 +54,7 @@ def test_ranks_of_different_groups_may_name_different_roots(fixtures, tmp_path):
 
 def test_the_root_is_the_outermost_call_that_shows_one():
     """``broadcast_object_list(src=0)`` passes its inner ``broadcast`` ``src=None`` and a
-    ``group_src``: the call the job made is read; a subgroup's call says so."""
+    ``group_src``: the call the job made is read; a group object says not which group."""
     raw = [{"name": "broadcast", "filename": C10D, "locals": [
                {"name": "src", "repr": "None"}, {"name": "group_src", "repr": "0"}]},
            {"name": "broadcast_object_list", "filename": C10D, "locals": [
@@ -60,3 +63,5 @@ def test_the_root_is_the_outermost_call_that_shows_one():
     assert pyspy_root(raw) == RootedCall("broadcast_object_list", 0, "src", True)
     raw[1]["locals"] = [{"name": "group", "repr": "<ProcessGroup at 0x7f>"}]
     assert pyspy_root(raw) == RootedCall("broadcast", 0, "group_src", None)
+    raw[0]["locals"].append({"name": "group", "repr": "<ProcessGroup at 0x7e>"})
+    assert pyspy_root(raw) == RootedCall("broadcast", 0, "group_src", None)  # which, unknown
