@@ -26,7 +26,7 @@ from moe_hang.analysis.ras.reading import RasReading, read_ras
 from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.situation import Situation
 from moe_hang.analysis.threads import ThreadRace, thread_race
-from moe_hang.analysis.timeline import RankViews
+from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, RankEvidence
@@ -185,7 +185,8 @@ def facts(ev: Evidence) -> Facts:
     bad_exit = [r for r in exited if r not in clean]
     alive = [r for r in views if r not in exited]
     moving = [r for r in alive if views[r].ev.progressed or r in counted or views[r].moved
-              or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)]
+              or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)
+              or _helper_working(views[r])]
     waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
                and r not in moving]
     killed = [r for r in bad_exit if r not in root and (
@@ -261,6 +262,15 @@ def stuck_shown(f: Facts) -> bool:
         return True
     return bool(f.waiting) and all(
         (j := f.activity.get(r)) is not None and j.motion == Motion.STUCK for r in f.waiting)
+
+
+def _helper_working(v: RankView) -> bool:
+    """Outside every collective, a rank whose own child process (a DataLoader worker) was
+    on CPU at the job's own code when sampled is waiting on work in progress — on a loaded
+    machine its CPU time over a short window may say too little of it (a helper off CPU
+    there is the one it waits on, stuck: waiting._stuck_helper)."""
+    return v.state != RankState.IN_COLLECTIVE and any(
+        h.busy is True and h.site is not None for h in v.ev.helpers)
 
 
 def situation(f: Facts, div: Divergence, culprits: list[int],

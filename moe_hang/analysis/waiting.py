@@ -187,9 +187,13 @@ def finishing(f: Facts) -> Conclusion:
 
 def straggler(f: Facts) -> Conclusion:
     culprits = sorted(f.moving)
+    # a rank idle on its own helper's work: where that work was seen
+    through = "".join(f" (rank {r} through its {h.kind}, pid {h.pid}, at {site_str(h.site)})"
+                      for r in culprits if f.views[r].state != RankState.COMPUTING
+                      for h in f.views[r].ev.helpers[:1] if h.busy and h.site is not None)
     return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
-                      f"still computing while {who(f.waiting)} "
+                      f"still computing{through} while {who(f.waiting)} "
                       f"wait{'s' if len(f.waiting) == 1 else ''} in a collective: slow, not "
                       "deadlocked.",
                       Advice("Not a deadlock: a rank is still computing while the others wait. "
