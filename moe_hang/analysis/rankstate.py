@@ -173,6 +173,12 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
             state, moved = RankState.COMPUTING, True  # the fresher source wins (§8.1)
         elif state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
+            waiting = _waits_async(ev, sv, facts)
+            if waiting is not None and waiting.waited_at is not None and not current.frames \
+                    and waiting.op == current.op:
+                # a recorder without call sites: its line is where the source shows the
+                # handle it waits on was posted, not the wait's
+                sv = waiting
         elif (waiting := _waits_async(ev, sv, facts)) is not None:
             state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
     elif current is not None:
