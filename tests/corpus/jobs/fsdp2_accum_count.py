@@ -13,11 +13,11 @@ from torch.distributed.fsdp import fully_shard
 rank, world = init()
 long_rank = role("CULPRIT_RANK", 2)
 torch.manual_seed(0)
-model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(3)],
-                      nn.Linear(32, 1))
-for block in model[:3]:
+blocks = [nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(3)]
+model = nn.Sequential(*blocks, nn.Linear(32, 1))
+for block in blocks:
     fully_shard(block)
-fully_shard(model)
+sharded = fully_shard(model)  # the same module, typed as FSDP's
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
@@ -33,7 +33,7 @@ for step in range(4):
         mark("hang")
     packs = micro_batches(step)
     for i, x_BD in enumerate(packs):
-        model.set_requires_gradient_sync(i == len(packs) - 1)
+        sharded.set_requires_gradient_sync(i == len(packs) - 1)
         loss = model(x_BD).square().mean() / len(packs)
         loss.backward()  # corpus: backward
     opt.step()
