@@ -31,7 +31,7 @@ from moe_hang.analysis.waitfor import Edge, cycles, edges
 from moe_hang.evidence.errors import is_consequence, is_mismatch_report
 from moe_hang.evidence.model import Evidence, RankError, RankEvidence
 from moe_hang.evidence.probe_records import said_exiting
-from moe_hang.evidence.stacks import callsite, is_library_frame
+from moe_hang.evidence.stacks import Helper, callsite, is_library_frame
 from moe_hang.evidence.vocab import JobState, RankState
 
 # Killed from outside: the OOM killer, an operator, a node agent (SIGTERM is torchrun's own
@@ -186,7 +186,8 @@ def facts(ev: Evidence) -> Facts:
     alive = [r for r in views if r not in exited]
     moving = [r for r in alive if views[r].ev.progressed or r in counted or views[r].moved
               or (views[r].state == RankState.COMPUTING and views[r].ev.progressed is not False)
-              or _helper_working(views[r])]
+              or (views[r].state != RankState.IN_COLLECTIVE
+                  and working_helper(views[r]) is not None)]
     waiting = [r for r in alive if views[r].state in (RankState.IN_COLLECTIVE, RankState.IDLE)
                and r not in moving]
     killed = [r for r in bad_exit if r not in root and (
@@ -264,13 +265,12 @@ def stuck_shown(f: Facts) -> bool:
         (j := f.activity.get(r)) is not None and j.motion == Motion.STUCK for r in f.waiting)
 
 
-def _helper_working(v: RankView) -> bool:
-    """Outside every collective, a rank whose own child process (a DataLoader worker) was
-    on CPU at the job's own code when sampled is waiting on work in progress — on a loaded
-    machine its CPU time over a short window may say too little of it (a helper off CPU
-    there is the one it waits on, stuck: waiting._stuck_helper)."""
-    return v.state != RankState.IN_COLLECTIVE and any(
-        h.busy is True and h.site is not None for h in v.ev.helpers)
+def working_helper(v: RankView) -> Helper | None:
+    """A rank's own child process (a DataLoader worker) on CPU at the job's own code when
+    sampled: work in progress the rank waits on — on a loaded machine its CPU time over a
+    short window may say too little of it (a helper off CPU there is the one it waits on,
+    stuck: waiting._stuck_helper)."""
+    return next((h for h in v.ev.helpers if h.busy is True and h.site is not None), None)
 
 
 def situation(f: Facts, div: Divergence, culprits: list[int],

@@ -19,10 +19,15 @@ _MAKERS = ("init_process_group", "new_group", "new_subgroups", "init_device_mesh
            "_new_process_group_helper")
 
 
+def _makers(frames: list[Frame]) -> list[str]:
+    """The torch functions making a group that this stack (innermost first) is inside."""
+    return [f.function for f in frames if f.function in _MAKERS
+            and "torch/distributed/" in f.file.replace("\\", "/")]
+
+
 def making_group(frames: list[Frame]) -> str | None:
-    """The torch function making a group that this stack (innermost first) is inside."""
-    return next((f.function for f in frames if f.function in _MAKERS
-                 and "torch/distributed/" in f.file.replace("\\", "/")), None)
+    """The innermost torch function making a group that this stack is inside."""
+    return next(iter(_makers(frames)), None)
 
 
 def all_joining(f: Facts) -> bool:
@@ -35,8 +40,7 @@ def stuck_joining(f: Facts) -> Conclusion:
     ranks = sorted(f.alive)  # all of them: the rule holds only where all_joining does
     views = [f.views[r] for r in ranks]
     # the outermost torch function making it (init_process_group, not its helper)
-    made = {next(x.function for x in reversed(v.stack.frames) if x.function in _MAKERS)
-            for v in views}
+    made = {_makers(v.stack.frames)[-1] for v in views}
     what = made.pop() if len(made) == 1 else "a process group's creation"
     sites = {user for v in views if (user := _user_line(v.stack.frames)) is not None}
     at = f" at {site_str(sites.pop())}" if len(sites) == 1 else ""

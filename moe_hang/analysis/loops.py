@@ -142,12 +142,17 @@ def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
             and not _alike_in_a_pass(g.test, names)]
 
 
+def _targets(header: str | None) -> list[str]:
+    """A ``for`` header's target names (``for step, (x, y) in ...``: step, x, y)."""
+    target = (header or "").removeprefix("for ").split(" in ", 1)[0]
+    return [n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()]
+
+
 def _loop_names(s: Situation, loop: Frame) -> set[str]:
     """The loop's own target names (``for step, batch in ...``: step, batch)."""
     lf = s.src.line(loop.file, loop.line)
-    head = next((st.header for st in lf.path if st.line == loop.line), None) if lf else None
-    target = (head or "").removeprefix("for ").split(" in ", 1)[0]
-    return {n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()}
+    return set(_targets(next((st.header for st in lf.path if st.line == loop.line), None)
+                        if lf else None))
 
 
 def _alike_in_a_pass(test: str, counters: set[str]) -> bool:
@@ -188,11 +193,11 @@ def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
                     and (lf := s.src.line(loop.file, ln)) is not None
                     and lf.default_group is elsewhere
                     and every_pass(s.src, Frame(loop.file, ln, loop.function), at)), None)
+    if through is None:
+        return None
     # the passes begun, by the loop's counter; where no stack shows it, a group used once
     # (at start-up, a side group) says nothing of passes: at least two
     passes = _passes(s, body) or 2
-    if through is None:
-        return None
     compared = 0
     for c in s.culprits:
         since = s.before_ns.get(c)
@@ -213,8 +218,8 @@ def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
 def _passes(s: Situation, body: Step) -> int | None:
     """The passes of the loop the waiting ranks have begun, by its counter on their stacks
     (``for step in ...``: ``step`` + 1, counted from 0), where they all agree."""
-    head = (body.header or "").removeprefix("for ").split(" in ", 1)[0].strip()
-    seen = {s.counters.get(w, {}).get(head) for w in s.waiting()} if head.isidentifier() \
+    names = _targets(body.header)
+    seen = {s.counters.get(w, {}).get(names[0]) for w in s.waiting()} if len(names) == 1 \
         else {None}
     return None if len(seen) != 1 or None in seen else int(seen.pop() or 0) + 1
 

@@ -24,8 +24,8 @@ def root_camps(f: Facts) -> dict[str, list[int]] | None:
     the default group), one position and one pass by their loop counters (an object
     broadcast posts two collectives: its ranks may be one apart) — and name more than one
     root; else None."""
-    inside = {r: v for r in sorted(f.alive) if (v := f.views[r]).stack.root is not None}
-    calls = [v.stack.root for v in inside.values() if v.stack.root is not None]
+    rooted = {r: c for r in sorted(f.alive) if (c := f.views[r].stack.root) is not None}
+    inside, calls = {r: f.views[r] for r in rooted}, list(rooted.values())
     groups = {v.current.pg if v.current is not None else None for v in inside.values()}
     spots = {(tuple(v.position), tuple(sorted((k.line, tuple(sorted(c.items())))
                                               for k, c in v.stack.counters.items())))

@@ -17,7 +17,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import error_text, site_str, waits_text
-from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.facts import Facts, working_helper
 from moe_hang.analysis.loops import loop_at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Frame, Helper, callsite, idle_in_backward, thread_number
@@ -190,7 +190,7 @@ def straggler(f: Facts) -> Conclusion:
     # a rank idle on its own helper's work: where that work was seen
     through = "".join(f" (rank {r} through its {h.kind}, pid {h.pid}, at {site_str(h.site)})"
                       for r in culprits if f.views[r].state != RankState.COMPUTING
-                      for h in f.views[r].ev.helpers[:1] if h.busy and h.site is not None)
+                      and (h := working_helper(f.views[r])) is not None)
     return Conclusion(Verdict.STRAGGLER, culprits, CulpritBasis.WAITED_FOR, Certainty.UNCERTAIN,
                       f"{who(culprits).capitalize()} {'is' if len(culprits) == 1 else 'are'} "
                       f"still computing{through} while {who(f.waiting)} "

@@ -332,11 +332,11 @@ def load_captures(roots: list[Path]) -> Evidence:
     size_abort = next((a for a in aborts if a.received is not None), aborts[0] if aborts else None)
     # torchrun restarts each node's agent alike: the most restarts any saw, with every
     # node's ranks' records of that attempt
-    counts = [p.restarts.count for p in parts if p.restarts is not None]
-    restarts = Restarts(max(counts), {r: e for p in parts if p.restarts is not None
-                                      and p.restarts.count == max(counts)
-                                      for r, e in p.restarts.errors.items()}) \
-        if counts else None
+    most = max((p.restarts.count for p in parts if p.restarts is not None), default=None)
+    restarts = Restarts(most, {r: e for p in parts if p.restarts is not None
+                               and p.restarts.count == most
+                               for r, e in p.restarts.errors.items()}) \
+        if most is not None else None
     out = Evidence(ranks=ranks, world_size=max(worlds) if worlds else None, job=job,
                    agent_exit_code=agent, root_cause_rank=root_cause, log_lines=lines,
                    artifacts=", ".join(str(r) for r in roots), size_abort=size_abort,
