@@ -13,6 +13,7 @@ from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, 
 from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
+    advise_passes,
     loop_left,
     stayed,
     ways_out,
@@ -40,6 +41,8 @@ from moe_hang.evidence.vocab import agree, who
 
 
 def advise_size(s: Situation) -> Advice:
+    if (passes := advise_passes(s)) is not None:
+        return passes  # two collectives of two passes met at one seq, not two shapes
     lines = {(c.callsite.file, c.callsite.line) for c in s.div.per_rank.values()
              if c is not None and c.callsite is not None}
     if len(lines) > 1 and s.culprits and \
@@ -178,6 +181,8 @@ def advise_order(s: Situation) -> Advice:
             "output does not depend on that function's input, so autograd skips it. Tie the "
             "output to the input (a gradient anchor) so every rank runs the same backward.",
             "y = y + x.sum() * 0  # gradient anchor: keeps x's backward in every rank's graph")
+    if (passes := advise_passes(s)) is not None:
+        return passes
     if s.block is not None and s.block.decided == EXTRA:
         return _advise_extra(s, s.block)
     if s.culprits and s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) \

@@ -35,11 +35,12 @@ from moe_hang.analysis.rate import rate_vote
 from moe_hang.analysis.source import (
     excludes_ranks,
     path_condition,
+    periodic_gate,
     taken_only_by,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.stacks import Frame, is_library_frame
+from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
 from moe_hang.evidence.vocab import StrEnum
 
 
@@ -123,7 +124,7 @@ def history(r: Reading, ctx: Context) -> bool | None:
     if CulpritBasis.HISTORY in r.given:
         return None
     p = ctx.program
-    if r.edit == Edit.BEHIND:
+    if r.edit == Edit.BEHIND or _due_later(r, ctx):
         return None
     regular = [p.regular(c) for c in r.block] if r.realigned else []
     # every collective of the block regular (True) or never seen in a step (False)
@@ -154,6 +155,18 @@ def history(r: Reading, ctx: Context) -> bool | None:
         # one collective, two shapes: the side that kept the shape it always had is right
         return _kept(p.keeps_shape(r.theirs), p.keeps_shape(r.mine))
     return None
+
+
+def _due_later(r: Reading, ctx: Context) -> bool:
+    """A collective of the reading that no agreed step posted, from a line under a test
+    every rank decides alike in a pass on the loop's counter (``if step % 4 == 0:``): it
+    comes due only at some passes, which the agreed steps need not have reached — what they
+    always did says nothing of it (the ranks that disagree on it are in different passes)."""
+    return any(
+        c is not None and ctx.program.regular(c) is False
+        and (site := callsite(list(c.frames))) is not None
+        and periodic_gate(ctx.views.source, site.file, site.line) is not None
+        for c in (*r.block, *(r.mines or (r.mine,)), r.theirs))
 
 
 def _kept(theirs: bool | None, mine: bool | None) -> bool | None:

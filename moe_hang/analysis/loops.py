@@ -4,7 +4,6 @@ one the others have left (one more pass, or the collective after it skipped) —
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import CulpritBasis, pg_label
@@ -17,12 +16,16 @@ from moe_hang.analysis.situation import (
     grad_hook,
 )
 from moe_hang.analysis.source import (
+    alike_in_a_pass,
     branch_call,
     common_loop,
     excludes_ranks,
     gates,
     in_loop,
     left_loop,
+    loop_step,
+    loop_targets,
+    periodic_gate,
     rank_condition,
     taken_only_by,
 )
@@ -114,6 +117,38 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
                   else "the way past their collective")
 
 
+def advise_passes(s: Situation) -> Advice | None:
+    """The ranks at the divergence are at two lines of one loop, one of them reached only by
+    tests every rank decides alike in a pass on the loop's counter (``if step % 4 == 0:``)
+    and the other not behind that test: whatever the ranks' data, they are out of step —
+    they ran different numbers of passes up to here, or number them differently (a loop
+    begun at another step: a start read from each rank's own state). None where not so."""
+    sites = {r: f for r in sorted(s.div.per_rank) if (f := s.site(r)) is not None}
+    lines = sorted(set(sites.values()), key=lambda f: (f.file, f.line))
+    if len(lines) != 2 or len(sites) != len(s.div.per_rank):
+        return None
+    for due, other in (lines, lines[::-1]):
+        g = periodic_gate(s.src, due.file, due.line)
+        body = loop_step(s.src, due.file, due.line, other.line)
+        if g is None or body is None or g in gates(s.src, other.file, other.line) \
+                or (due.file, due.function) != (other.file, other.function):
+            continue
+        there = [r for r, f in sites.items() if f == due]
+        rest = [r for r in sites if r not in there]
+        head = Frame(due.file, body.line, due.function)
+        return Advice(
+            f"The ranks are out of step in the loop at {loop_at(head)} "
+            f"(`{body.header}`): give every rank the same start and number of passes "
+            f"(decide them on one rank, broadcast them). {who(there).capitalize()} posted at "
+            f"{at_line(due)} under `if {g.test}:` ({short_path(due.file)}:{g.line}), a test "
+            f"on the loop's counter every rank decides alike in a pass; {who(rest)} posted "
+            f"at {at_line(other)}, outside it: the ranks ran different numbers of passes up "
+            "to here, or number them differently (a start read from a rank's own state: a "
+            "checkpoint, a data position).",
+            site=head, site_why="the loop whose passes differ")
+    return None
+
+
 def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
     """The ways past the waiting ranks' collective within one pass of ``loop`` that the
     source shows, each with its frame: the gates of their line inside the loop's body (a
@@ -139,32 +174,14 @@ def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
     # not the loop's own ways out (said as such), nor a raise (a rank past it is alive), nor
     # a test every rank decides alike in a pass (``if step % ACCUM:``: its counter, constants)
     return [(f, g) for f, g in out if g.how not in ("break", "return", "raise")
-            and not _alike_in_a_pass(g.test, names)]
-
-
-def _targets(header: str | None) -> list[str]:
-    """A ``for`` header's target names (``for step, (x, y) in ...``: step, x, y)."""
-    target = (header or "").removeprefix("for ").split(" in ", 1)[0]
-    return [n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()]
+            and not alike_in_a_pass(g.test, names)]
 
 
 def _loop_names(s: Situation, loop: Frame) -> set[str]:
     """The loop's own target names (``for step, batch in ...``: step, batch)."""
     lf = s.src.line(loop.file, loop.line)
-    return set(_targets(next((st.header for st in lf.path if st.line == loop.line), None)
+    return set(loop_targets(next((st.header for st in lf.path if st.line == loop.line), None)
                         if lf else None))
-
-
-def _alike_in_a_pass(test: str, counters: set[str]) -> bool:
-    """A test that reads only the loop's counters, constants (``ACCUM``) and literals: the
-    same on every rank in one pass."""
-    try:
-        tree = ast.parse(test, mode="eval")
-    except SyntaxError:
-        return False
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    calls = any(isinstance(n, ast.Call | ast.Attribute | ast.Subscript) for n in ast.walk(tree))
-    return not calls and all(n in counters or n.isupper() for n in names)
 
 
 def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
@@ -218,7 +235,7 @@ def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
 def _passes(s: Situation, body: Step) -> int | None:
     """The passes of the loop the waiting ranks have begun, by its counter on their stacks
     (``for step in ...``: ``step`` + 1, counted from 0), where they all agree."""
-    names = _targets(body.header)
+    names = loop_targets(body.header)
     seen = {s.counters.get(w, {}).get(names[0]) for w in s.waiting()} if len(names) == 1 \
         else {None}
     return None if len(seen) != 1 or None in seen else int(seen.pop() or 0) + 1

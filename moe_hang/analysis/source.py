@@ -335,3 +335,38 @@ def branch_call(src: SourceFacts, at: Frame) -> Frame | None:
              and (lf := src.line(at.file, ln)) is not None and lf.default_group is True
              and (lf.rank_condition is not None or any(g.line > body.line for g in lf.gates))]
     return Frame(at.file, found[0], at.function) if len(found) == 1 else None
+
+
+def loop_targets(header: str | None) -> list[str]:
+    """A ``for`` header's target names (``for step, (x, y) in ...``: step, x, y)."""
+    target = (header or "").removeprefix("for ").split(" in ", 1)[0]
+    return [n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()]
+
+
+def alike_in_a_pass(test: str, counters: Iterable[str]) -> bool:
+    """A test that reads only the loop's counters, constants (``ACCUM``) and literals: the
+    same on every rank in one pass."""
+    try:
+        tree = ast.parse(test, mode="eval")
+    except SyntaxError:
+        return False
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    calls = any(isinstance(n, ast.Call | ast.Attribute | ast.Subscript) for n in ast.walk(tree))
+    return not calls and all(n in counters or n.isupper() for n in names)
+
+
+def periodic_gate(src: SourceFacts, path: str, line: int) -> Gate | None:
+    """The ``if`` around ``line`` (or a guard before it) whose test reads a counter of a
+    loop around it and otherwise only constants (``if step % 4 == 0:``), where every gate on
+    the way is alike in a pass: every rank decides whether it gets there alike in one pass,
+    so a collective there comes due only at some passes — ranks that disagree on it are in
+    different passes. None where the source shows none, or a gate tests the rank's data."""
+    lf = src.line(path, line)
+    if lf is None or lf.rank_condition is not None:  # a constant may be the rank's own
+        return None
+    counters = {n for st in lf.path if st.kind == "For" for n in loop_targets(st.header)}
+    if not all(alike_in_a_pass(g.test, counters) for g in lf.gates):
+        return None
+    return next((g for g in lf.gates if any(isinstance(n, ast.Name) and n.id in counters
+                                            for n in ast.walk(ast.parse(g.test, mode="eval")))),
+                None)

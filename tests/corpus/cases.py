@@ -740,6 +740,16 @@ CASES: tuple[Case, ...] = (
               "validation shard improved) after the stats all-reduce; the others are in the "
               "next step's inner loop over the parameters, a pass on: not a loop it left, "
               "the branch its data took"),
+    Case("resume_step_skew", "resume_step_skew.py", 3, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "backward", "divergence"), at(others(C, 3), "eval", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("its own data",),
+         fix_require=("out of step in the loop", "`if step % 4 == 0:`"),
+         basis=frozenset({"majority"}),
+         note="written for the occasion: rank C resumed from a stale step, its loop a step "
+              "ahead of the others' numbering; the others' evaluation all-reduce under "
+              "`if step % 4 == 0:` meets its bucket all-reduce (was: the others blamed by "
+              "history, a periodic collective the recorded steps had not reached)"),
     Case("early_stop_rank", "early_stop_rank.py", 3, DESYNC,
          env=culprit_env(0), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "rank+divergence"),

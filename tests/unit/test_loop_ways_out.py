@@ -219,8 +219,8 @@ def test_counts_posted_after_the_loop_say_nothing_of_its_passes(fixtures, tmp_pa
 def test_a_test_every_rank_decides_alike_in_a_pass_is_no_way_past():
     """``if step % ACCUM != ACCUM - 1:`` reads the loop's counter and constants: every rank
     takes it alike in one pass, so it cannot make one rank post fewer."""
-    from moe_hang.analysis.loops import _alike_in_a_pass
+    from moe_hang.analysis.source import alike_in_a_pass
 
-    assert _alike_in_a_pass("step % ACCUM != ACCUM - 1", {"step"})
-    assert not _alike_in_a_pass("not torch.isfinite(loss)", {"step"})
-    assert not _alike_in_a_pass("micro is None", {"step"})
+    assert alike_in_a_pass("step % ACCUM != ACCUM - 1", {"step"})
+    assert not alike_in_a_pass("not torch.isfinite(loss)", {"step"})
+    assert not alike_in_a_pass("micro is None", {"step"})
