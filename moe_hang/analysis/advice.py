@@ -9,7 +9,16 @@ from collections.abc import Callable
 from moe_hang.analysis.blocks import EXTRA, Block
 from moe_hang.analysis.diagnosis import CulpritBasis, MismatchKind, RankCollective, fmt_shape
 from moe_hang.analysis.frames import fsdp_unshard, uses_dtensor_gather
-from moe_hang.analysis.gates import advise_gate, advise_gate_taken, gate_taken, gates_passed
+from moe_hang.analysis.fsdp_advice import advise_behind, advise_fsdp_sync
+from moe_hang.analysis.gates import (
+    advise_gate,
+    advise_gate_taken,
+    gate_taken,
+    gates_a_pass_on,
+    gates_passed,
+    in_step,
+    one_line,
+)
 from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
@@ -36,7 +45,7 @@ from moe_hang.analysis.source import (
     taken_only_by,
 )
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, is_library_frame, short_path
+from moe_hang.evidence.stacks import Frame, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -194,9 +203,9 @@ def advise_order(s: Situation) -> Advice:
         return _advise_branch(s, taken,
                               path_condition_site(s.src, s.frames.get(s.culprits[0], [])))
     if s.lacks_fsdp_reduce():
-        return _advise_fsdp_sync(s)
+        return advise_fsdp_sync(s)
     if s.lacks_fsdp_unshard() and s.behind and s.basis == CulpritBasis.MAJORITY:
-        return _advise_behind(s)
+        return advise_behind(s)
     if s.lacks_fsdp_unshard():
         called = s.waited_site()
         loop = enclosing_loop(s.src, called.file, called.line) if called is not None else None
@@ -259,11 +268,16 @@ def advise_order(s: Situation) -> Advice:
         # count; without one, the order advice says what the stacks show
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
-            and len(s.culprits) == 1 and _in_step(s) \
-            and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
-        # in step up to the collective before (one line for all): the culprit's path from
-        # there took the branch its own is in, the others' did not
-        return advise_gate_taken(s, culprit, now_at, missed_at, g)
+            and one_line(s, now_at) and in_step(s) \
+            and (g := gate_taken(s, now_at, missed_at)) is not None:
+        # in step up to the collective before (one line for all): the culprits' path from
+        # there took the branch theirs is in, the others' did not
+        return advise_gate_taken(s, now_at, missed_at, g)
+    if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
+            and not s.before.get(culprit) \
+            and (a_pass_on := gates_a_pass_on(s, culprit, missed_at, now_at))[0]:
+        # stacks alone, a pass on: it went through the others' line in their pass
+        return advise_gate(s, culprit, missed_at, *a_pass_on)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "
@@ -275,10 +289,10 @@ def advise_order(s: Situation) -> Advice:
     if (inside := stayed(s)) is not None:
         return advise_loop_stayed(s, inside, now, missed)
     if now_at is not None and missed_at is not None and s.basis == CulpritBasis.HISTORY \
-            and len(s.culprits) == 1 \
-            and (g := gate_taken(s, culprit, now_at, missed_at)) is not None:
-        # its collective broke what every step posted, inside a branch the others' is not
-        return advise_gate_taken(s, culprit, now_at, missed_at, g)
+            and one_line(s, now_at) \
+            and (g := gate_taken(s, now_at, missed_at)) is not None:
+        # their collective broke what every step posted, inside a branch the others' is not
+        return advise_gate_taken(s, now_at, missed_at, g)
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell
@@ -304,52 +318,6 @@ def advise_order(s: Situation) -> Advice:
     return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
-
-
-def _advise_fsdp_sync(s: Situation) -> Advice:
-    """The culprits all-gathered parameters in their backward where the others reduced
-    gradients: their sync was off there, or the module was not in their forward."""
-    me, others, called = who(s.culprits), who(s.waiting()), s.waited_site()
-    return Advice(
-        f"{others.capitalize()} reduced gradients (after the backward at {at_line(called)}) "
-        f"where {me} all-gathered parameters in {agree(s.culprits, 'its', 'their')} "
-        "backward instead: FSDP reduces a module's gradients only where gradient sync is on "
-        "(`set_requires_gradient_sync`, `no_sync`) and the module ran in the forward. So on "
-        f"{me} sync was off — a micro-batch not {agree(s.culprits, 'its', 'their')} last "
-        f"while it was theirs: more micro-batches this step (a count from its own data: "
-        "packing by tokens, a ragged last batch) or sync on another one — or that module "
-        "was not called. Give every rank the same number of micro-batches (all-reduce the "
-        "count with MAX first, pad with empty ones) with sync on the same one, and call the "
-        "same modules on every rank.")
-
-
-def _in_step(s: Situation) -> bool:
-    """Every rank posted its collective before the divergence on its group from one line (by
-    the same calls): they were in step there."""
-    ranks = [*s.culprits, *s.waiting()]
-    paths = [tuple(f for f in s.before.get(r, []) if not is_library_frame(f)) for r in ranks]
-    return bool(paths) and all(paths) and len(set(paths)) == 1
-
-
-def _advise_behind(s: Situation) -> Advice:
-    """The culprits are still at an earlier line of the iteration than the module call the
-    others are in: they never got to it, so nothing there was skipped. The others completed
-    the collective the culprits wait in with another of theirs of the same size (gloo pairs
-    equal sizes silently): the culprits posted one more before it."""
-    culprit = s.culprits[0]
-    rep = s.reports.get(culprit)
-    now = at_line(rep.callsite) if rep is not None and rep.callsite is not None \
-        else collective_of_ranks(s, [culprit])
-    op = rep.collective.op if rep is not None and rep.collective is not None else "collective"
-    called = s.waited_site()
-    there = f" (at {at_line(called)}, a module's FSDP all-gather)" if called else ""
-    return Advice(f"{who(s.culprits).capitalize()} {agree(s.culprits, 'is', 'are')} still in "
-                  f"the {op} at {now}, which {who(s.waiting())} went past{there}: they "
-                  f"completed theirs with another of {who(s.culprits)}'s collectives of the "
-                  "same size (gloo pairs equal sizes silently), so "
-                  f"{who(s.culprits)} posted one more before it than they did (a rank-only "
-                  "extra: a logging all-reduce, an evaluation). Post the same collectives on "
-                  "every rank; `moe-hang watch` (Flight Recorder) shows which one.")
 
 
 def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:

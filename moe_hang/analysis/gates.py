@@ -8,7 +8,7 @@ that is the branch the culprit took and the others did not. Pure."""
 from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
-from moe_hang.analysis.source import gates, loop_step, rank_condition
+from moe_hang.analysis.source import gates, loop_step, loop_targets, rank_condition
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.source import Gate, SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
@@ -96,13 +96,13 @@ def gate_code(g: Gate) -> str:
     return f"`if {g.test}: {g.how}`"
 
 
-def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Frame, Gate]]
-                ) -> Advice:
-    """The branch that let ``culprit`` past the collective the others posted at ``missed``."""
-    prev = callsite(s.before[culprit])
+def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Frame, Gate]],
+                last: str | None = None) -> Advice:
+    """The branch that let ``culprit`` past the collective the others posted at ``missed``
+    (``last``: what the ways are counted from, where not its last collective)."""
     op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
     head = f"{who([culprit]).capitalize()} skipped the {op or 'collective'} at {at_line(missed)}"
-    last = f"(counted from its last collective, at {at_line(prev)})"
+    last = last or f"(counted from its last collective, at {at_line(callsite(s.before[culprit]))})"
     me, others = who([culprit]), who(s.waiting())
     if len(found) == 1:
         f, g = found[0]
@@ -122,8 +122,8 @@ def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Fra
         "those branches alike on every rank.")
 
 
-def gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame) -> Gate | None:
-    """The ``if`` (or its ``else``) the culprit's own collective sits in and the others'
+def gate_taken(s: Situation, now: Frame, missed: Frame) -> Gate | None:
+    """The ``if`` (or its ``else``) the culprits' own collective sits in and the others'
     does not, in the function both were posted from: where the culprit's collective is the
     extra, the branch its data took (``if overflow(g): all_reduce(flag)``). None where a
     rank condition decides it (that advice says it) or the source shows none."""
@@ -135,15 +135,50 @@ def gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame) -> Gate | 
                  if g.how in ("if", "else") and g not in theirs), None)
 
 
-def advise_gate_taken(s: Situation, culprit: int, now: Frame, missed: Frame, g: Gate
-                      ) -> Advice:
-    me, others = who([culprit]), who(s.waiting())
+def gates_a_pass_on(s: Situation, culprit: int, missed: Frame, now: Frame
+                    ) -> tuple[list[tuple[Frame, Gate]], str]:
+    """Stacks alone: the culprit at ``now`` is a pass on in the innermost loop holding both
+    lines (its counter one more than every waiting rank's, py-spy's), so it went through the
+    others' line at ``missed`` in their pass without posting there: the gates of that line
+    inside the loop are its ways past. Empty where the counters do not say so, the lines are
+    in different functions, or a rank condition decides it (that advice says it)."""
+    body = loop_step(s.src, missed.file, missed.line, now.line)
+    names = loop_targets(body.header) if body is not None else []
+    if body is None or len(names) != 1 or (missed.file, missed.function) != (
+            now.file, now.function) or rank_condition(s.src, missed.file, missed.line):
+        return [], ""
+    mine = s.counters.get(culprit, {}).get(names[0])
+    theirs = {s.counters.get(w, {}).get(names[0]) for w in s.waiting()}
+    if mine is None or len(theirs) != 1 or (n := theirs.pop()) is None or mine != n + 1:
+        return [], ""
+    return ([(missed, g) for g in gates(s.src, missed.file, missed.line) if g.line > body.line],
+            f"(a pass on: its `{names[0]}` is {mine}, theirs {n})")
+
+
+def one_line(s: Situation, at: Frame) -> bool:
+    """Every culprit posted its collective from ``at``."""
+    return all(s.site(r) == at for r in s.culprits)
+
+
+def in_step(s: Situation) -> bool:
+    """Every rank posted its collective before the divergence on its group from one line (by
+    the same calls): they were in step there."""
+    ranks = [*s.culprits, *s.waiting()]
+    paths = [tuple(f for f in s.before.get(r, []) if not is_library_frame(f)) for r in ranks]
+    return bool(paths) and all(paths) and len(set(paths)) == 1
+
+
+def advise_gate_taken(s: Situation, now: Frame, missed: Frame, g: Gate) -> Advice:
+    """The culprits, every one at ``now``, took the branch ``g`` the others at ``missed``
+    did not."""
+    me, others = who(s.culprits), who(s.waiting())
+    its = "its" if len(s.culprits) == 1 else "their"
     branch = f"`if {g.test}:`" if g.how == "if" else f"the `else` of `if {g.test}:`"
     held = "held" if g.how == "if" else "failed"
     return Advice(
         f"{me.capitalize()} posted at {at_line(now)}, in {branch} "
         f"({short_path(now.file)}:{g.line}), where {others} posted {at_line(missed)}: the "
-        f"test {held} on {me} alone (its own data). Decide it alike on every rank "
+        f"test {held} on {me} alone ({its} own data). Decide it alike on every rank "
         "(all-reduce what it tests first), or post that collective on every rank whatever "
         "the data.", site=Frame(now.file, g.line, now.function),
         site_why=f"the branch {me} took")

@@ -750,6 +750,24 @@ CASES: tuple[Case, ...] = (
               "ahead of the others' numbering; the others' evaluation all-reduce under "
               "`if step % 4 == 0:` meets its bucket all-reduce (was: the others blamed by "
               "history, a periodic collective the recorded steps had not reached)"),
+    Case("timed_checkpoint", "timed_checkpoint.py", 3, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=others(C, 3),
+         lines=(at(others(C, 3), "save", "divergence"), at(C, "backward", "divergence")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE + ("too: it went on",),
+         fix_require=("`if time.monotonic() - last_save > SAVE_EVERY_S:`", "held on"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: a checkpoint every 1.5 s by each rank's own clock; "
+              "rank C's started later, the others' save meets its next backward (was: "
+              "\"make ranks 0, 2 post the collective at the backward too\", which they had)"),
+    Case("timed_checkpoint_attach", "timed_checkpoint.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "backward"), at(others(C, 3), "save")),
+         fix_forbid=VARLEN_ADVICE + DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("`if time.monotonic() - last_save > SAVE_EVERY_S:`", "a pass on"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C a pass on (its `step` one more) in its backward, the others "
+              "in the save's all-gather: the gate it went through in their pass (was: "
+              "\"every rank must post the same collectives\", no line)"),
     Case("early_stop_rank", "early_stop_rank.py", 3, DESYNC,
          env=culprit_env(0), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "rank+divergence"),

@@ -1,5 +1,5 @@
 """Ranks out of step in a loop: training resumed from each rank's own record of its last
-saved step, one rank's stale (tests/unit/fixtures/resume_skew_jobs/, recorded under
+saved step, one rank's stale (tests/unit/fixtures/trial_jobs/, recorded under
 ``moe-hang watch``). Every 4 steps every rank evaluates under ``if step % 4 == 0:`` — a test
 on the loop's counter, decided alike by every rank in one pass — but the stale rank's loop
 began a step earlier, so the others' evaluation collective meets its bucket all-reduce.
