@@ -93,6 +93,8 @@ def gate_code(g: Gate) -> str:
         return f"`if {g.test}:` around it"
     if g.how == "else":
         return f"the `else` of `if {g.test}:` around it"
+    if g.how.startswith("except-"):  # a handler that leaves: the exception is the decision
+        return f"`except {g.test}: ... {g.how.removeprefix('except-')}`"
     return f"`if {g.test}: {g.how}`"
 
 

@@ -173,7 +173,8 @@ def ways_past(s: Situation, loop: Frame) -> list[tuple[Frame, Gate]]:
         out += [(f, g) for g in gates(s.src, f.file, f.line)]
     # not the loop's own ways out (said as such), nor a raise (a rank past it is alive), nor
     # a test every rank decides alike in a pass (``if step % ACCUM:``: its counter, constants)
-    return [(f, g) for f, g in out if g.how not in ("break", "return", "raise")
+    return [(f, g) for f, g in out
+            if g.how.removeprefix("except-") not in ("break", "return", "raise")
             and not alike_in_a_pass(g.test, names)]
 
 

@@ -343,15 +343,29 @@ def _gates(tree: ast.Module, line: int) -> tuple[Gate, ...]:
                     and (how := _LEAVES.get(type(st.body[-1]))) is not None:
                 out.append(Gate(st.lineno, st.end_lineno or st.lineno,
                                 ast.unparse(st.test), how))
+            elif isinstance(st, ast.Try):  # a try before it whose handler leaves: a guard
+                out += _handlers(st)
         if depth == 0:
             break
         st, fld = owners[depth - 1]
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
             break  # the gates of the function's callers are the callers' lines'
+        if isinstance(st, ast.Try) and fld == "body":
+            out += _handlers(st)
         if isinstance(st, ast.If) and fld in ("body", "orelse"):
             out.append(Gate(st.lineno, st.end_lineno or st.lineno, ast.unparse(st.test),
                             "if" if fld == "body" else "else"))
     return tuple(out)
+
+
+def _handlers(st: ast.Try) -> list[Gate]:
+    """The handlers of a ``try`` that leave (``except RuntimeError: ... continue``): where
+    its body raises, what follows is not reached in that pass or call — how is
+    ``except-continue`` (``-break``, ``-return``); the test is the exception caught."""
+    return [Gate(h.lineno, h.end_lineno or h.lineno,
+                 ast.unparse(h.type) if h.type is not None else "", f"except-{how}")
+            for h in st.handlers if h.body and (how := _LEAVES.get(type(h.body[-1])))
+            and how != "raise"]
 
 
 def _rank_test(e: ast.expr, names: set[str]) -> str | None:

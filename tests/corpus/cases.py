@@ -768,6 +768,24 @@ CASES: tuple[Case, ...] = (
          note="stacks only: rank C a pass on (its `step` one more) in its backward, the others "
               "in the save's all-gather: the gate it went through in their pass (was: "
               "\"every rank must post the same collectives\", no line)"),
+    Case("oom_skip", "oom_skip.py", 3, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "barrier", "divergence"), at(others(C, 3), "backward", "divergence")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("`except RuntimeError: ... continue`",),
+         basis=frozenset({"history"}),
+         note="written for the occasion: `except RuntimeError: ... continue` around forward "
+              "and backward; rank C's long batch runs out of memory, its buckets pair "
+              "silently with the others' next step; it ends in the final barrier"),
+    Case("oom_skip_attach", "oom_skip.py", 3, DESYNC, mode="diagnose",
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C, marks=1, settle_s=3.0,
+         lines=(at(C, "barrier"), at(others(C, 3), "backward")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE,
+         fix_require=("one way past their collective within a pass",
+                      "`except RuntimeError: ... continue`"),
+         basis=frozenset({"majority"}),
+         note="stacks only: rank C in the final barrier, the others in the last backward; "
+              "the handler that skips the batch is the way past (was: no line)"),
     Case("early_stop_rank", "early_stop_rank.py", 3, DESYNC,
          env=culprit_env(0), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "rank+divergence"),

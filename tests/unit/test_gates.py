@@ -68,6 +68,41 @@ def test_the_gates_on_the_way_to_a_line_nearest_first(tmp_path: Path) -> None:
     assert f[26].gates == (Gate(24, 25, "bad", "raise"), Gate(21, 22, "step % 2", "continue"))
 
 
+TRY_JOB = """import torch.distributed as dist
+
+for step in range(4):
+    try:
+        loss = model(x)
+        loss.backward()
+    except RuntimeError as e:
+        if "memory" not in str(e):
+            raise
+        continue
+    except ValueError:
+        raise
+    dist.all_reduce(t)
+    try:
+        dist.barrier()
+    except Exception:
+        pass
+    dist.broadcast(t, 0)
+"""
+
+
+def test_a_handler_that_leaves_is_a_gate_of_its_body_and_what_follows(tmp_path: Path) -> None:
+    """``except RuntimeError: ... continue`` (an out-of-memory batch skipped): where the body
+    raises, neither the rest of it nor what follows runs in that pass. A handler that raises
+    or falls through leaves no rank alive past it."""
+    job = tmp_path / "job.py"
+    job.write_text(TRY_JOB)
+    f = read_facts([Frame(str(job), n, "f") for n in (6, 13, 15, 18)]).files[str(job)]
+    oom = Gate(7, 10, "RuntimeError", "except-continue")
+    assert f[6].gates == (oom,)
+    assert f[13].gates == (oom,)
+    assert f[15].gates == (oom,)
+    assert f[18].gates == (oom,)
+
+
 def test_gates_travel_with_the_capture_and_older_captures_have_none(tmp_path: Path) -> None:
     lf = _facts(tmp_path)[8]
     assert LineFacts.from_dict(lf.to_dict()) == lf
