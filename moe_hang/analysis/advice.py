@@ -23,11 +23,10 @@ from moe_hang.analysis.loops import (
     advise_loop_left,
     advise_loop_stayed,
     advise_passes,
-    loop_left,
-    stayed,
     ways_out,
     ways_past,
 )
+from moe_hang.analysis.passes import loop_left, stayed
 from moe_hang.analysis.situation import (
     Advice,
     Situation,

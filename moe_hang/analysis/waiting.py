@@ -18,7 +18,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.dumps_only import outside_recorded
 from moe_hang.analysis.explain import error_text, site_str, waits_text
 from moe_hang.analysis.facts import Facts, working_helper
-from moe_hang.analysis.loops import loop_at, loop_between
+from moe_hang.analysis.passes import loop_at, loop_between
 from moe_hang.analysis.rankstate import recorder_only
 from moe_hang.evidence.stacks import Frame, Helper, callsite, idle_in_backward, thread_number
 from moe_hang.evidence.vocab import RankState, agree, who

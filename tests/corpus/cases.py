@@ -786,6 +786,16 @@ CASES: tuple[Case, ...] = (
          basis=frozenset({"majority"}),
          note="stacks only: rank C in the final barrier, the others in the last backward; "
               "the handler that skips the batch is the way past (was: no line)"),
+    Case("val_uneven", "val_uneven.py", 3, DESYNC,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "backward", "divergence"), at(others(C, 3), "val_allreduce",
+                                                    "divergence")),
+         fix_forbid=DTYPE_ADVICE + ANCHOR_ADVICE + ("too: it went on",),
+         fix_require=("left the loop at", "different numbers of iterations"),
+         basis=frozenset({"history"}),
+         note="written for the occasion: per-batch validation all-reduces over each rank's "
+              "own files, rank C's a batch fewer; it returns from validate() and its next "
+              "epoch's bucket meets the others' last validation all-reduce"),
     Case("early_stop_rank", "early_stop_rank.py", 3, DESYNC,
          env=culprit_env(0), mirror=culprit_env(2), culprits=C,
          lines=(at(C, "barrier", "rank+divergence"),

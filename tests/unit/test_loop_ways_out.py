@@ -162,7 +162,8 @@ def test_fewer_passes_on_another_group_keep_the_loop_advice(fixtures, tmp_path):
     may have made fewer passes, and the loop's advice (different counts, or one cut short)
     stays."""
     from moe_hang.analysis.facts import desync_divs, facts, situation
-    from moe_hang.analysis.loops import advise_loop_left, as_many_passes, loop_left
+    from moe_hang.analysis.loops import advise_loop_left, as_many_passes
+    from moe_hang.analysis.passes import loop_left
 
     f = facts(load_capture(_async_skip(fixtures, tmp_path, "async_skip_no_sites_7")))
     g, b = desync_divs(f)[0]
@@ -204,7 +205,8 @@ def test_counts_posted_after_the_loop_say_nothing_of_its_passes(fixtures, tmp_pa
     counts: where its last collective on such a group came after its last on the
     divergence's group, the counts are not the loop's (the review's counter-case)."""
     from moe_hang.analysis.facts import desync_divs, facts, situation
-    from moe_hang.analysis.loops import as_many_passes, loop_left
+    from moe_hang.analysis.loops import as_many_passes
+    from moe_hang.analysis.passes import loop_left
 
     f = facts(load_capture(_async_skip(fixtures, tmp_path, "async_skip_no_sites_7")))
     g, b = desync_divs(f)[0]
