@@ -5,6 +5,7 @@ to change is :mod:`.loops`'s."""
 
 from __future__ import annotations
 
+from moe_hang.analysis.readings import user_frames
 from moe_hang.analysis.situation import Situation
 from moe_hang.analysis.source import common_loop, gates, in_loop, left_loop, loop_step
 from moe_hang.evidence.source import SourceFacts
@@ -67,15 +68,13 @@ def _returned_from(s: Situation, culprit: int) -> Frame | None:
     since returned from that function (``for x in val_batches(): all_reduce(...)`` with a
     batch fewer): it left the loop they are still in, whatever its line in the caller (a
     pass on there, where line numbers say nothing)."""
-    def user(frames: list[Frame]) -> tuple[Frame, ...]:
-        return tuple(f for f in frames if not is_library_frame(f))
-    theirs = {user(s.frames.get(r, [])) for r in s.waiting()}
-    prev = user(s.before.get(culprit, []))
+    theirs = {user_frames(s.frames.get(r, [])) for r in s.waiting()}
+    prev = user_frames(s.before.get(culprit, []))
     if len(theirs) != 1 or not prev or prev != (path := theirs.pop()):
         return None
-    inner = path[0]
+    inner = path[-1]  # outermost first
     if any((f.file, f.function) == (inner.file, inner.function)
-           for f in user(s.frames.get(culprit, []))):
+           for f in user_frames(s.frames.get(culprit, []))):
         return None  # still in that function: line order there decides
     body = loop_step(s.src, inner.file, inner.line, inner.line)
     return Frame(inner.file, body.line, inner.function) if body is not None else None

@@ -343,6 +343,14 @@ def loop_targets(header: str | None) -> list[str]:
     return [n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()]
 
 
+def _names(test: str) -> set[str]:
+    """The names a test reads (none where it does not parse)."""
+    try:
+        return {n.id for n in ast.walk(ast.parse(test, mode="eval")) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
 def alike_in_a_pass(test: str, counters: Iterable[str]) -> bool:
     """A test that reads only the loop's counters, constants (``ACCUM``) and literals: the
     same on every rank in one pass."""
@@ -367,6 +375,4 @@ def periodic_gate(src: SourceFacts, path: str, line: int) -> Gate | None:
     counters = {n for st in lf.path if st.kind == "For" for n in loop_targets(st.header)}
     if not all(alike_in_a_pass(g.test, counters) for g in lf.gates):
         return None
-    return next((g for g in lf.gates if any(isinstance(n, ast.Name) and n.id in counters
-                                            for n in ast.walk(ast.parse(g.test, mode="eval")))),
-                None)
+    return next((g for g in lf.gates if _names(g.test) & counters), None)
