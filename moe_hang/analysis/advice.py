@@ -13,11 +13,13 @@ from moe_hang.analysis.fsdp_advice import advise_behind, advise_fsdp_sync
 from moe_hang.analysis.gates import (
     advise_gate,
     advise_gate_taken,
+    advise_left_out,
     gate_taken,
     gates_a_pass_on,
     gates_passed,
     in_step,
     one_line,
+    ways_left_out,
 )
 from moe_hang.analysis.loops import (
     advise_loop_left,
@@ -292,6 +294,10 @@ def advise_order(s: Situation) -> Advice:
             and (g := gate_taken(s, now_at, missed_at)) is not None:
         # their collective broke what every step posted, inside a branch the others' is not
         return advise_gate_taken(s, now_at, missed_at, g)
+    if s.div.seq is None and s.basis == CulpritBasis.SOURCE and now_at and missed_at \
+            and len(ways := ways_left_out(s.src, missed_at, s.waiting(), s.culprits)) == 1:
+        # stacks alone, a pass on past the others: the one way the loop has to post fewer
+        return advise_left_out(s, ways[0], now_at, missed_at)
     if s.div.seq is None and s.div.kind == MismatchKind.MISSING:
         # stacks alone: the same op at a later line; whether it was skipped or posted on
         # another group, only the recorder's group names tell

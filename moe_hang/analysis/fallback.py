@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
+from moe_hang.analysis.gates import alike, ways_left_out
 from moe_hang.analysis.ladder import (
     Context,
     Edit,
@@ -19,10 +20,12 @@ from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import (
+    gates,
     module_group,
     on_default_group,
     on_every_rank,
     path_condition,
+    periodic_gate,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
@@ -123,7 +126,7 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     last = behind[0] if kind == MismatchKind.MISSING and len(behind) == 1 else None
-    counted, partners_unknown, extra = _lap_readings(views, camps, last, where)
+    counted, partners_unknown, extra, left_out = _lap_readings(views, camps, last, where)
     ahead = extra[0].others if extra else ()  # the side that went past the lagging camp
     readings = []
     for x in camp_readings("?", None, list(camps.values()), {}, views) + extra:
@@ -143,9 +146,11 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
                 given[CulpritBasis.MAJORITY] = None
             if partners_unknown and x.culprits == ahead:
                 given[CulpritBasis.PROGRAM_ORDER] = None
+            if left_out and x.culprits in (ahead, extra[0].culprits):
+                given[CulpritBasis.SOURCE] = x.culprits == ahead
             x = replace(x, given=given)
         readings.append(x)
-    d = decide(readings, ctx)
+    d = decide(readings + _branch_split(views, camps, where), ctx)
     if d.basis == CulpritBasis.AMBIGUOUS:
         if kind == MismatchKind.MISSING:
             return None  # one op at two lines in no known order proves nothing
@@ -155,7 +160,7 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
 
 def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object | None,
                   where: Callable[[object], tuple[Frame, ...]]
-                  ) -> tuple[set[tuple[int, ...]], bool, list[Reading]]:
+                  ) -> tuple[set[tuple[int, ...]], bool, list[Reading], bool]:
     """One camp (``last``) behind every other on a collective every rank owes: the others
     went past it — they skipped it, or it is an extra of the camp's (gloo pairs equal sizes
     silently, so the stacks read both ways alike). The count of ranks on each side weighs,
@@ -164,9 +169,11 @@ def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object
     But where several ranks lag and the camps ahead wait on subgroups of theirs, the extra
     may be a few of the lagging ones (the ahead ranks' partners, whom the stacks do not
     name): then neither side is counted, nor does the lap alone say the ones ahead skipped
-    it (the caller voids that reading's program order)."""
+    it (the caller voids that reading's program order) — unless the source shows the only
+    way the loop has to post one more or one fewer of those collectives: one a rank
+    condition leaves the ranks ahead out of (the last value: the source names them)."""
     if last is None or not _on_every_rank_all(views, camps, [last]):
-        return set(), False, []
+        return set(), False, [], False
     lagging = tuple(camps[last])
     ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
     partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
@@ -174,9 +181,52 @@ def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object
     extra = Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
                     at_theirs=tuple(views[ahead[0]].user_frames_outer_first()),
                     given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
+    at = where(last)
+    if partners_unknown and at and ways_left_out(views.source, at[-1], lagging, ahead):
+        return set(), False, [extra], True
     if partners_unknown:
-        return set(), True, [extra]
-    return {lagging, ahead}, False, [extra]
+        return set(), True, [extra], False
+    return {lagging, ahead}, False, [extra], False
+
+
+def _branch_split(views: RankViews, camps: dict[object, list[int]],
+                  where: Callable[[object], tuple[Frame, ...]]) -> list[Reading]:
+    """Every camp inside one ``if`` by the same calls, some in its body and the rest in its
+    ``else``: every rank ran that test and it went one way on some, the other way on the
+    rest — a decision, counted over the ranks that made it (not ranks counted across
+    groups). A test alike in a pass (``step % 4``) splits ranks in different passes, not a
+    decision: no reading. One reading per side, weighed by the count alone (the stacks give
+    no order between two branches, and the source's rank conditions are weighed on the
+    camps' own readings)."""
+    keys = list(camps)
+    frames = [list(where(k)) for k in keys]
+    src = views.source
+    if len(keys) < 2 or not all(f and alike(f, frames[0]) for f in frames) or any(
+            periodic_gate(src, f[-1].file, f[-1].line) is not None for f in frames):
+        return []
+    ways = [{(g.line, g.end): g.how for g in gates(src, f[-1].file, f[-1].line)
+             if g.how in ("if", "else")} for f in frames]
+    shared = [g for g in ways[0] if all(g in w for w in ways[1:])]
+    if not shared:
+        return []
+    split = max(shared)  # the innermost ``if`` around them all
+    side = {k: w[split] for k, w in zip(keys, ways, strict=True)}
+    if len(set(side.values())) < 2:
+        return []
+    out = []
+    for how in ("if", "else"):
+        mine = [k for k in keys if side[k] == how]
+        theirs = [k for k in keys if side[k] != how]
+        culprits = tuple(sorted(r for k in mine for r in camps[k]))
+        others = tuple(sorted(r for k in theirs for r in camps[k]))
+        out.append(Reading(
+            culprits, others, Edit.CHANGE, at_mine=where(mine[0]),
+            at_mines=tuple(where(k) for k in mine), at_theirs=where(theirs[0]),
+            given={CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None,
+                   CulpritBasis.PROGRAM_ORDER: None,
+                   CulpritBasis.MAJORITY: None if len(culprits) == len(others)
+                   else len(culprits) < len(others)}))
+    return out
 
 
 def _group_key(views: RankViews, ranks: list[int]) -> str | None:

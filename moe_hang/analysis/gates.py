@@ -8,11 +8,20 @@ that is the branch the culprit took and the others did not. Pure."""
 from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
-from moe_hang.analysis.source import gates, loop_step, loop_targets, rank_condition
+from moe_hang.analysis.source import (
+    excludes_ranks,
+    gates,
+    loop_step,
+    loop_targets,
+    on_every_rank,
+    periodic_gate,
+    rank_condition,
+    taken_only_by,
+)
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.source import Gate, SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_path
-from moe_hang.evidence.vocab import who
+from moe_hang.evidence.vocab import agree, who
 
 
 def gates_passed(s: Situation, culprit: int, missed: list[Frame], now: list[Frame]
@@ -227,3 +236,50 @@ def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
         return False
     return rank_condition(src, b.file, b.line) is None and not any(
         g.line > body.line for g in gates(src, b.file, b.line))
+
+
+def ways_left_out(src: SourceFacts, at: Frame, takers: tuple[int, ...] | list[int],
+                  left: tuple[int, ...] | list[int]) -> list[tuple[Frame, Gate]]:
+    """In the loop around ``at``, every collective on a group of every rank that a pass may
+    post or not sits under a rank condition that leaves ranks out (``if not (rank == r and
+    step == 2):``, one ``left`` may be left out of and ``takers`` not) or under a test alike
+    in a pass: those lines, each with its condition's gate — the only ways the loop has for
+    one rank to post fewer of them than another, and none to post more. Empty where the
+    source shows none, or a branch any rank may take alone (one more, or one fewer).
+    (Collectives the source does not call by name are not seen: a condition that names who
+    runs a helper goes unnoticed, so only a condition that leaves ranks out is read as a
+    way.)"""
+    body = loop_step(src, at.file, at.line, at.line)
+    if body is None:
+        return []
+    found = []
+    for c in body.calls:
+        if on_every_rank(src, at.file, c) is not True or not gates(src, at.file, c):
+            continue
+        cond = rank_condition(src, at.file, c)
+        g = next((g for g in gates(src, at.file, c) if g.how in ("if", "else")), None)
+        if cond is not None and g is not None and excludes_ranks(cond) \
+                and taken_only_by(cond, takers, left):
+            found.append((Frame(at.file, c, at.function), g))
+        elif periodic_gate(src, at.file, c) is None:
+            return []
+    return found
+
+
+def advise_left_out(s: Situation, way: tuple[Frame, Gate], now: Frame, missed: Frame
+                    ) -> Advice:
+    """Stacks alone: the culprits a pass on at ``now``, the others at ``missed`` — the
+    culprits did without the collective at the one way the loop has to post one fewer."""
+    at, g = way
+    me, others = who(s.culprits), who(s.waiting())
+    op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
+    test = f"`if {g.test}:`" if g.how == "if" else f"the `else` of `if {g.test}:`"
+    return Advice(
+        f"{me.capitalize()} did not take {test} ({short_path(at.file)}:{g.line}), so "
+        f"{agree(s.culprits, 'it', 'they')} never posted the {op or 'collective'} at "
+        f"{at_line(at)} that {others} did: {agree(s.culprits, 'its', 'their')} next one on "
+        f"that group paired with theirs, and {agree(s.culprits, 'it', 'they')} went on a "
+        f"pass, to {at_line(now)}, while {others} {agree(s.waiting(), 'waits', 'wait')} at "
+        f"{at_line(missed)}. Post it on every rank whatever the data, or decide the branch "
+        "alike on every rank.",
+        site=Frame(at.file, g.line, at.function), site_why=f"the branch {me} did not take")

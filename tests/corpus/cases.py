@@ -894,4 +894,26 @@ CASES: tuple[Case, ...] = (
          note="rank C's metrics thread skips step 3's all-reduce on its own group; the other "
               "rank's thread waits in its last one while its main thread joins it: that "
               "rank's line is the thread's all-reduce, not the join"),
+    Case("mesh2d_order_swap_attach", "mesh2d_order_swap.py", 4, DESYNC_OR_HANG,
+         mode="diagnose", env={"CULPRIT_RANKS": "2"}, mirror={"CULPRIT_RANKS": "0"},
+         culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(fixed(1, 3), "stats"), at(ranks("CULPRIT_RANKS"), "swapped")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "same group"),
+         fix_require=("a branch the others do not take",), stall=5.0, timeout_s=240.0,
+         note="fuzz seed 84402917 job 73: a 2x2 mesh, the loop at the top level (no "
+              "counters under py-spy); rank C all-reduces the stats before its dp gradient "
+              "under `if FAULTY and step == 3`, the others run the else: one if every rank "
+              "ran, one way on one rank, the other on three"),
+    Case("mesh2d_silent_skip_attach", "mesh2d_silent_skip.py", 4, DESYNC_OR_HANG,
+         mode="diagnose", env={"CULPRIT_RANKS": "0"}, mirror={"CULPRIT_RANKS": "2"},
+         culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(ranks("CULPRIT_RANKS"), "tp_reduce"),
+                at(others(ranks("CULPRIT_RANKS"), 4), "loss")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "same group"),
+         fix_require=("did not take `if not (FAULTY and step == FAULT_STEP):`",),
+         stall=5.0, timeout_s=240.0,
+         note="fuzz seed 84402917 job 59: a 2x2 mesh, the loop at the top level; rank C "
+              "skips the world accuracy all-reduce under `if not (FAULTY and step == 2)`, "
+              "its loss all-reduce (size 1) pairs with theirs and it waits a pass on in the "
+              "tp all-reduce: the loop's one way to post fewer names it"),
 )
