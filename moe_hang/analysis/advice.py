@@ -46,7 +46,7 @@ from moe_hang.analysis.source import (
     taken_only_by,
 )
 from moe_hang.evidence.source import SourceFacts
-from moe_hang.evidence.stacks import Frame, short_path
+from moe_hang.evidence.stacks import Frame, callsite, short_path
 from moe_hang.evidence.vocab import agree, who
 
 
@@ -194,6 +194,12 @@ def advise_order(s: Situation) -> Advice:
     if (passes := advise_passes(s)) is not None:
         return passes
     if s.block is not None and s.block.decided == EXTRA:
+        if (inside := stayed(s)) is not None:
+            # one more of a line every pass posts, in a loop the others have left
+            theirs = s.block.lacking_next  # what the others posted there, not where now
+            posted_at = callsite(list(theirs.frames)) if theirs is not None else None
+            return advise_loop_stayed(s, inside, at_line(s.site(s.culprits[0])),
+                                      at_line(posted_at or s.site(s.waiting()[0])))
         return _advise_extra(s, s.block)
     if s.culprits and s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) \
             and (taken := path_condition(s.src, s.frames.get(s.culprits[0], []))) is not None \

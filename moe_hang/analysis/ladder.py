@@ -129,6 +129,8 @@ def history(r: Reading, ctx: Context) -> bool | None:
     regular = [p.regular(c) for c in r.block] if r.realigned else []
     # every collective of the block regular (True) or never seen in a step (False)
     reg = regular[0] if regular and len(set(regular)) == 1 else None
+    if reg and (got := _count_of_a_run(r, p)) is not None:
+        return got
     if r.edit == Edit.EXTRA and reg is not None:
         # an extra is what no agreed step ever posted (a block every step posts is not one)
         return not reg
@@ -155,6 +157,19 @@ def history(r: Reading, ctx: Context) -> bool | None:
         # one collective, two shapes: the side that kept the shape it always had is right
         return _kept(p.keeps_shape(r.theirs), p.keeps_shape(r.mine))
     return None
+
+
+def _count_of_a_run(r: Reading, p: Program) -> bool | None:
+    """A block the steps post several times running (an inner loop's collective): one
+    fewer of it and one more read alike, and being regular says nothing — the step's count
+    does: what the program posts at this seq (or, before two whole steps, the one period
+    the whole agreed run is consistent with). None where neither says."""
+    if r.mine is None or r.theirs is None or (r.mine.pg, r.mine.seq) != (
+            r.theirs.pg, r.theirs.seq) or not any(p.follows(c, c) is True for c in r.block):
+        return None
+    exp = p.expected(r.theirs) or p.tentative(r.theirs)
+    return _kept(same_collective(r.theirs, exp), same_collective(r.mine, exp)) \
+        if exp is not None else None
 
 
 def _due_later(r: Reading, ctx: Context) -> bool:

@@ -5,6 +5,8 @@ to change is :mod:`.loops`'s."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from moe_hang.analysis.readings import user_frames
 from moe_hang.analysis.situation import Situation
 from moe_hang.analysis.source import common_loop, gates, in_loop, left_loop, loop_step
@@ -15,8 +17,9 @@ from moe_hang.evidence.stacks import Frame, callsite, is_library_frame, short_pa
 def stayed(s: Situation) -> Frame | None:
     """The loop every culprit is still in, at one line it posts from on every pass, that
     every waiting rank has left for one line after it; None otherwise. A line under a gate
-    inside the loop (``if overflow: all_reduce(flag)``), or one the culprit's collective
-    before did not come from, is no pass of the loop: an extra, not one more pass."""
+    inside the loop (``if overflow: all_reduce(flag)``) is no pass of the loop, nor is one
+    where the culprit's collective before came from outside the loop's body (it entered
+    the loop again, a pass of a loop around it on): an extra, not one more pass."""
     loops = {loop_left(s, c, stayed=True) for c in s.culprits}
     sites = {s.site(c) for c in s.culprits}
     waited = {s.site(r) for r in s.waiting()}
@@ -28,9 +31,18 @@ def stayed(s: Situation) -> Frame | None:
         return None
     for c in s.culprits:
         prev = callsite(s.before[c]) if s.before.get(c) else None
-        if prev is not None and (prev.file, prev.line) != (site.file, site.line):
+        if prev is not None and not _in_body(s.src, prev, loop):
             return None
     return loop
+
+
+def _in_body(src: SourceFacts, at: Frame, loop: Frame) -> bool:
+    """``at`` is a line of the body of the loop at ``loop`` (its header's frame)."""
+    lf = src.line(at.file, at.line) if (at.file, at.function) == (loop.file, loop.function) \
+        else None
+    path = lf.path if lf is not None else ()
+    return any(st.line == loop.line and st.kind in ("For", "AsyncFor", "While")
+               and nxt.field == "body" for st, nxt in pairwise(path))
 
 
 def loop_at(loop: Frame) -> str:

@@ -916,4 +916,19 @@ CASES: tuple[Case, ...] = (
               "skips the world accuracy all-reduce under `if not (FAULTY and step == 2)`, "
               "its loss all-reduce (size 1) pairs with theirs and it waits a pass on in the "
               "tp all-reduce: the loop's one way to post fewer names it"),
+    Case("nested_epoch_extra", "nested_epoch_extra.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "loss", "divergence"), at(C, "acc"), at(others(C, 2), "finish")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "never posts", "too: it went on"),
+         fix_require=("ran the loop more times",), basis=frozenset({"history"}),
+         note="written for the occasion: epochs of batches, rank C's shard a batch longer "
+              "in epoch 1; size-1 loss and accuracy all-reduces pair silently to the final "
+              "barrier: the loss is posted several times running, the step's count decides"),
+    Case("nested_epoch_uneven", "nested_epoch_uneven.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "grad"), at(others(C, 2), "acc", "rank+divergence")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "never posts", "too: it went on"),
+         fix_require=("ran the loop more times",),
+         note="written for the occasion: the same with gradients all-reduced per "
+              "parameter: rank C's weight gradient meets the others' accuracy, gloo aborts"),
 )
