@@ -16,6 +16,7 @@ from moe_hang.analysis.gates import (
     advise_left_out,
     gate_taken,
     gates_a_pass_on,
+    gates_in_their_pass,
     gates_passed,
     in_step,
     one_line,
@@ -264,6 +265,10 @@ def advise_order(s: Situation) -> Advice:
                                 left_out, True,
                                 path_condition_site(s.src, s.frames.get(s.waiting()[0], [])))
     posted = next((s.frames[r] for r in s.waiting() if s.frames.get(r)), [])
+    if missed_at is not None and (
+            in_pass := gates_in_their_pass(s, culprit, posted, s.frames.get(culprit, [])))[0]:
+        # later in the others' very pass, out of the function they wait in: past their call
+        return advise_gate(s, culprit, missed_at, *in_pass)
     if missed_at is not None and \
             (found := gates_passed(s, culprit, posted, s.frames.get(culprit, []))):
         # the branch the culprit took past the others' collective

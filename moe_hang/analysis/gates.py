@@ -166,6 +166,48 @@ def gates_a_pass_on(s: Situation, culprit: int, missed: Frame, now: Frame
             f"(a pass on: its `{names[0]}` is {mine}, theirs {n})")
 
 
+def gates_in_their_pass(s: Situation, culprit: int, missed: list[Frame], now: list[Frame]
+                        ) -> tuple[list[tuple[Frame, Gate]], str]:
+    """The culprit is not in the function the others' collective was posted in (stacks
+    ``missed``, ``now``: innermost first) and, at an outer frame both share by the same
+    calls, is at a later line of the very pass they are in (the loop's counter equal,
+    py-spy's): it went past their call in this pass — whatever it posted from that call in
+    an earlier pass. The gates of that call inside the loop, and every gate on the way down
+    to their collective, are its ways past. Empty where the counters do not say so, or a
+    rank condition decides it (that advice says it)."""
+    mine = [f for f in missed if not is_library_frame(f)]
+    here = [f for f in now if not is_library_frame(f)]
+    if not mine or any((f.file, f.function) == (mine[0].file, mine[0].function)
+                       for f in here):
+        return [], ""
+    for depth, fm in enumerate(mine):
+        k = next((i for i, f in enumerate(here)
+                  if (f.file, f.function) == (fm.file, fm.function)), None)
+        if k is None:
+            continue
+        fn = here[k]
+        body = loop_step(s.src, fm.file, fm.line, fn.line)
+        # the loop's integer counters py-spy read (``for step, (x, y) in ...``: step)
+        names = [v for v in (loop_targets(body.header) if body is not None else [])
+                 if v in s.counters.get(culprit, {})]
+        outer = [(f.file, f.function, f.line) for f in mine[depth + 1:]]
+        if body is None or len(names) != 1 or fn.line <= fm.line or outer != [
+                (f.file, f.function, f.line) for f in here[k + 1:]] or any(
+                rank_condition(s.src, f.file, f.line) for f in mine[:depth + 1]):
+            return [], ""
+        n = s.counters.get(culprit, {}).get(names[0])
+        if n is None or {s.counters.get(w, {}).get(names[0]) for w in s.waiting()} != {n}:
+            return [], ""
+        # not a guard that leaves the pass (it went on to its line in it), nor a block it
+        # is in itself
+        out = [(fm, g) for g in gates(s.src, fm.file, fm.line) if g.line > body.line
+               and g.how in ("if", "else") and not g.line <= fn.line <= g.end]
+        for f in mine[:depth]:
+            out += [(f, g) for g in gates(s.src, f.file, f.line)]
+        return out, f"(in their pass: its `{names[0]}` is {n}, as theirs)"
+    return [], ""
+
+
 def one_line(s: Situation, at: Frame) -> bool:
     """Every culprit posted its collective from ``at``."""
     return all(s.site(r) == at for r in s.culprits)

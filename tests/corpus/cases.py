@@ -931,4 +931,19 @@ CASES: tuple[Case, ...] = (
          fix_require=("ran the loop more times",),
          note="written for the occasion: the same with gradients all-reduced per "
               "parameter: rank C's weight gradient meets the others' accuracy, gloo aborts"),
+    Case("accum_skip", "accum_skip.py", 2, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "ckpt"), at(others(C, 2), "sync")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
+         fix_require=("`if micro == ACCUM:` around it", "in their pass"),
+         note="written for the occasion: gradient accumulation counted on each rank, a "
+              "corrupt batch skipped on rank C: at step 7 it skips the gradient helper "
+              "(`if micro == ACCUM:`) and waits in the checkpoint barrier"),
+    Case("accum_skip_attach", "accum_skip.py", 2, DESYNC,
+         mode="diagnose", env=culprit_env(1), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "ckpt"), at(others(C, 2), "sync")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
+         fix_require=("`if micro == ACCUM:` around it", "in their pass"),
+         note="the same, stacks alone: at `train` both ranks' `step` is 7, the culprit's "
+              "line later in that pass"),
 )
