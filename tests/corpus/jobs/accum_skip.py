@@ -28,8 +28,10 @@ def my_batches():
 
 def sync_grads() -> None:
     for p in model.parameters():
-        dist.all_reduce(p.grad)  # corpus: sync
-        p.grad /= world
+        grad = p.grad
+        assert grad is not None
+        dist.all_reduce(grad)  # corpus: sync
+        grad.div_(world)
 
 
 def train() -> None:
