@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.gates import alike, ways_left_out
@@ -126,7 +126,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
     last = behind[0] if kind == MismatchKind.MISSING and len(behind) == 1 else None
-    counted, partners_unknown, extra, left_out = _lap_readings(views, camps, last, where)
+    lap = _lap_readings(views, camps, last, where)
+    extra = lap.extra
     ahead = extra[0].others if extra else ()  # the side that went past the lagging camp
     readings = []
     for x in camp_readings("?", None, list(camps.values()), {}, views) + extra:
@@ -142,11 +143,11 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             side = x.culprits if cond is True else x.others
             keep = cond is not None and _unpaired(views, camps, side)
             given = {**x.given, CulpritBasis.SOURCE: cond if keep else None}
-            if x.culprits not in counted:
+            if x.culprits not in lap.counted:
                 given[CulpritBasis.MAJORITY] = None
-            if partners_unknown and x.culprits == ahead:
+            if lap.partners_unknown and x.culprits == ahead:
                 given[CulpritBasis.PROGRAM_ORDER] = None
-            if left_out and x.culprits in (ahead, extra[0].culprits):
+            if lap.left_out and x.culprits in (ahead, extra[0].culprits):
                 given[CulpritBasis.SOURCE] = x.culprits == ahead
             x = replace(x, given=given)
         readings.append(x)
@@ -158,22 +159,32 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     return div, d.culprits, d.basis
 
 
+@dataclass(frozen=True)
+class _Lap:
+    """What a lap between the camps allows: the two sides whose count weighs, whether the
+    partners are unknown, the reading "the lagging camp posted an extra", and whether the
+    source names the ranks ahead (the loop's only way to post fewer)."""
+
+    counted: frozenset[tuple[int, ...]] = frozenset()
+    partners_unknown: bool = False
+    extra: list[Reading] = field(default_factory=list)
+    left_out: bool = False
+
+
 def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object | None,
-                  where: Callable[[object], tuple[Frame, ...]]
-                  ) -> tuple[set[tuple[int, ...]], bool, list[Reading], bool]:
+                  where: Callable[[object], tuple[Frame, ...]]) -> _Lap:
     """One camp (``last``) behind every other on a collective every rank owes: the others
     went past it — they skipped it, or it is an extra of the camp's (gloo pairs equal sizes
     silently, so the stacks read both ways alike). The count of ranks on each side weighs,
-    and nothing else can be counted across the camps: (the two sides whose count weighs,
-    whether the partners are unknown, the reading "the lagging camp posted an extra").
+    and nothing else can be counted across the camps.
     But where several ranks lag and the camps ahead wait on subgroups of theirs, the extra
     may be a few of the lagging ones (the ahead ranks' partners, whom the stacks do not
     name): then neither side is counted, nor does the lap alone say the ones ahead skipped
     it (the caller voids that reading's program order) — unless the source shows the only
     way the loop has to post one more or one fewer of those collectives: one a rank
-    condition leaves the ranks ahead out of (the last value: the source names them)."""
+    condition leaves the ranks ahead out of (then the source names them)."""
     if last is None or not _on_every_rank_all(views, camps, [last]):
-        return set(), False, [], False
+        return _Lap()
     lagging = tuple(camps[last])
     ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
     partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
@@ -183,10 +194,10 @@ def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object
                     given={CulpritBasis.HISTORY: None, CulpritBasis.PROGRAM_ORDER: None})
     at = where(last)
     if partners_unknown and at and ways_left_out(views.source, at[-1], lagging, ahead):
-        return set(), False, [extra], True
+        return _Lap(extra=[extra], left_out=True)
     if partners_unknown:
-        return set(), True, [extra], False
-    return {lagging, ahead}, False, [extra], False
+        return _Lap(partners_unknown=True, extra=[extra])
+    return _Lap(frozenset({lagging, ahead}), extra=[extra])
 
 
 def _branch_split(views: RankViews, camps: dict[object, list[int]],

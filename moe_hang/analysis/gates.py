@@ -107,12 +107,17 @@ def gate_code(g: Gate) -> str:
     return f"`if {g.test}: {g.how}`"
 
 
+def waiters_op(s: Situation) -> str:
+    """The op the waiting ranks posted at the divergence (``collective`` where unknown)."""
+    return next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c),
+                "") or "collective"
+
+
 def advise_gate(s: Situation, culprit: int, missed: Frame, found: list[tuple[Frame, Gate]],
                 last: str | None = None) -> Advice:
     """The branch that let ``culprit`` past the collective the others posted at ``missed``
     (``last``: what the ways are counted from, where not its last collective)."""
-    op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
-    head = f"{who([culprit]).capitalize()} skipped the {op or 'collective'} at {at_line(missed)}"
+    head = f"{who([culprit]).capitalize()} skipped the {waiters_op(s)} at {at_line(missed)}"
     last = last or f"(counted from its last collective, at {at_line(callsite(s.before[culprit]))})"
     me, others = who([culprit]), who(s.waiting())
     if len(found) == 1:
@@ -314,11 +319,10 @@ def advise_left_out(s: Situation, way: tuple[Frame, Gate], now: Frame, missed: F
     culprits did without the collective at the one way the loop has to post one fewer."""
     at, g = way
     me, others = who(s.culprits), who(s.waiting())
-    op = next((c.op for r, c in s.div.per_rank.items() if r in s.waiting() and c), "")
     test = f"`if {g.test}:`" if g.how == "if" else f"the `else` of `if {g.test}:`"
     return Advice(
         f"{me.capitalize()} did not take {test} ({short_path(at.file)}:{g.line}), so "
-        f"{agree(s.culprits, 'it', 'they')} never posted the {op or 'collective'} at "
+        f"{agree(s.culprits, 'it', 'they')} never posted the {waiters_op(s)} at "
         f"{at_line(at)} that {others} did: {agree(s.culprits, 'its', 'their')} next one on "
         f"that group paired with theirs, and {agree(s.culprits, 'it', 'they')} went on a "
         f"pass, to {at_line(now)}, while {others} {agree(s.waiting(), 'waits', 'wait')} at "
