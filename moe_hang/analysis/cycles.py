@@ -32,7 +32,7 @@ from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
-from moe_hang.analysis.shift import count_shift, shifted
+from moe_hang.analysis.shift import count_shift, paired_at, shifted
 from moe_hang.analysis.source import excludes_ranks, path_condition_site
 from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge
@@ -105,7 +105,8 @@ def cycle(f: Facts) -> Conclusion:
         verdict, said, counted = shifted(sh, f.views)
         return Conclusion(verdict, sh.culprits, sh.basis, Certainty.LIKELY,
                           summary + said, counted,
-                          next((g.div for g in f.divs if g.div.pg == sh.pg), None))
+                          paired_at(sh, counted.site, f.views)
+                          or next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
     advice: Advice | None = None
     if p2p_only and b.basis == CulpritBasis.CYCLE:

@@ -15,16 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from moe_hang.analysis.diagnosis import CulpritBasis, Verdict, pg_label
+from moe_hang.analysis.diagnosis import (
+    CulpritBasis,
+    Divergence,
+    MismatchKind,
+    RankCollective,
+    Verdict,
+    pg_label,
+)
 from moe_hang.analysis.explain import site_str
-from moe_hang.analysis.gates import went_through
+from moe_hang.analysis.gates import every_pass, went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
+from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
-from moe_hang.analysis.source import branch_call
+from moe_hang.analysis.source import branch_call, loop_step
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
-from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import agree, who
 
@@ -121,7 +130,8 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
         if r in ahead or here(v) or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq:
             continue
         if went_through(views.source, list(v.position), fb, v.current if laps else None,
-                        theirs):
+                        theirs) and (w.pg == DEFAULT_PG
+                                 or _counts_allow(views.source, fb[-1], v, theirs)):
             passed.append(r)
             counts.add(posted)
     if not ahead or not passed or len(counts) != 1:
@@ -131,6 +141,68 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
                 Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
                  readings)
+
+
+def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
+                  theirs: list[dict[str, int]]) -> bool:
+    """Being at its line in the waiters' pass (or the pass on) leaves the rank's count on the
+    default group at least theirs plus the collectives on it that every pass posts from
+    their line ``fb`` on to its own, as the source shows them (called by name: a helper's
+    only add). Fewer, and it is not there without a second difference of its own (it is a
+    pass behind, say, after an extra there): a shift on another group is read only where
+    the counts on the group both sides share agree with it."""
+    got = {t[DEFAULT_PG] for t in theirs if DEFAULT_PG in t}
+    fa = v.position[-1] if v.position else None
+    if fa is None or fa.file != fb.file or len(got) != 1 or len(theirs) == 0 \
+            or any(DEFAULT_PG not in t for t in theirs):
+        return True
+    body = loop_step(src, fb.file, fb.line, fa.line)
+    if body is None:
+        return True
+    wrap = fa.line <= fb.line  # a pass on: from their line to the body's end, then its start
+    need = 0
+    for line in body.calls:
+        if not (fb.line < line <= fa.line or (wrap and (line > fb.line or line <= fa.line))):
+            continue
+        lf = src.line(fb.file, line)
+        if lf is not None and lf.default_group and every_pass(src, Frame(fb.file, line,
+                                                                         fb.function), fb):
+            need += 1
+    return v.tl.enqueued.get(DEFAULT_PG, -1) >= got.pop() + need
+
+
+def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
+    """Where an extra paired silently: the culprits' extra is ``site`` (the one collective on
+    the group under a branch in the loop), the last they posted before the shift's line as
+    the source shows the loop (no collective on the group between them by name), and the
+    others' collective at the line the last they posted (none by name from it to where they
+    are): one number apart, the two met as the number the others posted it as."""
+    if not sh.extra or site is None or sh.passed_seq != sh.seq - 1:
+        return None
+    line = sh.site
+    body = loop_step(views.source, line.file, site.line, line.line)
+    if body is None or site.file != line.file:
+        return None
+
+    def on_group(n: int) -> bool:
+        lf = views.source.line(line.file, n)
+        return lf is None or lf.default_group is not False
+
+    spots = {a: views[a].position[-1].line if views[a].position else None for a in sh.others}
+    if any(site.line < n < line.line and on_group(n) for n in body.calls) or any(
+            at is None or any((n > line.line or n < at) and on_group(n) for n in body.calls
+                              if n != line.line)
+            for at in spots.values()) or any(at is not None and at > line.line
+                                             for at in spots.values()):
+        return None
+    per_rank: dict[int, RankCollective | None] = {}
+    for r, where in [*((c, site) for c in sh.culprits), *((o, line) for o in sh.others)]:
+        rc = to_rc(views[r].tl.by_pg.get(sh.pg, {}).get(sh.passed_seq), views[r])
+        if rc is None:
+            return None
+        per_rank[r] = replace(rc, callsite=where)
+    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
+    return Divergence(sh.pg, sh.passed_seq, MismatchKind.EXTRA, sh.pg_desc, members, per_rank)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:

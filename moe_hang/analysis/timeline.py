@@ -53,22 +53,39 @@ def _posted(rec: PostedRecord) -> Collective:
         name=rec.name, phase=rec.phase, tag=rec.tag, autograd_fn=rec.autograd_fn)
 
 
+def beat_names(ev: RankEvidence, hb: Heartbeat) -> dict[str, str]:
+    """The heartbeat's group ids (its recorder's own numbering) -> group names. A process
+    numbers only the groups it belongs to, so an id is a name only through a record that
+    holds both: a pending entry, the rank's recorder or its posted log. An id none names is
+    read as the name only where every id named is its own name (the process numbers its
+    groups as torch names them); else it is left out of every claim (a mesh rank's id "2"
+    may be group "6", and group "2" another pair's)."""
+    names = dict(ev.log_pg_names)
+    if ev.fr is not None:
+        names.update(ev.fr.pg_names)
+    names.update({str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
+                  if e.get("process_group")})
+    as_is = all(k == v for k, v in names.items())
+    return {pg_id: names.get(pg_id, pg_id) for pg_id in hb.pg_status or {}
+            if pg_id in names or as_is}
+
+
 def beat_counts(ev: RankEvidence, hb: Heartbeat) -> dict[str, tuple[int, int]]:
-    """(posted, completed) per group from a heartbeat's recorder counts, by group name where a
-    pending entry names the group's id, else by the id (the name torch numbers groups by; a
-    beat at exit has no pending entry). gloo counts ops there, its sends and recvs with its
-    collectives: a count is brought back to collectives by how far the rank's newest
-    recorded collective's op id was ahead of its seq (sends and recvs after it still count)."""
-    names = {str(e.get("pg_id")): str(e["process_group"][0]) for e in hb.pending
-             if e.get("process_group")}
+    """(posted, completed) per group from a heartbeat's recorder counts, by group name
+    (``beat_names``). gloo counts ops there, its sends and recvs with its collectives: a
+    count is brought back to collectives by how far the rank's newest recorded collective's
+    op id was ahead of its seq (sends and recvs after it still count)."""
+    names = beat_names(ev, hb)
     lead = dict(ev.log_op_lead)
     for name, n in (ev.fr.op_lead if ev.fr is not None else {}).items():
         lead[name] = max(lead.get(name, 0), n)  # the newer entry is the further ahead
     out = {}
     for pg_id, st in (hb.pg_status or {}).items():
-        name = names.get(pg_id, pg_id)
-        ahead = lead.get(name, 0)
-        out[name] = (st.enqueued - ahead if st.enqueued >= 0 else st.enqueued,
+        group = names.get(pg_id)
+        if group is None:
+            continue
+        ahead = lead.get(group, 0)
+        out[group] = (st.enqueued - ahead if st.enqueued >= 0 else st.enqueued,
                      st.completed - ahead if st.completed >= 0 else st.completed)
     return out
 
@@ -306,8 +323,10 @@ class Poster:
 
 def _posted_upto(v: RankView, pg: str) -> int:
     """The last seq the rank's own counts say it posted on ``pg`` (-1: they say nothing)."""
-    hb = v.ev.heartbeat.pg_status if v.ev.heartbeat is not None else None
-    return max((st.enqueued for st in ((v.ev.log_status or {}).get(pg), (hb or {}).get(pg))
+    hb = v.ev.heartbeat
+    beat = [] if hb is None else [(hb.pg_status or {}).get(i)
+                                  for i, name in beat_names(v.ev, hb).items() if name == pg]
+    return max((st.enqueued for st in ((v.ev.log_status or {}).get(pg), *beat)
                 if st is not None), default=-1)
 
 

@@ -103,7 +103,7 @@ def load_rank(layout: RunLayout, rank: int, lists: RankLists | None = None) -> R
     if log is not None:
         ev.posted_log, ev.posted_p2p, ev.log_gaps, ev.log_end, ev.log_status = (
             log.collectives, log.p2p, log.gaps, log.end, log.status)
-        ev.log_op_lead = log.op_lead
+        ev.log_op_lead, ev.log_pg_names = log.op_lead, log.pg_names
         ev.notes.extend(log.notes)
     recorded = RankError.parse(_read_json(files.error, ev, "error record"))
     ev.error = unwrap(recorded) if recorded is not None else None

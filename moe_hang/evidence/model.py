@@ -207,6 +207,7 @@ class RankEvidence:
     log_end: str | None = None
     log_status: dict[str, PgStatus] = field(default_factory=dict)  # its last counts, by group
     log_op_lead: dict[str, int] = field(default_factory=dict)  # gloo: FRDump.op_lead, its log's
+    log_pg_names: dict[str, str] = field(default_factory=dict)  # FRDump.pg_names, its log's
     heartbeat: Heartbeat | None = None
     error: RankError | None = None  # a Python exception the rank recorded
     thread_errors: list[RankError] = field(default_factory=list)  # ones that ended a thread

@@ -64,6 +64,7 @@ class PostedLog:
     # by group name, from the last status record (as a dump's pg_status reads)
     status: dict[str, PgStatus] = field(default_factory=dict)
     op_lead: dict[str, int] = field(default_factory=dict)  # gloo: as FRDump.op_lead
+    pg_names: dict[str, str] = field(default_factory=dict)  # as FRDump.pg_names
 
 
 def read_posted_log(path: Path) -> PostedLog | None:
@@ -122,7 +123,7 @@ def parse_posted_log(data: bytes) -> PostedLog:
             out.notes.append(f"posted log entries unreadable ({type(exc).__name__})")
             return out
         out.collectives, out.p2p, out.status = dump.entries, dump.p2p, dump.pg_status
-        out.op_lead = dump.op_lead
+        out.op_lead, out.pg_names = dump.op_lead, dump.pg_names
         for c in out.collectives:
             c.source = "posted_log"
     return out

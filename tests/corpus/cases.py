@@ -916,6 +916,28 @@ CASES: tuple[Case, ...] = (
               "skips the world accuracy all-reduce under `if not (FAULTY and step == 2)`, "
               "its loss all-reduce (size 1) pairs with theirs and it waits a pass on in the "
               "tp all-reduce: the loop's one way to post fewer names it"),
+    Case("mesh2d_row_wrong_group", "mesh2d_row_wrong_group.py", 8, DESYNC_OR_HANG,
+         env={"CULPRIT_RANKS": "4,5,6,7"}, mirror={"CULPRIT_RANKS": "0,1,2,3"},
+         culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(ranks("CULPRIT_RANKS"), "stats"),
+                at(others(ranks("CULPRIT_RANKS"), 8), "dp_reduce")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "dummy input"),
+         fix_require=("group",), stall=3.0, nnodes=2, timeout_s=300.0,
+         note="fuzz seed 77163029 job 46: a 2x4 mesh on two nodes, a whole tp row posts "
+              "its dp all-reduce on tp and waits in the world stats: every rank of the row "
+              "is named (a heartbeat's group ids are its own numbering, not group names)"),
+    Case("mesh2d_behind_extra", "mesh2d_behind_extra.py", 8, DESYNC_OR_HANG,
+         env={"CULPRIT_RANKS": "6", "MOE_HANG_FR_STACKS": "0"},
+         mirror={"CULPRIT_RANKS": "5"}, culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(ranks("CULPRIT_RANKS"), "loss"),
+                at(lambda env: frozenset(r for r in range(8) if r % 2 == int(
+                    env["CULPRIT_RANKS"]) % 2) - ranks("CULPRIT_RANKS")(env), "dp_reduce")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "same group", "skipped"),
+         fix_require=("posted more collectives on default_pg",), stall=5.0, timeout_s=300.0,
+         note="fuzz seed 77163029 job 68, no stacks in the recorder (as beside a busy "
+              "neighbour no dump answers): one rank's extra world all-reduce pairs "
+              "silently with the others' loss, and it waits in its loss a pass behind its "
+              "dp peers: one more on the world group, not one fewer on dp in their pass"),
     Case("nested_epoch_extra", "nested_epoch_extra.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "loss", "divergence"), at(C, "acc"), at(others(C, 2), "finish")),

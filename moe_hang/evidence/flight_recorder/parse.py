@@ -212,7 +212,8 @@ def parse_dump(data: dict[str, Any], *, context: int | None = None,
     return FRDump(colls, status, pg_ranks, str(data.get("version", "")), backend, p2p=p2ps,
                   pg_desc=descs, lib_version=str(lib or ""),
                   window=Window(len(raw_entries), len(keep), sel.first_record_id),
-                  op_lead={id_to_name[str(k)]: v for k, v in sel.op_lead.items() if v >= 0})
+                  op_lead={id_to_name[str(k)]: v for k, v in sel.op_lead.items() if v >= 0},
+                  pg_names=id_to_name)
 
 
 def _coalesce(colls: list[Collective]) -> list[Collective]:

@@ -136,6 +136,9 @@ class FRDump:
     # not) its newest collective's op id is ahead of its seq — what a gloo count of ops (a
     # heartbeat's) is ahead of the collectives, as of that entry
     op_lead: dict[str, int] = field(default_factory=dict)
+    # the process's own group ids (its entries' and pg_status's ``pg_id``) -> group names: a
+    # process numbers only the groups it belongs to, so on a mesh id "2" may be group "6"
+    pg_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def timing(self) -> bool:
