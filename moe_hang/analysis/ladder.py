@@ -126,6 +126,8 @@ def history(r: Reading, ctx: Context) -> bool | None:
     p = ctx.program
     if r.edit == Edit.BEHIND or _due_later(r, ctx):
         return None
+    if _ends_a_run(r, p):
+        return None
     regular = [p.regular(c) for c in r.block] if r.realigned else []
     # every collective of the block regular (True) or never seen in a step (False)
     reg = regular[0] if regular and len(set(regular)) == 1 else None
@@ -182,6 +184,19 @@ def _due_later(r: Reading, ctx: Context) -> bool:
         and (site := callsite(list(c.frames))) is not None
         and periodic_gate(ctx.views.source, site.file, site.line) is not None
         for c in (*r.block, *(r.mines or (r.mine,)), r.theirs))
+
+
+def _ends_a_run(r: Reading, p: Program) -> bool:
+    """At one seq, one side went on with a collective the agreed steps posted several times
+    running and never saw end, the other posted another op (what follows the run): one more
+    of the run on one side and one fewer on the other read alike, and nothing the steps
+    showed says where the run ends."""
+    if r.edit != Edit.CHANGE or r.mine is None or r.theirs is None \
+            or (r.mine.pg, r.mine.seq) != (r.theirs.pg, r.theirs.seq):
+        return False  # a block's place, or another group's order, may still say
+    # another op, not the run's own in another shape or from another line (a shape the
+    # steps always kept, a line's place in the loop, decide those)
+    return r.mine.op != r.theirs.op and any(p.endless(a) for a in (r.mine, r.theirs))
 
 
 def _kept(theirs: bool | None, mine: bool | None) -> bool | None:
@@ -258,7 +273,7 @@ def program_order(r: Reading, ctx: Context) -> bool | None:
         return True
     # the lines tie (or are not known): the order the agreed run's one step, seen once and
     # begun again, says the program posts at this seq
-    exp = ctx.program.tentative(r.theirs)
+    exp = ctx.program.tentative(r.theirs) if not _ends_a_run(r, ctx.program) else None
     if exp is not None and r.mine is not None and r.theirs is not None \
             and r.edit in (Edit.SKIP, Edit.CHANGE) \
             and (r.mine.pg, r.mine.seq) == (r.theirs.pg, r.theirs.seq):

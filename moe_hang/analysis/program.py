@@ -305,6 +305,23 @@ class Program:
                 False if self.seen_after.get((where, cp), 0) > 1 else None)
         return None
 
+    def endless(self, c: Collective | None) -> bool:
+        """``c`` was posted several times running in the agreed steps and nothing else ever
+        followed it: the run never ended there, so where it ends (one more of it, or one
+        fewer) is nothing they showed."""
+        if c is None:
+            return False
+        fk, ck = fine_key(c), coarse_key(c)
+        # on its group, and in the order each rank posted (another group's next ends it too)
+        for fine, coarse in ((self.follows_fine, self.follows_coarse),
+                             (self.across_fine, self.across_coarse)):
+            if fk is not None and fk in fine:
+                if fine[fk] != {fk}:
+                    return False
+            elif coarse.get(ck, {ck}) != {ck}:
+                return False
+        return self.follows_coarse.get(ck) == {ck}
+
     def regular(self, c: Collective) -> bool | None:
         """Was ``c`` posted in the agreed steps (by its path, else its shape)? None: nothing
         learned on its kind of group."""

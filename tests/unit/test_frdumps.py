@@ -350,7 +350,7 @@ def test_windowed_and_full_reads_give_the_same_verdict(tmp_path):
                      "--fault", "dtype")
     (s,) = postmortem.find([tmp_path / "s"]).sets
     full = postmortem.load_sets([s], context=None)
-    win = postmortem.load_sets([s])
+    win = postmortem.load_sets([s], context=fr.DEFAULT_CONTEXT)  # as 8192 ranks' are read
     kept = sum(len(d.entries) for d in win[0].fr.values())
     assert kept < sum(len(d.entries) for d in full[0].fr.values()) / 3
     from moe_hang.analysis.rules import diagnose
@@ -360,6 +360,19 @@ def test_windowed_and_full_reads_give_the_same_verdict(tmp_path):
     assert a.first_divergence is not None and b.first_divergence is not None
     assert (a.first_divergence.pg, a.first_divergence.seq) == (
         b.first_divergence.pg, b.first_divergence.seq) == (truth["group"]["name"], truth["seq"])
+
+
+def test_the_history_kept_is_as_long_as_the_budget_allows(tmp_path):
+    """A small job's dumps are read whole (what its earlier steps posted is the history the
+    ladder reads); only as many ranks as the budget is shared by keep DEFAULT_CONTEXT."""
+    make_set(tmp_path / "s", "--ranks", "4", "--entries", "120", "--fault", "dtype")
+    (s,) = postmortem.find([tmp_path / "s"]).sets
+    (got,), (full,) = postmortem.load_sets([s]), postmortem.load_sets([s], context=None)
+    assert {r: len(d.entries) for r, d in got.fr.items()} == {
+        r: len(d.entries) for r, d in full.fr.items()}
+    (short,) = postmortem.load_sets([s], context=fr.DEFAULT_CONTEXT)
+    assert sum(len(d.entries) for d in short.fr.values()) < sum(
+        len(d.entries) for d in full.fr.values()) / 3
 
 
 # ----------------------------------------------------------------------------- bad input

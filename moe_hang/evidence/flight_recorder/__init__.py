@@ -29,6 +29,7 @@ from moe_hang.evidence.flight_recorder.parse_entry import entry_to_collective, o
 from moe_hang.evidence.flight_recorder.records import (
     DEFAULT_CONTEXT,
     DEFAULT_PG,
+    HISTORY_BUDGET,
     Collective,
     DumpError,
     FRDump,
@@ -40,6 +41,7 @@ from moe_hang.evidence.flight_recorder.records import (
 __all__ = [
     "DEFAULT_CONTEXT",
     "DEFAULT_PG",
+    "HISTORY_BUDGET",
     "Collective",
     "DumpError",
     "FRDump",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moe_hang.evidence import flight_recorder as fr
-from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, FRDump
+from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, HISTORY_BUDGET, FRDump
 from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Problem
 from moe_hang.evidence.flight_recorder.parse_entry import RankLists
 from moe_hang.settings import Settings
@@ -108,13 +108,20 @@ def _workers(n_files: int, n_bytes: int) -> int:
     return max(1, min(cores, n_files // 8, math.ceil(n_bytes / POOL_MIN_BYTES)))
 
 
-def load_sets(sets: list[DumpSet], *, context: int | None = DEFAULT_CONTEXT,
+BY_BUDGET = -1  # load_sets' context: as many as HISTORY_BUDGET allows each file
+
+
+def load_sets(sets: list[DumpSet], *, context: int | None = BY_BUDGET,
               workers: int | None = None, settings: Settings = Settings()) -> list[LoadedSet]:
     """Parse every file of every set (in parallel when it pays); unreadable files become
-    :class:`Problem` s of their set. Raises TimeoutError when the workers stall (no chunk in
-    ``settings.fr_load_timeout_s``, plus ``fr_load_s_per_mb`` of its size)."""
+    :class:`Problem` s of their set. ``context``: completed entries kept per group (None:
+    all; by default the history budget shared by the files, never under DEFAULT_CONTEXT).
+    Raises TimeoutError when the workers stall (no chunk in ``settings.fr_load_timeout_s``,
+    plus ``fr_load_s_per_mb`` of its size)."""
     loaded = [LoadedSet(s) for s in sets]
     jobs = [(i, f) for i, s in enumerate(sets) for _r, f in sorted(s.files.items())]
+    if context == BY_BUDGET:
+        context = max(DEFAULT_CONTEXT, HISTORY_BUDGET // max(1, len(jobs)))
     n_bytes = sum(f.size for _i, f in jobs)
     n = workers if workers is not None else _workers(len(jobs), n_bytes)
     by_path = {str(f.path): i for i, f in jobs}

@@ -13,6 +13,10 @@ from moe_hang.evidence.stacks import Frame
 
 DEFAULT_PG = "0"  # the default process group's name in Flight Recorder and the probe
 DEFAULT_CONTEXT = 4  # completed entries kept per group when windowing (history for the verdict)
+# completed entries kept over every rank's dumps together: the history the verdict reads (what
+# earlier steps posted, from where) is as long as this allows — a small job's whole, 8192
+# ranks' last DEFAULT_CONTEXT per group (the post-mortem benchmark's scale)
+HISTORY_BUDGET = 8192 * DEFAULT_CONTEXT
 
 # an entry's state as torch's recorder writes it, least advanced first: ``scheduled``
 # (enqueued), ``started`` (its start event fired: the kernel runs; only with start events,
