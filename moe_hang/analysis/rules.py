@@ -23,6 +23,7 @@ from moe_hang.analysis.diagnosis import (
     Certainty,
     CulpritBasis,
     Diagnosis,
+    MismatchKind,
     Verdict,
 )
 from moe_hang.analysis.dumps_only import all_completed, nothing_pending
@@ -48,6 +49,7 @@ from moe_hang.analysis.failures import (
 )
 from moe_hang.analysis.joining import all_joining, stuck_joining
 from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.passes import stayed
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
 from moe_hang.analysis.ras.launches import (
     counts_differ,
@@ -136,8 +138,8 @@ def _size_abort(f: Facts) -> Conclusion:
             if b.basis != CulpritBasis.AMBIGUOUS:
                 out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
                 out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
-        if not by_counts and out.div is not None and mark_skipped(out.div, out.culprits,
-                                                                  f.ctx):
+        if not by_counts and out.div is not None and (
+                _one_more_pass(f, out) or mark_skipped(out.div, out.culprits, f.ctx)):
             out.summary = desync_summary(out.div, f.reports(out.div), out.culprits, {}) \
                 + culprit_clause(out.basis, out.culprits, confirmed)
         out.summary = out.summary.rstrip(".") + f" ({detail})."
@@ -153,6 +155,20 @@ def _size_abort(f: Facts) -> Conclusion:
     certainty = Certainty.DEFINITE if b.confirmed else Certainty.LIKELY
     return Conclusion(Verdict.DESYNC, b.culprits, b.basis, certainty, summary,
                       KIND_ADVICE[div.kind](situation(f, div, b.culprits, b.basis)), div)
+
+
+def _one_more_pass(f: Facts, out: Conclusion) -> bool:
+    """The culprits are still in a loop the others left, at a line every pass posts from:
+    their collective at the divergence is that line's, one more pass — posted, not skipped
+    to. Where the abort's sizes are the two sides' own, the mismatch is one of sizes."""
+    div = out.div
+    if div is None or stayed(situation(f, div, out.culprits, out.basis)) is None:
+        return False
+    posted = list(div.per_rank.values())
+    if all(c is not None for c in posted) and len({c.op for c in posted if c}) == 1 \
+            and len({repr(c.input_sizes) for c in posted if c}) > 1:
+        div.kind = MismatchKind.SIZE
+    return True
 
 
 def _desync(f: Facts) -> Conclusion:

@@ -45,3 +45,9 @@ def test_one_more_pass_whose_sizes_differ_is_one_more_pass(fixtures, fixture, lo
     assert d["fix"].startswith(
         f"Rank {long} posted at {job}:28 <module> (inside the loop at {job}:23) where rank "
         f"{short} posted {job}:33 <module>, after the loop"), d["fix"]
+    # one more pass posts the loop's collective at that seq: its own, not a skip to it
+    assert d["summary"].startswith("Ranks posted different sizes at seq 26 of default_pg"), \
+        d["summary"]
+    fd = d["first_divergence"]
+    assert (fd["kind"], fd["per_rank"][str(long)]["callsite"]["line"]) == (
+        "size_mismatch", 28)
