@@ -237,9 +237,14 @@ def advise_order(s: Situation) -> Advice:
             f"{at_line(called)}. Call the same modules on every rank every step (run a skipped "
             "block on an empty or dummy input), so every rank posts the same all-gathers.")
     if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
+        # no line known (dumps without stack traces): the lines are what would settle it
+        settle = (": compare the lines each rank is at (above)" if any(
+            s.site(r) is not None for r in s.div.per_rank) else
+            ", which holds no rank's line: torch's pickle dumps (with stack traces) or a "
+            "run under `moe-hang watch` would show where each posted from")
         return Advice("Every rank must post the same collectives in the same order; these "
-                      "ranks do not, and which one deviates is not decided by this capture: "
-                      "compare the lines each rank is at (above).")
+                      "ranks do not, and which one deviates is not decided by this capture"
+                      f"{settle}.")
     culprit = s.culprits[0]
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     now_at = s.site(culprit)
