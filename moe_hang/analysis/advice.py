@@ -43,6 +43,7 @@ from moe_hang.analysis.source import (
     on_default_group,
     path_condition,
     path_condition_site,
+    periodic_gate,
     rank_condition,
     taken_only_by,
 )
@@ -289,6 +290,13 @@ def advise_order(s: Situation) -> Advice:
             and (g := gate_taken(s, now_at, missed_at)) is not None:
         # in step up to the collective before (one line for all): the culprits' path from
         # there took the branch theirs is in, the others' did not
+        return advise_gate_taken(s, now_at, missed_at, g)
+    if s.basis == CulpritBasis.MAJORITY and s.div.seq is None and now_at is not None \
+            and missed_at is not None and one_line(s, now_at) \
+            and (g := gate_taken(s, now_at, missed_at)) is not None \
+            and periodic_gate(s.src, now_at.file, now_at.line) is None:
+        # stacks alone: the minority waits in a branch of a test on its own data that the
+        # others' line is outside of (a test alike in a pass would be out of step instead)
         return advise_gate_taken(s, now_at, missed_at, g)
     if s.basis == CulpritBasis.MAJORITY and now_at is not None and missed_at is not None \
             and not s.before.get(culprit) \

@@ -949,6 +949,27 @@ CASES: tuple[Case, ...] = (
          note="nested_epoch_extra from torch's JSON dumps (no frames): every all-reduce "
               "reads alike, a run never seen to end; one rank's barrier against the "
               "other's all-reduce is one more of it or one fewer: no culprit"),
+    Case("loss_alert", "loss_alert.py", 3, DESYNC_OR_HANG,
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "alert"), at(others(C, 3), "grads")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
+         fix_require=("in `if mine > 5.0:`",),
+         note="written for the occasion: each rank all_gather_objects an alert when its own "
+              "batch loss spikes; rank C's shard is noisier: its alert meets the others' "
+              "next gradient all-reduce. The branch its data took"),
+    Case("loss_alert_attach", "loss_alert.py", 3, DESYNC_OR_HANG, mode="diagnose",
+         env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "alert"), at(others(C, 3), "grads")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
+         fix_require=("in `if mine > 5.0:`",), stall=5.0, timeout_s=240.0,
+         note="the same under diagnose (stacks alone, the loop at the top level: no "
+              "counters): the minority in a branch of a test on its own data that the "
+              "others' line is outside of; was the generic order advice"),
+    Case("loss_alert_dumps", "loss_alert.py", 3, DESYNC_OR_HANG, mode="analyze",
+         form="pickle", env=culprit_env(2), mirror=culprit_env(0), culprits=C,
+         lines=(at(C, "alert"), at(others(C, 3), "grads")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
+         note="the same from torch's pickle dumps"),
     Case("mesh2d_row_wrong_group", "mesh2d_row_wrong_group.py", 8, DESYNC_OR_HANG,
          env={"CULPRIT_RANKS": "4,5,6,7"}, mirror={"CULPRIT_RANKS": "0,1,2,3"},
          culprits=ranks("CULPRIT_RANKS"),
