@@ -151,11 +151,10 @@ def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
     only add). Fewer, and it is not there without a second difference of its own (it is a
     pass behind, say, after an extra there): a shift on another group is read only where
     the counts on the group both sides share agree with it."""
-    got = {t[DEFAULT_PG] for t in theirs if DEFAULT_PG in t}
+    got = {t.get(DEFAULT_PG) for t in theirs}
     fa = v.position[-1] if v.position else None
-    if fa is None or fa.file != fb.file or len(got) != 1 or len(theirs) == 0 \
-            or any(DEFAULT_PG not in t for t in theirs):
-        return True
+    if fa is None or fa.file != fb.file or len(got) != 1 or None in got:
+        return True  # no position, or no one count of theirs: nothing to check it against
     body = loop_step(src, fb.file, fb.line, fa.line)
     if body is None:
         return True
@@ -168,7 +167,8 @@ def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
         if lf is not None and lf.default_group and every_pass(src, Frame(fb.file, line,
                                                                          fb.function), fb):
             need += 1
-    return v.tl.enqueued.get(DEFAULT_PG, -1) >= got.pop() + need
+    (count,) = got
+    return count is None or v.tl.enqueued.get(DEFAULT_PG, -1) >= count + need
 
 
 def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
@@ -184,16 +184,19 @@ def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | N
     if body is None or site.file != line.file:
         return None
 
-    def on_group(n: int) -> bool:
-        lf = views.source.line(line.file, n)
-        return lf is None or lf.default_group is not False
+    def calls_between(lo: int, hi: int) -> bool:
+        """A call the source shows (by name) that may be on the group, after line ``lo``
+        and before ``hi`` in the pass — across its end where ``hi`` is not after ``lo``."""
+        def on_group(n: int) -> bool:
+            lf = views.source.line(line.file, n)
+            return lf is None or lf.default_group is not False
+        return any(on_group(n) and (lo < n < hi if lo < hi else (n > lo or n < hi))
+                   for n in body.calls)
 
-    spots = {a: views[a].position[-1].line if views[a].position else None for a in sh.others}
-    if any(site.line < n < line.line and on_group(n) for n in body.calls) or any(
-            at is None or any((n > line.line or n < at) and on_group(n) for n in body.calls
-                              if n != line.line)
-            for at in spots.values()) or any(at is not None and at > line.line
-                                             for at in spots.values()):
+    # the others are at or before the line, a pass on from it (their last post was there)
+    spots = [views[a].position[-1].line if views[a].position else None for a in sh.others]
+    if (site.line < line.line and calls_between(site.line, line.line)) or any(
+            at is None or at > line.line or calls_between(line.line, at) for at in spots):
         return None
     per_rank: dict[int, RankCollective | None] = {}
     for r, where in [*((c, site) for c in sh.culprits), *((o, line) for o in sh.others)]:
