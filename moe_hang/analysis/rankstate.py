@@ -71,6 +71,13 @@ def _pending(tl: RankTimeline) -> list[Collective]:
     return sorted(out, key=lambda c: (c.time_created_ns or 0, c.seq))
 
 
+def _newest(tl: RankTimeline, current: Collective, pending: list[Collective]) -> bool:
+    """``current`` is the one collective pending and the last the rank posted, on any group."""
+    return pending == [current] and current.time_created_ns is not None and all(
+        (c.time_created_ns or 0) <= current.time_created_ns
+        for coll in tl.by_pg.values() for c in coll.values())
+
+
 def recorder_only(ev: RankEvidence) -> bool:
     """All the tool has of this live, stuck rank is its Flight Recorder dump (post-mortem:
     ``analyze`` on torch's dump files)."""
@@ -78,12 +85,14 @@ def recorder_only(ev: RankEvidence) -> bool:
             and not ev.threads and ev.heartbeat is None and not ev.fatal)
 
 
-def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
-                 ) -> StackView | None:
+def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None,
+                 newest: bool = False) -> StackView | None:
     """The rank's main thread sits at its own line's wait (``work.wait()``) in every sample:
     in a collective posted earlier, as NCCL jobs wait (blocked, or spinning in a stream's
     synchronize). Where the source shows which call posted it, that is its op and its line
-    (a rank's line is where its pending collective was posted); else its op is unknown."""
+    (a rank's line is where its pending collective was posted); else its op is unknown.
+    ``newest``: the one collective pending is the rank's newest, so a wait on a list's
+    handles waits on the last one appended (nothing was posted after it)."""
     if facts is None or ev.progressed is not False or sv.callsite is None \
             or sv.state not in (RankState.IDLE, RankState.COMPUTING):
         return None
@@ -91,6 +100,8 @@ def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None
     lf = facts.line(at.file, at.line)
     if lf is None or lf.waits is None or lf.wait_on is False:
         return None  # no wait here, or one the source shows is on something else
+    if lf.posted is None and newest and lf.appended_last is not None:
+        lf = replace(lf, posted=lf.appended_last)
     if lf.posted is None:
         return replace(sv, state=RankState.IN_COLLECTIVE, op=sv.op or "unknown",
                        api=sv.api or f"{lf.waits}()")
@@ -173,7 +184,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
             state, moved = RankState.COMPUTING, True  # the fresher source wins (§8.1)
         elif state != RankState.IN_COLLECTIVE and current is not None and not ev.progressed:
             state = RankState.IN_COLLECTIVE  # FR says a collective is pending, nothing moved
-            waiting = _waits_async(ev, sv, facts)
+            waiting = _waits_async(ev, sv, facts, _newest(tl, current, pending))
             if waiting is not None and waiting.waited_at is not None and not current.frames \
                     and waiting.op == current.op:
                 # a recorder without call sites: its line is where the source shows the

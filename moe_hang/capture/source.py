@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moe_hang.capture.source_calls import (
+    appended_last,
     assigned_once,
     collective_calls,
     default_group,
@@ -78,11 +79,12 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         everyone = every_rank_groups(tree, once)
         waits = wait_calls(tree)
         posted = {n: p for n in lines if (p := posted_by(tree, waits, calls, n)) is not None}
+        last = {n: p for n in lines if (p := appended_last(tree, waits, calls, n)) is not None}
         # the line a wait's collective was posted from is read too: its branch, its group;
         # and every collective call of a loop around a line (what a pass posts, and under
         # which branch: a skip or an extra one pass earlier is at one of them), and its
         # ways out (the branch a rank that left it early took)
-        lines = set(lines) | {p[0] for p in posted.values()} | {
+        lines = set(lines) | {p[0] for p in (*posted.values(), *last.values())} | {
             c for n in lines for st in _path(tree.body, n, calls)
             if st.kind in ("For", "While", "AsyncFor") for c in st.calls + st.exits}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
@@ -90,7 +92,8 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
                                         every_rank(calls, n, g, everyone), _gates(tree, n),
-                                        wait_on_collective(tree, waits, calls, n), cond[1])
+                                        wait_on_collective(tree, waits, calls, n), cond[1],
+                                        last.get(n))
                            for n in sorted(lines)}
     return out
 

@@ -144,13 +144,7 @@ def _handle_assigns(tree: ast.Module, waits: list[ast.Call], line: int
     if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
             or not isinstance(here[0].func.value, ast.Name):
         return [], tree
-    name = here[0].func.value.id
-    scope: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                node.lineno <= line <= (node.end_lineno or node.lineno) and \
-                node.lineno >= getattr(scope, "lineno", 0):
-            scope = node
+    name, scope = here[0].func.value.id, _scope_of(tree, line)
     # ``h = None`` first, then ``if overlap: h = dist.all_reduce(..., async_op=True)``: the
     # initializer is no post the wait can be on (``if h is not None: h.wait()``)
     return [node for node in ast.walk(scope) if isinstance(node, ast.Assign)
@@ -185,6 +179,58 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
         return None
     op = _collective_op(last, calls)
     return (last.lineno, op) if op is not None else None
+
+
+def _scope_of(tree: ast.Module, line: int) -> ast.AST:
+    """The innermost function ``line`` is in (the module where none)."""
+    scope: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno) and \
+                node.lineno >= getattr(scope, "lineno", 0):
+            scope = node
+    return scope
+
+
+def appended_last(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
+                  ) -> tuple[int, str] | None:
+    """A wait on a list's handles (``for w in pending: w.wait()``, the list filled by
+    ``pending.append(dist.all_reduce(x, async_op=True))``): the line and op of the last
+    collective call appended to it before the loop, where every pass that reaches the wait
+    runs that call last of all the collective calls before it (no branch or loop holds it that
+    the wait is outside of; no other collective call between). Which handle the wait is on the
+    source does not say; a rank whose one pending collective is its newest waits on this
+    one. None where any append to the list is not a collective call. Appends in a function
+    of their own (a gradient hook) run when it is called, not in the text's order: not read."""
+    here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
+            or here[0].func.attr != "wait" or not isinstance(here[0].func.value, ast.Name):
+        return None
+    handle, scope = here[0].func.value.id, _scope_of(tree, line)
+    loops = [n for n in ast.walk(scope) if isinstance(n, ast.For)
+             and isinstance(n.target, ast.Name) and n.target.id == handle
+             and isinstance(n.iter, ast.Name) and n.lineno < line <= (n.end_lineno or n.lineno)]
+    if len(loops) != 1:
+        return None
+    listed, start = loops[0].iter.id, loops[0].lineno  # type: ignore[attr-defined]
+    appends = [n for n in ast.walk(scope) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == listed
+               and n.lineno < start and _scope_of(tree, n.lineno) is scope]
+    posts = [a.args[0] if len(a.args) == 1 and isinstance(a.args[0], ast.Call) else None
+             for a in appends]
+    if not appends or any(p is None or p not in calls for p in posts):
+        return None
+    last = max(appends, key=lambda n: n.lineno)
+    held = any(isinstance(n, (ast.If, ast.For, ast.While, ast.AsyncFor, ast.Try))
+               and n.lineno <= last.lineno <= (n.end_lineno or 0)
+               and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
+    between = any(last.lineno < c.lineno < line for c in calls)
+    post = last.args[0]
+    op = post.func.attr if isinstance(post, ast.Call) and isinstance(post.func, ast.Attribute) \
+        else post.func.id if isinstance(post, ast.Call) and isinstance(post.func, ast.Name) \
+        else None
+    return None if held or between or op is None else (last.lineno, op)
 
 
 # the device modules whose synchronize() waits for everything the device was given

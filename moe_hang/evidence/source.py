@@ -122,6 +122,10 @@ class LineFacts:
     wait_on: bool | None = None
     # the line of the ``if`` (or of the guard) ``rank_condition`` is
     rank_condition_line: int | None = None
+    # a wait on a list's handles (``for w in pending: w.wait()``): the line and op of the last
+    # collective call appended to the list before it on every pass (which handle is waited on
+    # the source does not say: the rank's newest, where that is the one pending)
+    appended_last: tuple[int, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -143,6 +147,8 @@ class LineFacts:
             d["wait_on"] = self.wait_on
         if self.rank_condition_line is not None:
             d["rank_condition_line"] = self.rank_condition_line
+        if self.appended_last is not None:
+            d["appended_last"] = list(self.appended_last)
         return d
 
     @classmethod
@@ -153,9 +159,7 @@ class LineFacts:
         cond = d.get("rank_condition")
         dg = d.get("default_group")
         waits = d.get("waits")
-        raw = d.get("posted")
-        posted = (raw[0], raw[1]) if isinstance(raw, list) and len(raw) == 2 \
-            and isinstance(raw[0], int) and isinstance(raw[1], str) else None
+        posted, last = _line_op(d.get("posted")), _line_op(d.get("appended_last"))
         group = d.get("group")
         every = d.get("every_rank")
         raw_gates = d.get("gates")
@@ -168,7 +172,12 @@ class LineFacts:
                    every if isinstance(every, bool) else None, gates,
                    wait_on if isinstance(wait_on := d.get("wait_on"), bool) else None,
                    cl if isinstance(cl := d.get("rank_condition_line"), int)
-                   and not isinstance(cl, bool) else None)
+                   and not isinstance(cl, bool) else None, last)
+
+
+def _line_op(raw: Any) -> tuple[int, str] | None:
+    return (raw[0], raw[1]) if isinstance(raw, list) and len(raw) == 2 \
+        and isinstance(raw[0], int) and isinstance(raw[1], str) else None
 
 
 @dataclass

@@ -207,3 +207,66 @@ def test_a_rank_blocked_on_its_own_event_is_outside_every_collective(tmp_path, w
     assert r[waiter].state != "in_collective", d.summary
     assert r[1 - waiter].state == "in_collective", d.summary
     assert d.culprit_ranks == [waiter], d.summary
+
+
+LIST_JOB = """import torch.distributed as dist
+for step in range(4):
+    pending = []
+    if not (rank == DROP and step == 2):
+        pending.append(dist.all_reduce(ntok, async_op=True))
+    pending.append(dist.all_reduce(acc, async_op=True))
+    {before}pending.append(dist.all_gather_into_tensor(out, x, async_op=True))
+    {after}for work in pending:
+        work.wait()
+dist.barrier()
+"""
+
+
+@pytest.mark.parametrize(("before", "after", "want"), [
+    ("", "", (7, "all_gather_into_tensor")),
+    # the last append under a branch the wait is outside of: the last one run is not known
+    ("if step:\n        ", "", None),
+    # a collective posted between the last append and the wait is the newest, not the append
+    ("", "dist.barrier()\n    ", None),
+    # a handle of something else in the list: which is waited on the source does not say
+    ("pending.append(threading.Event())\n    ", "", None),
+])
+def test_a_wait_on_a_lists_handles_knows_the_last_collective_appended(tmp_path, before, after,
+                                                                      want):
+    f = tmp_path / "train.py"
+    f.write_text(LIST_JOB.format(before=before, after=after))
+    wait_line = next(n for n, s in enumerate(f.read_text().splitlines(), 1) if "work.wait()" in s)
+    facts = read_facts([Frame(str(f), wait_line, "<module>")])
+    lf = facts.line(str(f), wait_line)
+    assert lf is not None and lf.waits == "wait" and lf.posted is None
+    assert lf.appended_last == want
+    if want is not None:  # stored with the capture, and read back
+        back = type(facts).from_dict(facts.to_dict())
+        assert back.line(str(f), wait_line).appended_last == want
+
+
+def test_appends_in_a_hook_run_when_it_is_called_not_in_the_texts_order(tmp_path):
+    f = tmp_path / "train.py"
+    f.write_text("pending = []\n"
+                 "def sync(p):\n"
+                 "    pending.append(dist.all_reduce(p.grad, async_op=True))\n"
+                 "for step in range(4):\n"
+                 "    loss.backward()\n"
+                 "    for w in pending:\n"
+                 "        w.wait()\n")
+    lf = read_facts([Frame(str(f), 7, "<module>")]).line(str(f), 7)
+    assert lf is not None and lf.waits == "wait" and lf.appended_last is None
+
+
+def test_ranks_waiting_on_a_lists_handles_are_at_the_last_post_not_the_wait(fixtures):
+    """A 6-stage pipeline beside a busy neighbour under watch (fuzz generator's ``async``
+    kind): rank 0 skipped its async token all-reduce once, the size-1 all-reduces paired
+    silently, it sits in the final barrier. No dump answered, so the recorders (the probe's
+    periodic saves) carry no call sites; py-spy has the other ranks at ``work.wait()`` (59)
+    in ``for work in pending``. Each one's one pending all-reduce is its newest, so it is the
+    last handle appended: the loss's (57). Was: 59."""
+    from moe_hang.evidence.load import load_capture
+    d = diagnose(load_capture(fixtures / "async_list_wait_0")).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [0]), d["summary"]
+    lines = {r["rank"]: r["callsite"]["line"] for r in d["ranks"]}
+    assert lines == {0: 60, 1: 57, 2: 57, 3: 57, 4: 57, 5: 57}, lines
