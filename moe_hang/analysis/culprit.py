@@ -115,7 +115,10 @@ def blame(g: GroupDivergence, ctx: Context) -> Blame:
         readings = [replace(r, given={**r.given, CulpritBasis.PROGRAM_ORDER:
                                       sorted(r.culprits) == tagged}) for r in readings]
     shifts = divergence_shifts(entries, ctx)
-    d = decide([*readings, *(x for sh in shifts for x in sh.readings)], ctx)
+    # a shift whose passed side is a camp here says why the camps differ: it goes first
+    first = [x for sh in shifts if sh.same_seq for x in sh.readings]
+    d = decide([*first, *readings, *(x for sh in shifts if not sh.same_seq
+                                      for x in sh.readings)], ctx)
     b = _blame(d)
     b.shift = next((replace(sh, decision=d) for sh in shifts
                     if any(d.reading is x for x in sh.readings)), None)

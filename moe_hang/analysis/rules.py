@@ -64,7 +64,7 @@ from moe_hang.analysis.ras.launches import (
 from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.routing import routing_report
-from moe_hang.analysis.shift import shifted
+from moe_hang.analysis.shift import shifted, skipped_at
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
@@ -196,8 +196,9 @@ def _desync(f: Facts) -> Conclusion:
                and b.shift is None else Certainty.LIKELY)
     advice = KIND_ADVICE[g.div.kind](situation(f, g.div, b.culprits, b.basis)) \
         if b.shift is None else shifted(b.shift, f.views)[2]
+    div = (skipped_at(b.shift, advice.site, f.views) if b.shift is not None else None) or g.div
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary, advice,
-                      g.div, [x.div for x, _ in found[1:]])
+                      div, [x.div for x, _ in found[1:]])
 
 
 def _stack_desync(f: Facts) -> Conclusion:

@@ -2,9 +2,11 @@
 collective on group G whatever the rank (no ``if``, no early leave, no rank condition before
 it in the body), the ranks waiting in it as G#s there, and the ranks past it in the same pass,
 or a pass on (waiting at an earlier line in what every pass posts and the ahead ranks have
-not) — having posted it themselves, as an earlier number — skipped nothing there. One side
-posted more collectives on G before this pass's line than the other: an extra (gloo paired it
-silently with the other side's next one of equal size) or a skip. Which side: the ladder on
+not) — having posted it themselves, as an earlier number — skipped nothing there; so did
+a rank that left the loop for good and waits, as the number they wait in, in the statement
+right after it (:func:`_left_after`). One side posted more collectives on G before this
+pass's line than the other: an extra (gloo paired it silently with the other side's next one
+of equal size) or a skip. Which side: the ladder on
 the two readings (counts only: the majority rung), the smaller one; as many on each side, or
 the passed ranks at different counts, decides nothing. Read on a wait-for cycle's edges
 (:func:`count_shift`) and beside the camps of a desync at one seq
@@ -26,6 +28,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.gates import every_pass, went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
+from moe_hang.analysis.passes import loop_between
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
@@ -33,6 +36,7 @@ from moe_hang.analysis.source import branch_call, loop_step
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
+from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import agree, who
@@ -50,6 +54,9 @@ class Shift:
     site: Frame  # the line
     readings: tuple[Reading, Reading]  # the ahead side's extra, the passed side's skip
     decision: Decision | None = None  # the ladder's, where it chose one of the two
+    # the passed side posts its own collective as ``seq`` (past the loop): a camp of a
+    # desync there, whose difference the shift explains
+    same_seq: bool = False
 
     @property
     def extra(self) -> bool:
@@ -123,10 +130,16 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     theirs = [views[a].tl.enqueued for a in ahead]
     passed: list[int] = []
     counts: set[int] = set()
+    after = False
     for r, v in views.items():
         # a rank at w's number at another line is no side: whether it is in the waiters'
         # pass (then it posted the line's collective below) or a pass behind, nothing says
         posted = v.tl.enqueued.get(w.pg, -1)
+        if here(v) and r not in ahead and _left_after(views, v, fb):
+            passed.append(r)  # it posted the line's collective before its own, now at w.seq
+            counts.add(w.seq - 1)
+            after = True
+            continue
         if r in ahead or here(v) or w.pg not in v.tl.by_pg or not 0 <= posted < w.seq:
             continue
         if went_through(views.source, list(v.position), fb, v.current if laps else None,
@@ -140,7 +153,37 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=_COUNTS_ONLY),
                 Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
-                 readings)
+                 readings, same_seq=after)
+
+
+def _left_after(views: RankViews, v: RankView, fb: list[Frame]) -> bool:
+    """``v`` waits, as the number the others wait in at ``fb``, in the statement right after
+    the loop around ``fb`` (no collective between the two), a loop it left for good: in its
+    last pass it posted ``fb``'s collective (every pass does) as a lower number. Fewer passes
+    alone does not leave it there: every pass of ``fb``'s loop posts at least two collectives
+    on the default group up to ``fb`` (as the source calls them by name), so a rank behind
+    by passes is at least two behind, and ``v`` is one: it went through the others' pass."""
+    src, b = views.source, fb[-1]
+    mine = v.position
+    if not mine or mine[-1].file != b.file or v.current is None or v.current.pg != DEFAULT_PG:
+        return False
+    left = loop_between(src, v.stack.frames, [list(reversed(fb))], for_good=True)
+    body = loop_step(src, b.file, b.line, b.line)
+    if left is None or body is None or left.line != body.line:
+        return False
+    lf_b, lf_a = src.line(b.file, b.line), src.line(b.file, mine[-1].line)
+    if lf_b is None or lf_a is None or not every_pass(src, b, b) \
+            or lf_b.default_group is not True or lf_a.default_group is not True:
+        return False
+    at = next((i for i, st in enumerate(lf_a.path) if st.line == body.line), None)
+    loop = next((k for k, st in enumerate(lf_b.path) if st.line == body.line), None)
+    nxt = lf_a.path[loop] if loop is not None and loop < len(lf_a.path) else None
+    if at is not None or loop is None or nxt is None or len(lf_a.path) != loop + 1 \
+            or (nxt.block, nxt.field, nxt.index) != (body.block, body.field, body.index + 1):
+        return False
+    upto = [n for n in body.calls if n <= b.line and (lf := src.line(b.file, n)) is not None
+            and lf.default_group is True and every_pass(src, Frame(b.file, n, b.function), b)]
+    return len(upto) >= 2
 
 
 def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
@@ -206,6 +249,25 @@ def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | N
         per_rank[r] = replace(rc, callsite=where)
     members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
     return Divergence(sh.pg, sh.passed_seq, MismatchKind.EXTRA, sh.pg_desc, members, per_rank)
+
+
+def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
+    """Where a skip the camps of a desync come from is: the others posted the one collective
+    on the group under a branch in the loop (``site``), the culprits did not; in which pass,
+    and so as which number, the counts do not say (no number). Only for a shift whose passed
+    side is a camp there (:attr:`Shift.same_seq`): their own collective is the skip's
+    consequence."""
+    if not sh.same_seq or sh.chosen is None or sh.extra or site is None:
+        return None
+    lf = views.source.line(site.file, site.line)
+    if lf is None or lf.call is None:
+        return None
+    per_rank: dict[int, RankCollective | None] = {c: None for c in sh.culprits}
+    for o in sh.others:
+        per_rank[o] = RankCollective(op=normalise_op(lf.call), pg=sh.pg, seq=None,
+                                     source="source", pg_desc=sh.pg_desc, callsite=site)
+    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
+    return Divergence(sh.pg, None, MismatchKind.MISSING, sh.pg_desc, members, per_rank)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from moe_hang.capture.source_calls import (
     appended_last,
     assigned_once,
+    called,
     collective_calls,
     default_group,
     every_rank,
@@ -93,7 +94,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
                                         posted.get(n), (g := group_name(calls, n, once)),
                                         every_rank(calls, n, g, everyone), _gates(tree, n),
                                         wait_on_collective(tree, waits, calls, n), cond[1],
-                                        last.get(n))
+                                        last.get(n), called(calls, n))
                            for n in sorted(lines)}
     return out
 

@@ -22,6 +22,13 @@ def collective_calls(tree: ast.Module) -> list[ast.Call]:
                  else n.func.id if isinstance(n.func, ast.Name) else None) in COLLECTIVE_CALLS]
 
 
+def called(calls: list[ast.Call], line: int) -> str | None:
+    """The one collective called at ``line``, by its function's name."""
+    here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    f = here[0].func if len(here) == 1 else None
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
 def default_group(calls: list[ast.Call], line: int) -> bool | None:
     """Does the collective called at ``line`` run on the default group (every rank): a call
     of :data:`COLLECTIVE_CALLS` with no ``group=`` and no argument past its tensor and op?

@@ -126,6 +126,8 @@ class LineFacts:
     # collective call appended to the list before it on every pass (which handle is waited on
     # the source does not say: the rank's newest, where that is the one pending)
     appended_last: tuple[int, str] | None = None
+    # the collective called here, by its function's name (``all_reduce``), where one is
+    call: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": [s.to_list() for s in self.path]}
@@ -149,6 +151,8 @@ class LineFacts:
             d["rank_condition_line"] = self.rank_condition_line
         if self.appended_last is not None:
             d["appended_last"] = list(self.appended_last)
+        if self.call is not None:
+            d["call"] = self.call
         return d
 
     @classmethod
@@ -172,7 +176,8 @@ class LineFacts:
                    every if isinstance(every, bool) else None, gates,
                    wait_on if isinstance(wait_on := d.get("wait_on"), bool) else None,
                    cl if isinstance(cl := d.get("rank_condition_line"), int)
-                   and not isinstance(cl, bool) else None, last)
+                   and not isinstance(cl, bool) else None, last,
+                   call if isinstance(call := d.get("call"), str) and call else None)
 
 
 def _line_op(raw: Any) -> tuple[int, str] | None:

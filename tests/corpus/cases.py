@@ -992,6 +992,19 @@ CASES: tuple[Case, ...] = (
               "neighbour no dump answers): one rank's extra world all-reduce pairs "
               "silently with the others' loss, and it waits in its loss a pass behind its "
               "dp peers: one more on the world group, not one fewer on dp in their pass"),
+    Case("async_list_skip", "async_list_skip.py", 6, DESYNC_OR_HANG,
+         env={"CULPRIT_RANKS": "0", "MOE_HANG_FR_STACKS": "0"},
+         mirror={"CULPRIT_RANKS": "4"}, culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(ranks("CULPRIT_RANKS"), "finish"),
+                at(others(ranks("CULPRIT_RANKS"), 6), "loss"),
+                at(others(ranks("CULPRIT_RANKS"), 6), "ntok", "divergence")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "dummy input"),
+         fix_require=("posted fewer collectives on default_pg",), timeout_s=270.0,
+         note="fuzz seed 40271193 job 94, no stacks in the recorder (as beside a busy "
+              "neighbour no dump answers): the others wait at `for work in pending: "
+              "work.wait()`; their line is the last post (the loss), and the skip is read "
+              "from the counts: the culprit's barrier right after the loop is the number "
+              "they wait in at their loss"),
     Case("nested_epoch_extra", "nested_epoch_extra.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "loss", "divergence"), at(C, "acc"), at(others(C, 2), "finish")),

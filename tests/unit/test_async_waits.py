@@ -258,15 +258,33 @@ def test_appends_in_a_hook_run_when_it_is_called_not_in_the_texts_order(tmp_path
     assert lf is not None and lf.waits == "wait" and lf.appended_last is None
 
 
-def test_ranks_waiting_on_a_lists_handles_are_at_the_last_post_not_the_wait(fixtures):
-    """A 6-stage pipeline beside a busy neighbour under watch (fuzz generator's ``async``
-    kind): rank 0 skipped its async token all-reduce once, the size-1 all-reduces paired
-    silently, it sits in the final barrier. No dump answered, so the recorders (the probe's
-    periodic saves) carry no call sites; py-spy has the other ranks at ``work.wait()`` (59)
-    in ``for work in pending``. Each one's one pending all-reduce is its newest, so it is the
-    last handle appended: the loss's (57). Was: 59."""
+@pytest.mark.parametrize(("name", "skipper"), [("async_list_wait_0", 0),
+                                             ("async_list_wait_4", 4)])
+def test_a_skip_read_from_counts_without_call_sites_is_at_the_loops_branch(fixtures, name,
+                                                                          skipper):
+    """A 6-stage pipeline beside a busy neighbour under watch (fuzz seed 40271193 job 94,
+    both roles): one rank skipped its async token all-reduce (46) once, the size-1
+    all-reduces paired silently, and it sits in the final barrier (60) as the number the
+    others wait in at their loss (57). No dump answered, so the recorders (the probe's
+    periodic saves) carry no call sites; py-spy has the others at ``work.wait()`` (59) in
+    ``for work in pending``.
+
+    The others' line: each one's one pending all-reduce is its newest, so it is the last
+    handle appended, the loss's (57; was 59). The skip: the rank left the loop for good, its
+    barrier right after it, so in its last pass it posted the loss as one less; a rank behind
+    by passes would be two less (each pass posts two on the world group up to 57). It
+    posted fewer before 57, and the loop's one call on the group under a branch is 46 (was:
+    the barrier against the loss at seq 15 and the generic order advice)."""
     from moe_hang.evidence.load import load_capture
-    d = diagnose(load_capture(fixtures / "async_list_wait_0")).to_dict()
-    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [0]), d["summary"]
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
     lines = {r["rank"]: r["callsite"]["line"] for r in d["ranks"]}
-    assert lines == {0: 60, 1: 57, 2: 57, 3: 57, 4: 57, 5: 57}, lines
+    assert lines == {r: 60 if r == skipper else 57 for r in range(6)}, lines
+    assert "(a skip)" in d["summary"], d["summary"]
+    div = d["first_divergence"]
+    assert div["seq"] is None and div["per_rank"][str(skipper)] is None, div
+    assert {c["callsite"]["line"] for r, c in div["per_rank"].items()
+            if int(r) != skipper} == {46}, div
+    assert "posted fewer collectives on default_pg" in d["fix"] and ":46" in d["fix"], d["fix"]
+
+
