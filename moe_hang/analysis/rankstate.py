@@ -169,15 +169,20 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
         if ev.exit_code == 0:
             # finished cleanly: whatever its last heartbeat saw has long completed
             current, sv = None, StackView(RankState.UNKNOWN)
-        elif current is None:
-            last = [c for coll in tl.by_pg.values() for c in coll.values()]
-            current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) if last else None
-        elif ("fatal" in (source or "") and sv.op and sv.op != current.op
-              and sv.callsite is not None):
-            # it died inside another collective than its last heartbeat's pending one: that
-            # beat was older than the rank's last steps (a fast loop, a starved probe thread);
-            # the stack it died with is fresher (docs/DESIGN.md §8.1)
-            current = None
+        else:
+            if current is None:
+                # nothing pending: it died in its last one — or in a send/recv gloo does
+                # not record, where the stack it died with is (below)
+                last = [c for coll in tl.by_pg.values() for c in coll.values()]
+                current = max(last, key=lambda c: (c.time_created_ns or 0, c.seq)) \
+                    if last else None
+            if current is not None and _died_with(source) and sv.op and sv.op != current.op \
+                    and sv.callsite is not None:
+                # it died inside another collective than its last recorded one: that record
+                # was older than the rank's last steps (a fast loop, a starved probe thread);
+                # the stack it died with is fresher (docs/DESIGN.md §8.1) — a fatal
+                # signal's, or the one dumped when its launcher ended it (SIGTERM)
+                current = None
     elif sv.state != RankState.UNKNOWN:
         state = sv.state
         if state == RankState.IN_COLLECTIVE and current is None and _went_past(ev, sv):
@@ -208,6 +213,13 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
         site = _posting_site(current, sv, current, state) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site, moved)
+
+
+def _died_with(source: str | None) -> bool:
+    """The stack was taken as the rank ended: a fatal signal's faulthandler dump, the probe's
+    dump on the SIGTERM that ended it, or the traceback of the exception it raised."""
+    return source is not None and ("fatal" in source or source in (
+        "faulthandler (sigterm)", "exception traceback"))
 
 
 def _in_excepthook(ev: RankEvidence) -> bool:
