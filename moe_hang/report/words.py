@@ -204,6 +204,8 @@ def rank_phrase(d: Diagnosis, rank: int, *, sizes: bool = True) -> str:
         posted = next((x for x in fd.per_rank.values() if x is not None), None)
         # the others' sizes may differ from each other: the op and the seq say which one
         what = collective_text(posted, sizes=False) if posted is not None else "the collective"
+        if posted is not None and posted.seq is None and posted.callsite is not None:
+            what += f" at {site_text(posted.callsite)}"  # no number: the line says which
         if fd.phase == "p2p" and posted is not None:  # its side of a send/recv: the other op
             what = f"the {'send' if posted.op == 'recv' else 'recv'} for {what}"
         return f"never posted {what}; " + (where_now(rep, sizes=sizes,

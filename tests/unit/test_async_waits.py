@@ -276,8 +276,14 @@ def test_a_skip_read_from_counts_without_call_sites_is_at_the_loops_branch(fixtu
     posted fewer before 57, and the loop's one call on the group under a branch is 46 (was:
     the barrier against the loss at seq 15 and the generic order advice)."""
     from moe_hang.evidence.load import load_capture
-    d = diagnose(load_capture(fixtures / name)).to_dict()
+    from moe_hang.report.words import rank_phrase
+    diag = diagnose(load_capture(fixtures / name))
+    d = diag.to_dict()
     assert (d["verdict"], d["culprit_ranks"]) == ("desync", [skipper]), d["summary"]
+    # the culprit's line on the first screen says which one it never posted: the line
+    assert rank_phrase(diag, skipper).startswith("never posted all_reduce default_pg at "), \
+        rank_phrase(diag, skipper)
+    assert ":46 " in rank_phrase(diag, skipper), rank_phrase(diag, skipper)
     lines = {r["rank"]: r["callsite"]["line"] for r in d["ranks"]}
     assert lines == {r: 60 if r == skipper else 57 for r in range(6)}, lines
     assert "(a skip)" in d["summary"], d["summary"]
