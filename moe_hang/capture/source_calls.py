@@ -233,10 +233,7 @@ def appended_last(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call]
                and n.lineno <= last.lineno <= (n.end_lineno or 0)
                and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
     between = any(last.lineno < c.lineno < line for c in calls)
-    post = last.args[0]
-    op = post.func.attr if isinstance(post, ast.Call) and isinstance(post.func, ast.Attribute) \
-        else post.func.id if isinstance(post, ast.Call) and isinstance(post.func, ast.Name) \
-        else None
+    op = called(calls, last.lineno)
     return None if held or between or op is None else (last.lineno, op)
 
 
