@@ -44,10 +44,8 @@ from moe_hang.analysis.source import (
     path_condition,
     path_condition_site,
     periodic_gate,
-    rank_condition,
     taken_only_by,
 )
-from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, short_path
 from moe_hang.evidence.vocab import agree, who
 
@@ -117,20 +115,6 @@ def advise_dtype(s: Situation) -> Advice:
     site = s.site(next(iter(sorted(s.div.per_rank))))
     return Advice(f"Cast to one dtype on every rank before the collective at {at_line(site)} "
                   f"({dtypes}).")
-
-
-def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None,
-               src: SourceFacts) -> Advice:
-    """A send or recv whose other side the peer never posts: the peer of a recv posts a
-    send, not another recv — under the same condition as the call that waits."""
-    other, arg, back = ("send", "dst", "src") if op == "recv" else ("recv", "src", "dst")
-    cond = rank_condition(src, site.file, site.line) if site is not None else None
-    at = f" at {site.short()}" if site is not None else ""
-    under = f" (it runs under `{cond}`)" if cond else ""
-    return Advice(f"Rank {waiter}'s {op}({back}={peer}){at}{under} waits for a {other} rank "
-                  f"{peer} never posts: post the matching {other}({arg}={waiter}) on rank "
-                  f"{peer} under the same condition as the {op}, the same number of times — "
-                  f"or remove the {op}.")
 
 
 # what a branch under a rank condition that posts collectives must become
@@ -352,12 +336,27 @@ def advise_order(s: Situation) -> Advice:
 def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:
     """``rank 0 posted its collective at f.py:61`` — or, where the stacks show these ranks in
     a wait (``work.wait()``) whose collective no evidence names, ``ranks 1-5 wait at f.py:60 on
-    collectives they posted earlier``: a wait is not where anything was posted."""
-    ops = {c.op for r, c in s.div.per_rank.items() if r in ranks and c is not None}
-    if is_line and ops == {"unknown"}:
-        return (f"{who(ranks)} {agree(ranks, 'waits', 'wait')} at {where} on "
-                f"{agree(ranks, 'a collective it', 'collectives they')} posted earlier")
-    return f"{who(ranks)} posted {(what + ' at ') * is_line}{where}"
+    collectives they posted earlier``: a wait is not where anything was posted; nor is a
+    send or a recv (``rank 1 waits in a send at f.py:47``). Ranks at other lines, each at
+    its own."""
+    if not is_line:
+        return f"{who(ranks)} posted {where}"
+    camps: dict[tuple[str, str], list[int]] = {}
+    for r in ranks:
+        c, site = s.div.per_rank.get(r), s.site(r)
+        camps.setdefault((c.op if c is not None else "?", at_line(site) if site else where),
+                         []).append(r)
+    parts = []
+    for (op, at), rs in camps.items():
+        if op == "unknown":
+            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} at {at} on "
+                         f"{agree(rs, 'a collective it', 'collectives they')} posted earlier")
+        elif op in ("send", "recv"):
+            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} in a {op} at {at}")
+        else:
+            mine = what if len(camps) == 1 else agree(rs, "its collective", "theirs")
+            parts.append(f"{who(rs)} posted {mine} at {at}")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 
 def _advise_branch(s: Situation, cond: str, cond_at: Frame | None) -> Advice:

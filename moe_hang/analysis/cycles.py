@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_hang.analysis.advice import KIND_ADVICE, Advice, advise_condition, advise_p2p
+from moe_hang.analysis.advice import KIND_ADVICE, Advice, advise_condition
 from moe_hang.analysis.align import GroupDivergence
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import (
@@ -29,6 +29,7 @@ from moe_hang.analysis.diagnosis import (
 from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts, situation
 from moe_hang.analysis.ladder import Edit
+from moe_hang.analysis.p2p import advise_p2p
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion

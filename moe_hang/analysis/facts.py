@@ -16,7 +16,7 @@ from moe_hang.analysis.diagnosis import (
     MismatchKind,
     RankReport,
 )
-from moe_hang.analysis.fallback import size_abort_divergence, stack_divergence
+from moe_hang.analysis.fallback import stack_divergence
 from moe_hang.analysis.ladder import Context
 from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, learn
@@ -25,6 +25,7 @@ from moe_hang.analysis.rankstate import rank_view
 from moe_hang.analysis.ras.reading import RasReading, read_ras
 from moe_hang.analysis.reconcile import Disagreement, reconcile
 from moe_hang.analysis.situation import Situation
+from moe_hang.analysis.size_abort import size_abort_divergence
 from moe_hang.analysis.threads import ThreadRace, thread_race
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge, cycles, edges

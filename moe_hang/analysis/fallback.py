@@ -1,9 +1,8 @@
 """Divergences found without the recorder's alignment: ranks whose stacks wait in different
-collectives, and gloo's size-mismatch abort read from the job log (pure)."""
+collectives (pure)."""
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -16,8 +15,7 @@ from moe_hang.analysis.ladder import (
     decide,
     source,
 )
-from moe_hang.analysis.position import position_order, progress
-from moe_hang.analysis.rankstate import to_rc
+from moe_hang.analysis.position import passes_from_peers, position_order, progress
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.source import (
     gates,
@@ -28,10 +26,7 @@ from moe_hang.analysis.source import (
     periodic_gate,
 )
 from moe_hang.analysis.timeline import RankViews
-from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.model import Evidence
-from moe_hang.evidence.ops import nbytes
-from moe_hang.evidence.stacks import Frame, callsite, idle_in_backward
+from moe_hang.evidence.stacks import Frame, idle_in_backward
 
 
 def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] = ()
@@ -96,6 +91,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     def where(k: object) -> tuple[Frame, ...]:
         return at(camps[k][0])
 
+    # the ranks in a send or a recv a pass on from the one rank they wait on: its camp is a
+    # collective behind them (they have each posted one that it has not)
+    if (lapped := _lapped_by_peers(views, camps, owed, where)):
+        d = decide(lapped, ctx)
+        return div, (d.culprits if d.basis != CulpritBasis.AMBIGUOUS else sorted(
+            {*lapped[0].culprits, *lapped[0].others})), d.basis
+
     # ... unless the lines say the rank in the recv is a lap on from its peer (it went round
     # the loop past the peer's collective: the peer never got back to the send)
     if owed and peers and all(q in peers or q in owed for q in owed.values()) and not any(
@@ -157,6 +159,33 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
             return None  # one op at two lines in no known order proves nothing
         return div, sorted(ops), CulpritBasis.AMBIGUOUS
     return div, d.culprits, d.basis
+
+
+def _lapped_by_peers(views: RankViews, camps: dict[object, list[int]], owed: dict[int, int],
+                     where: Callable[[object], tuple[Frame, ...]]) -> list[Reading]:
+    """Every rank in a send or a recv a pass on (:func:`.position.passes_from_peers`) from
+    the one rank they wait on, which waits in a collective every rank owes: they completed
+    that collective in its pass and its camp has not — it posted one more before it, or
+    they each one fewer (gloo pairs equal sizes silently, so the stacks read both ways
+    alike). Read both ways and weighed by the count of ranks on each side; the other camps'
+    places against these are not known, nor what was posted (no history, no rank condition
+    on a collective the stacks do not show)."""
+    passes = passes_from_peers(views, owed) if owed else None
+    if passes is None or any(laps != 1 for _, laps in passes.values()):
+        return []
+    root = next(iter(passes.values()))[0]
+    key = next((k for k, rs in camps.items() if root in rs), None)
+    if key is None or not _on_every_rank_all(views, camps, [key]):
+        return []
+    lagging, ahead = tuple(camps[key]), tuple(sorted(passes))
+    at_lagging, at_ahead = where(key), tuple(views[ahead[0]].user_frames_outer_first())
+    return [Reading(lagging, ahead, Edit.EXTRA, at_mine=at_lagging, at_theirs=at_ahead,
+                    given=dict.fromkeys(_UNSAID)),
+            Reading(ahead, lagging, Edit.SKIP, at_mine=at_ahead, at_theirs=at_lagging,
+                    given=dict.fromkeys(_UNSAID))]
+
+
+_UNSAID = (CulpritBasis.HISTORY, CulpritBasis.SOURCE, CulpritBasis.PROGRAM_ORDER)
 
 
 @dataclass(frozen=True)
@@ -315,73 +344,3 @@ def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
     return bool(keys) and all(
         (site := views[camps[k][0]].stack.callsite) is not None
         and on_every_rank(views.source, site.file, site.line) is True for k in keys)
-
-
-def _paired_with(entries: list[Collective], site: Frame | None,
-                 ratio: float | None) -> tuple[Collective, Collective] | None:
-    """Which survivor entry the aborted rank's collective met, from gloo's byte counts: the
-    aborted rank's collective is like the survivor's latest one from the same line (the
-    survivor got past the divergence — it received less than it expected, which gloo lets
-    through); the one it met is the survivor's entry that many times bigger."""
-    if site is None or not ratio:
-        return None
-    same = [c for c in entries if (s := callsite(c.frames)) is not None
-            and (s.file, s.line) == (site.file, site.line)]
-    if not same:
-        return None
-    like = max(same, key=lambda c: c.seq)
-    want = nbytes(like.input_sizes, like.dtypes)
-    if not want:
-        return None
-    met = [c for c in entries if c.seq <= like.seq and (n := nbytes(c.input_sizes, c.dtypes))
-           and abs(n / want - ratio) <= 0.01 * ratio]
-    return (max(met, key=lambda c: c.seq), like) if met else None
-
-
-def size_abort_divergence(views: RankViews,
-                          ev: Evidence) -> tuple[Divergence, list[int]] | None:
-    """gloo aborts the receiving rank when a peer sends more bytes than it expects ("Received
-    data size doesn't match expected size"): a size mismatch, even where the aborted rank left
-    no recorder dump. The survivors' entries name the group and sequence number; returns it
-    with the aborted ranks."""
-    abort = ev.size_abort
-    if abort is None:
-        return None
-    aborted = [r for r, v in views.items()
-               if v.ev.fatal or v.ev.exit_code == -signal.SIGABRT]
-    if not aborted:
-        return None
-    ops = [views[r].stack.op for r in aborted if views[r].stack.op not in (None, "unknown")]
-    op = ops[0] if ops else None
-    ratio = abort.received / abort.expected if abort.received and abort.expected else None
-    found: dict[int, Collective] = {}
-    like: Collective | None = None
-    for r, v in views.items():
-        if r in aborted:
-            continue
-        same = [c for coll in v.tl.by_pg.values() for c in coll.values()
-                if op is None or c.op == op]
-        paired = _paired_with(same, views[aborted[0]].stack.callsite, ratio)
-        if paired is not None:
-            found[r], like = paired
-        elif same:
-            found[r] = max(same, key=lambda c: (c.time_created_ns or 0, c.seq))
-    ref = next(iter(found.values()), None)
-    pg = ref.pg if ref else "?"
-    seq = ref.seq if ref else None
-    per_rank: dict[int, RankCollective | None] = {r: to_rc(c, views[r])
-                                                  for r, c in found.items()}
-    for r in aborted:  # its sizes inferred from the abort, when the byte counts told them
-        per_rank[r] = RankCollective(op=op or (ref.op if ref else "unknown"), pg=pg, seq=seq,
-                                     input_sizes=like.input_sizes if like else [],
-                                     dtypes=like.dtypes if like else [],
-                                     source="inferred" if like else "stack",
-                                     callsite=views[r].stack.callsite)
-    sites = {(c.callsite.file, c.callsite.line) for c in per_rank.values()
-             if c is not None and c.callsite is not None}
-    # posted from different lines: not one collective with two sizes, one rank skipped one
-    kind = MismatchKind.MISSING if len(sites) > 1 else MismatchKind.SIZE
-    div = Divergence(pg=pg, seq=seq, kind=kind,
-                     pg_desc=ref.pg_desc if ref else "", members=sorted(per_rank),
-                     per_rank=per_rank, phase=ref.phase if ref else None)
-    return div, aborted

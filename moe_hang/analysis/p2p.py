@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_hang.analysis.advice import Advice, advise_p2p
+from moe_hang.analysis.advice import Advice
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import (
     Certainty,
@@ -26,10 +26,26 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.source import rank_condition
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective, P2PEntry
-from moe_hang.evidence.stacks import callsite
+from moe_hang.evidence.source import SourceFacts
+from moe_hang.evidence.stacks import Frame, callsite
 from moe_hang.evidence.vocab import RankState, spans
+
+
+def advise_p2p(waiter: int, op: str, peer: int, site: Frame | None,
+               src: SourceFacts) -> Advice:
+    """A send or recv whose other side the peer never posts: the peer of a recv posts a
+    send, not another recv — under the same condition as the call that waits."""
+    other, arg, back = ("send", "dst", "src") if op == "recv" else ("recv", "src", "dst")
+    cond = rank_condition(src, site.file, site.line) if site is not None else None
+    at = f" at {site.short()}" if site is not None else ""
+    under = f" (it runs under `{cond}`)" if cond else ""
+    return Advice(f"Rank {waiter}'s {op}({back}={peer}){at}{under} waits for a {other} rank "
+                  f"{peer} never posts: post the matching {other}({arg}={waiter}) on rank "
+                  f"{peer} under the same condition as the {op}, the same number of times — "
+                  f"or remove the {op}.")
 
 
 @dataclass(frozen=True)

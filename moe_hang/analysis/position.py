@@ -16,6 +16,7 @@ from moe_hang.analysis.source import (
     function_step,
     in_loop,
     loop_step,
+    on_every_rank,
     order,
 )
 from moe_hang.analysis.timeline import RankViews
@@ -143,3 +144,66 @@ def position_order(src: SourceFacts, fa: Sequence[Frame], fb: Sequence[Frame],
         later_ahead = len(within) < len(lap)
         return x_later if later_ahead else not x_later
     return None
+
+
+def pass_on(src: SourceFacts, fr: Sequence[Frame], op: str, fq: Sequence[Frame]
+            ) -> bool | None:
+    """A rank waiting in a point-to-point ``op`` (at ``fr[-1]``, user frames outermost first)
+    for a peer at ``fq``, both in one loop: is the rank a pass on from its peer (True), or
+    in the peer's pass (False)? The peer owes the op that answers it (a recv answers a
+    send), which the loop's body calls from one line. Not yet there, the peer is in the
+    rank's pass: a pass behind, it would not have answered the rank's op of that pass.
+    Past it, the peer answered — gloo completes a send or a recv only once the peer posts
+    its answer — unless it skipped the answer in the rank's pass: a collective every rank
+    posts every pass, between the rank's line and the peer's, says it did not (the rank has
+    not posted it, so the peer got there a pass earlier). None where the source does not
+    say."""
+    if not fr or len(fq) < len(fr) or any(
+            (x.file, x.function, x.line) != (y.file, y.function, y.line)
+            for x, y in zip(fr[:-1], fq, strict=False)):
+        return None
+    x, y = fr[-1], fq[len(fr) - 1]
+    region = loop_step(src, x.file, x.line, y.line) if x.function == y.function else None
+    if region is None or (x.line, op) not in region.p2p:
+        return None
+    answers = [n for n, o in region.p2p if o == ("recv" if op == "send" else "send")]
+    if len(answers) != 1:
+        return None
+    if order(src, x.file, y.line, answers[0]) in (Order.A_FIRST, Order.SAME):
+        return False if y.line == x.line or order(src, x.file, x.line, y.line) is not \
+            Order.A_FIRST or not _owed_between(src, x, y.line, region.calls) else None
+    if order(src, x.file, answers[0], y.line) is not Order.A_FIRST:
+        return None
+    return True if _owed_between(src, x, y.line, region.calls) else None
+
+
+def _owed_between(src: SourceFacts, x: Frame, later: int, calls: Sequence[int]) -> bool:
+    """A collective every rank posts every pass at a line after ``x``'s and before
+    ``later`` (one iteration of the loop holding both)."""
+    return any(order(src, x.file, x.line, c) is Order.A_FIRST
+               and order(src, x.file, c, later) is Order.A_FIRST
+               and on_every_rank(src, x.file, c) is True
+               and every_pass(src, replace(x, line=c), x) for c in calls)
+
+
+def passes_from_peers(views: RankViews, owed: Mapping[int, int]
+                      ) -> dict[int, tuple[int, int]] | None:
+    """Ranks waiting in a send or a recv (``owed``: the peer each waits for), followed peer to
+    peer (a pipeline stalls stage by stage) to the one rank they all wait on, not itself in
+    one: each rank's passes on from it, by :func:`pass_on` at every step of the way. None
+    where a step is not known, the chain loops, or they wait on more than one rank."""
+    out: dict[int, tuple[int, int]] = {}
+    for r in owed:
+        seen, at, laps = {r}, r, 0
+        while at in owed:
+            q = owed[at]
+            p2p = views[at].stack.p2p
+            step = pass_on(views.source, views[at].user_frames_outer_first(),
+                           p2p.op if p2p is not None else "",
+                           views[q].user_frames_outer_first()) if q in views else None
+            if step is None or q in seen:
+                return None
+            seen.add(q)
+            at, laps = q, laps + step
+        out[r] = (at, laps)
+    return out if len({root for root, _ in out.values()}) == 1 else None

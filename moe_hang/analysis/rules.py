@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from moe_hang.analysis.advice import (
     KIND_ADVICE,
-    advise_p2p,
 )
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.culprit import blame_abort, mark_skipped
@@ -48,8 +47,9 @@ from moe_hang.analysis.failures import (
     timed_out_waiting,
 )
 from moe_hang.analysis.joining import all_joining, stuck_joining
-from moe_hang.analysis.p2p import unmatched, unmatched_outcome
+from moe_hang.analysis.p2p import advise_p2p, unmatched, unmatched_outcome
 from moe_hang.analysis.passes import stayed
+from moe_hang.analysis.position import pass_on
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
 from moe_hang.analysis.ras.launches import (
     counts_differ,
@@ -212,8 +212,12 @@ def _stack_desync(f: Facts) -> Conclusion:
         "Recorder dumps would name the group and sequence number)" if f.ev.sampled else
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "
         "would name the group and sequence number)")
-    waiter = next((r for r in sorted(div.per_rank) if (p := f.views[r].stack.p2p) is not None
-                   and p.op == "recv" and p.peer in culprits), None)
+    views = f.views
+    # a recv whose peer is a culprit, not a pass behind it (then the peer answered it)
+    waiter = next((r for r in sorted(div.per_rank) if (p := views[r].stack.p2p) is not None
+                   and p.op == "recv" and p.peer in culprits and pass_on(
+                       views.source, views[r].user_frames_outer_first(), p.op,
+                       views[p.peer].user_frames_outer_first()) is not True), None)
     if waiter is not None:  # a recv whose peer went on past the send it owed
         p2p = f.views[waiter].stack.p2p
         assert p2p is not None and p2p.peer is not None

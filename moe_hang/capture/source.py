@@ -23,6 +23,7 @@ from moe_hang.capture.source_calls import (
     every_rank,
     every_rank_groups,
     group_name,
+    p2p_calls,
     posted_by,
     wait_calls,
     wait_on_collective,
@@ -75,7 +76,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         tree = _parse(file)
         if tree is None:
             continue
-        names, calls = _rank_names(tree), collective_calls(tree)
+        names, calls, p2p = _rank_names(tree), collective_calls(tree), p2p_calls(tree)
         once = assigned_once(tree)
         everyone = every_rank_groups(tree, once)
         waits = wait_calls(tree)
@@ -83,12 +84,14 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         last = {n: p for n in lines if (p := appended_last(tree, waits, calls, n)) is not None}
         # the line a wait's collective was posted from is read too: its branch, its group;
         # and every collective call of a loop around a line (what a pass posts, and under
-        # which branch: a skip or an extra one pass earlier is at one of them), and its
-        # ways out (the branch a rank that left it early took)
+        # which branch: a skip or an extra one pass earlier is at one of them), its
+        # ways out (the branch a rank that left it early took), and its sends and recvs
+        # (where a rank's peer answers the one it waits in)
         lines = set(lines) | {p[0] for p in (*posted.values(), *last.values())} | {
-            c for n in lines for st in _path(tree.body, n, calls)
-            if st.kind in ("For", "While", "AsyncFor") for c in st.calls + st.exits}
-        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls)),
+            c for n in lines for st in _path(tree.body, n, calls, p2p)
+            if st.kind in ("For", "While", "AsyncFor")
+            for c in (*st.calls, *st.exits, *(n for n, _ in st.p2p))}
+        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls, p2p)),
                                         (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
@@ -181,7 +184,8 @@ def _parse(path: str) -> ast.Module | None:
 _REPEATED = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _path(body: list[ast.stmt], line: int, calls: list[ast.Call]) -> list[Step]:
+def _path(body: list[ast.stmt], line: int, calls: list[ast.Call],
+          p2p: list[tuple[int, str]]) -> list[Step]:
     out: list[Step] = []
     block: list[ast.stmt] | None = body
     key, fld = "module", "body"
@@ -189,11 +193,12 @@ def _path(body: list[ast.stmt], line: int, calls: list[ast.Call]) -> list[Step]:
         for i, st in enumerate(block):
             end = getattr(st, "end_lineno", st.lineno) or st.lineno
             if st.lineno <= line <= end:
+                rep = isinstance(st, _REPEATED)
                 inside = tuple(sorted({c.lineno for c in calls
-                                       if st.lineno < c.lineno <= end})) \
-                    if isinstance(st, _REPEATED) else ()
+                                       if st.lineno < c.lineno <= end})) if rep else ()
+                sends = tuple(p for p in p2p if st.lineno < p[0] <= end) if rep else ()
                 out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st),
-                                inside, end, _exits(st)))
+                                inside, end, _exits(st), sends))
                 inner = _inner_block(st, line)
                 if inner is None:
                     block = None

@@ -16,17 +16,30 @@ COLLECTIVE_CALLS = frozenset({
     "scatter", "all_to_all", "all_to_all_single", "all_gather_object", "broadcast_object_list"})
 
 
+# the point-to-point calls, by the op whose answer a peer waits for (an ``isend`` posts a
+# send as ``send`` does; its wait comes later)
+P2P_CALLS = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+
+
+def _name(n: ast.Call) -> str | None:
+    f = n.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
 def collective_calls(tree: ast.Module) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-            and (n.func.attr if isinstance(n.func, ast.Attribute)
-                 else n.func.id if isinstance(n.func, ast.Name) else None) in COLLECTIVE_CALLS]
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _name(n) in COLLECTIVE_CALLS]
+
+
+def p2p_calls(tree: ast.Module) -> list[tuple[int, str]]:
+    """Every point-to-point call's line and op (``send``/``recv``)."""
+    return sorted({(n.lineno, op) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and (op := P2P_CALLS.get(_name(n) or "")) is not None})
 
 
 def called(calls: list[ast.Call], line: int) -> str | None:
     """The one collective called at ``line``, by its function's name."""
     here = [n for n in calls if n.lineno <= line <= (n.end_lineno or n.lineno)]
-    f = here[0].func if len(here) == 1 else None
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return _name(here[0]) if len(here) == 1 else None
 
 
 def default_group(calls: list[ast.Call], line: int) -> bool | None:
@@ -162,9 +175,7 @@ def _handle_assigns(tree: ast.Module, waits: list[ast.Call], line: int
 
 def _collective_op(node: ast.Assign, calls: list[ast.Call]) -> str | None:
     call = node.value
-    op = (call.func.attr if isinstance(call.func, ast.Attribute) else
-          call.func.id if isinstance(call.func, ast.Name) else None) \
-        if isinstance(call, ast.Call) else None
+    op = _name(call) if isinstance(call, ast.Call) else None
     return op if op in COLLECTIVE_CALLS and call in calls else None
 
 
@@ -281,10 +292,7 @@ _STREAM_WORDS = ("stream", "event")
 
 def _built_by(node: ast.AST) -> str | None:
     """The name a call's value is built by (``threading.Event()``: ``Event``)."""
-    if not isinstance(node, ast.Call):
-        return None
-    f = node.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return _name(node) if isinstance(node, ast.Call) else None
 
 
 def _device_synchronize(waits: list[ast.Call], line: int) -> bool | None:

@@ -48,10 +48,14 @@ class Step:
     # a loop's: the lines of the statements in its body that leave it before its end (its
     # own ``break``, a ``return``), not those of a loop or a function nested in it
     exits: tuple[int, ...] = ()
+    # a loop's or a function's: the lines in its body that call a point-to-point op of
+    # torch.distributed by name, with the op (``send`` or ``recv``; ``isend`` posts a send):
+    # where a rank's peer passes the op that answers the one the rank waits in
+    p2p: tuple[tuple[int, str], ...] = ()
 
     def to_list(self) -> list[Any]:
         return [self.block, self.index, self.field, self.kind, self.line, self.header,
-                list(self.calls), self.end, list(self.exits)]
+                list(self.calls), self.end, list(self.exits), [list(p) for p in self.p2p]]
 
     @classmethod
     def from_list(cls, d: Any) -> Step | None:
@@ -60,8 +64,9 @@ class Step:
             calls = tuple(int(x) for x in more[0]) if more else ()
             end = int(more[1]) if len(more) > 1 else int(line)
             exits = tuple(int(x) for x in more[2]) if len(more) > 2 else ()
+            p2p = tuple((int(n), str(op)) for n, op in more[3]) if len(more) > 3 else ()
             return cls(str(block), int(index), str(fld), str(kind), int(line),
-                       None if header is None else str(header), calls, end, exits)
+                       None if header is None else str(header), calls, end, exits, p2p)
         except (TypeError, ValueError):
             return None
 
