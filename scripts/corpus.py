@@ -29,6 +29,8 @@ if str(CORPUS) not in sys.path:
 import harness  # noqa: E402
 from cases import CASES  # noqa: E402
 
+from moe_hang.testing.script import end_on_signals, exit_code  # noqa: E402
+
 COLUMNS = ("verdict", "culprit", "lines", "advice")
 
 
@@ -168,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_on_signals()  # SIGTERM ends the running case's process groups, as Ctrl-C does
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        sys.exit(exit_code(exc))
     except (OSError, ValueError) as exc:  # one line, never a traceback
         print(f"[error] corpus.py: {exc}", file=sys.stderr)
         sys.exit(1)
