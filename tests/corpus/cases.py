@@ -1005,6 +1005,21 @@ CASES: tuple[Case, ...] = (
               "work.wait()`; their line is the last post (the loss), and the skip is read "
               "from the counts: the culprit's barrier right after the loop is the number "
               "they wait in at their loss"),
+    Case("pipeline_silent_extra", "pipeline_silent_extra.py", 6, DESYNC_OR_HANG,
+         mode="diagnose",
+         env={"FUZZ_AT_ACC": "0", "FUZZ_AT_LOSS": "2", "FUZZ_AT_RECV": "3,4,5",
+              "FUZZ_AT_SEND": "1", "CULPRIT_RANKS": "2"},
+         mirror={"FUZZ_AT_ACC": "", "FUZZ_AT_LOSS": "0", "FUZZ_AT_RECV": "1,2,3,4,5",
+                 "FUZZ_AT_SEND": "", "CULPRIT_RANKS": "0"},
+         culprits=ranks("CULPRIT_RANKS"),
+         lines=(at(ranks("FUZZ_AT_ACC"), "acc"), at(ranks("FUZZ_AT_LOSS"), "loss"),
+                at(ranks("FUZZ_AT_RECV"), "recv"), at(ranks("FUZZ_AT_SEND"), "send")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "never posts", "left the loop", "dummy input",
+                     "same group"),
+         timeout_s=210.0,
+         note="fuzz seed 38502719 job 46, stacks alone: the stages in their send/recv are "
+              "placed by the ops that answer theirs — a pass on from the culprit, whose "
+              "extra all-reduce paired with their loss; not a camp of their own"),
     Case("nested_epoch_extra", "nested_epoch_extra.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
          lines=(at(C, "loss", "divergence"), at(C, "acc"), at(others(C, 2), "finish")),

@@ -7,17 +7,20 @@ terms (a ``Case`` that the corpus harness scores, and its source)."""
 from __future__ import annotations
 
 import ast
+import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from moe_hang.probe.env import ENV_FR_STACKS
 from moe_hang.testing.fuzz import catalogue, families, truth
-from moe_hang.testing.fuzz.corpus import CORPUS, case_source, to_case
-from moe_hang.testing.fuzz.draw import draw, neighbour_of, stacks_single_out
+from moe_hang.testing.fuzz.corpus import CORPUS, case_source, describe, role_envs, to_case
+from moe_hang.testing.fuzz.draw import draw, neighbour_of, stackless_of, stacks_single_out
 from moe_hang.testing.fuzz.events import P2P, Coll, Stop
 from moe_hang.testing.fuzz.plant import Plant, programs
-from moe_hang.testing.fuzz.runner import job_source
+from moe_hang.testing.fuzz.runner import SPEC_DEFAULTS, job_source
 from moe_hang.testing.fuzz.simulate import simulate
 
 if str(CORPUS) not in sys.path:
@@ -82,6 +85,26 @@ def test_a_third_of_the_jobs_run_beside_a_busy_neighbour() -> None:
     specs = [s for s, _ in DRAWS]
     assert sum(s.neighbour for s in specs) >= len(specs) // 4
     assert {s.neighbour for s in specs if s.mode == "diagnose"} == {True, False}
+
+
+def test_a_quarter_of_the_watched_jobs_record_no_call_stacks() -> None:
+    """One job in every four, from a stream of its own; watched runs only (``diagnose``
+    starts no recorder). Both roles' environments say so; a report written before the
+    field existed is still the same job."""
+    flags = [stackless_of(SEED, i) for i in range(400)]
+    assert sum(flags) == 100 and all(sum(flags[i:i + 4]) == 1 for i in range(0, 400, 4))
+    specs = [(s, t) for s, t in DRAWS]
+    assert not any(s.stackless for s, _ in specs if s.mode == "diagnose")
+    stackless = [(s, t) for s, t in specs if s.stackless]
+    assert len(stackless) >= len([s for s, _ in specs if s.mode == "watch"]) // 5
+    s, t = stackless[0]
+    assert all(env[ENV_FR_STACKS] == "0" for env in role_envs(s, t))
+    assert "no call stacks in the recorder" in describe(s)
+    plain = next((s, t) for s, t in specs if not s.stackless)
+    assert all(ENV_FR_STACKS not in env for env in role_envs(*plain))
+    saved = json.loads(json.dumps(asdict(plain[0])))
+    del saved["stackless"]
+    assert {**SPEC_DEFAULTS, **saved} == json.loads(json.dumps(asdict(plain[0])))
 
 
 def test_the_new_kinds_run_under_diagnose_only_where_stacks_show_the_line() -> None:

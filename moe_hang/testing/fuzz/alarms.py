@@ -25,7 +25,7 @@ from typing import Any
 
 import moe_hang.testing.fuzz.catalogue as catalogue
 import moe_hang.testing.fuzz.families as families
-from moe_hang.testing.fuzz.corpus import ROOT, corpus_module, to_case
+from moe_hang.testing.fuzz.corpus import ROOT, corpus_module, role_envs, to_case
 from moe_hang.testing.fuzz.draw import NEIGHBOUR_EVERY, JobSpec
 from moe_hang.testing.fuzz.neighbour import busy_neighbour
 from moe_hang.testing.fuzz.plant import Plant, eligible_sites
@@ -117,7 +117,7 @@ def run_job(spec: JobSpec, t: Truth, work: Path, per_job: int, harness: Any) -> 
     marks = run_dir / "marks"
     marks.mkdir(parents=True)
     run_id = f"{harness.SESSION}-{uuid.uuid4().hex}"
-    env = harness.case_env(case, t.envs()[0], marks, run_id)
+    env = harness.case_env(case, role_envs(spec, t)[0], marks, run_id)
     pgids: list[int] = []
     limit = 120.0 + 15.0 * spec.world + spec.plant.seconds + FINISH_SLACK_S
     with contextlib.ExitStack() as stack:

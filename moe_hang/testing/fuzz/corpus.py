@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import moe_hang.testing.fuzz.truth as tr
+from moe_hang.probe.env import ENV_FR_STACKS as STACKLESS_ENV
 from moe_hang.testing.fuzz.draw import JobSpec
 from moe_hang.testing.fuzz.truth import Truth
 
@@ -63,7 +64,16 @@ def describe(spec: JobSpec) -> str:
     bits.append(f"{spec.launch}, {spec.mode}")
     if spec.neighbour:
         bits.append("beside a busy neighbour (a process burning a core)")
+    if spec.stackless:
+        bits.append("no call stacks in the recorder")
     return "; ".join(bits)
+
+
+def role_envs(spec: JobSpec, t: Truth) -> list[dict[str, str]]:
+    """Each role's environment: the truth's, and the recorder's setting where it keeps no
+    call stacks."""
+    extra = {STACKLESS_ENV: "0"} if spec.stackless else {}
+    return [{**env, **extra} for env in t.envs()]
 
 
 _POINTS = ("exception", "early_exit", "sigkill", "lock", "sleep", "busy")
@@ -72,7 +82,7 @@ _POINTS = ("exception", "early_exit", "sigkill", "lock", "sleep", "busy")
 def to_case(spec: JobSpec, t: Truth, job: Path) -> object:
     """The corpus ``Case`` of a generated job written to ``job``."""
     cases = corpus_module("cases")
-    envs = t.envs()
+    envs = role_envs(spec, t)
     lines = tuple(cases.LineExpect(cases.ranks(lt.var), cases.Site(marker=lt.marker), lt.where)
                   for lt in t.lines)
     return cases.Case(
@@ -91,7 +101,7 @@ def _set(s: frozenset[str]) -> str:
 
 def case_source(spec: JobSpec, t: Truth, job_name: str) -> str:
     """The same case as source for tests/corpus/cases.py (``job_name`` in jobs/)."""
-    envs = t.envs()
+    envs = role_envs(spec, t)
     args = [repr(spec.name), repr(job_name), str(spec.world), _set(t.verdicts)]
     if spec.mode != "watch":
         args.append(f"mode={spec.mode!r}")

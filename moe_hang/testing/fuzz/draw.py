@@ -4,9 +4,10 @@ kind once, in an order of its own: N runs see each kind about N / 2 / len(KINDS)
 family and its step layout, the world size (2-8, weighted towards 2-4 on a small machine),
 the site and step, the culprits and their mirror, the launch (one torchrun, or two torchrun
 agents as two nodes each under its own watch), the mode (watch, or diagnose attached to the
-job in the background) and, from a stream of its own, whether a busy neighbour burns a core
-beside the job. A draw whose outcome the simulator cannot predict, or whose fault would not
-show (an order swap that still completes), is drawn again."""
+job in the background) and, from streams of their own, whether a busy neighbour burns a core
+beside the job and whether the job's Flight Recorder keeps no call stacks. A draw whose outcome
+the simulator cannot predict, or whose fault would not show (an order swap that still
+completes), is drawn again."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ DIAGNOSE_P = 0.3
 # a share of the runs have a CPU-burning neighbour on the same cores (a shared node): one
 # job in every NEIGHBOUR_EVERY, so that any N has a third of them
 NEIGHBOUR_EVERY = 3
+# a share of the watched runs record no call stacks (``MOE_HANG_FR_STACKS=0``, as a job that
+# sets TORCH_FR_DUMP_TEMP_FILE itself, or whose dumps do not answer beside a busy neighbour,
+# has only the probe's saves): one job in every STACKLESS_EVERY
+STACKLESS_EVERY = 4
 # kinds whose culprit and victims stand in exclusive branches (if / else, or an extra call
 # against none), or at lines a shift of gloo's pairing put them (line order says nothing
 # there): stacks alone (diagnose, no recorder history) tell them apart by a majority only,
@@ -59,6 +64,7 @@ class JobSpec:
     hang_after: float | None  # watch --hang-after (None: the tool's default)
     shape: str = "plain"  # the step's layout (shapes.py)
     neighbour: bool = False  # a CPU-burning process beside the job for its lifetime
+    stackless: bool = False  # the recorder keeps no call stacks (MOE_HANG_FR_STACKS=0)
 
     @property
     def name(self) -> str:
@@ -83,6 +89,14 @@ def neighbour_of(seed: int, index: int) -> bool:
     on it)."""
     block, pos = divmod(index, NEIGHBOUR_EVERY)
     return random.Random(f"{seed}:neighbour:{block}").randrange(NEIGHBOUR_EVERY) == pos
+
+
+def stackless_of(seed: int, index: int) -> bool:
+    """Whether job ``index``'s recorder keeps no call stacks: one job of each block of
+    ``STACKLESS_EVERY``, from a stream of its own (the rest of the draw does not depend on
+    it; a job attached to with ``diagnose`` has no recorder, and its draw says no)."""
+    block, pos = divmod(index, STACKLESS_EVERY)
+    return random.Random(f"{seed}:stackless:{block}").randrange(STACKLESS_EVERY) == pos
 
 
 def _families_for(kind: Kind) -> list[str]:
@@ -205,7 +219,8 @@ def draw(seed: int, index: int) -> tuple[JobSpec, Truth]:
         stall, hang_after = _watch_options(rng, kind, plant)
         spec = JobSpec(seed, index, kind.name, family, world, mesh,
                        "two_nodes" if two_nodes else "torchrun", mode, plant, culprits,
-                       mirror, stall, hang_after, shape, neighbour_of(seed, index))
+                       mirror, stall, hang_after, shape, neighbour_of(seed, index),
+                       mode == "watch" and stackless_of(seed, index))
         return spec, t
     raise RuntimeError(f"seed {seed} job {index}: no plant of {kind.name} found")
 

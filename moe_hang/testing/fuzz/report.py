@@ -58,7 +58,8 @@ def table(runs: Sequence[Run]) -> str:
                 + "  ".join(f"{_cell(runs, c):>7}" for c in COLUMNS))
     for what, key in (("family", lambda r: r.spec.family), ("world", lambda r: f"w{r.spec.world}"),
                       ("launch", lambda r: r.spec.launch), ("mode", lambda r: r.spec.mode),
-                      ("neighbour", lambda r: "busy" if r.spec.neighbour else "alone")):
+                      ("neighbour", lambda r: "busy" if r.spec.neighbour else "alone"),
+                      ("recorder", lambda r: "stackless" if r.spec.stackless else "stacks")):
         groups: dict[str, list[Run]] = {}
         for r in runs:
             groups.setdefault(key(r), []).append(r)

@@ -14,7 +14,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,9 @@ def run(seed: int, n: int, work: Path, on_run: Callable[[Run], None],
     return out
 
 
+SPEC_DEFAULTS = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
+
+
 def rescore(report: dict[str, Any], skipped: list[str] | None = None,
             again: bool = False) -> list[Run]:
     """The runs of a saved report scored again against the truth drawn now (after a fix of
@@ -144,7 +147,8 @@ def rescore(report: dict[str, Any], skipped: list[str] | None = None,
     for saved in report.get("runs", []):
         spec, t = draw(int(saved["spec"]["seed"]), int(saved["spec"]["index"]))
         job = Path(saved["job"])
-        same = json.loads(json.dumps(asdict(spec))) == saved["spec"]
+        # a field added since the report was written had its default then
+        same = json.loads(json.dumps(asdict(spec))) == {**SPEC_DEFAULTS, **saved["spec"]}
         if not same or (job.exists() and job.read_text() != job_source(spec)):
             if skipped is None:
                 raise ValueError(f"{spec.name} is drawn differently now than when {job} was "
