@@ -93,10 +93,13 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
 
     # the ranks in a send or a recv a pass on from the one rank they wait on: its camp is a
     # collective behind them (they have each posted one that it has not)
+    # (an extra of its camp: a divergence of kind EXTRA, at its line)
     if (lapped := _lapped_by_peers(views, camps, owed, where)):
         d = decide(lapped, ctx)
-        return div, (d.culprits if d.basis != CulpritBasis.AMBIGUOUS else sorted(
-            {*lapped[0].culprits, *lapped[0].others})), d.basis
+        if d.reading is None:
+            return div, sorted({*lapped[0].culprits, *lapped[0].others}), d.basis
+        return replace(div, kind=MismatchKind.EXTRA) if d.reading.edit == Edit.EXTRA \
+            else div, d.culprits, d.basis
 
     # ... unless the lines say the rank in the recv is a lap on from its peer (it went round
     # the loop past the peer's collective: the peer never got back to the send)

@@ -64,7 +64,8 @@ from moe_hang.analysis.ras.launches import (
 from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.routing import routing_report
-from moe_hang.analysis.shift import shifted, skipped_at
+from moe_hang.analysis.shift import count_advice, shifted, skipped_at
+from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
 from moe_hang.analysis.unreached import (
@@ -222,6 +223,12 @@ def _stack_desync(f: Facts) -> Conclusion:
         p2p = f.views[waiter].stack.p2p
         assert p2p is not None and p2p.peer is not None
         advice = advise_p2p(waiter, "recv", p2p.peer, f.views[waiter].site, f.views.source)
+    elif div.kind == MismatchKind.EXTRA and (at := views[culprits[0]].site) is not None:
+        # a camp a collective behind the ranks a pass on from it: one more before its line
+        default = on_default_group(views.source, at.file, at.line) is True
+        advice = count_advice(culprits, sorted(set(div.per_rank) - set(culprits)),
+                              "default_pg" if default else "its group", at, True,
+                              views.source, default)
     else:
         advice = KIND_ADVICE[div.kind](situation(f, div, culprits, basis))
     return Conclusion(Verdict.DESYNC, culprits, basis, Certainty.LIKELY, summary, advice, div)

@@ -283,18 +283,30 @@ def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
     if sh.extra:
         said += (f"{who(c)} posted more collectives on {group} before it than "
                  f"{who(o)} (an extra, paired silently with their next of the same size).")
+    else:
+        said += f"{who(c)} posted fewer on {group} before it than {who(o)} (a skip)."
+    return Verdict.DESYNC, said, count_advice(c, o, group, sh.site, sh.extra, views.source,
+                                              sh.pg_desc == "default_pg")
+
+
+def count_advice(c: list[int], o: list[int], group: str, at: Frame, extra: bool,
+                 src: SourceFacts, default: bool) -> Advice:
+    """One side posted more collectives on ``group`` before line ``at`` than the other (an
+    extra, or a skip of the other side's): what to change, and — ``group`` the default
+    one — the one collective of the loop on it that a branch decides, where the source
+    shows one."""
+    line = site_str(at)
+    if extra:
         text = (f"{who(c).capitalize()} posted more collectives on {group} than {who(o)} "
                 f"before {line}: one that runs on {agree(c, 'it', 'them')} only (a log, a "
                 "metric, a check under a condition on the rank). Post it on every rank of "
                 "the group, or on a group of its own.")
     else:
-        said += f"{who(c)} posted fewer on {group} before it than {who(o)} (a skip)."
         text = (f"{who(c).capitalize()} posted fewer collectives on {group} than {who(o)} "
                 f"before {line}: one the others post, skipped there (an `if` or `continue` "
                 "on the rank's own data). Post every collective of a pass on every rank.")
-    site = branch_call(views.source, sh.site) if sh.pg_desc == "default_pg" else None
+    site = branch_call(src, at) if default else None
     if site is not None:
         text += f" The one under a branch in this loop on {group}: {site_str(site)}."
-    return Verdict.DESYNC, said, Advice(text, site=site, site_why=None if site is None else
-                                        f"the only collective on {group} of the loop that a "
-                                        "branch decides")
+    return Advice(text, site=site, site_why=None if site is None else
+                  f"the only collective on {group} of the loop that a branch decides")

@@ -1016,7 +1016,7 @@ CASES: tuple[Case, ...] = (
                 at(ranks("FUZZ_AT_RECV"), "recv"), at(ranks("FUZZ_AT_SEND"), "send")),
          fix_forbid=(*NOT_A_COLLECTIVE_BUG, "never posts", "left the loop", "dummy input",
                      "same group"),
-         timeout_s=210.0,
+         fix_require=("posted more collectives on default_pg",), timeout_s=210.0,
          note="fuzz seed 38502719 job 46, stacks alone: the stages in their send/recv are "
               "placed by the ops that answer theirs — a pass on from the culprit, whose "
               "extra all-reduce paired with their loss; not a camp of their own"),

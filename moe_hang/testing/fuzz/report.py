@@ -29,6 +29,7 @@ def run_line(i: int, n: int, r: Run) -> str:
     return (f"[{i:>{len(str(n))}}/{n}] seed {s.seed} job {s.index:03d} {s.kind:<12} "
             f"{s.family:<9} w{s.world} {s.launch:<9} {s.mode:<8} "
             f"{'neighbour' if s.neighbour else 'alone':<9} "
+            f"{'no-stacks' if s.stackless else 'stacks':<9} "
             f"{'mirrored' if r.mirrored else 'primary ':<8} {r.wall_s:>6.1f}s  {result}")
 
 
