@@ -120,8 +120,11 @@ def blame(g: GroupDivergence, ctx: Context) -> Blame:
     d = decide([*first, *readings, *(x for sh in shifts if not sh.same_seq
                                       for x in sh.readings)], ctx)
     b = _blame(d)
+    # (or one of whose readings blames the ranks the decision does: it says why)
     b.shift = next((replace(sh, decision=d) for sh in shifts
-                    if any(d.reading is x for x in sh.readings)), None)
+                    if any(d.reading is x for x in sh.readings)), None) or next((
+        replace(sh, decision=replace(d, reading=x)) for sh in shifts if sh.same_seq
+        for x in sh.readings if sorted(x.culprits) == d.culprits), None)
     return b
 
 

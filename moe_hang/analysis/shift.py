@@ -135,7 +135,8 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
         # a rank at w's number at another line is no side: whether it is in the waiters'
         # pass (then it posted the line's collective below) or a pass behind, nothing says
         posted = v.tl.enqueued.get(w.pg, -1)
-        if here(v) and r not in ahead and _left_after(views, v, fb):
+        if here(v) and r not in ahead and (_left_after(views, v, fb)
+                                           or _later_in_pass(ctx, v, fb)):
             passed.append(r)  # it posted the line's collective before its own, now at w.seq
             counts.add(w.seq - 1)
             after = True
@@ -154,6 +155,23 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
                 Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
                  readings, same_seq=after)
+
+
+def _later_in_pass(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
+    """``v`` waits, as the number the others wait in at ``fb``, at a later line of their
+    pass (its frames at ``fb``'s depth later in the loop's body; ``fb`` a line every pass
+    posts): it posted ``fb``'s collective as a lower number. Or the others are a pass on,
+    having left their last pass early past ``v``'s line (a ``continue``, one edit): read
+    only where a collective every pass posts — no branch, no guard before it — follows
+    ``v``'s line in the body, which they could not have left out."""
+    src, b = ctx.views.source, fb[-1]
+    mine = list(v.position)[:len(fb)]
+    if len(mine) != len(fb) or mine[-1].line <= b.line \
+            or not went_through(src, mine, fb, None, []):
+        return False
+    body = loop_step(src, b.file, b.line, mine[-1].line)
+    return body is not None and any(
+        c > mine[-1].line and every_pass(src, replace(b, line=c), b) for c in body.calls)
 
 
 def _left_after(views: RankViews, v: RankView, fb: list[Frame]) -> bool:

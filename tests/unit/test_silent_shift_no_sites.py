@@ -1,0 +1,29 @@
+"""A silent skip read from the counts where the recorder keeps no call sites (exploration seed
+20261207, job 11, ``silent``, both roles: FSDP2 on 2 ranks beside a busy neighbour,
+``MOE_HANG_FR_STACKS=0``). Rank C skips its size-1 accuracy all-reduce at step 2; its loss
+pairs with the other's accuracy, its next token count with the other's loss, and the ops
+first differ at #55: the other's token count (70) against C's first FSDP all-gather of step
+3 (50, in the forward called at 71). Was: "make rank C post the collective at :70 too" — C
+did post it: the three size-1 all-reduces look alike without call sites, and which one C
+lacks only the source can say. C is later in the pass, at the same number the other waits
+in at 70: it posted line 70's collective lower — a count shift; the group's step (17
+collectives) makes a pass behind the farther reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_hang.analysis.rules import diagnose
+from moe_hang.evidence.load import load_capture
+
+
+@pytest.mark.parametrize(("name", "culprit"), [("silent_fsdp_nostacks_0", 0),
+                                               ("silent_fsdp_nostacks_1", 1)])
+def test_a_rank_later_in_the_pass_at_the_same_number_posted_fewer(fixtures, name, culprit):
+    d = diagnose(load_capture(fixtures / name)).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    fix = d["fix"]
+    assert fix.startswith(f"Rank {culprit} posted fewer collectives on default_pg than rank "
+                          f"{1 - culprit} before "), fix
+    assert "post the collective at" not in fix
+    assert fix.endswith("_silent_fsdp2.py:77 <module>."), fix  # the accuracy's branch
