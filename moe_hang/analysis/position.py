@@ -169,12 +169,14 @@ def pass_on(src: SourceFacts, fr: Sequence[Frame], op: str, fq: Sequence[Frame]
     answers = [n for n, o in region.p2p if o == ("recv" if op == "send" else "send")]
     if len(answers) != 1:
         return None
+    owed = _owed_between(src, x, y.line, region.calls)
     if order(src, x.file, y.line, answers[0]) in (Order.A_FIRST, Order.SAME):
-        return False if y.line == x.line or order(src, x.file, x.line, y.line) is not \
-            Order.A_FIRST or not _owed_between(src, x, y.line, region.calls) else None
+        # not yet at its answer: the rank's pass — unless the peer went past a collective
+        # every rank owes that the rank has not reached, which no one pass allows
+        return None if owed else False
     if order(src, x.file, answers[0], y.line) is not Order.A_FIRST:
         return None
-    return True if _owed_between(src, x, y.line, region.calls) else None
+    return True if owed else None
 
 
 def _owed_between(src: SourceFacts, x: Frame, later: int, calls: Sequence[int]) -> bool:
@@ -204,6 +206,6 @@ def passes_from_peers(views: RankViews, owed: Mapping[int, int]
             if step is None or q in seen:
                 return None
             seen.add(q)
-            at, laps = q, laps + step
+            at, laps = q, laps + int(step)
         out[r] = (at, laps)
     return out if len({root for root, _ in out.values()}) == 1 else None

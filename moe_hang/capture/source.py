@@ -90,7 +90,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         lines = set(lines) | {p[0] for p in (*posted.values(), *last.values())} | {
             c for n in lines for st in _path(tree.body, n, calls, p2p)
             if st.kind in ("For", "While", "AsyncFor")
-            for c in (*st.calls, *st.exits, *(n for n, _ in st.p2p))}
+            for c in (*st.calls, *st.exits, *(ln for ln, _ in st.p2p))}
         out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls, p2p)),
                                         (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),
