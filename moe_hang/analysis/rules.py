@@ -64,7 +64,7 @@ from moe_hang.analysis.ras.launches import (
 from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.routing import routing_report
-from moe_hang.analysis.shift import count_advice, shifted, skipped_at
+from moe_hang.analysis.shift import count_advice, shift_divergence, shifted
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang
@@ -197,7 +197,7 @@ def _desync(f: Facts) -> Conclusion:
                and b.shift is None else Certainty.LIKELY)
     advice = KIND_ADVICE[g.div.kind](situation(f, g.div, b.culprits, b.basis)) \
         if b.shift is None else shifted(b.shift, f.views)[2]
-    div = (skipped_at(b.shift, advice.site, f.views) if b.shift is not None else None) or g.div
+    div = (shift_divergence(b.shift, advice.site, f.views) if b.shift else None) or g.div
     return Conclusion(Verdict.DESYNC, culprits, b.basis, certain, summary, advice,
                       div, [x.div for x, _ in found[1:]])
 

@@ -26,7 +26,7 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.explain import site_str
-from moe_hang.analysis.gates import every_pass, went_through
+from moe_hang.analysis.gates import alike, every_pass, went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.passes import loop_between
 from moe_hang.analysis.rankstate import to_rc
@@ -135,8 +135,8 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
         # a rank at w's number at another line is no side: whether it is in the waiters'
         # pass (then it posted the line's collective below) or a pass behind, nothing says
         posted = v.tl.enqueued.get(w.pg, -1)
-        if here(v) and r not in ahead and (_left_after(views, v, fb)
-                                           or _later_in_pass(ctx, v, fb)):
+        if here(v) and r not in ahead and (_left_after(views, v, fb) or (
+                w.pg == DEFAULT_PG and (_later_in_pass(ctx, v, fb) or _a_pass_on(ctx, v, fb)))):
             passed.append(r)  # it posted the line's collective before its own, now at w.seq
             counts.add(w.seq - 1)
             after = True
@@ -158,20 +158,45 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
 
 
 def _later_in_pass(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
-    """``v`` waits, as the number the others wait in at ``fb``, at a later line of their
-    pass (its frames at ``fb``'s depth later in the loop's body; ``fb`` a line every pass
-    posts): it posted ``fb``'s collective as a lower number. Or the others are a pass on,
-    having left their last pass early past ``v``'s line (a ``continue``, one edit): read
-    only where a collective every pass posts — no branch, no guard before it — follows
-    ``v``'s line in the body, which they could not have left out."""
+    """``v`` waits, as the number the others wait in at ``fb`` on the default group, at a
+    later line of their pass (its frames at ``fb``'s depth later in the loop's body; ``fb``
+    a line every pass posts): it posted ``fb``'s collective as a lower number. Or the others
+    are a pass on, having left their last pass early past ``v``'s line (a ``continue``, one
+    edit): read only where a collective every pass posts follows ``v``'s line in the body,
+    which they could not have left out."""
     src, b = ctx.views.source, fb[-1]
     mine = list(v.position)[:len(fb)]
     if len(mine) != len(fb) or mine[-1].line <= b.line \
             or not went_through(src, mine, fb, None, []):
         return False
-    body = loop_step(src, b.file, b.line, mine[-1].line)
+    return _unconditional(src, b, mine[-1].line, None)
+
+
+def _a_pass_on(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
+    """``v`` waits, as the number the others wait in at ``fb`` (a line every pass posts) on
+    the default group, at an earlier line of the loop (its frames at ``fb``'s depth): a pass
+    on, it posted ``fb``'s collective in their pass as a lower number. Or it is in their
+    pass, behind, at their count: they went through every collective from its line to
+    theirs and it posted as many more before — read only where one every pass posts lies
+    between the two lines (so more than one: not the one difference the nearer reading
+    needs)."""
+    src, b = ctx.views.source, fb[-1]
+    mine = list(v.position)[:len(fb)]
+    if len(mine) != len(fb) or not alike(mine, fb) or mine[-1].line >= b.line \
+            or not every_pass(src, b, mine[-1]):
+        return False
+    return _unconditional(src, b, mine[-1].line, b.line)
+
+
+def _unconditional(src: SourceFacts, b: Frame, after: int, before: int | None) -> bool:
+    """A collective on the default group that every pass of the loop around ``b`` posts
+    (no branch, no guard before it), called by name after line ``after`` (and before line
+    ``before``)."""
+    body = loop_step(src, b.file, b.line, after)
     return body is not None and any(
-        c > mine[-1].line and every_pass(src, replace(b, line=c), b) for c in body.calls)
+        after < c and (before is None or c < before) and every_pass(src, replace(b, line=c), b)
+        and (lf := src.line(b.file, c)) is not None and lf.default_group is True
+        for c in body.calls)
 
 
 def _left_after(views: RankViews, v: RankView, fb: list[Frame]) -> bool:
@@ -286,6 +311,14 @@ def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | 
                                      source="source", pg_desc=sh.pg_desc, callsite=site)
     members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
     return Divergence(sh.pg, None, MismatchKind.MISSING, sh.pg_desc, members, per_rank)
+
+
+def shift_divergence(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
+    """Where the camps of a desync come from, for a shift whose passed side is a camp there
+    (:attr:`Shift.same_seq`): the skip's line, or where the extra met the others'."""
+    if not sh.same_seq:
+        return None
+    return skipped_at(sh, site, views) or paired_at(sh, site, views)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
