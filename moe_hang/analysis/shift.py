@@ -134,6 +134,8 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     for r, v in views.items():
         # a rank at w's number at another line is no side: whether it is in the waiters'
         # pass (then it posted the line's collective below) or a pass behind, nothing says
+        # — unless the source does (it left their loop for good; or the other reading would
+        # need two differences, not one: the three readers below)
         posted = v.tl.enqueued.get(w.pg, -1)
         if here(v) and r not in ahead and (_left_after(views, v, fb) or (
                 w.pg == DEFAULT_PG and (_later_in_pass(ctx, v, fb) or _a_pass_on(ctx, v, fb)))):
@@ -177,9 +179,9 @@ def _a_pass_on(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
     the default group, at an earlier line of the loop (its frames at ``fb``'s depth): a pass
     on, it posted ``fb``'s collective in their pass as a lower number. Or it is in their
     pass, behind, at their count: they went through every collective from its line to
-    theirs and it posted as many more before — read only where one every pass posts lies
-    between the two lines (so more than one: not the one difference the nearer reading
-    needs)."""
+    theirs, so it posted as many more before — read only where one that every pass posts
+    lies between the two lines: with its own, that is two or more, where the one edit of
+    a silent pairing differs by one."""
     src, b = ctx.views.source, fb[-1]
     mine = list(v.position)[:len(fb)]
     if len(mine) != len(fb) or not alike(mine, fb) or mine[-1].line >= b.line \
