@@ -87,7 +87,16 @@ def blame(g: GroupDivergence, ctx: Context) -> Blame:
     if g.blocks:  # one side posted collectives the other did not
         d = decide(block_readings(g.div.pg, g.blocks, views), ctx)
         g.block = _chosen(g.blocks, d, views)
-        return _blame(d)
+        b = _blame(d)
+        # a block of one collective alike the ones before it may sit anywhere in their run:
+        # a shift at a camp's line read the same way (the same edit by the same ranks) says
+        # where the source puts it
+        if (read := d.reading) is not None:
+            b.shift = next((replace(sh, decision=replace(d, reading=x))
+                            for sh in divergence_shifts(g.have, ctx) if sh.same_seq
+                            for x in sh.readings
+                            if x.edit == read.edit and x.culprits == read.culprits), None)
+        return b
     if g.identity:
         sides = _sides(g.identity)
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from moe_hang.analysis.situation import Advice, Situation, at_line
 from moe_hang.analysis.source import (
+    every_pass,
     excludes_ranks,
     gates,
     loop_step,
@@ -267,22 +268,6 @@ def alike(fa: list[Frame], fb: list[Frame]) -> bool:
         (x.file, x.function, x.line) == (y.file, y.function, y.line)
         for x, y in zip(fa[:-1], fb[:-1], strict=True)) \
         and (fa[-1].file, fa[-1].function) == (fb[-1].file, fb[-1].function)
-
-
-def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
-    """Every pass of the innermost loop holding ``a`` and ``b`` posts ``b``'s collective:
-    its statement sits right in the loop's body (one inside an inner loop, a ``try``, a
-    ``with`` or an ``if`` may run no time in a pass), no guard before it leaves the pass
-    early, no rank condition."""
-    body = loop_step(src, b.file, b.line, a.line)
-    lf = src.line(b.file, b.line)
-    if body is None or lf is None:
-        return False
-    at = next((i for i, st in enumerate(lf.path) if st.line == body.line), None)
-    if at is None or len(lf.path) != at + 2 or lf.path[at + 1].field != "body":
-        return False
-    return rank_condition(src, b.file, b.line) is None and not any(
-        g.line > body.line for g in gates(src, b.file, b.line))
 
 
 def ways_left_out(src: SourceFacts, at: Frame, takers: tuple[int, ...] | list[int],

@@ -27,12 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.gates import alike, every_pass, went_through
+from moe_hang.analysis.gates import alike, went_through
 from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
 from moe_hang.analysis.source import (
+    every_pass,
     excludes_ranks,
     path_condition,
     periodic_gate,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_hang.analysis.diagnosis import CulpritBasis, pg_label
-from moe_hang.analysis.gates import every_pass, gate_code
+from moe_hang.analysis.gates import gate_code
 from moe_hang.analysis.passes import loop_at
 from moe_hang.analysis.situation import (
     Advice,
@@ -19,6 +19,7 @@ from moe_hang.analysis.situation import (
 from moe_hang.analysis.source import (
     alike_in_a_pass,
     branch_call,
+    every_pass,
     excludes_ranks,
     gates,
     loop_step,

@@ -9,10 +9,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from moe_hang.analysis.gates import every_pass
 from moe_hang.analysis.source import (
     Order,
     enclosing_loop,
+    every_pass,
     function_step,
     in_loop,
     loop_step,

@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import RankCollective
 from moe_hang.analysis.frames import fsdp_unshard
+from moe_hang.analysis.source import every_pass, function_step, loop_step
 from moe_hang.analysis.timeline import RankTimeline, RankView, timeline
-from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.source import SourceFacts
@@ -19,6 +20,7 @@ from moe_hang.evidence.stacks import (
     StackView,
     ThreadStack,
     callsite,
+    is_library_frame,
     is_tool_frame,
     main_thread,
     other_thread,
@@ -111,6 +113,45 @@ def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None,
                    frames=[posted if f == at else f for f in sv.frames])
 
 
+def _held_behind(sv: StackView, facts: SourceFacts | None, pending: list[Collective]
+                 ) -> StackView | None:
+    """Two collectives pending on one group, the second the number right after the first, and
+    the stack in the second's op (not the first's), by the thread that posted both: gloo runs
+    a group's collectives in order, so the rank is held behind the first, posted earlier
+    (``async_op=True``). Its recorder holds no call site for it; where the source shows the
+    last call before the stack's line in its loop's pass, by name, with nothing between (the
+    stack's frames inside that line show none by name before theirs), every pass posting it
+    on the first's group with the first's op, that is its line (a rank's line is where its
+    pending collective was posted)."""
+    if facts is None or len(pending) != 2 or sv.op is None or sv.waited_at is not None:
+        return None
+    first, then = pending
+    if first.frames or first.pg != then.pg or first.seq is None or then.seq != first.seq + 1 \
+            or normalise_op(then.op) != sv.op or normalise_op(first.op) == sv.op \
+            or any(other_thread(c.thread_id, sv.thread_id) for c in pending):
+        return None
+    for k, f in enumerate(sv.frames):
+        if is_library_frame(f):
+            continue
+        body = loop_step(facts, f.file, f.line, f.line)
+        if body is None:
+            fn = function_step(facts, f.file, f.line)
+            if fn is None or any(fn.line < n < f.line for n in fn.calls):
+                return None  # module level outside a loop, or a call before it unread
+            continue
+        calls = [n for n in body.calls if n < f.line][::-1] \
+            + [n for n in body.calls if n > f.line][::-1]
+        lf = facts.line(f.file, calls[0]) if calls else None
+        if lf is None or lf.call is None or normalise_op(lf.call) != normalise_op(first.op) \
+                or lf.default_group is not (first.pg == DEFAULT_PG) \
+                or not every_pass(facts, Frame(f.file, calls[0], f.function), f):
+            return None
+        posted = Frame(f.file, calls[0], f.function)
+        return replace(sv, op=normalise_op(first.op), api=lf.call, callsite=posted,
+                       frames=[posted, *sv.frames[k + 1:]])
+    return None
+
+
 # what gloo's and NCCL's recorders record when posted (not send/recv: gloo records none; not
 # monitored_barrier: send/recv underneath)
 _RECORDED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -197,6 +238,8 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
                 sv = waiting
         elif (waiting := _waits_async(ev, sv, facts)) is not None:
             state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
+        elif state == RankState.IN_COLLECTIVE and (held := _held_behind(sv, facts, pending)):
+            sv = held  # behind a collective it posted earlier, in the next one's call
     elif current is not None:
         state = RankState.IN_COLLECTIVE
     elif recorder_only(ev):

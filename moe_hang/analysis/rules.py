@@ -178,8 +178,8 @@ def _desync(f: Facts) -> Conclusion:
     culprits = sorted({r for _, bb in found for r in bb.culprits})
     reports = f.reports(g.div)
     exits = {r: f.ev.ranks[r].exit_code for r in f.bad_exit}
-    if g.block is not None:
-        summary = block_summary(g, reports)
+    if g.block is not None:  # and where it sits in a run of alike ones, the counts say
+        summary = block_summary(g, reports) + (shifted(b.shift, f.views)[1] if b.shift else "")
     else:
         summary = desync_summary(g.div, reports, b.culprits, exits)
         summary += culprit_clause(b.basis, b.culprits, b.confirmed) if b.shift is None \

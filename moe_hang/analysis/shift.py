@@ -26,13 +26,13 @@ from moe_hang.analysis.diagnosis import (
     pg_label,
 )
 from moe_hang.analysis.explain import site_str
-from moe_hang.analysis.gates import alike, every_pass, went_through
+from moe_hang.analysis.gates import alike, went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.passes import loop_between
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
-from moe_hang.analysis.source import branch_call, loop_step
+from moe_hang.analysis.source import branch_call, every_pass, loop_step
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
@@ -261,39 +261,64 @@ def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
 
 def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
     """Where an extra paired silently: the culprits' extra is ``site`` (the one collective on
-    the group under a branch in the loop), the last they posted before the shift's line as
-    the source shows the loop (no collective on the group between them by name), and the
-    others' collective at the line the last they posted (none by name from it to where they
-    are): one number apart, the two met as the number the others posted it as."""
+    the group under a branch in the loop). Between it and the shift's line, in the pass's
+    order, the source calls by name only collectives every pass posts on the group, each
+    one: the culprits posted the extra that many and one numbers below the line's, and the
+    others, one number behind from there on, the first of them (the line's own where there
+    are none) as that same number — the two met there, and each later one of the culprits
+    met the others' next. The others' count is exact where no call lies between the line and
+    where they are now. The recorder's entries at that number must be the lines' ops (where the
+    source names them)."""
     if not sh.extra or site is None or sh.passed_seq != sh.seq - 1:
         return None
     line = sh.site
-    body = loop_step(views.source, line.file, site.line, line.line)
+    src = views.source
+    body = loop_step(src, line.file, site.line, line.line)
     if body is None or site.file != line.file:
         return None
 
-    def calls_between(lo: int, hi: int) -> bool:
-        """A call the source shows (by name) that may be on the group, after line ``lo``
-        and before ``hi`` in the pass — across its end where ``hi`` is not after ``lo``."""
-        def on_group(n: int) -> bool:
-            lf = views.source.line(line.file, n)
-            return lf is None or lf.default_group is not False
-        return any(on_group(n) and (lo < n < hi if lo < hi else (n > lo or n < hi))
-                   for n in body.calls)
+    def calls_between(lo: int, hi: int) -> list[int]:
+        """The calls the source shows (by name) after line ``lo`` and before ``hi`` in the
+        pass, in its order — across its end where ``hi`` is not after ``lo``."""
+        if lo < hi:
+            return [n for n in body.calls if lo < n < hi]
+        return [n for n in body.calls if n > lo] + [n for n in body.calls if n < hi]
 
-    # the others are at or before the line, a pass on from it (their last post was there)
-    spots = [views[a].position[-1].line if views[a].position else None for a in sh.others]
-    if (site.line < line.line and calls_between(site.line, line.line)) or any(
-            at is None or at > line.line or calls_between(line.line, at) for at in spots):
+    def counted(n: int) -> bool:
+        lf = src.line(line.file, n)
+        return lf is not None and lf.default_group is True \
+            and every_pass(src, Frame(line.file, n, line.function), line)
+
+    def may_post(n: int) -> bool:
+        lf = src.line(line.file, n)
+        return lf is None or lf.default_group is not False
+
+    between = [n for n in calls_between(site.line, line.line) if may_post(n)]
+    # where each of the others is in the loop: its frame in the body (deeper ones are inside
+    # that line's call)
+    spots = [next((f.line for f in views[a].position if f.file == line.file
+                   and loop_step(src, line.file, f.line, line.line) == body), None)
+             for a in sh.others]
+    if not all(counted(n) for n in between) or any(
+            at is None or any(may_post(n) for n in calls_between(line.line, at))
+            for at in spots if at != line.line):
         return None
+    seq = sh.passed_seq - len(between)
+    met = between[0] if between else line.line
     per_rank: dict[int, RankCollective | None] = {}
-    for r, where in [*((c, site) for c in sh.culprits), *((o, line) for o in sh.others)]:
-        rc = to_rc(views[r].tl.by_pg.get(sh.pg, {}).get(sh.passed_seq), views[r])
+    for r, where in [*((c, site) for c in sh.culprits),
+                     *((o, replace(line, line=met)) for o in sh.others)]:
+        lf = src.line(where.file, where.line)
+        c = views[r].tl.by_pg.get(sh.pg, {}).get(seq)
+        if c is None or (lf is not None and lf.call is not None
+                         and normalise_op(c.op) != normalise_op(lf.call)):
+            return None
+        rc = to_rc(c, views[r])
         if rc is None:
             return None
         per_rank[r] = replace(rc, callsite=where)
     members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
-    return Divergence(sh.pg, sh.passed_seq, MismatchKind.EXTRA, sh.pg_desc, members, per_rank)
+    return Divergence(sh.pg, seq, MismatchKind.EXTRA, sh.pg_desc, members, per_rank)
 
 
 def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:

@@ -376,3 +376,19 @@ def periodic_gate(src: SourceFacts, path: str, line: int) -> Gate | None:
     if not all(alike_in_a_pass(g.test, counters) for g in lf.gates):
         return None
     return next((g for g in lf.gates if _names(g.test) & counters), None)
+
+
+def every_pass(src: SourceFacts, b: Frame, a: Frame) -> bool:
+    """Every pass of the innermost loop holding ``a`` and ``b`` posts ``b``'s collective:
+    its statement sits right in the loop's body (one inside an inner loop, a ``try``, a
+    ``with`` or an ``if`` may run no time in a pass), no guard before it leaves the pass
+    early, no rank condition."""
+    body = loop_step(src, b.file, b.line, a.line)
+    lf = src.line(b.file, b.line)
+    if body is None or lf is None:
+        return False
+    at = next((i for i, st in enumerate(lf.path) if st.line == body.line), None)
+    if at is None or len(lf.path) != at + 2 or lf.path[at + 1].field != "body":
+        return False
+    return rank_condition(src, b.file, b.line) is None and not any(
+        g.line > body.line for g in gates(src, b.file, b.line))
