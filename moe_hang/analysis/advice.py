@@ -155,7 +155,7 @@ def _advise_extra(s: Situation, b: Block) -> Advice:
     cond = f" under `{b.condition}`" if b.condition else ""
     head = (f"{who(b.having).capitalize()} {agree(b.having, 'posts', 'post')} {what}{at}"
             f"{cond} that {who(b.lacking)} never {agree(b.lacking, 'posts', 'post')}: ")
-    if b.items and fsdp_unshard(b.items[0].frames):
+    if b.items and (b.by_fsdp or fsdp_unshard(b.items[0].frames)):
         return Advice(head + "FSDP all-gathers the parameters of every module it wraps when "
                       "the module is called, so a forward on some ranks only (an evaluation, "
                       "a logging pass) posts collectives the others never answer. Run it on "

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_hang.analysis.blocks import EXTRA, Block, conditional_block, part, user_code
+from moe_hang.analysis.blocks import (
+    EXTRA,
+    Block,
+    conditional_block,
+    helper_block,
+    part,
+    user_code,
+)
 from moe_hang.analysis.blocks import identity as identity_of
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
@@ -105,14 +112,14 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews,
         kind = mismatch_kind(list(have.values()))
         identity: dict[int, object] = {}
         blocks: tuple[Block, ...] = ()
+        camps: dict[object, list[int]] = {}
+        for r, c in sorted(have.items()):
+            camps.setdefault(identity_of(c, views[r]), []).append(r)
         codes = {r: user_code(c, views[r]) for r, c in have.items()}
         known = {code for code in codes.values() if code is not None}
         if len(have) >= 2 and (len({c.op for c in have.values()}) > 1 or len(known) > 1):
             # different ops, or the same op from different code: align what each posted from
             # here on (a block one side has and the other lacks), not their seq numbers
-            camps: dict[object, list[int]] = {}
-            for r, c in sorted(have.items()):
-                camps.setdefault(identity_of(c, views[r]), []).append(r)
             got = part(pg, seq, list(camps.values()), views)
             if got.benign and kind is None:
                 continue  # two code paths posting the same collectives: they line up again
@@ -136,7 +143,8 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews,
                 kind = MismatchKind.MISSING
         if kind is None:
             continue
-        if not blocks and (cb := conditional_block(pg, seq, with_data, views)) is not None:
+        if not blocks and (cb := conditional_block(pg, seq, with_data, views) or (
+                helper_block(pg, seq, list(camps.values()), views))):
             blocks, kind, seq = (cb,), MismatchKind.EXTRA, cb.start
             present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
             have = {r: c for r, c in present.items() if c is not None}

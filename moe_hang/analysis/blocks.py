@@ -20,15 +20,17 @@ the user frames of its stack).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import signature
 from moe_hang.analysis.rankstate import site_key
-from moe_hang.analysis.source import excludes_ranks, path_condition
+from moe_hang.analysis.source import every_pass, excludes_ranks, loop_step, path_condition
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.ops import normalise_op
+from moe_hang.evidence.source import SourceFacts, Step
 from moe_hang.evidence.stacks import Frame, is_library_frame
 
 Identity = tuple[object, ...]
@@ -77,6 +79,11 @@ class Block:
     # what each side posted right where they part: the lacking side's first collective (the
     # one after the block), the having side's after the block
     lacking_next: Collective | None = None
+    # where the source places the block when its collectives carry no call site, user frames
+    # outermost first: the loop's call of the helper that posts it, the posting line there
+    # (:func:`helper_block`)
+    posted_from: tuple[Frame, ...] = ()
+    by_fsdp: bool = False  # and FSDP posts it there (the source shows it, not a frame)
 
     @property
     def culprits(self) -> list[int]:
@@ -96,7 +103,7 @@ class Block:
         shared = {(f.file, f.line, f.function) for f in self.reference}
         own = [f for f in user if (f.file, f.line, f.function) not in shared]
         best = own or user
-        return best[0] if best else None
+        return best[0] if best else self.posted_from[-1] if self.posted_from else None
 
 
 @dataclass(frozen=True)
@@ -224,6 +231,78 @@ def conditional_block(pg: str, seq: int, ranks: list[int], views: RankViews) -> 
             continue  # the others' collectives are known there: the diff speaks for them
         return Block(run[0].seq, [r], sorted(others), run, 0, condition=cond,
                      reference=_regular(pg, run[0], r, views))
+    return None
+
+
+def helper_block(pg: str, seq: int, camps: Sequence[list[int]],
+                 views: RankViews) -> Block | None:
+    """Where the recorder keeps no call sites and a camp of one rank is in its loop's line
+    (``L``) at ``seq`` while the others are later in the same pass: the last collective every
+    pass posts by name with an op no other call of the loop has (the anchor) was posted by
+    all as one number; the others posted ``L``'s first right after it, the rank as many more
+    as lie between — the one helper a branch of the loop calls between the anchor and ``L``
+    that posts that op (a rank-only evaluation or checkpoint: FSDP's all-gathers, alike
+    ``L``'s, paired silently with theirs), where the rank's collective now is the others'
+    first after the anchor. A block of the rank's, placed by the source."""
+    src = views.source
+    if len(camps) != 2:
+        return None
+    for mine, theirs in (camps, camps[::-1]):
+        if len(mine) != 1:
+            continue
+        a = mine[0]
+        cur = views[a].tl.by_pg.get(pg, {}).get(seq)
+        spot = _loop_spot(views[a].position, src)
+        if cur is None or cur.frames or spot is None:
+            continue
+        at, body = spot
+        later = [_loop_spot(views[b].position, src) for b in theirs]
+        if any(x is None or x[1] != body or x[0].line <= at.line for x in later):
+            continue
+        order = [n for n in body.calls if n < at.line][::-1] \
+            + [n for n in body.calls if n > at.line][::-1]
+        ops = [(n, src.line(at.file, n)) for n in body.calls]
+        anchor = next((n for n in order if (lf := src.line(at.file, n)) is not None
+                       and lf.call is not None and every_pass(src, replace(at, line=n), at)
+                       and sum(1 for _, o in ops if o is not None and o.call == lf.call) == 1),
+                      None)
+        lf_anchor = src.line(at.file, anchor) if anchor is not None else None
+        if anchor is None or lf_anchor is None or lf_anchor.call is None \
+                or order.index(anchor) != 0:
+            continue  # a call by name between the anchor and L: its count is not read here
+        lo, hi = anchor, at.line
+        helpers = [h for h in body.helpers if (lo < h[0] < hi if lo < hi else not hi <= h[0] <= lo)
+                   and h[3] == normalise_op(cur.op)
+                   and not every_pass(src, Frame(at.file, h[0], at.function), at)]
+        if len(helpers) != 1:
+            continue
+        call, line, name, _, how = helpers[0]
+        op = normalise_op(lf_anchor.call)
+        last = {r: max((c.seq for c in views[r].tl.by_pg.get(pg, {}).values()
+                        if c.seq < seq and normalise_op(c.op) == op),
+                       default=None) for r in (a, *theirs)}
+        start = last[a]
+        if start is None or len(set(last.values())) != 1 or seq - start < 2:
+            continue
+        items = [views[a].tl.by_pg[pg].get(s) for s in range(start + 1, seq)]
+        first = [views[b].tl.by_pg.get(pg, {}).get(start + 1) for b in theirs]
+        if any(c is None or c.frames or normalise_op(c.op) != normalise_op(cur.op)
+               for c in items) or any(c is None or signature(c) != signature(cur)
+                                      for c in first):
+            continue
+        return Block(start + 1, [a], sorted(theirs), [c for c in items if c is not None], 1,
+                     condition=path_condition(src, [Frame(at.file, call, at.function)]),
+                     lacking_next=first[0], posted_from=(replace(at, line=call),
+                                                         Frame(at.file, line, name)),
+                     by_fsdp=how == "fsdp")
+    return None
+
+
+def _loop_spot(position: Sequence[Frame], src: SourceFacts) -> tuple[Frame, Step] | None:
+    """The outermost of a rank's frames in a loop's body, with the loop."""
+    for f in position:
+        if (body := loop_step(src, f.file, f.line, f.line)) is not None:
+            return f, body
     return None
 
 

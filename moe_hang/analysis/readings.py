@@ -14,7 +14,7 @@ Pure, detection only: nothing here decides.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import cast
 
@@ -97,6 +97,14 @@ def block_readings(pg: str, blocks: Sequence[Block], views: RankViews) -> list[R
                        theirs=first, prev=prev, block=items, at_mine=lack_at, at_theirs=have_at,
                        realigned=True,
                        given={CulpritBasis.PROGRAM_ORDER: True} if tagged else {})
+        if b.posted_from:
+            # placed by the source, its collectives carry no call site and are alike the
+            # step's own: what the steps posted cannot tell an extra copy from a skip; the
+            # having side is where the source puts it
+            extra = replace(extra, at_mine=b.posted_from,
+                            given={**extra.given, CulpritBasis.HISTORY: None})
+            skip = replace(skip, at_theirs=b.posted_from,
+                           given={**skip.given, CulpritBasis.HISTORY: None})
         out += [extra, skip]
     return out
 

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Iterable
 from pathlib import Path
 
+from moe_hang.capture.helpers import loop_helpers, posting_functions
 from moe_hang.capture.source_calls import (
     appended_last,
     assigned_once,
@@ -77,7 +78,7 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         if tree is None:
             continue
         names, calls, p2p = _rank_names(tree), collective_calls(tree), p2p_calls(tree)
-        once = assigned_once(tree)
+        once, posting = assigned_once(tree), posting_functions(tree)
         everyone = every_rank_groups(tree, once)
         waits = wait_calls(tree)
         posted = {n: p for n in lines if (p := posted_by(tree, waits, calls, n)) is not None}
@@ -88,10 +89,11 @@ def read_facts(frames: Iterable[Frame], skip: Iterable[str] = ()) -> SourceFacts
         # ways out (the branch a rank that left it early took), and its sends and recvs
         # (where a rank's peer answers the one it waits in)
         lines = set(lines) | {p[0] for p in (*posted.values(), *last.values())} | {
-            c for n in lines for st in _path(tree.body, n, calls, p2p)
+            c for n in lines for st in _path(tree.body, n, calls, p2p, posting)
             if st.kind in ("For", "While", "AsyncFor")
-            for c in (*st.calls, *st.exits, *(ln for ln, _ in st.p2p))}
-        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls, p2p)),
+            for c in (*st.calls, *st.exits, *(ln for ln, _ in st.p2p),
+                      *(ln for h in st.helpers for ln in h[:2]))}
+        out.files[file] = {n: LineFacts(tuple(_path(tree.body, n, calls, p2p, posting)),
                                         (cond := _rank_condition(tree, n, names))[0],
                                         default_group(calls, n), waits_at(waits, n),
                                         posted.get(n), (g := group_name(calls, n, once)),
@@ -185,7 +187,7 @@ _REPEATED = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctio
 
 
 def _path(body: list[ast.stmt], line: int, calls: list[ast.Call],
-          p2p: list[tuple[int, str]]) -> list[Step]:
+          p2p: list[tuple[int, str]], posting: dict[str, tuple[int, str, str]]) -> list[Step]:
     out: list[Step] = []
     block: list[ast.stmt] | None = body
     key, fld = "module", "body"
@@ -197,8 +199,9 @@ def _path(body: list[ast.stmt], line: int, calls: list[ast.Call],
                 inside = tuple(sorted({c.lineno for c in calls
                                        if st.lineno < c.lineno <= end})) if rep else ()
                 sends = tuple(p for p in p2p if st.lineno < p[0] <= end) if rep else ()
+                helpers = loop_helpers(st, posting) if rep else ()
                 out.append(Step(key, i, fld, type(st).__name__, st.lineno, _header(st),
-                                inside, end, _exits(st), sends))
+                                inside, end, _exits(st), sends, helpers))
                 inner = _inner_block(st, line)
                 if inner is None:
                     block = None

@@ -52,10 +52,17 @@ class Step:
     # torch.distributed by name, with the op (``send`` or ``recv``; ``isend`` posts a send):
     # where a rank's peer passes the op that answers the one the rank waits in
     p2p: tuple[tuple[int, str], ...] = ()
+    # a loop's: the calls in its body of a function of the module that posts collectives
+    # (a rank-only evaluation or checkpoint): the call's line, the line in the function that
+    # posts, the function's name, the op posted there, and how: ``fsdp`` (FSDP2's
+    # all-gathers: ``unshard()``, a call of a module passed to ``fully_shard``), else the
+    # torch.distributed function called
+    helpers: tuple[tuple[int, int, str, str, str], ...] = ()
 
     def to_list(self) -> list[Any]:
         return [self.block, self.index, self.field, self.kind, self.line, self.header,
-                list(self.calls), self.end, list(self.exits), [list(p) for p in self.p2p]]
+                list(self.calls), self.end, list(self.exits), [list(p) for p in self.p2p],
+                [list(h) for h in self.helpers]]
 
     @classmethod
     def from_list(cls, d: Any) -> Step | None:
@@ -65,8 +72,11 @@ class Step:
             end = int(more[1]) if len(more) > 1 else int(line)
             exits = tuple(int(x) for x in more[2]) if len(more) > 2 else ()
             p2p = tuple((int(n), str(op)) for n, op in more[3]) if len(more) > 3 else ()
+            helpers = tuple((int(c), int(p), str(f), str(op), str(how))
+                            for c, p, f, op, how in more[4]) if len(more) > 4 else ()
             return cls(str(block), int(index), str(fld), str(kind), int(line),
-                       None if header is None else str(header), calls, end, exits, p2p)
+                       None if header is None else str(header), calls, end, exits, p2p,
+                       helpers)
         except (TypeError, ValueError):
             return None
 
