@@ -261,15 +261,14 @@ def helper_block(pg: str, seq: int, camps: Sequence[list[int]],
             continue
         order = [n for n in body.calls if n < at.line][::-1] \
             + [n for n in body.calls if n > at.line][::-1]
-        ops = [(n, src.line(at.file, n)) for n in body.calls]
-        anchor = next((n for n in order if (lf := src.line(at.file, n)) is not None
-                       and lf.call is not None and every_pass(src, replace(at, line=n), at)
-                       and sum(1 for _, o in ops if o is not None and o.call == lf.call) == 1),
-                      None)
+        # the anchor: the last call by name before L (one between would count too)
+        anchor = order[0] if order else None
         lf_anchor = src.line(at.file, anchor) if anchor is not None else None
         if anchor is None or lf_anchor is None or lf_anchor.call is None \
-                or order.index(anchor) != 0:
-            continue  # a call by name between the anchor and L: its count is not read here
+                or not every_pass(src, replace(at, line=anchor), at) \
+                or sum(1 for n in body.calls if (o := src.line(at.file, n)) is not None
+                       and o.call == lf_anchor.call) != 1:
+            continue
         lo, hi = anchor, at.line
         helpers = [h for h in body.helpers if (lo < h[0] < hi if lo < hi else not hi <= h[0] <= lo)
                    and h[3] == normalise_op(cur.op)
