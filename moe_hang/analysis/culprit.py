@@ -126,6 +126,11 @@ def blame(g: GroupDivergence, ctx: Context) -> Blame:
     shifts = divergence_shifts(entries, ctx)
     # a shift whose passed side is a camp here says why the camps differ: it goes first
     first = [x for sh in shifts if sh.same_seq for x in sh.readings]
+    if first:
+        # and a camp past the other's line posted that line's collective itself: its being
+        # further along says nothing of a skip
+        readings = [r if CulpritBasis.PROGRAM_ORDER in r.given else replace(
+            r, given={**r.given, CulpritBasis.PROGRAM_ORDER: None}) for r in readings]
     d = decide([*first, *readings, *(x for sh in shifts if not sh.same_seq
                                       for x in sh.readings)], ctx)
     b = _blame(d)
