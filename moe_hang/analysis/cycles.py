@@ -30,10 +30,11 @@ from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts, situation
 from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.p2p import advise_p2p
+from moe_hang.analysis.paired import paired_at
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
-from moe_hang.analysis.shift import count_shift, paired_at, shifted
+from moe_hang.analysis.shift import count_shift, shifted
 from moe_hang.analysis.source import excludes_ranks, path_condition_site
 from moe_hang.analysis.timeline import group_kind
 from moe_hang.analysis.waitfor import Edge

@@ -48,6 +48,7 @@ from moe_hang.analysis.failures import (
 )
 from moe_hang.analysis.joining import all_joining, stuck_joining
 from moe_hang.analysis.p2p import advise_p2p, unmatched, unmatched_outcome
+from moe_hang.analysis.paired import shift_divergence
 from moe_hang.analysis.passes import stayed
 from moe_hang.analysis.position import pass_on
 from moe_hang.analysis.ras.failures import gone, nccl_errors, ras_rank_died, ras_rank_error
@@ -64,7 +65,7 @@ from moe_hang.analysis.ras.launches import (
 from moe_hang.analysis.ras.reading import ras_summary
 from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.routing import routing_report
-from moe_hang.analysis.shift import count_advice, shift_divergence, shifted
+from moe_hang.analysis.shift import count_advice, shifted
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import build_timeline
 from moe_hang.analysis.transport import transport, transport_hang

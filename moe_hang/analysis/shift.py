@@ -19,9 +19,6 @@ from dataclasses import dataclass, replace
 
 from moe_hang.analysis.diagnosis import (
     CulpritBasis,
-    Divergence,
-    MismatchKind,
-    RankCollective,
     Verdict,
     pg_label,
 )
@@ -29,14 +26,12 @@ from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.gates import alike, went_through
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.passes import loop_between
-from moe_hang.analysis.rankstate import to_rc
-from moe_hang.analysis.readings import at
+from moe_hang.analysis.readings import at, user_frames
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import branch_call, every_pass, loop_step
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
-from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame
 from moe_hang.evidence.vocab import agree, who
@@ -153,10 +148,30 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     if not ahead or not passed or len(counts) != 1:
         return None
     ahead_t, passed_t = tuple(sorted(ahead)), tuple(sorted(passed))
-    readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=_COUNTS_ONLY),
+    # where their own recorders hold call sites: a line none of their earlier steps posted
+    # from, since they last posted the shift's line, is their extra
+    extra_given = {**_COUNTS_ONLY, CulpritBasis.HISTORY: True} \
+        if all(_new_line(views[a], w, fb) for a in ahead) else _COUNTS_ONLY
+    readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=extra_given),
                 Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
                  readings, same_seq=after)
+
+
+def _new_line(v: RankView, w: Collective, fb: list[Frame]) -> bool:
+    """``v`` posted, on ``w``'s group after it last posted from ``fb`` and before ``w``, a
+    collective from a line none of its entries before came from (its recorder's call sites)."""
+    def key(c: Collective) -> tuple[tuple[str, int], ...]:
+        return tuple((f.file, f.line) for f in user_frames(c.frames)) if c.frames else ()
+
+    here = tuple((f.file, f.line) for f in fb)
+    entries = sorted(v.tl.by_pg.get(w.pg, {}).items())
+    last = max((s for s, c in entries if s < (w.seq or 0) and key(c) == here), default=None)
+    if last is None:
+        return False
+    seen = {key(c) for s, c in entries if s <= last}
+    return any(k and k not in seen for s, c in entries if last < s < (w.seq or 0)
+               for k in [key(c)])
 
 
 def _later_in_pass(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
@@ -257,95 +272,6 @@ def _counts_allow(src: SourceFacts, fb: Frame, v: RankView,
             need += 1
     (count,) = got
     return count is None or v.tl.enqueued.get(DEFAULT_PG, -1) >= count + need
-
-
-def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
-    """Where an extra paired silently: the culprits' extra is ``site`` (the one collective on
-    the group under a branch in the loop). Between it and the shift's line, in the pass's
-    order, the source calls by name only collectives every pass posts on the group, each
-    one: the culprits posted the extra that many and one numbers below the line's, and the
-    others, one number behind from there on, the first of them (the line's own where there
-    are none) as that same number — the two met there, and each later one of the culprits
-    met the others' next. The others' count is exact where no call lies between the line and
-    where they are now. The recorder's entries at that number must be the lines' ops (where the
-    source names them)."""
-    if not sh.extra or site is None or sh.passed_seq != sh.seq - 1:
-        return None
-    line = sh.site
-    src = views.source
-    body = loop_step(src, line.file, site.line, line.line)
-    if body is None or site.file != line.file:
-        return None
-
-    def calls_between(lo: int, hi: int) -> list[int]:
-        """The calls the source shows (by name) after line ``lo`` and before ``hi`` in the
-        pass, in its order — across its end where ``hi`` is not after ``lo``."""
-        if lo < hi:
-            return [n for n in body.calls if lo < n < hi]
-        return [n for n in body.calls if n > lo] + [n for n in body.calls if n < hi]
-
-    def counted(n: int) -> bool:
-        lf = src.line(line.file, n)
-        return lf is not None and lf.default_group is True \
-            and every_pass(src, Frame(line.file, n, line.function), line)
-
-    def may_post(n: int) -> bool:
-        lf = src.line(line.file, n)
-        return lf is None or lf.default_group is not False
-
-    between = [n for n in calls_between(site.line, line.line) if may_post(n)]
-    # where each of the others is in the loop: its frame in the body (deeper ones are inside
-    # that line's call)
-    spots = [next((f.line for f in views[a].position if f.file == line.file
-                   and loop_step(src, line.file, f.line, line.line) == body), None)
-             for a in sh.others]
-    if not all(counted(n) for n in between) or any(
-            at is None or any(may_post(n) for n in calls_between(line.line, at))
-            for at in spots if at != line.line):
-        return None
-    seq = sh.passed_seq - len(between)
-    met = between[0] if between else line.line
-    per_rank: dict[int, RankCollective | None] = {}
-    for r, where in [*((c, site) for c in sh.culprits),
-                     *((o, replace(line, line=met)) for o in sh.others)]:
-        lf = src.line(where.file, where.line)
-        c = views[r].tl.by_pg.get(sh.pg, {}).get(seq)
-        if c is None or (lf is not None and lf.call is not None
-                         and normalise_op(c.op) != normalise_op(lf.call)):
-            return None
-        rc = to_rc(c, views[r])
-        if rc is None:
-            return None
-        per_rank[r] = replace(rc, callsite=where)
-    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
-    return Divergence(sh.pg, seq, MismatchKind.EXTRA, sh.pg_desc, members, per_rank)
-
-
-def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
-    """Where a skip the camps of a desync come from is: the others posted the one collective
-    on the group under a branch in the loop (``site``), the culprits did not; in which pass,
-    and so as which number, the counts do not say (no number). Only for a shift whose passed
-    side is a camp there (:attr:`Shift.same_seq`): their own collective is the skip's
-    consequence."""
-    if not sh.same_seq or sh.chosen is None or sh.extra or site is None:
-        return None
-    lf = views.source.line(site.file, site.line)
-    if lf is None or lf.call is None:
-        return None
-    per_rank: dict[int, RankCollective | None] = {c: None for c in sh.culprits}
-    for o in sh.others:
-        per_rank[o] = RankCollective(op=normalise_op(lf.call), pg=sh.pg, seq=None,
-                                     source="source", pg_desc=sh.pg_desc, callsite=site)
-    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
-    return Divergence(sh.pg, None, MismatchKind.MISSING, sh.pg_desc, members, per_rank)
-
-
-def shift_divergence(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
-    """Where the camps of a desync come from, for a shift whose passed side is a camp there
-    (:attr:`Shift.same_seq`): the skip's line, or where the extra met the others'."""
-    if not sh.same_seq:
-        return None
-    return skipped_at(sh, site, views) or paired_at(sh, site, views)
 
 
 def shifted(sh: Shift, views: RankViews) -> tuple[Verdict, str, Advice]:
