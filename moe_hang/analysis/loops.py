@@ -187,7 +187,7 @@ def _loop_names(s: Situation, loop: Frame) -> set[str]:
 def as_many_passes(s: Situation, loop: Frame) -> Frame | None:
     """The culprits, past ``loop`` while the others are still in it, made as many passes as
     they have: a line of the loop's body before the waiting ranks' line posts on another
-    group than the divergence's every pass (:func:`~.gates.every_pass`), and the culprits'
+    group than the divergence's every pass (:func:`~.source.every_pass`), and the culprits'
     count on every other group they share with the waiting ranks equals theirs — one pass
     fewer would have posted one fewer there — posted before their last collective on the
     divergence's group (not after the loop), and on one at least as many as the passes begun
