@@ -165,13 +165,13 @@ def _new_line(v: RankView, w: Collective, fb: list[Frame]) -> bool:
         return tuple((f.file, f.line) for f in user_frames(c.frames)) if c.frames else ()
 
     here = tuple((f.file, f.line) for f in fb)
-    entries = sorted(v.tl.by_pg.get(w.pg, {}).items())
-    last = max((s for s, c in entries if s < (w.seq or 0) and key(c) == here), default=None)
+    keyed = [(s, key(c)) for s, c in sorted(v.tl.by_pg.get(w.pg, {}).items())
+             if w.seq is not None and s < w.seq]
+    last = max((s for s, k in keyed if k == here), default=None)
     if last is None:
         return False
-    seen = {key(c) for s, c in entries if s <= last}
-    return any(k and k not in seen for s, c in entries if last < s < (w.seq or 0)
-               for k in [key(c)])
+    seen = {k for s, k in keyed if s <= last}
+    return any(k and k not in seen for s, k in keyed if s > last)
 
 
 def _later_in_pass(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
