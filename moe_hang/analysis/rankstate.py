@@ -118,17 +118,32 @@ def _held_behind(sv: StackView, facts: SourceFacts | None, pending: list[Collect
     """Two collectives pending on one group, the second the number right after the first, and
     the stack in the second's op (not the first's), by the thread that posted both: gloo runs
     a group's collectives in order, so the rank is held behind the first, posted earlier
-    (``async_op=True``). Its recorder holds no call site for it; where the source shows the
-    last call before the stack's line in its loop's pass, by name, with nothing between (the
-    stack's frames inside that line show none by name before theirs), every pass posting it
-    on the first's group with the first's op, that is its line (a rank's line is where its
-    pending collective was posted)."""
-    if facts is None or len(pending) != 2 or sv.op is None or sv.waited_at is not None:
+    (``async_op=True``). Its recorder holds no call site for it; where the source places it
+    (:func:`_call_before`), that is its line (a rank's line is where its pending collective
+    was posted)."""
+    if len(pending) != 2 or sv.op is None or sv.waited_at is not None:
         return None
     first, then = pending
     if first.frames or first.pg != then.pg or first.seq is None or then.seq != first.seq + 1 \
             or normalise_op(then.op) != sv.op or normalise_op(first.op) == sv.op \
             or any(other_thread(c.thread_id, sv.thread_id) for c in pending):
+        return None
+    got = _call_before(sv, facts, first)
+    if got is None:
+        return None
+    k, posted = got
+    return replace(sv, op=normalise_op(first.op), api=posted[1], callsite=posted[0],
+                   frames=[posted[0], *sv.frames[k + 1:]])
+
+
+def _call_before(sv: StackView, facts: SourceFacts | None, c: Collective
+                 ) -> tuple[int, tuple[Frame, str]] | None:
+    """Where the source places ``c``, posted by the stack's thread right before the
+    collective its stack is in: the last call before the stack's line in its loop's pass, by
+    name, with nothing between (the stack's frames inside that line show none by name before
+    theirs), every pass posting it on ``c``'s group kind with ``c``'s op. (the index of the
+    stack's frame in its loop, (the line, the call's name)); None where that is not read."""
+    if facts is None:
         return None
     for k, f in enumerate(sv.frames):
         if is_library_frame(f):
@@ -142,14 +157,34 @@ def _held_behind(sv: StackView, facts: SourceFacts | None, pending: list[Collect
         calls = [n for n in body.calls if n < f.line][::-1] \
             + [n for n in body.calls if n > f.line][::-1]
         lf = facts.line(f.file, calls[0]) if calls else None
-        if lf is None or lf.call is None or normalise_op(lf.call) != normalise_op(first.op) \
-                or lf.default_group is not (first.pg == DEFAULT_PG) \
+        if lf is None or lf.call is None or normalise_op(lf.call) != normalise_op(c.op) \
+                or lf.default_group is not (c.pg == DEFAULT_PG) \
                 or not every_pass(facts, Frame(f.file, calls[0], f.function), f):
             return None
-        posted = Frame(f.file, calls[0], f.function)
-        return replace(sv, op=normalise_op(first.op), api=lf.call, callsite=posted,
-                       frames=[posted, *sv.frames[k + 1:]])
+        return k, (Frame(f.file, calls[0], f.function), lf.call)
     return None
+
+
+def _posted_before(tl: RankTimeline, sv: StackView, current: Collective | None,
+                   facts: SourceFacts | None) -> tuple[Collective, Frame] | None:
+    """The collective the rank posted right before the one its stack is in (the recorder's
+    order, every group), where the recorder holds no call site for it and the rank has gone
+    on (it completed, or gloo aborted it): placed by the source (:func:`_call_before`) — the
+    line of a completed collective is where the stack's thread posted it, not where its stack
+    is now."""
+    if current is None or current.record_id is None or sv.op != normalise_op(current.op) \
+            or sv.waited_at is not None or other_thread(current.thread_id, sv.thread_id):
+        return None
+    before = [c for coll in tl.by_pg.values() for c in coll.values()
+              if c.record_id is not None and c.record_id < current.record_id]
+    if not before:
+        return None
+    prior = max(before, key=lambda c: c.record_id or 0)
+    if prior.record_id != current.record_id - 1 or prior.frames or prior.source == "probe" \
+            or other_thread(prior.thread_id, sv.thread_id):
+        return None
+    got = _call_before(sv, facts, prior)
+    return None if got is None else (prior, got[1][0])
 
 
 # what gloo's and NCCL's recorders record when posted (not send/recv: gloo records none; not
@@ -255,7 +290,8 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
     else:
         site = _posting_site(current, sv, current, state) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
-    return RankView(ev, tl, sv, state, current, site, moved)
+    return RankView(ev, tl, sv, state, current, site, moved,
+                    _posted_before(tl, sv, current, facts) if site == sv.callsite else None)
 
 
 def _died_with(source: str | None) -> bool:
@@ -291,6 +327,9 @@ def _posted_elsewhere(ev: RankEvidence, coll: Collective | None, sv: StackView) 
 def posting_site(coll: Collective | None, v: RankView) -> Frame | None:
     """The user line that posted ``coll`` on this rank (with no collective: where its stack
     is) — the one rule for every place that names a line (:func:`site_key` compares them)."""
+    if coll is not None and v.placed is not None and not coll.frames \
+            and (coll.pg, coll.seq) == (v.placed[0].pg, v.placed[0].seq):
+        return v.placed[1]
     return _posting_site(coll, v.stack, v.current, v.state)
 
 

@@ -176,6 +176,9 @@ class RankView:
     # it moved during the capture: its stack, in a collective, is older than its recorder's
     # dump, which has that collective done (rankstate._went_past)
     moved: bool = False
+    # the collective it posted right before ``current``, without a call site in its
+    # recorder, and the line the source places it at (rankstate._posted_before)
+    placed: tuple[Collective, Frame] | None = None
 
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]
