@@ -17,6 +17,7 @@ from moe_hang.analysis.ladder import (
 )
 from moe_hang.analysis.position import passes_from_peers, position_order, progress
 from moe_hang.analysis.readings import camp_readings
+from moe_hang.analysis.sides import every_rank_side, on_every_rank_all, sides
 from moe_hang.analysis.source import (
     gates,
     module_group,
@@ -84,6 +85,8 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     peers = {q for q in owed.values() if q in ops and q not in owed}
 
     src = views.source
+    merged_camps = sides(views, camps)
+    merged, camps = len(merged_camps) < len(camps), merged_camps
 
     def at(r: int) -> tuple[Frame, ...]:
         return tuple(views[r].user_frames_outer_first())
@@ -111,7 +114,7 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     prog = {k: progress(views, rs) for k, rs in camps.items()}
     behind = [k for k in camps if all(position_order(src, where(k), where(o), prog[k], prog[o])
                                       is False for o in camps if o != k)]
-    if elsewhere and not _on_every_rank_all(
+    if elsewhere and not on_every_rank_all(
             views, camps, behind if kind == MismatchKind.MISSING else list(camps)):
         # a rank still computing can hold up every one of them: the ranks at the later line
         # completed the earlier collective on a group of their own (a 2-D mesh: the tp
@@ -126,7 +129,10 @@ def stack_divergence(ctx: Context, waiting: list[int], elsewhere: Sequence[int] 
     # (camps that all pass one group the module names once are on that one group)
     # (and camps whose groups each span every rank are counted as on one: every rank owes
     # each of them, so no rank can be past one of its own group's)
-    apart = not _one_named_group(views, camps) and any(
+    # two sides, merged, whose conflict is on a collective every rank owes (one side's
+    # every camp on one): every rank is counted on that group
+    apart = not (merged and every_rank_side(views, camps)) \
+        and not _one_named_group(views, camps) and any(
         on_every_rank(views.source, cs.file, cs.line) is False
         and not _thread_gone_elsewhere(views, rs, sorted(ops))
         for rs in camps.values() if (cs := views[rs[0]].stack.callsite) is not None)
@@ -178,7 +184,7 @@ def _lapped_by_peers(views: RankViews, camps: dict[object, list[int]], owed: dic
         return []
     root = next(iter(passes.values()))[0]
     key = next((k for k, rs in camps.items() if root in rs), None)
-    if key is None or not _on_every_rank_all(views, camps, [key]):
+    if key is None or not on_every_rank_all(views, camps, [key]):
         return []
     lagging, ahead = tuple(camps[key]), tuple(sorted(passes))
     at_lagging, at_ahead = where(key), tuple(views[ahead[0]].user_frames_outer_first())
@@ -215,11 +221,11 @@ def _lap_readings(views: RankViews, camps: dict[object, list[int]], last: object
     it (the caller voids that reading's program order) — unless the source shows the only
     way the loop has to post one more or one fewer of those collectives: one a rank
     condition leaves the ranks ahead out of (then the source names them)."""
-    if last is None or not _on_every_rank_all(views, camps, [last]):
+    if last is None or not on_every_rank_all(views, camps, [last]):
         return _Lap()
     lagging = tuple(camps[last])
     ahead = tuple(sorted(r for rs in camps.values() for r in rs if r not in lagging))
-    partners_unknown = len(lagging) > 1 and not _on_every_rank_all(
+    partners_unknown = len(lagging) > 1 and not on_every_rank_all(
         views, camps, [k for k in camps if k != last])
     extra = Reading(lagging, ahead, Edit.EXTRA, at_mine=where(last),
                     at_theirs=tuple(views[ahead[0]].user_frames_outer_first()),
@@ -337,13 +343,4 @@ def _branch_of_all(x: Reading, camps: dict[object, list[int]], ctx: Context) -> 
     views = ctx.views
     keys = [k for k, rs in camps.items()
             if path_condition(views.source, views[rs[0]].stack.frames) is not None]
-    return v if _on_every_rank_all(views, camps, keys) else None
-
-
-def _on_every_rank_all(views: RankViews, camps: dict[object, list[int]],
-                       keys: Sequence[object]) -> bool:
-    """Do these camps' collectives run on the default group, as the source says, so that no
-    rank can have completed one without every other rank?"""
-    return bool(keys) and all(
-        (site := views[camps[k][0]].stack.callsite) is not None
-        and on_every_rank(views.source, site.file, site.line) is True for k in keys)
+    return v if on_every_rank_all(views, camps, keys) else None
