@@ -16,10 +16,14 @@ from moe_hang.evidence.vocab import RankState
 
 
 def _waits(views: RankViews) -> list[tuple[str, int]]:
-    """(group, seq) of every collective a rank is blocked in."""
-    return [(v.current.pg, v.current.seq) for v in views.values()
+    """(group, seq) of every collective a rank is blocked in — and of every other one it
+    posted that is pending: it waits for those too (one posted after the one its stack is in,
+    ``async_op=True``; an older one the recorder has not marked done yet, a little late)."""
+    return [(c.pg, c.seq) for v in views.values()
             if v.state == RankState.IN_COLLECTIVE and v.current is not None
-            and v.current.completed is False]
+            and v.current.completed is False
+            for c in (v.current, *(p for coll in v.tl.by_pg.values() for p in coll.values()
+                                   if p.completed is False and p is not v.current))]
 
 
 def _final_counts(v: RankView) -> tuple[dict[str, int], dict[str, int]] | None:

@@ -491,6 +491,20 @@ def test_without_final_counts_a_finished_rank_still_left_early(culprit: int) -> 
     assert (d.rule, d.culprit_ranks) == ("rank left early", [culprit]), d.summary
 
 
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_a_finished_rank_short_of_a_later_pending_one_left_early(culprit: int) -> None:
+    """The other waits in the 5th, the last the finished rank posted — and has posted a 6th
+    after it (``async_op=True``; or the 5th is done and not yet marked so, on a loaded
+    machine): it waits for that one too, which the finished rank never posted."""
+    ev, _ = _finishing(culprit)
+    waiting = ev.ranks[1 - culprit]
+    assert waiting.fr is not None
+    waiting.fr = _fr(1 - culprit, [(s, "all_reduce", [[8]], True) for s in range(1, 5)] + [
+        (5, "all_reduce", [[8]], False), (6, "all_reduce", [[8]], False)])
+    d = diagnose(ev)
+    assert (d.rule, d.culprit_ranks) == ("rank left early", [culprit]), d.summary
+
+
 def test_every_rule_has_a_case() -> None:
     names = [r.name for r in RULES]
     assert len(names) == len(set(names)), "two rules share a name"
