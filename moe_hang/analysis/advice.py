@@ -287,6 +287,14 @@ def advise_order(s: Situation) -> Advice:
             and (a_pass_on := gates_a_pass_on(s, culprit, missed_at, now_at))[0]:
         # stacks alone, a pass on: it went through the others' line in their pass
         return advise_gate(s, culprit, missed_at, *a_pass_on)
+    if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
+            and all((c := s.div.per_rank.get(r)) is None or c.op not in _NOT_POSTED_THERE
+                    for r in s.waiting()):
+        # past a loop the others are still in, no branch read: the loop's advice says both
+        # ways it can be (it ran fewer passes or cut one short, or the others' extra) — where
+        # the others' lines are where they posted (not a wait on what they posted earlier,
+        # nor a send or a recv: the order advice says those)
+        return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
         here = _side(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "
@@ -331,6 +339,10 @@ def advise_order(s: Situation) -> Advice:
     return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
+
+
+# a stack's op that is not a collective posted at the stack's line
+_NOT_POSTED_THERE = frozenset({"unknown", "send", "recv"})
 
 
 def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:

@@ -87,7 +87,8 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     # the majority names who deviated, not how: where the others each posted one more,
     # paired silently (gloo pairs equal sizes), they are the ones still in the loop
     extra = (f", or {others} each posted one more that paired silently with "
-             f"{agree(s.culprits, 'its', 'theirs')} (the stacks do not tell which)") \
+             f"{agree(s.culprits, 'one of its', 'one of theirs')} (the stacks do not tell "
+             "which)") \
         * (s.basis == CulpritBasis.MAJORITY)
     if (through := as_many_passes(s, loop)) is not None:
         # its counts say it made the others' pass: what it lacks was skipped inside one
