@@ -31,10 +31,12 @@ from moe_hang.analysis.loops import (
 )
 from moe_hang.analysis.passes import loop_left, stayed
 from moe_hang.analysis.situation import (
+    NOT_POSTED_THERE,
     Advice,
     Situation,
     at_line,
     collective_of_ranks,
+    side_of,
     user_autograd_backward,
 )
 from moe_hang.analysis.source import (
@@ -288,7 +290,7 @@ def advise_order(s: Situation) -> Advice:
         # stacks alone, a pass on: it went through the others' line in their pass
         return advise_gate(s, culprit, missed_at, *a_pass_on)
     if s.basis == CulpritBasis.MAJORITY and (out := loop_left(s, culprit)) is not None \
-            and all((c := s.div.per_rank.get(r)) is None or c.op not in _NOT_POSTED_THERE
+            and all((c := s.div.per_rank.get(r)) is None or c.op not in NOT_POSTED_THERE
                     for r in s.waiting()):
         # past a loop the others are still in, no branch read: the loop's advice says both
         # ways it can be (it ran fewer passes or cut one short, or the others' extra) — where
@@ -296,9 +298,9 @@ def advise_order(s: Situation) -> Advice:
         # nor a send or a recv: the order advice says those)
         return advise_loop_left(s, out)
     if s.basis == CulpritBasis.MAJORITY:  # an extra collective, or a skipped one: both break it
-        here = _side(s, s.culprits, now, bool(now_at), "its collective")
+        here = side_of(s, s.culprits, now, bool(now_at), "its collective")
         return Advice(f"{here[0].upper()}{here[1:]} where "
-                      f"{_side(s, s.waiting(), missed, bool(missed_at), 'theirs')}: every rank "
+                      f"{side_of(s, s.waiting(), missed, bool(missed_at), 'theirs')}: every rank "
                       "must post the same collectives in the same order (a collective inside code "
                       "only some ranks run — a rank-0 evaluation, a skipped block — breaks it).")
     if (out := loop_left(s, culprit)) is not None:
@@ -339,36 +341,6 @@ def advise_order(s: Situation) -> Advice:
     return Advice(f"Make {who(s.culprits)} post {the_missed} too: it "
                   f"went on to {now} without it, and every rank must post the same "
                   "collectives in the same order.")
-
-
-# a stack's op that is not a collective posted at the stack's line
-_NOT_POSTED_THERE = frozenset({"unknown", "send", "recv"})
-
-
-def _side(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:
-    """``rank 0 posted its collective at f.py:61`` — or, where the stacks show these ranks in
-    a wait (``work.wait()``) whose collective no evidence names, ``ranks 1-5 wait at f.py:60 on
-    collectives they posted earlier``: a wait is not where anything was posted; nor is a
-    send or a recv (``rank 1 waits in a send at f.py:47``). Ranks at other lines, each at
-    its own."""
-    if not is_line:
-        return f"{who(ranks)} posted {where}"
-    camps: dict[tuple[str, str], list[int]] = {}
-    for r in ranks:
-        c, site = s.div.per_rank.get(r), s.site(r)
-        camps.setdefault((c.op if c is not None else "?", at_line(site) if site else where),
-                         []).append(r)
-    parts = []
-    for (op, at), rs in camps.items():
-        if op == "unknown":
-            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} at {at} on "
-                         f"{agree(rs, 'a collective it', 'collectives they')} posted earlier")
-        elif op in ("send", "recv"):
-            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} in a {op} at {at}")
-        else:
-            mine = what if len(camps) == 1 else agree(rs, "its collective", "theirs")
-            parts.append(f"{who(rs)} posted {mine} at {at}")
-    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 
 def _advise_branch(s: Situation, cond: str, cond_at: Frame | None) -> Advice:

@@ -40,6 +40,12 @@ def advise_loop_left(s: Situation, loop: Frame) -> Advice:
     made alone."""
     missed_at = next((s.site(r) for r in s.waiting() if s.site(r) is not None), None)
     missed = at_line(missed_at) if missed_at else collective_of_ranks(s, s.waiting())
+    at: dict[Frame, list[int]] = {}
+    for r in s.waiting():
+        if (f := s.site(r)) is not None:
+            at.setdefault(f, []).append(r)
+    if len(at) > 1:  # the others at several lines (a 2-D mesh: each held on its own group)
+        missed = "; ".join(f"{who(rs)} at {at_line(f)}" for f, rs in at.items())
     me, others = who(s.culprits), who(s.waiting())
     head = (f"{me.capitalize()} left the loop at {loop_at(loop)} while {others} "
             f"{agree(s.waiting(), 'is', 'are')} still in it ({missed})")

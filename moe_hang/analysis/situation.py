@@ -12,6 +12,7 @@ from moe_hang.analysis.frames import fsdp_reduce, fsdp_unshard
 from moe_hang.analysis.source import on_default_group
 from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, in_backward, is_library_frame
+from moe_hang.evidence.vocab import agree, who
 
 
 @dataclass
@@ -120,3 +121,33 @@ def collective_of_ranks(s: Situation, ranks: list[int]) -> str:
             seq = f"#{c.seq}" if c.seq is not None else ""
             return f"{c.op} {pg_label(c.pg, c.pg_desc)}{seq}"
     return "its collective"
+
+
+# a stack's op that is not a collective posted at the stack's line
+NOT_POSTED_THERE = frozenset({"unknown", "send", "recv"})
+
+
+def side_of(s: Situation, ranks: list[int], where: str, is_line: bool, what: str) -> str:
+    """``rank 0 posted its collective at f.py:61`` — or, where the stacks show these ranks in
+    a wait (``work.wait()``) whose collective no evidence names, ``ranks 1-5 wait at f.py:60 on
+    collectives they posted earlier``: a wait is not where anything was posted; nor is a
+    send or a recv (``rank 1 waits in a send at f.py:47``). Ranks at other lines, each at
+    its own."""
+    if not is_line:
+        return f"{who(ranks)} posted {where}"
+    camps: dict[tuple[str, str], list[int]] = {}
+    for r in ranks:
+        c, site = s.div.per_rank.get(r), s.site(r)
+        camps.setdefault((c.op if c is not None else "?", at_line(site) if site else where),
+                         []).append(r)
+    parts = []
+    for (op, at), rs in camps.items():
+        if op == "unknown":
+            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} at {at} on "
+                         f"{agree(rs, 'a collective it', 'collectives they')} posted earlier")
+        elif op in ("send", "recv"):
+            parts.append(f"{who(rs)} {agree(rs, 'waits', 'wait')} in a {op} at {at}")
+        else:
+            mine = what if len(camps) == 1 else agree(rs, "its collective", "theirs")
+            parts.append(f"{who(rs)} posted {mine} at {at}")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]

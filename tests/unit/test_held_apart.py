@@ -28,6 +28,10 @@ def test_camps_held_up_on_their_own_groups_are_one_side(fixtures, name, culprit,
     if line == 60:  # past the loop the others are in: the loop's advice, both ways
         assert d["fix"].startswith(f"Rank {culprit} left the loop at "), d["fix"]
         assert "ran different numbers of iterations" in d["fix"], d["fix"]
+        # the others at two lines, each said: the tp peer at 48, the rest at 51
+        peer = 5 - culprit
+        assert f"; rank {peer} at " in d["fix"] and "_skip_mesh2d.py:48 <module>)" in d["fix"], \
+            d["fix"]
     else:  # in the branch only it took
         assert d["fix"].startswith(f"Rank {culprit} took `if FAULTY and step == FAULT_STEP`"), \
             d["fix"]
