@@ -55,8 +55,10 @@ from moe_hang.evidence.vocab import agree, who
 def advise_size(s: Situation) -> Advice:
     if (passes := advise_passes(s)) is not None:
         return passes  # two collectives of two passes met at one seq, not two shapes
-    lines = {(c.callsite.file, c.callsite.line) for c in s.div.per_rank.values()
-             if c is not None and c.callsite is not None}
+    # each side's line: its call site, else the line of a rank whose report is inside that
+    # very collective (a rank's line is where its pending collective was posted)
+    lines = {(f.file, f.line) for r, c in s.div.per_rank.items()
+             if c is not None and (f := c.callsite or _in_it(s, r)) is not None}
     if len(lines) > 1 and s.culprits and \
             s.basis not in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE):
         # posted from two lines: two different collectives that met at one seq (a rank
@@ -165,6 +167,14 @@ def _advise_extra(s: Situation, b: Block) -> Advice:
                       "FSDP (an unsharded copy).")
     return Advice(head + "run it on every rank, or outside the process group's collectives "
                   "(a rank-only evaluation, checkpoint or log must not post collectives).")
+
+
+def _in_it(s: Situation, r: int) -> Frame | None:
+    """The rank's line where its report is in the divergence's very collective."""
+    rep = s.reports.get(r)
+    c = rep.collective if rep is not None else None
+    return rep.callsite if rep is not None and c is not None \
+        and (c.pg, c.seq) == (s.div.pg, s.div.seq) else None
 
 
 def advise_order(s: Situation) -> Advice:
