@@ -30,7 +30,7 @@ from moe_hang.analysis.explain import culprit_clause, site_str
 from moe_hang.analysis.facts import Facts, situation
 from moe_hang.analysis.ladder import Edit
 from moe_hang.analysis.p2p import advise_p2p
-from moe_hang.analysis.paired import paired_at
+from moe_hang.analysis.paired import paired_at, skipped_at
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.rate import rate_advice
 from moe_hang.analysis.readings import Inversion
@@ -107,7 +107,8 @@ def cycle(f: Facts) -> Conclusion:
         verdict, said, counted = shifted(sh, f.views)
         return Conclusion(verdict, sh.culprits, sh.basis, Certainty.LIKELY,
                           summary + said, counted,
-                          paired_at(sh, counted.site, f.views)
+                          skipped_at(sh, counted.site, f.views)
+                          or paired_at(sh, counted.site, f.views)
                           or next((g.div for g in f.divs if g.div.pg == sh.pg), None))
     summary += culprit_clause(b.basis, sorted(culprits), b.confirmed)
     advice: Advice | None = None

@@ -77,12 +77,10 @@ def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | N
 
 
 def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
-    """Where a skip the camps of a desync come from is: the others posted the one collective
-    on the group under a branch in the loop (``site``), the culprits did not; in which pass,
-    and so as which number, the counts do not say (no number). Only for a shift whose passed
-    side is a camp there (:attr:`Shift.same_seq`): their own collective is the skip's
-    consequence."""
-    if not sh.same_seq or sh.chosen is None or sh.extra or site is None:
+    """Where a skip a shift reads comes from: the others posted the one collective on the
+    group under a branch in the loop (``site``), the culprits did not; in which pass, and so
+    as which number, the counts do not say (no number)."""
+    if sh.chosen is None or sh.extra or site is None:
         return None
     lf = views.source.line(site.file, site.line)
     if lf is None or lf.call is None:
@@ -97,7 +95,8 @@ def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | 
 
 def shift_divergence(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | None:
     """Where the camps of a desync come from, for a shift whose passed side is a camp there
-    (:attr:`Shift.same_seq`): the skip's line, or where the extra met the others'."""
+    (:attr:`Shift.same_seq`: their own collective is the shift's consequence): the skip's
+    line, or where the extra met the others'."""
     if not sh.same_seq:
         return None
     return skipped_at(sh, site, views) or paired_at(sh, site, views)
