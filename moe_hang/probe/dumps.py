@@ -153,8 +153,7 @@ class Dumps:
             return None
         return rfd, wfd
 
-    def _loop(self) -> None:
-        fds = self._open_fifo()
+    def _loop(self, fds: tuple[int, int] | None) -> None:
         buf = b""
         while True:
             try:

@@ -302,7 +302,11 @@ class Probe(Dumps):
             self.history.thread_names.follow()
         with contextlib.suppress(Exception):
             lastgasp.at_exit(self.stop)
-        threading.Thread(target=self._loop, name="moe-hang-probe", daemon=True).start()
+        # the FIFO before the thread: a rank that raises at once is held (hold()) and
+        # answers 'release' only once its FIFO exists
+        fds = self._open_fifo()
+        threading.Thread(target=self._loop, args=(fds,), name="moe-hang-probe",
+                         daemon=True).start()
         self.heartbeat()
 
     def on_sigterm(self) -> None:

@@ -219,3 +219,22 @@ def test_a_rank_is_held_only_while_its_watcher_asks(tmp_path, hold):
     finally:
         if popen.poll() is None:
             popen.kill()
+
+
+FIFO_FIRST = ("import os, stat, sys, threading\n"
+              "threading.Thread.start = lambda self: None  # the probe's thread never runs\n"
+              "from moe_hang.probe import probe\n"
+              "probe.install()\n"
+              "ctl = os.path.join(os.environ['MOE_HANG_PROBE_DIR'], 'rank0.ctl')\n"
+              "sys.exit(0 if stat.S_ISFIFO(os.stat(ctl).st_mode) else 3)\n")
+
+
+def test_the_control_fifo_exists_before_install_returns(tmp_path):
+    """A rank that raises right after install() is held at once (the monitor reads 'held');
+    a 'release' then needs its FIFO, which must not wait on the probe thread's first turn."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1",
+           "MOE_HANG_PROBE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("MOE_HANG_PROBE_OWNER", None)
+    done = subprocess.run([sys.executable, "-c", FIFO_FIRST], env=env, cwd=ROOT, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
