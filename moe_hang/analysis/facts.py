@@ -18,6 +18,7 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.fallback import stack_divergence
 from moe_hang.analysis.ladder import Context
+from moe_hang.analysis.peer_done import done_by_peers
 from moe_hang.analysis.position import position_order, progress
 from moe_hang.analysis.program import Program, learn
 from moe_hang.analysis.ranks import report
@@ -139,6 +140,8 @@ def _consequences(divs: list[GroupDivergence], blames: list[Blame],
 def facts(ev: Evidence) -> Facts:
     views = RankViews(((r, rank_view(e, ev.source)) for r, e in sorted(ev.ranks.items())),
                       ev.source)
+    for r, done in done_by_peers(views).items():  # what its peers saw complete, it ran too
+        views[r] = rank_view(ev.ranks[r], ev.source, done)
     for r in departing(views):  # gone, whatever its last recorder said: what it posted decides
         views[r] = as_departed(views[r])
     disagreements = reconcile(views, ev.size_abort)

@@ -226,9 +226,14 @@ def _in_call(pending: list[Collective], sv: StackView) -> Collective | None:
     return found[-1] if all(fsdp_unshard(c.frames) for c in older) else None
 
 
-def rank_view(ev: RankEvidence, facts: SourceFacts | None = None) -> RankView:
-    """``facts``: what the source says of the rank's lines (a wait at its own line)."""
+def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
+              done: frozenset[tuple[str, int]] = frozenset()) -> RankView:
+    """``facts``: what the source says of the rank's lines (a wait at its own line).
+    ``done``: (group, seq) of collectives its own records leave pending that its peers' show
+    done (:mod:`moe_hang.analysis.peer_done`)."""
     tl = timeline(ev)
+    for pg, seq in done:
+        tl.by_pg[pg][seq].completed = True
     sv, source = _threads(ev)
     if source and not ev.stack_source:
         ev.stack_source = source
