@@ -228,11 +228,14 @@ def advise_order(s: Situation) -> Advice:
             # not a module skipped inside the forward: the culprit is out of the loop
             # that calls it (an iteration cut short by `continue`, or fewer of them)
             return advise_loop_left(s, left)
+        # no line where the recorder kept no call site and the others' stacks are past it
+        where = f"at {called.short()}" if called is not None else \
+            f"(its {collective_of_ranks(s, s.waiting())}; no line recorded)"
         return Advice(
             f"FSDP all-gathers a module's parameters when it is called; "
-            f"{who(s.culprits)} did not call the one {who(s.waiting())} called at "
-            f"{at_line(called)}. Call the same modules on every rank every step (run a skipped "
-            "block on an empty or dummy input), so every rank posts the same all-gathers.")
+            f"{who(s.culprits)} did not call the one {who(s.waiting())} called {where}. Call "
+            "the same modules on every rank every step (run a skipped block on an empty or "
+            "dummy input), so every rank posts the same all-gathers.")
     if s.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.CYCLE) or not s.culprits:
         # no line known (dumps without stack traces): the lines are what would settle it
         settle = (": compare the lines each rank is at (above)" if any(

@@ -23,6 +23,7 @@ from moe_hang.analysis.blocks import (
 from moe_hang.analysis.blocks import identity as identity_of
 from moe_hang.analysis.diagnosis import DEFAULT_PG, Divergence, MismatchKind
 from moe_hang.analysis.mismatch import mismatch_kind
+from moe_hang.analysis.program import signature
 from moe_hang.analysis.rankstate import rank_view, to_rc
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.evidence.flight_recorder import Collective
@@ -92,6 +93,20 @@ def _plainly_agree(colls: list[Collective]) -> bool:
                and (a.frames or c.completed is not False) for c in colls[1:])
 
 
+def _seen_in_order(pg: str, b: Block, views: RankViews) -> bool:
+    """Each rank of the block's side posted, in an earlier step, the block's last
+    collective right before what the other side posted after it."""
+    if not b.items or b.lacking_next is None:
+        return False
+    pair = (signature(b.items[-1]), signature(b.lacking_next))
+    for r in b.having:
+        entries = views[r].tl.by_pg.get(pg, {})
+        if not any((signature(c), signature(n)) == pair for s, c in entries.items()
+                   if s < b.start and (n := entries.get(s + 1)) is not None and s + 1 < b.start):
+            return False
+    return True
+
+
 def _first_in_group(pg: str, ranks: list[int], views: RankViews,
                     doubts: dict[str, int] | None = None) -> GroupDivergence | None:
     with_data = [r for r in ranks if r in views and views[r].tl.has_data]
@@ -136,6 +151,13 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews,
                 if doubts is not None:
                     doubts.setdefault(pg, seq)
                 continue
+        elif kind == MismatchKind.SIZE and len(camps) == 2:
+            # one collective with two sizes, or one side a collective out of step: it went
+            # on (gloo lets the smaller message through) and posted next what the other
+            # posted here, the two in the order its own earlier steps posted them
+            got = part(pg, seq, list(camps.values()), views)
+            if got.blocks and all(_seen_in_order(pg, b, views) for b in got.blocks):
+                blocks, kind = got.blocks, MismatchKind.MISSING
         if kind is None and absent:
             stuck = [r for r in absent if blocked_elsewhere(views[r])]
             waiting = [r for r, c in have.items() if c.completed is not True]

@@ -43,11 +43,18 @@ class Situation:
         return [f for fs in self.frames.values() for f in fs]
 
     def site(self, r: int) -> Frame | None:
+        """The line that posted the rank's collective at the divergence; else where the rank
+        is, unless that is in a later collective of the group (it went on: its line now is
+        not the divergence's)."""
         c = self.div.per_rank.get(r)
         if c is not None and c.callsite is not None:
             return c.callsite
         rep = self.reports.get(r)
-        return rep.callsite if rep is not None else None
+        if rep is None or (c is not None and c.seq is not None and rep.collective is not None
+                           and rep.collective.pg == c.pg and rep.collective.seq is not None
+                           and rep.collective.seq > c.seq):
+            return None
+        return rep.callsite
 
     def waiting(self) -> list[int]:
         """The ranks the culprits leave waiting (every other member with an entry)."""
