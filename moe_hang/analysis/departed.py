@@ -71,7 +71,9 @@ def answered_all(views: RankViews, ranks: list[int]) -> set[int]:
     """Those of ``ranks``, gone or going, that had posted every collective the others wait in,
     on groups their final counts name: the others are behind them (still returning from the
     last ones), not left waiting by them. A rank is left out wherever that is not known."""
-    waits = _waits(views)
+    if not ranks:  # most diagnoses: no rank is gone or going (8192 ranks: no walk at all)
+        return set()
+    waits = set(_waits(views))
     if not waits:
         return set()
     out = set()
