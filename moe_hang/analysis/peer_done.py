@@ -24,8 +24,22 @@ _EVERY_MEMBER = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to
                            "reduce_scatter_tensor", "all_to_all_single"})
 
 
-def _pending(by_pg: dict[str, dict[int, Collective]]) -> list[Collective]:
-    return [c for coll in by_pg.values() for c in coll.values() if c.completed is False]
+def _scan(views: RankViews, wanted: dict[str, set[int]], done: bool
+          ) -> dict[tuple[str, int], set[tuple[object, ...]]]:
+    """Per wanted (group, seq), the signatures it was posted with (``done``: those it
+    completed with on a peer that posted a later one of the group too — a count takes in a
+    collective that raised, gloo retires it, and a rank raises in the last it ran)."""
+    out: dict[tuple[str, int], set[tuple[object, ...]]] = {}
+    for v in views.values():
+        for pg, coll in v.tl.by_pg.items():  # its few groups, not every one asked about
+            if (seqs := wanted.get(pg)) is None:
+                continue
+            last = v.tl.enqueued.get(pg, -1)  # the last it posted on the group
+            for s in seqs:
+                entry = coll.get(s)
+                if entry is not None and (not done or (entry.completed is True and s < last)):
+                    out.setdefault((pg, s), set()).add(signature(entry))
+    return out
 
 
 def done_by_peers(views: RankViews) -> dict[int, frozenset[tuple[str, int]]]:
@@ -34,38 +48,24 @@ def done_by_peers(views: RankViews) -> dict[int, frozenset[tuple[str, int]]]:
     asked: dict[int, list[Collective]] = {}
     wanted: dict[str, set[int]] = {}
     for r, v in views.items():
-        pending = _pending(v.tl.by_pg)
-        if len(pending) < 2:
+        if len(v.pending) < 2:
             continue
-        asked[r] = [c for c in pending if c.seq is not None and c.op in _EVERY_MEMBER]
+        asked[r] = [c for c in v.pending if c.seq is not None and c.op in _EVERY_MEMBER]
         for c in asked[r]:
             wanted.setdefault(c.pg, set()).add(c.seq)
-    if not wanted:
+    done = _scan(views, wanted, done=True) if wanted else {}
+    if not done:  # nothing a peer saw complete (NCCL's enqueued-ahead ranks, as a rule)
         return {}
-    # one pass over the ranks: the signatures each wanted (group, seq) was posted with, and
-    # those it completed with on a peer that posted a later one of the group too (a count
-    # takes in a collective that raised — gloo retires it — and a rank raises in the last it
-    # ran: a later one says it went on)
-    posted: dict[tuple[str, int], set[tuple[object, ...]]] = {}
-    done: dict[tuple[str, int], set[tuple[object, ...]]] = {}
-    for v in views.values():
-        for pg, seqs in wanted.items():
-            coll = v.tl.by_pg.get(pg)
-            if coll is None:
-                continue
-            last = max(coll, default=-1)
-            for s in seqs:
-                entry = coll.get(s)
-                if entry is None:
-                    continue
-                posted.setdefault((pg, s), set()).add(signature(entry))
-                if entry.completed is True and s < last:
-                    done.setdefault((pg, s), set()).add(signature(entry))
+    seen: dict[str, set[int]] = {}
+    for pg, seq in done:
+        seen.setdefault(pg, set()).add(seq)
+    posted = _scan(views, seen, done=False)
     out: dict[int, frozenset[tuple[str, int]]] = {}
     for r, cs in asked.items():
         # every member posted it alike: no mismatch there that could have failed it
-        got = frozenset((c.pg, c.seq) for c in cs if len(posted[c.pg, c.seq]) == 1
-                        and signature(c) in done.get((c.pg, c.seq), ()))
-        if got and len(got) < len(_pending(views[r].tl.by_pg)):
+        got = frozenset((c.pg, c.seq) for c in cs if (c.pg, c.seq) in done
+                        and len(posted[c.pg, c.seq]) == 1
+                        and signature(c) in done[c.pg, c.seq])
+        if got and len(got) < len(views[r].pending):
             out[r] = got
     return out

@@ -296,7 +296,8 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
         site = _posting_site(current, sv, current, state) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site, moved,
-                    _posted_before(tl, sv, current, facts) if site == sv.callsite else None)
+                    _posted_before(tl, sv, current, facts) if site == sv.callsite else None,
+                    tuple(pending))
 
 
 def _died_with(source: str | None) -> bool:

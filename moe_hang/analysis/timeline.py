@@ -179,6 +179,8 @@ class RankView:
     # the collective it posted right before ``current``, without a call site in its
     # recorder, and the line the source places it at (rankstate._posted_before)
     placed: tuple[Collective, Frame] | None = None
+    # the collectives its own records leave pending, oldest first (rankstate._pending)
+    pending: tuple[Collective, ...] = ()
 
     def user_frames_outer_first(self) -> list[Frame]:
         return [f for f in reversed(self.stack.frames) if not is_library_frame(f)]
