@@ -165,6 +165,10 @@ def _advise_extra(s: Situation, b: Block) -> Advice:
                       "a logging pass) posts collectives the others never answer. Run it on "
                       "every rank (each on its own share of the data), or on a model outside "
                       "FSDP (an unsharded copy).")
+    if b.data_branch:  # each rank's own data took the branch: every rank must post it
+        return Advice(head + "post it on every rank every step, with a neutral value where "
+                      "the branch is not taken (a zero to all-reduce), or decide the branch "
+                      "on a value every rank agrees on.")
     return Advice(head + "run it on every rank, or outside the process group's collectives "
                   "(a rank-only evaluation, checkpoint or log must not post collectives).")
 

@@ -26,7 +26,13 @@ from difflib import SequenceMatcher
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import signature
 from moe_hang.analysis.rankstate import site_key
-from moe_hang.analysis.source import every_pass, excludes_ranks, loop_step, path_condition
+from moe_hang.analysis.source import (
+    every_pass,
+    excludes_ranks,
+    gates,
+    loop_step,
+    path_condition,
+)
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.ops import normalise_op
@@ -72,6 +78,7 @@ class Block:
     decided: str | None = None
     basis: CulpritBasis = CulpritBasis.AMBIGUOUS
     condition: str | None = None  # the rank condition on the extra's path, read from source
+    data_branch: bool = False  # ``condition`` is the branch its line sits in, on no rank test
     counts: dict[int, int] = field(default_factory=dict)  # collectives like the block's, each
     # the frames of what the same op is posted from otherwise (the other side's, or earlier
     # steps'): the block's own line is its innermost user frame that is not among them
@@ -114,6 +121,20 @@ class Parting:
 
     blocks: tuple[Block, ...] = ()
     benign: bool = False
+
+
+def taken_branch(src: SourceFacts, frames: Sequence[Frame]) -> str | None:
+    """The nearest ``if`` a block's posting line sits in (its body, or its ``else``), on its
+    user frames innermost first: the data decision its ranks took and the others did not
+    (``if (counts == 0).any():``), where no rank condition names one. A guard before the line
+    that leaves early is not one (the line runs where it was not taken)."""
+    for f in frames:
+        if is_library_frame(f):
+            continue
+        for g in gates(src, f.file, f.line):
+            if g.how in ("if", "else"):
+                return f"if {g.test}" if g.how == "if" else f"if not ({g.test})"
+    return None
 
 
 def tail(pg: str, seq: int, r: int, views: RankViews) -> list[Collective]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from moe_hang.analysis.align import GroupDivergence
-from moe_hang.analysis.blocks import EXTRA, SKIP, Block
+from moe_hang.analysis.blocks import EXTRA, SKIP, Block, taken_branch
 from moe_hang.analysis.diagnosis import CulpritBasis, Divergence, MismatchKind, RankCollective
 from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.mismatch import ROW
@@ -150,10 +150,14 @@ def _chosen(blocks: tuple[Block, ...], d: Decision, views: RankViews) -> Block:
             if r.edit == Edit.EXTRA and tuple(b.having) == r.culprits and \
                     tuple(b.items) == r.block:
                 b.decided, b.basis = EXTRA, d.basis
-                # the rank condition it runs under, where the source names one
+                # the rank condition it runs under, where the source names one; else the
+                # branch its line sits in (a data decision)
                 cond = path_condition(views.source, b.items[0].frames) if b.items else None
                 if cond is not None and not excludes_ranks(cond):
                     b.condition = cond
+                elif b.items and b.condition is None:
+                    b.condition = taken_branch(views.source, b.items[0].frames)
+                    b.data_branch = b.condition is not None
                 return b
             if r.edit == Edit.SKIP and tuple(b.lacking) == r.culprits and \
                     tuple(b.items) == r.block:

@@ -1,0 +1,42 @@
+"""The data decision behind an extra (a job written for a new-user trial, 4 ranks under
+``watch``, both roles). A small MoE trainer logs metrics with ``async_op=True`` all-reduces
+waited at the step's end; a rank whose routing left an expert without tokens also all-reduces
+a "dead expert" counter under ``if (counts == 0).any():`` — no rank test, each rank's own
+data. Its size-1 all-reduce meets the others' gradient all-reduce and gloo aborts it. Was:
+the extra's line without the branch, and advice for a rank-only evaluation. The branch its
+line sits in is named, and the advice is to post it everywhere (a neutral value where the
+branch is not taken)."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_hang.analysis.blocks import taken_branch
+from moe_hang.analysis.rules import diagnose
+from moe_hang.evidence.load import load_captures
+from moe_hang.evidence.source import Gate, LineFacts, SourceFacts
+from moe_hang.evidence.stacks import Frame
+
+
+@pytest.mark.parametrize(("name", "culprit"), [("data_branch_extra_0", 1),
+                                               ("data_branch_extra_1", 2)])
+def test_the_branch_an_extra_sits_in_is_its_data_decision(fixtures, name, culprit):
+    d = diagnose(load_captures([fixtures / name])).to_dict()
+    assert (d["verdict"], d["culprit_ranks"]) == ("desync", [culprit]), d["summary"]
+    assert "under `if (counts == 0).any()`" in d["summary"], d["summary"]
+    others = ", ".join(str(r) for r in range(4) if r != culprit)
+    assert d["fix"].startswith(
+        f"Rank {culprit} posts the all_reduce at /tmp/newuser/moe_metrics.py:48 under "
+        f"`if (counts == 0).any()` that ranks {others} never post: post it on every rank "
+        "every step, with a neutral value where the branch is not taken"), d["fix"]
+    at = {r["rank"]: r["callsite"]["line"] for r in d["ranks"]}
+    assert at == {r: 48 if r == culprit else 50 for r in range(4)}, at
+
+
+def test_a_guard_that_leaves_is_no_branch_the_line_sits_in():
+    path = "/job.py"
+    guard, branch = Gate(18, 19, "not tokens", "return"), Gate(28, 31, "x > 0", "else")
+    src = SourceFacts({path: {20: LineFacts((), gates=(guard,)),
+                              30: LineFacts((), gates=(guard, branch))}})
+    assert taken_branch(src, [Frame(path, 20, "f")]) is None
+    assert taken_branch(src, [Frame(path, 30, "f")]) == "if not (x > 0)"
