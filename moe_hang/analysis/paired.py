@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import Divergence, MismatchKind, RankCollective
+from moe_hang.analysis.program import P2P_OPS
 from moe_hang.analysis.rankstate import to_rc
 from moe_hang.analysis.shift import Shift
 from moe_hang.analysis.source import every_pass, loop_step
@@ -45,8 +46,11 @@ def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | N
             and every_pass(src, Frame(line.file, n, line.function), line)
 
     def may_post(n: int) -> bool:
+        """A call that may number a collective on the group: a send or recv does not (the
+        recorder numbers point-to-point apart, gloo's not at all)."""
         lf = src.line(line.file, n)
-        return lf is None or lf.default_group is not False
+        return lf is None or (lf.default_group is not False
+                              and (lf.call is None or normalise_op(lf.call) not in P2P_OPS))
 
     between = [n for n in calls_between(site.line, line.line) if may_post(n)]
     # where each of the others is in the loop: its frame in the body (deeper ones are inside
@@ -54,8 +58,12 @@ def paired_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | N
     spots = [next((f.line for f in views[a].position if f.file == line.file
                    and loop_step(src, line.file, f.line, line.line) == body), None)
              for a in sh.others]
+    # one that left the loop right after it (the shift's passed side at its own number
+    # there) went through the rest of its last pass: nothing after the line may post
+    rest_silent = not any(may_post(n) for n in body.calls if n > line.line)
     if not all(counted(n) for n in between) or any(
-            at is None or any(may_post(n) for n in calls_between(line.line, at))
+            not (sh.same_seq and rest_silent) if at is None
+            else any(may_post(n) for n in calls_between(line.line, at))
             for at in spots if at != line.line):
         return None
     seq = sh.passed_seq - len(between)

@@ -28,7 +28,14 @@ from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.passes import loop_between
 from moe_hang.analysis.readings import at, user_frames
 from moe_hang.analysis.situation import Advice
-from moe_hang.analysis.source import branch_call, every_pass, loop_step
+from moe_hang.analysis.source import (
+    branch_call,
+    every_pass,
+    excludes_ranks,
+    loop_step,
+    rank_condition,
+    taken_only_by,
+)
 from moe_hang.analysis.timeline import RankView, RankViews
 from moe_hang.analysis.waitfor import Edge
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
@@ -150,12 +157,29 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     ahead_t, passed_t = tuple(sorted(ahead)), tuple(sorted(passed))
     # where their own recorders hold call sites: a line none of their earlier steps posted
     # from, since they last posted the shift's line, is their extra
-    extra_given = {**_COUNTS_ONLY, CulpritBasis.HISTORY: True} \
-        if all(_new_line(views[a], w, fb) for a in ahead) else _COUNTS_ONLY
+    extra_src, skip_src = _branch_says(views.source, w, fb[-1], ahead_t, passed_t)
+    extra_given = {**_COUNTS_ONLY, CulpritBasis.SOURCE: extra_src}
+    if all(_new_line(views[a], w, fb) for a in ahead):
+        extra_given[CulpritBasis.HISTORY] = True
     readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=extra_given),
-                Reading(passed_t, ahead_t, Edit.SKIP, theirs=w, given=_COUNTS_ONLY))
+                Reading(passed_t, ahead_t, Edit.SKIP, theirs=w,
+                        given={**_COUNTS_ONLY, CulpritBasis.SOURCE: skip_src}))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
                  readings, same_seq=after)
+
+
+def _branch_says(src: SourceFacts, w: Collective, at: Frame, ahead: tuple[int, ...],
+                 passed: tuple[int, ...]) -> tuple[bool | None, bool | None]:
+    """What the source says of the extra and the skip reading: the loop's one call on the
+    default group a branch decides, under a rank condition, is the only way a pass posts one
+    more or one fewer there. One that names who runs it (``if FAULTY and step == 2:``) makes
+    the ahead side's count its extra, where they may take it and the passed side may not;
+    one that names who does not (``if rank != 3:``), the passed side's skip."""
+    way = branch_call(src, at) if w.pg == DEFAULT_PG else None
+    cond = rank_condition(src, way.file, way.line) if way is not None else None
+    if cond is None or not taken_only_by(cond, ahead, passed):
+        return None, None
+    return (False, True) if excludes_ranks(cond) else (True, False)
 
 
 def _new_line(v: RankView, w: Collective, fb: list[Frame]) -> bool:

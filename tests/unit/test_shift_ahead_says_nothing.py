@@ -5,8 +5,10 @@ logging all-reduce async; the other finishes the loop and waits in the barrier a
 #16, C in its last loss (59) as #16. Was: the other named, "it went past what the others wait
 in" — it posted 59's collective itself, as #15, before it left. The shift (the other left the
 loop right after 59's pass) reads an extra of C's or a skip of the other's, one each: on two
-ranks the counts cannot tell, and nothing else here does (no call sites, no majority, no
-history: every collective alike). The verdict says so."""
+ranks the counts cannot tell, nor can the order, the history or a majority (no call sites,
+every collective alike). The source can: the loop's one collective a branch decides is under
+a rank condition that names who runs it (``if FAULTY and step == FAULT_STEP:``), the only way
+a pass posts one more — C's extra, *likely* (tests/unit/test_shift_branch_source.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ def test_a_rank_that_left_the_loop_is_not_named_for_being_ahead(fixtures, name, 
     run = fixtures / name
     d = diagnose(load_captures([run / "node0", run / "node1"])).to_dict()
     assert d["verdict"] == "desync", d["summary"]
-    assert d["culprit_ranks"] == [0, 1], d["summary"]  # not the one that left: undecided
-    assert d["culprit_basis"] == "ambiguous"
+    # not the one that left: the one the loop's rank-conditioned branch names
+    assert d["culprit_ranks"] == [waiting], d["summary"]
+    assert d["culprit_basis"] == "source"
     ranks = {r["rank"]: r for r in d["ranks"]}
     assert ranks[waiting]["callsite"]["line"] == 59
     assert ranks[1 - waiting]["callsite"]["line"] == 62
