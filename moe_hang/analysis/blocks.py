@@ -27,10 +27,12 @@ from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import signature
 from moe_hang.analysis.rankstate import site_key
 from moe_hang.analysis.source import (
+    alike_in_a_pass,
     every_pass,
     excludes_ranks,
     gates,
     loop_step,
+    loop_targets,
     path_condition,
 )
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind
@@ -131,9 +133,16 @@ def taken_branch(src: SourceFacts, frames: Sequence[Frame]) -> str | None:
     for f in frames:
         if is_library_frame(f):
             continue
+        lf = src.line(f.file, f.line)
+        counters = {n for st in (lf.path if lf is not None else ()) if st.kind == "For"
+                    for n in loop_targets(st.header)}
+        loop = loop_step(src, f.file, f.line, f.line)
         for g in gates(src, f.file, f.line):
-            if g.how in ("if", "else"):
-                return f"if {g.test}" if g.how == "if" else f"if not ({g.test})"
+            if g.how not in ("if", "else") or alike_in_a_pass(g.test, counters):
+                continue  # a test every rank decides alike in a pass (``step % 4 == 0``)
+            if loop is not None and g.line < loop.line <= g.end:
+                return None  # a loop inside the branch: how many passes, not the branch
+            return f"if {g.test}" if g.how == "if" else f"if not ({g.test})"
     return None
 
 

@@ -970,6 +970,14 @@ CASES: tuple[Case, ...] = (
          lines=(at(C, "alert"), at(others(C, 3), "grads")),
          fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop"),
          note="the same from torch's pickle dumps"),
+    Case("dead_expert_log", "dead_expert_log.py", 4, DESYNC,
+         env=culprit_env(1), mirror=culprit_env(2), culprits=C,
+         lines=(at(C, "dead"), at(others(C, 4), "grads")),
+         fix_forbid=(*NOT_A_COLLECTIVE_BUG, "left the loop", "rank-only evaluation"),
+         fix_require=("under `if (counts_E == 0).any()`", "a neutral value"),
+         note="written for the occasion: async metric logging in a small MoE trainer; the "
+              "rank whose batch left an expert without tokens also all-reduces a dead-expert "
+              "counter, which meets the others' gradient all-reduce. The data decision"),
     Case("mesh2d_row_wrong_group", "mesh2d_row_wrong_group.py", 8, DESYNC_OR_HANG,
          env={"CULPRIT_RANKS": "4,5,6,7"}, mirror={"CULPRIT_RANKS": "0,1,2,3"},
          culprits=ranks("CULPRIT_RANKS"),

@@ -40,3 +40,34 @@ def test_a_guard_that_leaves_is_no_branch_the_line_sits_in():
                               30: LineFacts((), gates=(guard, branch))}})
     assert taken_branch(src, [Frame(path, 20, "f")]) is None
     assert taken_branch(src, [Frame(path, 30, "f")]) == "if not (x > 0)"
+
+
+JOB = '''\
+import torch.distributed as dist
+for step in range(8):
+    if step % 4 == 0:  # every rank alike in a pass
+        dist.all_reduce(t)  # PERIODIC
+    if mine > 5.0:
+        for k in range(n_local):  # how many: the rank's own count
+            dist.all_reduce(t)  # LOOPED
+    if flag.any():
+        if step % 2 == 0:
+            dist.all_reduce(t)  # NESTED
+'''
+
+
+def test_a_branch_every_rank_decides_alike_or_around_a_loop_is_not_the_decision(tmp_path):
+    """A test on the loop's counter alone is taken alike in a pass (the next gate out is the
+    decision); a branch with a loop inside it around the line says how many passes, not
+    whether: none named."""
+    from moe_hang.capture.source import read_facts
+
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    lines = {tag: n for n, text in enumerate(JOB.splitlines(), 1)
+             for tag in ("PERIODIC", "LOOPED", "NESTED") if f"# {tag}" in text}
+    frames = {tag: Frame(str(job), n, "<module>") for tag, n in lines.items()}
+    src = read_facts(list(frames.values()))
+    assert taken_branch(src, [frames["PERIODIC"]]) is None
+    assert taken_branch(src, [frames["LOOPED"]]) is None
+    assert taken_branch(src, [frames["NESTED"]]) == "if flag.any()"
