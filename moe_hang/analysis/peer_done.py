@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from moe_hang.analysis.program import signature
 from moe_hang.analysis.timeline import RankViews
-from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 
 # a member completes these only once every member has run its part (a broadcast's root,
 # a reduce's or gather's senders may finish before the others have)
@@ -25,11 +25,12 @@ _EVERY_MEMBER = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to
 
 
 def _scan(views: RankViews, wanted: dict[str, set[int]], done: bool
-          ) -> dict[tuple[str, int], set[tuple[object, ...]]]:
-    """Per wanted (group, seq), the signatures it was posted with (``done``: those it
-    completed with on a peer that posted a later one of the group too — a count takes in a
-    collective that raised, gloo retires it, and a rank raises in the last it ran)."""
-    out: dict[tuple[str, int], set[tuple[object, ...]]] = {}
+          ) -> dict[tuple[str, int], list[tuple[object, ...]]]:
+    """Per wanted (group, seq), the signature of each rank's entry there (``done``: only of
+    those that completed it and posted a later one of the group too — a count takes in a
+    collective that raised, gloo retires it, and a rank raises in the last it ran); with
+    ``done`` False, a rank that holds the group but no entry there counts as None."""
+    out: dict[tuple[str, int], list[tuple[object, ...]]] = {}
     for v in views.values():
         for pg, coll in v.tl.by_pg.items():  # its few groups, not every one asked about
             if (seqs := wanted.get(pg)) is None:
@@ -37,8 +38,11 @@ def _scan(views: RankViews, wanted: dict[str, set[int]], done: bool
             last = v.tl.enqueued.get(pg, -1)  # the last it posted on the group
             for s in seqs:
                 entry = coll.get(s)
-                if entry is not None and (not done or (entry.completed is True and s < last)):
-                    out.setdefault((pg, s), set()).add(signature(entry))
+                if entry is None and not done:
+                    out.setdefault((pg, s), []).append((None,))
+                elif entry is not None and (not done or (entry.completed is True
+                                                         and s < last)):
+                    out.setdefault((pg, s), []).append(signature(entry))
     return out
 
 
@@ -60,11 +64,15 @@ def done_by_peers(views: RankViews) -> dict[int, frozenset[tuple[str, int]]]:
     for pg, seq in done:
         seen.setdefault(pg, set()).add(seq)
     posted = _scan(views, seen, done=False)
+    # every rank is a member of the default group: one without records of it is unknown
+    whole = all(DEFAULT_PG in v.tl.by_pg for v in views.values())
     out: dict[int, frozenset[tuple[str, int]]] = {}
     for r, cs in asked.items():
-        # every member posted it alike: no mismatch there that could have failed it
+        # every member posted it, alike: no mismatch there, and no member missing from it,
+        # that could have failed it
         got = frozenset((c.pg, c.seq) for c in cs if (c.pg, c.seq) in done
-                        and len(posted[c.pg, c.seq]) == 1
+                        and len(set(posted[c.pg, c.seq])) == 1
+                        and (c.pg != DEFAULT_PG or whole)
                         and signature(c) in done[c.pg, c.seq])
         if got and len(got) < len(views[r].pending):
             out[r] = got

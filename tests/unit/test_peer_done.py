@@ -47,3 +47,13 @@ def test_only_what_a_peer_completed_and_went_past_is_done(fixtures):
     # ranks 1 and 3 raised in the gradient all-reduce (15): ranks 0 and 2 ran the token
     # count (14); rank 0's 15 and rank 2's 15 (its extra) are not done
     assert done_by_peers(views) == {0: frozenset({("0", 14)}), 2: frozenset({("0", 14)})}
+
+
+def test_a_member_without_that_collective_leaves_it_undecided(fixtures):
+    """A member that never posted it (it skipped it, or died before): the peers' count may
+    hold it as completed because it raised there — nothing is claimed."""
+    ev = load_captures(_dirs(fixtures / "async_extra_ddp_0"))
+    views = RankViews(((r, rank_view(e, ev.source)) for r, e in sorted(ev.ranks.items())),
+                      ev.source)
+    del views[3].tl.by_pg["0"][14]
+    assert done_by_peers(views) == {}
