@@ -25,7 +25,7 @@ from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
 from moe_hang.analysis.program import signature
-from moe_hang.analysis.rankstate import site_key
+from moe_hang.analysis.rankstate import posted_after, site_key
 from moe_hang.analysis.source import (
     alike_in_a_pass,
     every_pass,
@@ -54,7 +54,8 @@ def user_code(c: Collective, v: RankView) -> tuple[object, ...] | None:
     if c.tag:
         return ("tag", c.tag)
     frames = c.frames if c.source != "probe" else []
-    if not frames and c.completed is False and v.stack.frames and v.stack.op == c.op:
+    if not frames and c.completed is False and v.stack.frames and v.stack.op == c.op \
+            and not posted_after(v.tl, c, v.stack.thread_id):
         frames = v.stack.frames
     user = tuple((f.file, f.line, f.function) for f in reversed(frames)
                  if not is_library_frame(f))

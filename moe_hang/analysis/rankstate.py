@@ -124,8 +124,12 @@ def _held_behind(sv: StackView, facts: SourceFacts | None, pending: list[Collect
     if len(pending) != 2 or sv.op is None or sv.waited_at is not None:
         return None
     first, then = pending
+    # the same op: the stack is in the second's call only where the thread that posted both
+    # is known to be the stack's (it posted the second after returning from the first)
+    known = sv.thread_id is not None and all(c.thread_id for c in pending)
     if first.frames or first.pg != then.pg or first.seq is None or then.seq != first.seq + 1 \
-            or normalise_op(then.op) != sv.op or normalise_op(first.op) == sv.op \
+            or normalise_op(then.op) != sv.op \
+            or (normalise_op(first.op) == sv.op and not known) \
             or any(other_thread(c.thread_id, sv.thread_id) for c in pending):
         return None
     got = _call_before(sv, facts, first)
@@ -292,8 +296,11 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
     if state == RankState.EXITED and ev.error is not None and ev.error.frames:
         # it died raising: the raising line, not that of its last (long finished) collective
         site = callsite(ev.error.frames)
+    elif state == RankState.EXITED and pending and current is pending[0] \
+            and (held := _held_behind(sv, facts, pending)) is not None:
+        site = held.callsite  # it died held behind its older one: that one's line
     else:
-        site = _posting_site(current, sv, current, state) or (
+        site = _posting_site(current, sv, current, state, tl) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site, moved,
                     _posted_before(tl, sv, current, facts) if site == sv.callsite else None,
@@ -336,7 +343,7 @@ def posting_site(coll: Collective | None, v: RankView) -> Frame | None:
     if coll is not None and v.placed is not None and not coll.frames \
             and (coll.pg, coll.seq) == (v.placed[0].pg, v.placed[0].seq):
         return v.placed[1]
-    return _posting_site(coll, v.stack, v.current, v.state)
+    return _posting_site(coll, v.stack, v.current, v.state, v.tl)
 
 
 def site_key(c: Collective) -> tuple[str, object] | None:
@@ -348,8 +355,16 @@ def site_key(c: Collective) -> tuple[str, object] | None:
     return ("probe", c.name) if c.name else None
 
 
+def posted_after(tl: RankTimeline, c: Collective, thread_id: str | None) -> bool:
+    """The thread posted another collective of ``c``'s group after it: it has returned from
+    ``c``'s call, and its stack, in a collective call, is in a later one."""
+    return c.seq is not None and any(
+        e.seq > c.seq and not other_thread(e.thread_id, thread_id)
+        for e in tl.by_pg.get(c.pg, {}).values())
+
+
 def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,
-                  state: RankState) -> Frame | None:
+                  state: RankState, tl: RankTimeline | None = None) -> Frame | None:
     """The recorder's frames are exact; a stack is exact while it is still inside that same
     collective (same op, and ``coll`` is the one pending) — the stack of the thread that
     posted it: another thread's stack never places it (a rank's main thread in ``join()``
@@ -362,6 +377,7 @@ def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | 
         if coll is not None else False
     in_it = coll is None or (
         sv.op == coll.op and not other_thread(coll.thread_id, sv.thread_id)
+        and not (tl is not None and posted_after(tl, coll, sv.thread_id))
         and (pending is None or (state == RankState.EXITED and not went_past)
              or (pending.pg, pending.seq) == (coll.pg, coll.seq)))
     if in_it and sv.callsite is not None:
