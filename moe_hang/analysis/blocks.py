@@ -31,8 +31,8 @@ from moe_hang.analysis.source import (
     every_pass,
     excludes_ranks,
     gates,
+    loop_counters,
     loop_step,
-    loop_targets,
     path_condition,
 )
 from moe_hang.analysis.timeline import RankView, RankViews, group_kind
@@ -134,9 +134,7 @@ def taken_branch(src: SourceFacts, frames: Sequence[Frame]) -> str | None:
     for f in frames:
         if is_library_frame(f):
             continue
-        lf = src.line(f.file, f.line)
-        counters = {n for st in (lf.path if lf is not None else ()) if st.kind == "For"
-                    for n in loop_targets(st.header)}
+        counters = loop_counters(src.line(f.file, f.line))
         loop = loop_step(src, f.file, f.line, f.line)
         for g in gates(src, f.file, f.line):
             if g.how not in ("if", "else") or alike_in_a_pass(g.test, counters):

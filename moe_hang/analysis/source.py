@@ -343,6 +343,12 @@ def loop_targets(header: str | None) -> list[str]:
     return [n.strip(" ()") for n in target.split(",") if n.strip(" ()").isidentifier()]
 
 
+def loop_counters(lf: LineFacts | None) -> set[str]:
+    """The target names of every ``for`` loop around a line (its counters and items)."""
+    return {n for st in (lf.path if lf is not None else ()) if st.kind == "For"
+            for n in loop_targets(st.header)}
+
+
 def _names(test: str) -> set[str]:
     """The names a test reads (none where it does not parse)."""
     try:
@@ -372,7 +378,7 @@ def periodic_gate(src: SourceFacts, path: str, line: int) -> Gate | None:
     lf = src.line(path, line)
     if lf is None or lf.rank_condition is not None:  # a constant may be the rank's own
         return None
-    counters = {n for st in lf.path if st.kind == "For" for n in loop_targets(st.header)}
+    counters = loop_counters(lf)
     if not all(alike_in_a_pass(g.test, counters) for g in lf.gates):
         return None
     return next((g for g in lf.gates if _names(g.test) & counters), None)
