@@ -94,10 +94,14 @@ def skipped_at(sh: Shift, site: Frame | None, views: RankViews) -> Divergence | 
     if lf is None or lf.call is None:
         return None
     per_rank: dict[int, RankCollective | None] = {c: None for c in sh.culprits}
-    for o in sh.others:
+    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
+    # the others: the shift's, and every member that posted as many on the group as the
+    # side waiting in it (one gone further, past the line in the pass): none skipped it
+    further = [r for r in members
+               if r not in per_rank and views[r].tl.enqueued.get(sh.pg, -1) >= sh.seq]
+    for o in sorted({*sh.others, *further}):
         per_rank[o] = RankCollective(op=normalise_op(lf.call), pg=sh.pg, seq=None,
                                      source="source", pg_desc=sh.pg_desc, callsite=site)
-    members = sorted(r for r, v in views.items() if sh.pg in v.tl.by_pg)
     return Divergence(sh.pg, None, MismatchKind.MISSING, sh.pg_desc, members, per_rank)
 
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from moe_hang.analysis.diagnosis import RankCollective
 from moe_hang.analysis.frames import fsdp_unshard
-from moe_hang.analysis.source import every_pass, function_step, loop_step
+from moe_hang.analysis.placing import held_behind, posted_before
 from moe_hang.analysis.timeline import RankTimeline, RankView, timeline
-from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
+from moe_hang.evidence.flight_recorder import Collective
 from moe_hang.evidence.model import RankEvidence
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.source import SourceFacts
@@ -20,7 +20,6 @@ from moe_hang.evidence.stacks import (
     StackView,
     ThreadStack,
     callsite,
-    is_library_frame,
     is_tool_frame,
     main_thread,
     other_thread,
@@ -113,84 +112,6 @@ def _waits_async(ev: RankEvidence, sv: StackView, facts: SourceFacts | None,
                    frames=[posted if f == at else f for f in sv.frames])
 
 
-def _held_behind(sv: StackView, facts: SourceFacts | None, pending: list[Collective]
-                 ) -> StackView | None:
-    """Two collectives pending on one group, the second the number right after the first, and
-    the stack in the second's op (not the first's), by the thread that posted both: gloo runs
-    a group's collectives in order, so the rank is held behind the first, posted earlier
-    (``async_op=True``). Its recorder holds no call site for it; where the source places it
-    (:func:`_call_before`), that is its line (a rank's line is where its pending collective
-    was posted)."""
-    if len(pending) != 2 or sv.op is None or sv.waited_at is not None:
-        return None
-    first, then = pending
-    # the same op: the stack is in the second's call only where the thread that posted both
-    # is known to be the stack's (it posted the second after returning from the first)
-    known = sv.thread_id is not None and all(c.thread_id for c in pending)
-    if first.frames or first.pg != then.pg or first.seq is None or then.seq != first.seq + 1 \
-            or normalise_op(then.op) != sv.op \
-            or (normalise_op(first.op) == sv.op and not known) \
-            or any(other_thread(c.thread_id, sv.thread_id) for c in pending):
-        return None
-    got = _call_before(sv, facts, first)
-    if got is None:
-        return None
-    k, posted = got
-    return replace(sv, op=normalise_op(first.op), api=posted[1], callsite=posted[0],
-                   frames=[posted[0], *sv.frames[k + 1:]])
-
-
-def _call_before(sv: StackView, facts: SourceFacts | None, c: Collective
-                 ) -> tuple[int, tuple[Frame, str]] | None:
-    """Where the source places ``c``, posted by the stack's thread right before the
-    collective its stack is in: the last call before the stack's line in its loop's pass, by
-    name, with nothing between (the stack's frames inside that line show none by name before
-    theirs), every pass posting it on ``c``'s group kind with ``c``'s op. (the index of the
-    stack's frame in its loop, (the line, the call's name)); None where that is not read."""
-    if facts is None:
-        return None
-    for k, f in enumerate(sv.frames):
-        if is_library_frame(f):
-            continue
-        body = loop_step(facts, f.file, f.line, f.line)
-        if body is None:
-            fn = function_step(facts, f.file, f.line)
-            if fn is None or any(fn.line < n < f.line for n in fn.calls):
-                return None  # module level outside a loop, or a call before it unread
-            continue
-        calls = [n for n in body.calls if n < f.line][::-1] \
-            + [n for n in body.calls if n > f.line][::-1]
-        lf = facts.line(f.file, calls[0]) if calls else None
-        if lf is None or lf.call is None or normalise_op(lf.call) != normalise_op(c.op) \
-                or lf.default_group is not (c.pg == DEFAULT_PG) \
-                or not every_pass(facts, Frame(f.file, calls[0], f.function), f):
-            return None
-        return k, (Frame(f.file, calls[0], f.function), lf.call)
-    return None
-
-
-def _posted_before(tl: RankTimeline, sv: StackView, current: Collective | None,
-                   facts: SourceFacts | None) -> tuple[Collective, Frame] | None:
-    """The collective the rank posted right before the one its stack is in (the recorder's
-    order, every group), where the recorder holds no call site for it and the rank has gone
-    on (it completed, or gloo aborted it): placed by the source (:func:`_call_before`) — the
-    line of a completed collective is where the stack's thread posted it, not where its stack
-    is now."""
-    if current is None or current.record_id is None or sv.op != normalise_op(current.op) \
-            or sv.waited_at is not None or other_thread(current.thread_id, sv.thread_id):
-        return None
-    before = [c for coll in tl.by_pg.values() for c in coll.values()
-              if c.record_id is not None and c.record_id < current.record_id]
-    if not before:
-        return None
-    prior = max(before, key=lambda c: c.record_id or 0)
-    if prior.record_id != current.record_id - 1 or prior.frames or prior.source == "probe" \
-            or other_thread(prior.thread_id, sv.thread_id):
-        return None
-    got = _call_before(sv, facts, prior)
-    return None if got is None else (prior, got[1][0])
-
-
 # what gloo's and NCCL's recorders record when posted (not send/recv: gloo records none; not
 # monitored_barrier: send/recv underneath)
 _RECORDED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -268,6 +189,10 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
                 # the stack it died with is fresher (docs/DESIGN.md §8.1) — a fatal
                 # signal's, or the one dumped when its launcher ended it (SIGTERM)
                 current = None
+            elif current is not None and pending and current is pending[0] \
+                    and not (ev.error is not None and ev.error.frames) \
+                    and (held := held_behind(sv, facts, pending)) is not None:
+                sv = held  # it died held behind its older post: as a live rank (below)
     elif sv.state != RankState.UNKNOWN:
         state = sv.state
         if state == RankState.IN_COLLECTIVE and current is None and _went_past(ev, sv):
@@ -282,7 +207,7 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
                 sv = waiting
         elif (waiting := _waits_async(ev, sv, facts)) is not None:
             state, sv = RankState.IN_COLLECTIVE, waiting  # in a collective it posted earlier
-        elif state == RankState.IN_COLLECTIVE and (held := _held_behind(sv, facts, pending)):
+        elif state == RankState.IN_COLLECTIVE and (held := held_behind(sv, facts, pending)):
             sv = held  # behind a collective it posted earlier, in the next one's call
     elif current is not None:
         state = RankState.IN_COLLECTIVE
@@ -296,14 +221,11 @@ def rank_view(ev: RankEvidence, facts: SourceFacts | None = None,
     if state == RankState.EXITED and ev.error is not None and ev.error.frames:
         # it died raising: the raising line, not that of its last (long finished) collective
         site = callsite(ev.error.frames)
-    elif state == RankState.EXITED and pending and current is pending[0] \
-            and (held := _held_behind(sv, facts, pending)) is not None:
-        site = held.callsite  # it died held behind its older one: that one's line
     else:
         site = _posting_site(current, sv, current, state, tl) or (
             None if _posted_elsewhere(ev, current, sv) else sv.callsite)
     return RankView(ev, tl, sv, state, current, site, moved,
-                    _posted_before(tl, sv, current, facts) if site == sv.callsite else None,
+                    posted_before(tl, sv, current, facts) if site == sv.callsite else None,
                     tuple(pending))
 
 
@@ -358,9 +280,10 @@ def site_key(c: Collective) -> tuple[str, object] | None:
 def posted_after(tl: RankTimeline, c: Collective, thread_id: str | None) -> bool:
     """The thread posted another collective of ``c``'s group after it: it has returned from
     ``c``'s call, and its stack, in a collective call, is in a later one."""
-    return c.seq is not None and any(
-        e.seq > c.seq and not other_thread(e.thread_id, thread_id)
-        for e in tl.by_pg.get(c.pg, {}).values())
+    if c.seq is None or tl.enqueued.get(c.pg, -1) <= c.seq:
+        return False  # nothing of the group after it (asked for every entry of a tail)
+    return any(s > c.seq and not other_thread(e.thread_id, thread_id)
+               for s, e in tl.by_pg.get(c.pg, {}).items())
 
 
 def _posting_site(coll: Collective | None, sv: StackView, pending: Collective | None,

@@ -177,7 +177,7 @@ class RankView:
     # dump, which has that collective done (rankstate._went_past)
     moved: bool = False
     # the collective it posted right before ``current``, without a call site in its
-    # recorder, and the line the source places it at (rankstate._posted_before)
+    # recorder, and the line the source places it at (placing.posted_before)
     placed: tuple[Collective, Frame] | None = None
     # the collectives its own records leave pending, oldest first (rankstate._pending)
     pending: tuple[Collective, ...] = ()
