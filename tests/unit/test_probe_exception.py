@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import linecache
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -52,8 +54,6 @@ def test_an_exception_that_ends_a_thread_is_recorded_with_the_thread(
     """threading.excepthook, chained: the thread's name and id (the recorder's thread ids),
     the exception's line; the rank lives on (nothing of the rank's own exception is written),
     and Python's own report of it still comes after."""
-    import threading
-
     from moe_hang.evidence.load import load_rank
     from moe_hang.probe import raised
     from moe_hang.probe.layout import RunLayout
@@ -78,3 +78,59 @@ def test_an_exception_that_ends_a_thread_is_recorded_with_the_thread(
     ev = load_rank(RunLayout(tmp_path), 1)
     assert [(e.thread, e.thread_id, e.type) for e in ev.thread_errors] == [
         ("prefetch", str(t.ident), "KeyError")]
+
+
+def _slow_record(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    from moe_hang.probe import raised
+
+    real = raised.error_record
+
+    def slow(exc: BaseException, restarts: int) -> dict[str, object]:
+        time.sleep(seconds)  # a loaded machine: the traceback walk takes this long
+        return real(exc, restarts)
+
+    monkeypatch.setattr(raised, "error_record", slow)
+
+
+def _raise_and_record(probe: Probe) -> threading.Thread:
+    def main() -> None:
+        try:
+            _step()
+        except RuntimeError as exc:
+            probe.record_exception(exc)
+
+    t = threading.Thread(target=main)
+    t.start()
+    while probe._not_recording.is_set() and t.is_alive():
+        time.sleep(0.001)
+    return t
+
+
+def test_a_sigterm_during_the_record_ends_the_rank_only_once_it_is_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer's failure ends the job while this rank's excepthook writes its own error: the
+    SIGTERM relay (its thread calls on_sigterm, then lets the signal end the rank) waits for
+    the record — the corpus had a rank ended inside it, its error lost (an empty .tmp)."""
+    _slow_record(monkeypatch, 0.5)
+    monkeypatch.setattr(Probe, "dump", lambda *_a, **_k: None)  # torch is not here
+    probe = Probe(tmp_path, 1, 1.0)
+    t = _raise_and_record(probe)
+    assert not probe.files.error.exists()
+    probe.on_sigterm()  # the relay's thread: the signal ends the rank when this returns
+    assert json.loads(probe.files.error.read_text())["type"] == "RuntimeError"
+    t.join(10)
+
+
+def test_the_relay_waits_for_the_record_a_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import moe_hang.probe.probe as probe_module
+
+    _slow_record(monkeypatch, 1.0)
+    monkeypatch.setattr(probe_module, "ERROR_RECORD_WAIT_S", 0.1)
+    monkeypatch.setattr(Probe, "dump", lambda *_a, **_k: None)
+    probe = Probe(tmp_path, 1, 1.0)
+    t = _raise_and_record(probe)
+    t0 = time.monotonic()
+    probe.on_sigterm()
+    assert time.monotonic() - t0 < 0.8 and not probe.files.error.exists()
+    t.join(10)
