@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from moe_hang.analysis.blocks import EXTRA, SKIP
@@ -208,6 +209,17 @@ def waits_text(f: Facts, reports: dict[int, RankReport]) -> str:
         what = WAIT_IN if c is not None and c.op == "unknown" else fmt_sizes(c)
         by_what.setdefault(what, []).append(r)
     return ", ".join(f"{who(rs)} in {what}" for what, rs in by_what.items())
+
+
+def waited_text(f: Facts, ranks: Iterable[int]) -> str:
+    """`` Ranks 0, 2 wait at a.py:29 on what they posted at a.py:27.``: the ranks whose stack
+    is at a wait on a collective posted earlier, one sentence per wait and post line."""
+    waits: dict[tuple[str, str], list[int]] = {}
+    for r in sorted(ranks):
+        if (w := (v := f.views[r]).stack.waited_at) is not None:
+            waits.setdefault((site_str(w), site_str(v.site)), []).append(r)
+    return "".join(f" {who(rs).capitalize()} {agree(rs, 'waits', 'wait')} at {w} on what "
+                   f"{agree(rs, 'it', 'they')} posted at {p}." for (w, p), rs in waits.items())
 
 
 def abort_detail(aborted: list[int], abort: SizeAbort | None) -> str:

@@ -31,7 +31,7 @@ from moe_hang.analysis.explain import (
     block_summary,
     culprit_clause,
     desync_summary,
-    site_str,
+    waited_text,
 )
 from moe_hang.analysis.facts import Facts, desync_divs, facts, situation, stuck_shown
 from moe_hang.analysis.failures import (
@@ -207,9 +207,7 @@ def _stack_desync(f: Facts) -> Conclusion:
     assert f.stack_div is not None
     div, culprits, basis = f.stack_div
     reports = f.reports(div)
-    summary = desync_summary(div, reports, culprits, {}) + "".join(
-        f" Rank {r} waits at {site_str(w)} on what it posted at {site_str(v.site)}."
-        for r in sorted(div.per_rank) if (w := (v := f.views[r]).stack.waited_at)) + (
+    summary = desync_summary(div, reports, culprits, {}) + waited_text(f, div.per_rank) + (
         " (from stacks alone: the job's launch script dropped watch's probe, whose Flight "
         "Recorder dumps would name the group and sequence number)" if f.ev.sampled else
         " (from stacks alone: Flight Recorder dumps, e.g. by running under `moe-hang watch`, "

@@ -186,7 +186,7 @@ def posted_by(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], li
     (``NAME = dist.all_reduce(x, async_op=True)``)."""
     assigns, scope = _handle_assigns(tree, waits, line)
     if not assigns:
-        return None
+        return _listed_from_one_call(tree, waits, calls, line)
     last = max(assigns, key=lambda n: n.lineno)
     # the last in the text need not be the last that ran: where it sits in a branch the wait
     # is not in, and the name is assigned elsewhere too (``if ...: w = all_gather(...)``
@@ -208,6 +208,46 @@ def _scope_of(tree: ast.Module, line: int) -> ast.AST:
                 node.lineno >= getattr(scope, "lineno", 0):
             scope = node
     return scope
+
+
+def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
+                          line: int) -> tuple[int, str] | None:
+    """A wait on a list's handles where the list is built by one collective call
+    (``works = [dist.all_reduce(p.grad, async_op=True) for p in params]``, then
+    ``for w in works: w.wait()``): every handle was posted at that call's line, whichever
+    the wait is on. The list's last assignment before the loop, in the wait's function, not
+    under a branch or loop the wait is outside of, and nothing else added to it."""
+    here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
+            or here[0].func.attr != "wait" or not isinstance(here[0].func.value, ast.Name):
+        return None
+    handle, scope = here[0].func.value.id, _scope_of(tree, line)
+    loops = [n for n in ast.walk(scope) if isinstance(n, ast.For)
+             and isinstance(n.target, ast.Name) and n.target.id == handle
+             and isinstance(n.iter, ast.Name) and n.lineno < line <= (n.end_lineno or n.lineno)]
+    if len(loops) != 1:
+        return None
+    listed, start = loops[0].iter.id, loops[0].lineno  # type: ignore[attr-defined]
+    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < start
+               and any(isinstance(t, ast.Name) and t.id == listed for t in n.targets)]
+    grown = any((isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+                 and n.target.id == listed)
+                or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in ("append", "extend", "insert")
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == listed)
+                for n in ast.walk(scope))
+    if not assigns or grown:
+        return None
+    last = max(assigns, key=lambda n: n.lineno)
+    comp = last.value
+    if not isinstance(comp, ast.ListComp) or not isinstance(comp.elt, ast.Call) \
+            or comp.elt not in calls or _name(comp.elt) not in COLLECTIVE_CALLS:
+        return None
+    held = any(isinstance(n, (ast.If, ast.For, ast.While, ast.AsyncFor, ast.Try))
+               and n.lineno <= last.lineno <= (n.end_lineno or 0)
+               and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
+    op = called(calls, comp.elt.lineno)
+    return None if held or op is None else (comp.elt.lineno, op)
 
 
 def appended_last(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
@@ -275,7 +315,7 @@ def wait_on_collective(tree: ast.Module, waits: list[ast.Call], calls: list[ast.
         return None
     assigns, _scope = _handle_assigns(tree, waits, line)
     if not assigns:
-        return None
+        return True if _listed_from_one_call(tree, waits, calls, line) is not None else None
     if all(_collective_op(a, calls) is not None for a in assigns):
         return True
     # False only where the source shows what else it is; a helper's or a method's handle

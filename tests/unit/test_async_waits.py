@@ -5,6 +5,7 @@ job's own line, and the source says that line waits. Each case both ways round."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from conftest import captured
 
 from moe_hang.analysis.rules import diagnose
 from moe_hang.capture.source import read_facts
+from moe_hang.evidence.load import load_captures
 from moe_hang.evidence.model import Evidence, RankEvidence
 from moe_hang.evidence.stacks import Frame, ThreadStack
 from moe_hang.evidence.vocab import JobState
@@ -294,3 +296,56 @@ def test_a_skip_read_from_counts_without_call_sites_is_at_the_loops_branch(fixtu
     assert "posted fewer collectives on default_pg" in d["fix"] and ":46" in d["fix"], d["fix"]
 
 
+
+
+COMP_JOB = """import torch.distributed as dist
+for step in range(4):
+    {build}
+    {between}for w in works:
+        w.wait()
+dist.barrier()
+"""
+
+
+@pytest.mark.parametrize(("build", "between", "want"), [
+    ("works = [dist.all_reduce(g, async_op=True) for g in grads]", "", (3, "all_reduce")),
+    # something else added to the list: which handle the wait is on the source does not say
+    ("works = [dist.all_reduce(g, async_op=True) for g in grads]",
+     "works.append(threading.Event())\n    ", None),
+    # built under a branch the wait is outside of: another value may be the one that ran
+    ("if step:\n        works = [dist.all_reduce(g, async_op=True) for g in grads]", "", None),
+    # a list of something else
+    ("works = [threading.Event() for g in grads]", "", None),
+])
+def test_a_wait_on_a_list_one_collective_call_built_is_on_that_calls_line(tmp_path, build,
+                                                                         between, want):
+    """``works = [dist.all_reduce(g, async_op=True) for g in grads]``, then ``for w in
+    works: w.wait()``: every handle was posted at the comprehension's line, whichever is
+    waited on — the wait's post and a wait on collectives (the progress window's too)."""
+    f = tmp_path / "train.py"
+    f.write_text(COMP_JOB.format(build=build, between=between))
+    wait_line = next(n for n, s in enumerate(f.read_text().splitlines(), 1) if "w.wait()" in s)
+    lf = read_facts([Frame(str(f), wait_line, "<module>")]).line(str(f), wait_line)
+    assert lf is not None and lf.waits == "wait"
+    assert lf.posted == (want if want is None else (want[0] + build.count("\n"), want[1]))
+    assert lf.wait_on is (True if want is not None else None)
+
+
+@pytest.mark.parametrize(("name", "skipper"), [("listcomp_wait_skip_1", 1),
+                                             ("listcomp_wait_skip_0", 0)])
+def test_ranks_waiting_on_a_lists_handles_are_at_the_comprehension_that_posted_them(
+        fixtures, name, skipper):
+    """A job written for the occasion (3 ranks, stacks alone, ``diagnose``): gradients
+    all-reduced async by one list comprehension, waited in ``for w in works: w.wait()``; one
+    rank's non-finite loss skips a batch (``continue``) and it ends in the final barrier while
+    the others wait on their handles. Was: their op unknown, "which ones: their Flight
+    Recorders", one sentence per rank."""
+    d = diagnose(load_captures([fixtures / name]))
+    assert (d.verdict, d.culprit_ranks) == ("desync", [skipper]), d.summary
+    others = sorted({0, 1, 2} - {skipper})
+    at = {r.rank: (r.collective.op if r.collective else None,
+                   r.callsite.line if r.callsite else None) for r in d.ranks}
+    assert at[skipper] == ("barrier", 33) and all(at[r] == ("all_reduce", 27) for r in others)
+    ranks = f"Ranks {others[0]}, {others[1]}"
+    assert f"{ranks} wait at nanskip.py:29 <module> on what they posted at nanskip.py:27" \
+        in re.sub(r"\S*/", "", d.summary), d.summary
