@@ -212,11 +212,12 @@ def _scope_of(tree: ast.Module, line: int) -> ast.AST:
 
 def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
                           line: int) -> tuple[int, str] | None:
-    """A wait on a list's handles where the list is built by one collective call
-    (``works = [dist.all_reduce(p.grad, async_op=True) for p in params]``, then
-    ``for w in works: w.wait()``): every handle was posted at that call's line, whichever
-    the wait is on. The list's last assignment before the loop, in the wait's function, not
-    under a branch or loop the wait is outside of, and nothing else added to it."""
+    """A wait on a list's handles (``for w in works: w.wait()``) where every handle the list
+    can hold was posted by one collective call: the list is only ever built empty or by a
+    comprehension of that call (``works = [dist.all_reduce(g, async_op=True) for g in
+    grads]``), and only that call is appended to it (``works.append(dist.all_reduce(...))``
+    in a loop over the parameters), in the wait's function; nothing else adds to it. Whichever
+    handle the wait is on, it was posted at that call's line."""
     here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
     if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
             or here[0].func.attr != "wait" or not isinstance(here[0].func.value, ast.Name):
@@ -227,27 +228,33 @@ def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[a
              and isinstance(n.iter, ast.Name) and n.lineno < line <= (n.end_lineno or n.lineno)]
     if len(loops) != 1:
         return None
-    listed, start = loops[0].iter.id, loops[0].lineno  # type: ignore[attr-defined]
-    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < start
-               and any(isinstance(t, ast.Name) and t.id == listed for t in n.targets)]
-    grown = any((isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
-                 and n.target.id == listed)
-                or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                    and n.func.attr in ("append", "extend", "insert")
-                    and isinstance(n.func.value, ast.Name) and n.func.value.id == listed)
-                for n in ast.walk(scope))
-    if not assigns or grown:
+    listed = loops[0].iter.id  # type: ignore[attr-defined]
+
+    def on_list(n: ast.AST) -> bool:
+        return isinstance(n, ast.Name) and n.id == listed
+
+    assigns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+               and any(on_list(t) for t in n.targets)]
+    mutations = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and on_list(n.func.value)
+                 and n.func.attr in ("append", "extend", "insert", "__iadd__")]
+    if not assigns or any(isinstance(n, ast.AugAssign) and on_list(n.target)
+                          for n in ast.walk(tree)):
         return None
-    last = max(assigns, key=lambda n: n.lineno)
-    comp = last.value
-    if not isinstance(comp, ast.ListComp) or not isinstance(comp.elt, ast.Call) \
-            or comp.elt not in calls or _name(comp.elt) not in COLLECTIVE_CALLS:
+    posts: list[ast.expr | None] = []
+    for v in assigns:
+        if isinstance(v, ast.ListComp):
+            posts.append(v.elt)
+        elif not (isinstance(v, ast.List) and not v.elts):
+            return None
+    for m in mutations:
+        ok = m.func.attr == "append" and len(m.args) == 1  # type: ignore[attr-defined]
+        posts.append(m.args[0] if ok and _scope_of(tree, m.lineno) is scope else None)
+    if not posts or any(not isinstance(p, ast.Call) or p not in calls for p in posts):
         return None
-    held = any(isinstance(n, (ast.If, ast.For, ast.While, ast.AsyncFor, ast.Try))
-               and n.lineno <= last.lineno <= (n.end_lineno or 0)
-               and not n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(scope))
-    op = called(calls, comp.elt.lineno)
-    return None if held or op is None else (comp.elt.lineno, op)
+    at = {p.lineno for p in posts if p is not None}
+    op = called(calls, min(at)) if len(at) == 1 else None
+    return None if op is None else (min(at), op)
 
 
 def appended_last(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call], line: int
