@@ -401,3 +401,19 @@ def test_the_false_alarm_jobs_cover_every_family_and_layout_healthily() -> None:
     assert [s.name for s, _ in healthy_jobs(SEED, 12.0, None)] == [s.name for s, _ in jobs]
     assert {s.family for s, _ in healthy_jobs(SEED, 3.0, {"p2p"})} == {"p2p"}
     assert table([]).startswith("family")
+
+
+def test_a_skip_gloo_aborts_on_requires_the_line_skipped_not_the_culprits_next() -> None:
+    """Fresh seed 71529384, job 82 (both roles): a rank skips its gradient all-reduce, its
+    stats all-reduce meets the others' gradients and gloo aborts it. What shows the fault is
+    the others' line, the collective it skipped; its own next one is incidental (as for the
+    kinds gloo pairs silently) — the tool shows the skipper as never posting it. Was: the
+    skipper's stats line required at the divergence, the others' optional."""
+    fam = families.build("plain", 4)
+    for culprit in (0, 3):
+        t = truth.role_truth(fam, Plant("skip", "grads", 3, 5, "wrap"),
+                             catalogue.kind("skip"), frozenset({culprit}))
+        assert t.outcome.state == "abort" and culprit in t.outcome.killed
+        where = {(x.marker, x.where) for x in t.lines}
+        assert where == {("grads", "divergence"), ("stats", "divergence?")}, where
+        assert t.env["FUZZ_DIV_GRADS"] == ",".join(str(r) for r in range(4) if r != culprit)

@@ -203,8 +203,14 @@ def role_truth(family: Family, plant: Plant, kind: Kind, culprits: frozenset[int
             put(set(culprits), where[0], "divergence?")
             put(set(range(family.world)) - culprits, where[1], "divergence")
     elif out.state == "abort":
+        # the side that shows the fault is required: the culprit's collective where it met
+        # the others' (its extra, its other op or size) — but under a skip the others' line,
+        # the one it skipped, and the culprit's own next collective is incidental (as for
+        # the kinds gloo pairs silently); never a rank gloo may SIGABRT (no recorder left)
+        skip = plant.kind == "skip"
         for r, m in out.abort.items():
-            put({r}, m, "divergence" if r in culprits else "divergence?")
+            shows = (r not in culprits and r not in out.killed) if skip else r in culprits
+            put({r}, m, "divergence" if shows else "divergence?")
     else:
         for r, m in visible_at(out, mode).items():
             if m is not None:
