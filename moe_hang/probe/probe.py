@@ -88,10 +88,6 @@ else:  # loaded by path into a job's own environment (watch's sitecustomize): th
 # apart; every copy is spaced by history.COST_RATIO times what the last one cost (so a job's own
 # large ring cannot make the probe expensive: 2000 entries, one copy every ~2.5 s)
 SAVE_EVERY_S = 1.0
-# how long the SIGTERM relay waits for the exception record the main thread is writing: a
-# launcher's SIGTERM comes as a peer's failure ends the job, often while this rank's own
-# excepthook records its error (milliseconds; the launcher's SIGKILL follows ~30 s later)
-ERROR_RECORD_WAIT_S = 2.0
 
 
 class Probe(Dumps):
@@ -116,8 +112,6 @@ class Probe(Dumps):
         self._held = False
         self._thread_errors: list[dict[str, Any]] = []
         self._release = threading.Event()
-        self._not_recording = threading.Event()  # clear while an exception is being recorded
-        self._not_recording.set()
         self._saved_status: Any = None  # the recorder's status when it was last saved
         self._saved_at = -1e9
         self.routing: Any = None  # routing.Routing once the job has a process group
@@ -257,14 +251,9 @@ class Probe(Dumps):
     def record_exception(self, exc: BaseException) -> None:
         """The exception that ends a rank, plus a recorder dump: often the survivors' side of
         a peer's death or abort."""
-        # the record first: it is small, and torchrun's SIGTERM may end us during the dump;
-        # the SIGTERM relay lets the signal end the rank only once the record is on disk
-        self._not_recording.clear()
-        try:
-            err = raised.error_record(exc, restart_count())
-            write_atomic(self.files.error, json.dumps(err).encode())
-        finally:
-            self._not_recording.set()
+        # the record first: it is small, and torchrun's SIGTERM may end us during the dump
+        raised.record_error(exc, restart_count(),
+                            lambda err: write_atomic(self.files.error, json.dumps(err).encode()))
         with contextlib.suppress(Exception):
             self.dump("exception", "exception")
         self.last_gasp("exception")
@@ -321,8 +310,7 @@ class Probe(Dumps):
         self.heartbeat()
 
     def on_sigterm(self) -> None:
-        # bounded: a main thread that never returns from its excepthook ends the rank anyway
-        self._not_recording.wait(ERROR_RECORD_WAIT_S)
+        raised.wait_for_record()  # the rank's own exception record, being written
         if not self._requested:  # a requested dump is already on disk: keep it
             with contextlib.suppress(Exception):
                 self.dump("sigterm", "sigterm")

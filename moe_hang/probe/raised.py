@@ -13,6 +13,28 @@ from collections.abc import Callable
 from typing import Any
 
 THREAD_ERRORS_KEPT = 8  # the last few threads' exceptions, with their names and ids
+# how long the SIGTERM relay waits for the exception record the main thread is writing: a
+# launcher's SIGTERM comes as a peer's failure ends the job, often while this rank's own
+# excepthook records its error (milliseconds; the launcher's SIGKILL follows ~30 s later)
+RECORD_WAIT_S = 2.0
+_NOT_RECORDING = threading.Event()  # clear while the rank's exception is being recorded
+_NOT_RECORDING.set()
+
+
+def record_error(exc: BaseException, restart: int | None,
+                 write: Callable[[dict[str, Any]], None]) -> None:
+    """:func:`error_record`, handed to ``write``; a SIGTERM meanwhile waits for it
+    (:func:`wait_for_record`), so the signal ends the rank only once it is on disk."""
+    _NOT_RECORDING.clear()
+    try:
+        write(error_record(exc, restart))
+    finally:
+        _NOT_RECORDING.set()
+
+
+def wait_for_record() -> None:
+    """Bounded: a main thread that never returns from its excepthook ends the rank anyway."""
+    _NOT_RECORDING.wait(RECORD_WAIT_S)
 
 
 def error_record(exc: BaseException, restart: int | None) -> dict[str, Any]:

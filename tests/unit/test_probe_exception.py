@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_hang.probe import raised
 from moe_hang.probe.probe import Probe
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,7 +56,6 @@ def test_an_exception_that_ends_a_thread_is_recorded_with_the_thread(
     the exception's line; the rank lives on (nothing of the rank's own exception is written),
     and Python's own report of it still comes after."""
     from moe_hang.evidence.load import load_rank
-    from moe_hang.probe import raised
     from moe_hang.probe.layout import RunLayout
 
     printed: list[str] = []
@@ -81,8 +81,6 @@ def test_an_exception_that_ends_a_thread_is_recorded_with_the_thread(
 
 
 def _slow_record(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    from moe_hang.probe import raised
-
     real = raised.error_record
 
     def slow(exc: BaseException, restarts: int) -> dict[str, object]:
@@ -101,7 +99,7 @@ def _raise_and_record(probe: Probe) -> threading.Thread:
 
     t = threading.Thread(target=main)
     t.start()
-    while probe._not_recording.is_set() and t.is_alive():
+    while raised._NOT_RECORDING.is_set() and t.is_alive():
         time.sleep(0.001)
     return t
 
@@ -123,10 +121,8 @@ def test_a_sigterm_during_the_record_ends_the_rank_only_once_it_is_on_disk(
 
 def test_the_relay_waits_for_the_record_a_bounded_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import moe_hang.probe.probe as probe_module
-
     _slow_record(monkeypatch, 1.0)
-    monkeypatch.setattr(probe_module, "ERROR_RECORD_WAIT_S", 0.1)
+    monkeypatch.setattr(raised, "RECORD_WAIT_S", 0.1)
     monkeypatch.setattr(Probe, "dump", lambda *_a, **_k: None)
     probe = Probe(tmp_path, 1, 1.0)
     t = _raise_and_record(probe)
