@@ -210,14 +210,10 @@ def _scope_of(tree: ast.Module, line: int) -> ast.AST:
     return scope
 
 
-def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
-                          line: int) -> tuple[int, str] | None:
-    """A wait on a list's handles (``for w in works: w.wait()``) where every handle the list
-    can hold was posted by one collective call: the list is only ever built empty or by a
-    comprehension of that call (``works = [dist.all_reduce(g, async_op=True) for g in
-    grads]``), and only that call is appended to it (``works.append(dist.all_reduce(...))``
-    in a loop over the parameters), in the wait's function; nothing else adds to it. Whichever
-    handle the wait is on, it was posted at that call's line."""
+def _waited_list(tree: ast.Module, waits: list[ast.Call], line: int
+                 ) -> tuple[str, int, ast.AST] | None:
+    """For ``NAME.wait()`` at ``line`` inside ``for NAME in LIST:``: LIST's name, the loop's
+    line and the function both are in."""
     here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
     if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
             or here[0].func.attr != "wait" or not isinstance(here[0].func.value, ast.Name):
@@ -228,7 +224,21 @@ def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[a
              and isinstance(n.iter, ast.Name) and n.lineno < line <= (n.end_lineno or n.lineno)]
     if len(loops) != 1:
         return None
-    listed = loops[0].iter.id  # type: ignore[attr-defined]
+    return loops[0].iter.id, loops[0].lineno, scope  # type: ignore[attr-defined]
+
+
+def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call],
+                          line: int) -> tuple[int, str] | None:
+    """A wait on a list's handles (``for w in works: w.wait()``) where every handle the list
+    can hold was posted by one collective call: the list is only ever built empty or by a
+    comprehension of that call (``works = [dist.all_reduce(g, async_op=True) for g in
+    grads]``), and only that call is appended to it (``works.append(dist.all_reduce(...))``
+    in a loop over the parameters), in the wait's function; nothing else adds to it. Whichever
+    handle the wait is on, it was posted at that call's line."""
+    waited = _waited_list(tree, waits, line)
+    if waited is None:
+        return None
+    listed, _start, scope = waited
 
     def on_list(n: ast.AST) -> bool:
         return isinstance(n, ast.Name) and n.id == listed
@@ -267,17 +277,10 @@ def appended_last(tree: ast.Module, waits: list[ast.Call], calls: list[ast.Call]
     source does not say; a rank whose one pending collective is its newest waits on this
     one. None where any append to the list is not a collective call. Appends in a function
     of their own (a gradient hook) run when it is called, not in the text's order: not read."""
-    here = [n for n in waits if n.lineno <= line <= (n.end_lineno or n.lineno)]
-    if len(here) != 1 or not isinstance(here[0].func, ast.Attribute) \
-            or here[0].func.attr != "wait" or not isinstance(here[0].func.value, ast.Name):
+    waited = _waited_list(tree, waits, line)
+    if waited is None:
         return None
-    handle, scope = here[0].func.value.id, _scope_of(tree, line)
-    loops = [n for n in ast.walk(scope) if isinstance(n, ast.For)
-             and isinstance(n.target, ast.Name) and n.target.id == handle
-             and isinstance(n.iter, ast.Name) and n.lineno < line <= (n.end_lineno or n.lineno)]
-    if len(loops) != 1:
-        return None
-    listed, start = loops[0].iter.id, loops[0].lineno  # type: ignore[attr-defined]
+    listed, start, scope = waited
     appends = [n for n in ast.walk(scope) if isinstance(n, ast.Call)
                and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
                and isinstance(n.func.value, ast.Name) and n.func.value.id == listed
