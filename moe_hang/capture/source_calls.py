@@ -243,13 +243,13 @@ def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[a
     def on_list(n: ast.AST) -> bool:
         return isinstance(n, ast.Name) and n.id == listed
 
-    assigns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    nodes = list(ast.walk(tree))  # the list may be filled anywhere: read every use once
+    assigns = [n.value for n in nodes if isinstance(n, ast.Assign)
                and any(on_list(t) for t in n.targets)]
-    mutations = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+    mutations = [n for n in nodes if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Attribute) and on_list(n.func.value)
-                 and n.func.attr in ("append", "extend", "insert", "__iadd__")]
-    if not assigns or any(isinstance(n, ast.AugAssign) and on_list(n.target)
-                          for n in ast.walk(tree)):
+                 and n.func.attr in ("append", "extend", "insert")]
+    if not assigns or any(isinstance(n, ast.AugAssign) and on_list(n.target) for n in nodes):
         return None
     posts: list[ast.expr | None] = []
     for v in assigns:
@@ -262,7 +262,7 @@ def _listed_from_one_call(tree: ast.Module, waits: list[ast.Call], calls: list[a
         posts.append(m.args[0] if ok and _scope_of(tree, m.lineno) is scope else None)
     if not posts or any(not isinstance(p, ast.Call) or p not in calls for p in posts):
         return None
-    at = {p.lineno for p in posts if p is not None}
+    at = {p.lineno for p in posts if p is not None}  # every one a call (checked above)
     op = called(calls, min(at)) if len(at) == 1 else None
     return None if op is None else (min(at), op)
 
