@@ -48,14 +48,6 @@ def _blame(d: Decision) -> Blame:
     return Blame(d.culprits, d.basis, reading=d.reading)
 
 
-def minority(groups: list[list[int]]) -> list[int] | None:
-    """The ranks outside the largest group when it is strictly bigger than every other."""
-    ranked = sorted(groups, key=len, reverse=True)
-    if len(ranked) > 1 and len(ranked[0]) > len(ranked[1]):
-        return sorted(r for rs in ranked[1:] for r in rs)
-    return None
-
-
 def _sides(items: dict[int, object]) -> list[list[int]]:
     groups: dict[object, list[int]] = {}
     for r, key in sorted(items.items()):
@@ -337,9 +329,10 @@ def _nbytes(c: RankCollective) -> int | None:
 def blame_abort(div: Divergence, ctx: Context, abort: SizeAbort | None,
                 aborted: list[int]) -> Blame:
     """gloo aborted a rank (a peer sent more bytes than it expected) before it could dump
-    its recorder: camps by the line each posted from (a rank that went past posts from
-    another line); on one line, by bytes — where the abort's byte ratio matches the two sizes
-    the others posted, the aborted rank is the one that expected less."""
+    its recorder. The camps are the lines each posted from (a rank that went past posts from
+    another line); on one line, the sizes — where the abort's byte ratio matches the two
+    sizes the others posted, the aborted rank is the one that expected less. The camps'
+    readings go to the one ladder."""
     views = ctx.views
     entries = {r: c for r, c in div.per_rank.items() if c is not None}
     # a rank whose line is not known (a recorder without frames, a stack without the main
@@ -347,46 +340,59 @@ def blame_abort(div: Divergence, ctx: Context, abort: SizeAbort | None,
     # like the majority against it
     sites = {r: (c.op, (c.callsite.file, c.callsite.line))
              for r, c in entries.items() if c.callsite is not None}
-    sides = _sides(dict(sites))
-    if len(sides) > 1:
-        colls = {r: _entry(r, div, views) for r in sites}
+    colls = {r: _entry(r, div, views) for r in entries}
+    if len(camps := _sides(dict(sites))) > 1:
         readings = [replace(x, at_mine=_posted_from(x.culprits[0], div, views),
                             at_theirs=_posted_from(x.others[0], div, views))
-                    for x in camp_readings(div.pg, div.seq, sides, colls, views)]
-        d = decide(readings, ctx)
-        return _blame(d) if d.basis != CulpritBasis.AMBIGUOUS \
-            else Blame(sorted(entries), CulpritBasis.AMBIGUOUS)
+                    for x in camp_readings(div.pg, div.seq, camps, colls, views)]
+        return _decided(readings, ctx, sorted(entries))
     sizes = {r: b for r, c in entries.items() if (b := _nbytes(c)) is not None}
     distinct = sorted(set(sizes.values()))
     if abort is not None and abort.received and abort.expected and len(distinct) == 2:
         ratio = abort.received / abort.expected
         if abs(distinct[1] / distinct[0] - ratio) < 0.01 * ratio:
+            small = next(colls[r] for r in sorted(sizes) if sizes[r] == distinct[0])
             for r in aborted:  # it expected the smaller message: it holds the smaller tensor
-                sizes.setdefault(r, distinct[0])
-    least = minority(_sides(dict(sizes)))
-    if least is not None:
-        return Blame(least, CulpritBasis.MAJORITY)
-    if (odd := _known_side_history(div, ctx, sizes, sorted(entries))) is not None:
-        return odd
+                if r not in sizes:
+                    sizes[r], colls[r] = distinct[0], small
+    camps = _sides(dict(sizes))
+    unknown = sorted(r for r in entries if r not in sizes)
+    if len(camps) > 1:  # where the known sizes differ, one of unknown size is no camp
+        return _decided(camp_readings(div.pg, div.seq, camps, colls, views), ctx,
+                        sorted(entries))
+    if camps and unknown:
+        return _decided(_inferred_readings(div, ctx, camps[0], unknown, colls), ctx,
+                        sorted(entries), confirmed=False)
     return Blame(sorted(entries), CulpritBasis.AMBIGUOUS)
 
 
-def _known_side_history(div: Divergence, ctx: Context, sizes: dict[int, int],
-                        ranks: list[int]) -> Blame | None:
+def _inferred_readings(div: Divergence, ctx: Context, known: list[int], unknown: list[int],
+                       colls: dict[int, Collective | None]) -> list[Reading]:
     """One camp's sizes known (the survivors'), the aborted rank's not (gloo's byte counts of
     a ring's chunks say nothing of its tensor): the known collective either is the shape
-    that collective always had — then the other side changed — or is not — then it did.
-    Likely, not definite: the unknown side is inferred, not seen."""
-    known = sorted(sizes)
-    unknown = [r for r in ranks if r not in sizes]
-    if not known or not unknown or len(set(sizes.values())) != 1 or div.seq is None:
-        return None
-    c = ctx.views[known[0]].tl.by_pg.get(div.pg, {}).get(div.seq)
+    that collective always had — then the other side changed — or is not — then it did
+    (the history rung, given)."""
+    c = ctx.views[known[0]].tl.by_pg.get(div.pg, {}).get(div.seq) \
+        if div.seq is not None else None
     keeps = ctx.program.keeps_shape(c) if c is not None and c.input_sizes else None
-    if keeps is None:
-        return None
-    return Blame(unknown if keeps else known, CulpritBasis.HISTORY, confirmed=False)
+    out = []
+    for x in camp_readings(div.pg, div.seq, [known, unknown], colls, ctx.views):
+        blames_unknown = x.culprits == tuple(unknown)
+        # nothing else is seen of the unknown side: no count of it, no order
+        out.append(replace(x, given={CulpritBasis.HISTORY: None if keeps is None
+                                     else keeps == blames_unknown,
+                                     CulpritBasis.MAJORITY: None,
+                                     CulpritBasis.PROGRAM_ORDER: None}))
+    return out
+
+
+def _decided(readings: list[Reading], ctx: Context, every: list[int],
+             confirmed: bool = True) -> Blame:
+    d = decide(readings, ctx)
+    if d.basis == CulpritBasis.AMBIGUOUS:
+        return Blame(every, CulpritBasis.AMBIGUOUS)
+    return Blame(d.culprits, d.basis, confirmed=confirmed, reading=d.reading)
 
 
 __all__ = ["Blame", "at", "blame", "blame_abort", "blame_cycle", "condition_on",
-           "cycle_inversion", "mark_skipped", "minority"]
+           "cycle_inversion", "mark_skipped"]

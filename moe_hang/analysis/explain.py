@@ -86,6 +86,9 @@ def desync_summary(div: Divergence, reports: dict[int, RankReport], culprits: li
             said.setdefault("never posted it", []).append(r)
             continue
         text = WAITS if c.op == "unknown" else fmt_sizes(c)
+        if div.kind == MismatchKind.DTYPE and c.op != "unknown":
+            # the sizes alike: the dtype is what differs (none where it was not recorded)
+            text += f" {'/'.join(dict.fromkeys(c.dtypes))}" if c.dtypes else ""
         if not same_site and r in callsites:
             text += f" at {callsites[r].short()}"
         said.setdefault(text, []).append(r)

@@ -334,14 +334,17 @@ CASES: tuple[Case, ...] = (
          env=culprit_env(2), mirror=culprit_env(0), culprits=C,
          lines=(at(every(3), "allreduce", "rank+divergence"),),
          fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + DTYPE_ADVICE,
-         basis=frozenset({"majority"}),
-         note="three ranks: two post 16 elements, rank C 32: the odd one out"),
+         basis=frozenset({"history"}),
+         note="three ranks: two post 16 elements, rank C 32: the odd one out — and every "
+              "earlier step all-reduced 16 on all three, the rung above the count of ranks "
+              "(the one ladder, as for two ranks)"),
     Case("dtype_mismatch", "dtype_mismatch.py", 3, DESYNC,
          env=culprit_env(2), mirror=culprit_env(0), culprits=C,
          lines=(at(every(3), "allreduce", "rank+divergence"),),
          fix_forbid=VARLEN_ADVICE + ANCHOR_ADVICE + SKIP_ADVICE,
-         basis=frozenset({"majority"}),
-         note="three ranks: float32, float32, float64 (rank C), 16 elements each"),
+         basis=frozenset({"history"}),
+         note="three ranks: float32, float32, float64 (rank C), 16 elements each; every "
+              "earlier step was float32 on all three (history, above the majority)"),
     # 6. stale all-to-all split counts
     Case("stale_a2a_counts", "stale_a2a_counts.py", 2, DESYNC,
          env=culprit_env(1), mirror=culprit_env(0), culprits=C,
