@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from moe_hang.analysis.diagnosis import CulpritBasis
+from moe_hang.analysis.placing import placed_in_run
 from moe_hang.analysis.program import signature
 from moe_hang.analysis.rankstate import posted_after, site_key
 from moe_hang.analysis.source import (
@@ -94,6 +95,7 @@ class Block:
     # (:func:`helper_block`)
     posted_from: tuple[Frame, ...] = ()
     by_fsdp: bool = False  # and FSDP posts it there (the source shows it, not a frame)
+    placed: bool = False  # moved in a run of alike ones to the one from a new line
 
     @property
     def culprits(self) -> list[int]:
@@ -184,6 +186,11 @@ def part(pg: str, seq: int, camps: Sequence[list[int]], views: RankViews) -> Par
         if key in seen:
             continue
         seen.add(key)
+        if len(b.items) == 1 and (q := placed_in_run(pg, b.start, b.having, b.lacking,
+                                                     views)) is not None:
+            tl = views[b.lacking[0]].tl.by_pg.get(pg, {})
+            b = replace(b, start=q, items=[views[b.having[0]].tl.by_pg[pg][q]], placed=True,
+                        after=b.after + b.start - q, lacking_next=tl.get(q))
         if b.items:  # and what the same op was posted from before, on this rank
             b.reference = b.reference + _regular(pg, b.items[0], b.having[0], views)
         b.counts = _counts(pg, b, views)

@@ -5,10 +5,12 @@ before. A rank's line is where its pending collective was posted (docs/DESIGN.md
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from moe_hang.analysis.source import every_pass, function_step, loop_step
-from moe_hang.analysis.timeline import RankTimeline
+from moe_hang.analysis.program import signature
+from moe_hang.analysis.source import every_pass, function_step, loop_step, periodic_gate
+from moe_hang.analysis.timeline import RankTimeline, RankViews
 from moe_hang.evidence.flight_recorder import DEFAULT_PG, Collective
 from moe_hang.evidence.ops import normalise_op
 from moe_hang.evidence.source import SourceFacts
@@ -93,3 +95,34 @@ def posted_before(tl: RankTimeline, sv: StackView, current: Collective | None,
     return None if got is None else (prior, got[1][0])
 
 
+
+
+def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[int],
+                  views: RankViews) -> int | None:
+    """A block of one collective alike the run right before it on every rank may sit anywhere
+    in that run (gloo paired them silently), where the lacking side's carry no call site:
+    the having side's own call sites place it where one entry of the run, the same on each,
+    comes from a line none of its entries before the run came from — and not one that comes
+    due at some passes only (``if step % 4 == 0:``, new on every rank alike). Its seq,
+    where it is not the block's own; else None."""
+    tls = {r: views[r].tl.by_pg.get(pg, {}) for r in (*having, *lacking)}
+    sig, s = signature(tls[having[0]][start]), start
+    while all((c := tl.get(s - 1)) is not None and signature(c) == sig for tl in tls.values()):
+        s -= 1
+    if s == start or any(tls[r][q].frames for r in lacking for q in range(s, start)):
+        return None  # no run, or the lacking side's code placed the block already
+
+    def line(c: Collective) -> tuple[Frame, ...]:
+        return tuple(f for f in c.frames if not is_library_frame(f))
+
+    found = set()
+    for r in having:
+        run = [tls[r][q] for q in range(s, start + 1)]
+        before = {line(c) for q, c in tls[r].items() if q < s}
+        new = [c for c in run if line(c) not in before]
+        if not all(line(c) for c in run) or len(new) != 1 or any(
+                periodic_gate(views.source, f.file, f.line) for f in line(new[0])):
+            return None
+        found.add(new[0].seq)
+    q = found.pop() if len(found) == 1 else None
+    return q if q != start else None

@@ -97,6 +97,9 @@ def block_readings(pg: str, blocks: Sequence[Block], views: RankViews) -> list[R
                        theirs=first, prev=prev, block=items, at_mine=lack_at, at_theirs=have_at,
                        realigned=True,
                        given={CulpritBasis.PROGRAM_ORDER: True} if tagged else {})
+        if b.placed:  # from a line none of its earlier steps posted from: its extra
+            extra = replace(extra, given={**extra.given, CulpritBasis.HISTORY: True})
+            skip = replace(skip, given={**skip.given, CulpritBasis.HISTORY: False})
         if b.posted_from:
             # placed by the source, its collectives carry no call site and are alike the
             # step's own: what the steps posted cannot tell an extra copy from a skip; the
