@@ -3,19 +3,26 @@ whose ``src`` one rank computed as another rank than the others did never comple
 member must name the same root, the one that sends (or receives, for a reduce or gather).
 Read from the c10d frame's arguments on the stacks (py-spy ``--locals``); the recorder keeps
 no root, so its entries match. Who deviates: the ranks whose root a strict majority does not
-name; without one, every camp is named. Pure."""
+name (the ladder's majority rung); without one, every camp is named. Pure."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from moe_hang.analysis.conclusion import Conclusion
 from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
+from moe_hang.analysis.ladder import decide
+from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.calls import ROOTED_FUNCS, RootedCall
 from moe_hang.evidence.vocab import agree, who
+
+_COUNTS_ONLY: dict[CulpritBasis, bool | None] = {
+    CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None, CulpritBasis.PROGRAM_ORDER: None}
 
 
 def root_camps(f: Facts) -> dict[str, list[int]] | None:
@@ -61,15 +68,17 @@ def roots_differ(f: Facts) -> Conclusion:
     at = f" at {site_str(s)}" if len(sites) == 1 and (s := sites.pop()) is not None else ""
     named = "; ".join(f"{who(rs)} {root}" for root, rs in sorted(
         camps.items(), key=lambda kv: (-len(kv[1]), kv[1])))
-    # a strict majority of the ranks in it names one root: the others deviate
-    top = max(camps.values(), key=len)
-    if 2 * len(top) > len(ranks):
-        culprits = sorted(set(ranks) - set(top))
-        basis, certainty = CulpritBasis.MAJORITY, Certainty.LIKELY
+    # the camps' readings, to the one ladder: one call, one line, one pass — no history,
+    # source or order tells the roots apart, only how many name each
+    d = decide([replace(x, given=_COUNTS_ONLY) for x in camp_readings(
+        c.pg if c is not None else "", None, list(camps.values()), {}, f.views)], f.ctx)
+    culprits, basis, certainty = (d.culprits if d.reading is not None else ranks), d.basis, \
+        Certainty.LIKELY
+    if d.reading is not None:
+        top = list(d.reading.others)
         blame = (f" {who(culprits).capitalize()} {agree(culprits, 'names', 'name')} another "
                  f"{arg} than {who(top)}.")
     else:
-        culprits, basis, certainty = ranks, CulpritBasis.AMBIGUOUS, Certainty.LIKELY
         blame = (" No root has a majority: which side computed it wrong, these stacks do not "
                  "say (each rank's own inputs to it would).")
     summary = (f"Ranks wait in one {op}{on}{at} naming different roots ({named}): it never "

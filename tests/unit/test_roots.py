@@ -15,7 +15,7 @@ import pytest
 from conftest import relocated
 
 from moe_hang.analysis.facts import facts
-from moe_hang.analysis.roots import root_camps
+from moe_hang.analysis.roots import root_camps, roots_differ
 from moe_hang.analysis.rules import diagnose
 from moe_hang.evidence.calls import RootedCall, pyspy_root
 from moe_hang.evidence.load import load_capture
@@ -65,3 +65,17 @@ def test_the_root_is_the_outermost_call_that_shows_one():
     assert pyspy_root(raw) == RootedCall("broadcast", 0, "group_src", None)
     raw[0]["locals"].append({"name": "group", "repr": "<ProcessGroup at 0x7e>"})
     assert pyspy_root(raw) == RootedCall("broadcast", 0, "group_src", None)  # which, unknown
+
+
+def test_no_root_named_by_a_majority_names_every_rank(fixtures, tmp_path):
+    """Three ranks, three roots: the ladder's majority rung leaves nothing, and no other rung
+    reads roots: every rank is named, and what would settle it."""
+    f = facts(load_capture(_run(fixtures, tmp_path, "best_src_1")))
+    for r, root in ((0, 0), (1, 1), (2, 2)):
+        v = f.views[r]
+        assert v.stack.root is not None
+        f.views[r] = dataclasses.replace(v, stack=dataclasses.replace(
+            v.stack, root=dataclasses.replace(v.stack.root, root=root)))
+    out = roots_differ(f)
+    assert (out.culprits, out.basis) == ([0, 1, 2], "ambiguous"), out.summary
+    assert "No root has a majority" in out.summary, out.summary
