@@ -189,11 +189,16 @@ def cycle(f: Facts) -> Conclusion:
                 "order.")
     on_cycle = [g for g in f.divs if any(e.coll is not None and e.coll.pg == g.div.pg
                                           for e in cyc)]
-    # show the divergence the cycle came from; else the group that a culprit skipped (not
-    # the one it is held up in)
+    # show the divergence the cycle came from; else the culprits' extra, where they posted
+    # it and the others never did; else the group that a culprit skipped (not the one it is
+    # held up in)
+    read = b.reading
+    own = (read.mine.pg, read.mine.seq) if read is not None and read.edit == Edit.EXTRA \
+        and read.mine is not None else None
     div = aligned[0].div if aligned is not None else next(
-        (g.div for g in on_cycle if set(g.absent) & culprits),
-        on_cycle[0].div if on_cycle else None)
+        (g.div for g in on_cycle if (g.div.pg, g.div.seq) == own), next(
+            (g.div for g in on_cycle if set(g.absent) & culprits),
+            on_cycle[0].div if on_cycle else None))
     if b.basis == CulpritBasis.CYCLE and (got := _ended_edge(cyc, f)) is not None:
         # the group whose poster ended on one side: where the two sides' counts part
         div = next((g.div for g in on_cycle if g.div.pg == got[1]), div)
