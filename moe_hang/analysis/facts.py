@@ -77,14 +77,19 @@ class Facts:
     ras: RasReading | None = None  # what NCCL RAS's reports say together (None: none read)
     # the first divergence two threads' interleaving on one group explains (threads.py)
     thread_race: ThreadRace | None = None
+    _fixed_reports: dict[int, RankReport] = field(default_factory=dict, repr=False)
 
     @property
     def ctx(self) -> Context:
         return Context(self.views, self.program)
 
     def reports(self, div: Divergence | None) -> dict[int, RankReport]:
-        """Every rank's report, showing its side of ``div``."""
-        return {r: report(v, div) for r, v in self.views.items()}
+        """Every rank's report, showing its side of ``div`` — which only a rank with nothing
+        pending shows: one with a collective pending reports it whatever ``div`` (made once;
+        at 8192 ranks the rules ask three times)."""
+        fixed = self._fixed_reports
+        return {r: (fixed.get(r) or fixed.setdefault(r, report(v, None)))
+                if v.current is not None else report(v, div) for r, v in self.views.items()}
 
     def causal(self) -> list[tuple[GroupDivergence, Blame]]:
         """Divergences that are a cause, not the consequence of another group's."""
