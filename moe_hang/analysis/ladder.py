@@ -33,14 +33,17 @@ from moe_hang.analysis.program import Program, fine_key
 from moe_hang.analysis.program import same as same_collective
 from moe_hang.analysis.rate import rate_vote
 from moe_hang.analysis.source import (
+    common_loop,
     every_pass,
     excludes_ranks,
+    left_loop,
     path_condition,
     periodic_gate,
     taken_only_by,
 )
 from moe_hang.analysis.timeline import RankViews
 from moe_hang.evidence.flight_recorder import Collective
+from moe_hang.evidence.source import SourceFacts
 from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
 from moe_hang.evidence.vocab import StrEnum
 
@@ -127,7 +130,7 @@ def history(r: Reading, ctx: Context) -> bool | None:
     p = ctx.program
     if r.edit == Edit.BEHIND or _due_later(r, ctx):
         return None
-    if _ends_a_run(r, p):
+    if _ends_a_run(r, p) or _past_the_loop(r, ctx):
         return None
     regular = [p.regular(c) for c in r.block] if r.realigned else []
     # every collective of the block regular (True) or never seen in a step (False)
@@ -198,6 +201,41 @@ def _ends_a_run(r: Reading, p: Program) -> bool:
     # another op, not the run's own in another shape or from another line (a shape the
     # steps always kept, a line's place in the loop, decide those)
     return r.mine.op != r.theirs.op and any(p.endless(a) for a in (r.mine, r.theirs))
+
+
+def _past_the_loop(r: Reading, ctx: Context) -> bool:
+    """At one seq one side posted what no agreed step posted, from past the loop that holds
+    the other side's (the barrier after training): where a loop ends is nothing the steps
+    showed — one more pass on the other side, or one fewer on this."""
+    if r.edit != Edit.CHANGE or r.mine is None or r.theirs is None \
+            or (r.mine.pg, r.mine.seq) != (r.theirs.pg, r.theirs.seq):
+        return False
+
+    def line(c: Collective, at: tuple[Frame, ...]) -> Frame | None:
+        return callsite(c.frames) if c.frames else at[-1] if at else None
+
+    mine, theirs = line(r.mine, r.at_mine), line(r.theirs, r.at_theirs)
+    # each side's line: what posted it, else where the rank is; past every loop that holds
+    # the other's (an inner loop is left every pass: the steps saw what follows it)
+    src = ctx.views.source
+    return any(ctx.program.regular(c) is False and past_loop(src, a, b)
+               and common_loop(src, a.file, a.line, b.line) is None
+               for c, a, b in ((r.mine, mine, theirs), (r.theirs, theirs, mine))
+               if a is not None and b is not None)
+
+
+def left_the_loop(prev: Collective | None, cur: Collective | None, views: RankViews) -> bool:
+    """The source says ``cur``'s line is past a loop that holds ``prev``'s (the rank left
+    the loop between the two)."""
+    return past_loop(views.source, callsite(cur.frames) if cur is not None and cur.frames
+                     else None, callsite(prev.frames) if prev is not None and prev.frames
+                     else None)
+
+
+def past_loop(src: SourceFacts, a: Frame | None, b: Frame | None) -> bool:
+    """Line ``a`` is past a loop that holds line ``b`` (one file)."""
+    return a is not None and b is not None and a.file == b.file \
+        and left_loop(src, a.file, a.line, b.line) is not None
 
 
 def _kept(theirs: bool | None, mine: bool | None) -> bool | None:

@@ -20,9 +20,8 @@ from typing import cast
 
 from moe_hang.analysis.blocks import Block
 from moe_hang.analysis.diagnosis import CulpritBasis
-from moe_hang.analysis.ladder import Edit, Reading
+from moe_hang.analysis.ladder import Edit, Reading, left_the_loop
 from moe_hang.analysis.program import P2P_OPS, Program
-from moe_hang.analysis.source import left_loop
 from moe_hang.analysis.timeline import (
     PostingKey,
     RankView,
@@ -31,7 +30,7 @@ from moe_hang.analysis.timeline import (
     posting_key,
 )
 from moe_hang.evidence.flight_recorder import Collective
-from moe_hang.evidence.stacks import Frame, callsite, is_library_frame
+from moe_hang.evidence.stacks import Frame, is_library_frame
 
 
 def user_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
@@ -314,7 +313,7 @@ def order_readings(ranks: Sequence[int], views: RankViews, program: Program
         cur = views[r].current
         prev = before(r, cur, views)
         kept[r] = program.follows(prev, cur, posted=True) if cur is not None else None
-        if kept[r] is False and _left_the_loop(prev, cur, views):
+        if kept[r] is False and left_the_loop(prev, cur, views):
             # past the loop that posted the one before: what follows a loop was never seen
             # inside its steps (the barrier after training), which says nothing of an order
             kept[r] = None
@@ -329,15 +328,6 @@ def order_readings(ranks: Sequence[int], views: RankViews, program: Program
                                   CulpritBasis.SOURCE: None,
                                   CulpritBasis.PROGRAM_ORDER: None}))
     return out
-
-
-def _left_the_loop(prev: Collective | None, cur: Collective | None, views: RankViews) -> bool:
-    """The source says ``cur``'s line is past a loop that holds ``prev``'s (the rank left
-    the loop between the two)."""
-    a = callsite(cur.frames) if cur is not None and cur.frames else None
-    b = callsite(prev.frames) if prev is not None and prev.frames else None
-    return a is not None and b is not None and a.file == b.file \
-        and left_loop(views.source, a.file, a.line, b.line) is not None
 
 
 def inversion_of(reading: Reading, basis: CulpritBasis) -> Inversion | None:

@@ -21,8 +21,10 @@ HANDLER = "`except RuntimeError: ... continue` (/tmp/trial/oom_skip.py:36)"
 @pytest.mark.parametrize(("fixture", "culprit"), [("oom_skip_3r_1", 1), ("oom_skip_3r_0", 0)])
 def test_the_handler_that_skips_the_batch_is_a_way_past(fixtures, fixture, culprit):
     d = diagnose(load_capture(fixtures / fixture)).to_dict()
+    # the culprit is past the training loop, the others at its next collective: where the
+    # loop ends is nothing the agreed steps showed (ladder._past_the_loop): two against one
     assert (d["verdict"], d["culprit_ranks"], d["culprit_basis"]) == (
-        "desync", [culprit], "history"), d["summary"]
+        "desync", [culprit], "majority"), d["summary"]
     assert d["fix"].startswith(f"Rank {culprit} skipped the all_reduce at "
                                "/tmp/trial/oom_skip.py:35 train"), d["fix"]
     assert HANDLER in d["fix"], d["fix"]
