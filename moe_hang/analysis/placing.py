@@ -95,8 +95,6 @@ def posted_before(tl: RankTimeline, sv: StackView, current: Collective | None,
     return None if got is None else (prior, got[1][0])
 
 
-
-
 def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[int],
                   views: RankViews) -> int | None:
     """A block of one collective alike the run right before it on every rank may sit anywhere
@@ -106,7 +104,9 @@ def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[
     due at some passes only (``if step % 4 == 0:``, new on every rank alike). Its seq,
     where it is not the block's own; else None."""
     tls = {r: views[r].tl.by_pg.get(pg, {}) for r in (*having, *lacking)}
-    sig, s = signature(tls[having[0]][start]), start
+    if (first := tls[having[0]].get(start)) is None:
+        return None
+    sig, s = signature(first), start
     while all((c := tl.get(s - 1)) is not None and signature(c) == sig for tl in tls.values()):
         s -= 1
     if s == start or any(tls[r][q].frames for r in lacking for q in range(s, start)):
@@ -117,10 +117,10 @@ def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[
 
     found = set()
     for r in having:
-        run = [tls[r][q] for q in range(s, start + 1)]
+        run = [c for q in range(s, start + 1) if (c := tls[r].get(q)) is not None]
         before = {line(c) for q, c in tls[r].items() if q < s}
         new = [c for c in run if line(c) not in before]
-        if not all(line(c) for c in run) or len(new) != 1 or any(
+        if len(run) != start + 1 - s or not all(line(c) for c in run) or len(new) != 1 or any(
                 periodic_gate(views.source, f.file, f.line) for f in line(new[0])):
             return None
         found.add(new[0].seq)
