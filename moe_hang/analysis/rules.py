@@ -123,8 +123,9 @@ def _finished(f: Facts) -> Conclusion:
 
 
 def _size_abort(f: Facts) -> Conclusion:
-    """gloo aborted a rank for a size mismatch: the recorder's alignment says where, when the
-    survivors' records reach it; else the abort itself does."""
+    """gloo aborted a rank for a size mismatch: the recorder's alignment says where and who,
+    when the survivors' records reach it (the aborted rank placed by its byte counts before
+    any reading is made); else the abort itself does. One decision either way: the ladder's."""
     assert f.size_abort is not None
     div, aborted = f.size_abort
     detail = abort_detail(aborted, f.ev.size_abort)
@@ -133,13 +134,6 @@ def _size_abort(f: Facts) -> Conclusion:
         # counts at a line say who posted more, not what: likely, and their sentence stays
         by_counts = found[0][1].shift is not None
         confirmed = not by_counts
-        if out.basis in (CulpritBasis.AMBIGUOUS, CulpritBasis.HISTORY) and out.div is not None:
-            # the aborted rank left no recorder entry: the abort's byte counts may decide
-            # (its side of this very collective: stronger than what earlier steps did)
-            b = blame_abort(out.div, f.ctx, f.ev.size_abort, aborted)
-            if b.basis != CulpritBasis.AMBIGUOUS:
-                out.culprits, out.basis, confirmed = b.culprits, b.basis, b.confirmed
-                out.summary += culprit_clause(b.basis, b.culprits, b.confirmed)
         if not by_counts and out.div is not None and (
                 _one_more_pass(f, out) or mark_skipped(out.div, out.culprits, f.ctx)):
             out.summary = desync_summary(out.div, f.reports(out.div), out.culprits, {}) \
