@@ -112,13 +112,14 @@ def _first_in_group(pg: str, ranks: list[int], views: RankViews,
     with_data = [r for r in ranks if r in views and views[r].tl.has_data]
     if len(with_data) < 2 and not any(views[r].tl.by_pg.get(pg) for r in with_data):
         return None
-    nonempty = [s for r in with_data if (s := set(views[r].tl.by_pg.get(pg, {})))]
+    tables = [(r, views[r].tl.by_pg.get(pg, {})) for r in with_data]
+    nonempty = [t for _r, t in tables if t]
     if not nonempty:
         return None
-    lo = max(min(s) for s in nonempty)  # older entries may have left a ring buffer
-    hi = max(max(s) for s in nonempty)
+    lo = max(min(t) for t in nonempty)  # older entries may have left a ring buffer
+    hi = max(max(t) for t in nonempty)
     for seq in range(lo, hi + 1):
-        present = {r: views[r].tl.by_pg.get(pg, {}).get(seq) for r in with_data}
+        present = {r: t.get(seq) for r, t in tables}
         have = {r: c for r, c in present.items() if c is not None}
         if not have or (len(have) == len(present) and _plainly_agree(list(have.values()))):
             continue

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import cast
 
 from moe_hang.analysis.timeline import RankViews, group_kind
 from moe_hang.evidence.flight_recorder import Collective
@@ -133,15 +132,15 @@ class Program:
     # what each run learned before added to the counts (see learn)
     _learned: dict[Key, list[tuple[str, Key]]] = field(default_factory=dict, repr=False)
 
-    def learn(self, run: list[Collective], keys: list[Keys] | None = None) -> None:
+    def learn(self, run: list[Collective], keys: list[Keys] | None = None,
+              ids: tuple[int, ...] | None = None) -> None:
         """One member's agreed collectives of one group, in sequence order (consecutive);
-        ``keys``: each one's :func:`keys_of`, where the caller has them already."""
+        ``keys``: each one's :func:`keys_of`; ``ids``: a number per distinct keys."""
         ks = keys if keys is not None else [keys_of(c) for c in run]
         # a consecutive run learns a function of its keys alone: the members of a group (and
-        # of every group of its kind) mostly posted the same, and a run learned before only
-        # counts again (8192 ranks: most of the time of learning)
-        fp = ("within", tuple(ks)) if run and run[-1].seq - run[0].seq == len(run) - 1 \
-            else None
+        # of its kind) mostly posted the same; a run learned before only counts again
+        fp = ("within", ids if ids is not None else tuple(ks)) \
+            if run and run[-1].seq - run[0].seq == len(run) - 1 else None
         if self._replayed(fp):
             return
         if run and len({k[0] or k[1] for k in ks}) < len(ks):
@@ -153,10 +152,8 @@ class Program:
             self.seen_coarse.add(ck)
             self.shapes.setdefault((sig[0], ck[0]), set()).add(sig)  # (op, group kind)
         counted: list[tuple[str, Key]] = []
-        for i in range(1, len(run)):
-            if run[i].seq == run[i - 1].seq + 1:
-                counted += self._add(self.follows_fine, self.follows_coarse, "within",
-                                     ks[i - 1], ks[i])
+        for i in (i for i in range(1, len(run)) if run[i].seq == run[i - 1].seq + 1):
+            counted += self._add(self.follows_fine, self.follows_coarse, "within", *ks[i - 1:i + 1])
         if fp is not None:
             self._learned[fp] = counted
 
@@ -251,12 +248,13 @@ class Program:
                 return k
         return None
 
-    def learn_order(self, order: list[Collective], keys: list[Keys] | None = None) -> None:
+    def learn_order(self, order: list[Collective], keys: list[Keys] | None = None,
+                    ids: tuple[int, ...] | None = None) -> None:
         """One rank's agreed collectives of every group, in the order it posted them: what
         follows what across groups (the step's all-gathers, then its all-reduce on another
-        group)."""
+        group). ``keys``, ``ids``: as for :meth:`learn`."""
         ks = keys if keys is not None else [keys_of(c) for c in order]
-        fp = ("across", tuple(ks))
+        fp = ("across", ids if ids is not None else tuple(ks))
         if self._replayed(fp):
             return
         counted: list[tuple[str, Key]] = []
@@ -353,9 +351,7 @@ def same_key(c: Collective) -> Key:
 def same(a: Collective, b: Collective) -> bool:
     """The same collective of the program: by path where both have one, else by shape."""
     fa, fb = fine_key(a), fine_key(b)
-    if fa is not None and fb is not None:
-        return fa == fb
-    return coarse_key(a) == coarse_key(b)
+    return fa == fb if fa is not None and fb is not None else coarse_key(a) == coarse_key(b)
 
 
 def agreed_runs(views: RankViews, bounds: dict[str, int | None]) -> Iterable[list[Collective]]:
@@ -372,27 +368,32 @@ def agreed_runs(views: RankViews, bounds: dict[str, int | None]) -> Iterable[lis
 
 def learn(views: RankViews, bounds: dict[str, int | None]) -> Program:
     p = Program()
-    # each collective's keys once: a rank's collectives are learned within their group and
-    # again across groups (at 8192 ranks the keys were half the time of the whole analysis)
-    memo: dict[int, Keys] = {}
-    paths: dict[int, UserPath] = {}  # every collective asked about lives as long as this call
+    # each distinct collective keyed once, by what keys_of reads (lists by identity: the
+    # loader shares them, all alive during this call), and numbered: a run learned before is
+    # found by its numbers (8192 ranks: keying was half the time of the whole analysis)
+    alike: dict[tuple[object, ...], tuple[Keys, int]] = {}
+    numbers: dict[Keys, int] = {}
+    paths: dict[int, UserPath] = {}
 
-    get = memo.get
-
-    def keyed(run: list[Collective]) -> list[Keys]:
-        out = [get(id(c)) for c in run]
-        if None in out:
-            out = [k if k is not None else memo.setdefault(id(c), keys_of(c, paths))
-                   for c, k in zip(run, out, strict=True)]
-        return cast(list[Keys], out)
+    def keyed(run: list[Collective]) -> tuple[list[Keys], tuple[int, ...]]:
+        got = []
+        for c in run:
+            what = (c.op, c.pg, c.pg_desc, c.tag, c.source, c.name, id(c.frames),
+                    id(c.input_sizes), id(c.dtypes))
+            hit = alike.get(what)
+            if hit is None:
+                k = keys_of(c, paths)
+                hit = alike[what] = (k, numbers.setdefault(k, len(numbers)))
+            got.append(hit)
+        return [k for k, _n in got], tuple([n for _k, n in got])
 
     for run in agreed_runs(views, bounds):
-        ks = keyed(run)
-        p.learn(run, ks)
+        ks, ids = keyed(run)
+        p.learn(run, ks, ids)
         p.learn_period(run, ks)
     for r in views:  # across groups, in the order each thread of a rank posted them
         for order in views.thread_orders(r):
             agreed = [c for c in order if c.completed is not False
                       and ((b := bounds.get(c.pg)) is None or c.seq < b)]
-            p.learn_order(agreed, keyed(agreed))
+            p.learn_order(agreed, *keyed(agreed))
     return p

@@ -95,6 +95,9 @@ def test_equal_stacks_of_a_load_share_one_frame_list_and_odd_frames_still_parse(
     assert [c.frames[1].line for c in a.entries] == [12, 14, 12]
     assert a.entries[0].frames is a.entries[2].frames is b.entries[0].frames
     assert a.entries[1].frames is not a.entries[0].frames
+    # sizes and dtypes likewise: one list per distinct value (compared by identity first)
+    assert a.entries[0].input_sizes is b.entries[1].output_sizes == [[4]]
+    assert a.entries[0].dtypes is b.entries[1].dtypes == ["Float"]
     assert b.entries[1].frames[0].file == "['?']"  # unhashable: parsed on its own
     alone = parse_dump(dump([12]))  # no shared table: its own
     assert alone.entries[0].frames == a.entries[0].frames
@@ -340,6 +343,9 @@ def test_parallel_loading_equals_serial_and_shares_group_lists(tmp_path):
                                                                b.pg_ranks)
     worlds = {id(d.pg_ranks["0"]) for d in two.fr.values()}
     assert len(worlds) == 1  # one world list for every rank, not 32 copies
+    # and one list per distinct stack, whichever worker parsed it
+    stacks = [c.frames for d in two.fr.values() for c in (*d.entries, *d.p2p)]
+    assert len({id(f) for f in stacks}) == len({tuple(f) for f in stacks})
     # the workers are gone (what other tests of this session left is theirs to answer for)
     assert [p for p in psutil.Process().children(recursive=True)
             if p.create_time() >= started - 0.5] == []

@@ -43,3 +43,50 @@ def test_a_run_learned_again_only_counts_again() -> None:
     # all-gathers and the all-reduce), twice in each of b; gap's seqs are not consecutive
     key = ("within", ("mesh_tp", "all_gather", ((8,),), ("Float",)))
     assert replayed.seen_after[key] == 3 * 3 + 2 * 2
+
+
+def test_learning_by_numbered_keys_is_learning_every_run_from_scratch() -> None:
+    """``learn`` numbers each distinct collective (by what its keys read, lists by identity:
+    the loader shares them) and finds a run learned before by its numbers: the same program
+    as every member's run learned from its keys — with lists shared between ranks, lists
+    equal but not shared, and two collectives alike but for one field each."""
+    from moe_hang.analysis.program import agreed_runs, learn
+    from moe_hang.analysis.rankstate import rank_view
+    from moe_hang.analysis.timeline import RankViews
+    from moe_hang.evidence.flight_recorder import FRDump, PgStatus
+    from moe_hang.evidence.model import RankEvidence
+
+    sizes, floats = [[8]], ["Float"]  # lists shared between ranks
+    stack, none = [Frame("/job/train.py", 11, "step")], []
+
+    def rank(r: int) -> RankEvidence:
+        entries = []
+        for s in range(1, 9):
+            c = _c(s, "all_gather" if s % 4 else "all_reduce", 8, line=11 if s % 2 else None)
+            if r % 2:  # the odd ranks' lists shared between them, the even ranks' their own
+                c.input_sizes, c.dtypes = sizes, floats
+                c.frames = stack if s % 2 else none
+            if r == 3 and s == 5:
+                c.dtypes = ["BFloat16"]  # alike rank 1's but for its dtype
+            if r == 3 and s == 7:
+                c.pg_desc = "mesh_dp"  # alike rank 1's but for its group's kind
+            c.record_id = s
+            entries.append(c)
+        fr = FRDump(entries=entries, pg_status={"1": PgStatus(8, 8)})
+        return RankEvidence(rank=r, alive=True, progressed=False, fr=fr)
+
+    views = RankViews((r, rank_view(rank(r))) for r in range(4))
+    learned = learn(views, {})
+    fresh = Program()
+    for run in agreed_runs(views, {}):
+        fresh.learn(run)
+        fresh.learn_period(run)
+        fresh._learned.clear()
+    for r in views:
+        for order in views.thread_orders(r):
+            fresh.learn_order(order)
+            fresh._learned.clear()
+    assert learned._learned  # runs were found again by their numbers
+    assert _public(learned) == _public(fresh)
+    assert ("mesh_dp", "all_gather", ((8,),), ("Float",)) in learned.seen_coarse
+    assert ("mesh_tp", "all_gather", ((8,),), ("BFloat16",)) in learned.seen_coarse

@@ -18,6 +18,7 @@ from moe_hang.evidence import flight_recorder as fr
 from moe_hang.evidence.flight_recorder import DEFAULT_CONTEXT, HISTORY_BUDGET, FRDump
 from moe_hang.evidence.flight_recorder.find import DumpFile, DumpSet, Problem
 from moe_hang.evidence.flight_recorder.parse_entry import RankLists
+from moe_hang.evidence.stacks import Frame
 from moe_hang.settings import Settings
 
 POOL_MIN_FILES = 24  # below this (or POOL_MIN_BYTES) forking workers costs more than it saves
@@ -98,6 +99,27 @@ def _load_chunk(args: tuple[list[tuple[int, str]], int | None]) -> _Chunk:
     return out
 
 
+def _share(chunk: _Chunk, shared: RankLists) -> None:
+    """A chunk's stacks (each distinct one once: the worker shared them) replaced by the
+    equal ones of earlier chunks: the analysis compares every rank's stacks, by identity
+    first, as it would had one process parsed them all."""
+    by_id: dict[int, list[Frame]] = {}
+
+    def one(v: list[Frame]) -> list[Frame]:
+        hit = by_id.get(id(v))
+        if hit is None:
+            hit = by_id[id(v)] = shared.stack(v)
+        return hit
+
+    for _rank, _path, got in chunk.items:
+        if isinstance(got, str):
+            continue
+        for c in got.entries:
+            c.frames = one(c.frames)
+        for p in got.p2p:
+            p.frames = one(p.frames)
+
+
 def _workers(n_files: int, n_bytes: int) -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -127,6 +149,7 @@ def load_sets(sets: list[DumpSet], *, context: int | None = BY_BUDGET,
     by_path = {str(f.path): i for i, f in jobs}
 
     interned: dict[str, tuple[int, ...]] = {}  # one list per distinct group, for every rank
+    shared = RankLists()  # one list per distinct stack, for every rank
 
     def take(chunk: _Chunk) -> None:
         for rank, path, got in chunk.items:
@@ -137,6 +160,7 @@ def load_sets(sets: list[DumpSet], *, context: int | None = BY_BUDGET,
             for pg, key in chunk.refs.get(rank, {}).items():
                 got.pg_ranks[pg] = interned.setdefault(key, chunk.table[key])
             ls.fr[rank] = got
+        _share(chunk, shared)
 
     with gc_paused():
         if n <= 1:

@@ -179,7 +179,7 @@ def parse_dump(data: dict[str, Any], *, context: int | None = None,
     keep = sel.keep
 
     # Pass 2: records for what was kept, oldest first
-    frames = _Frames(lists.stacks)
+    frames = _Frames(lists)
     colls: list[Collective] = []
     p2ps: list[P2PEntry] = []
     batch_open: list[P2PEntry] = []

@@ -78,12 +78,43 @@ class RankLists:
     full hash would cost more than the compare, so strings are keyed by (length, head, tail)
     and compared in full only there. A stack is keyed by its content (a JSON dump decodes
     every entry's frames anew), so the entries of every rank that posted from one line share
-    one frame list — what the analysis reads once per distinct list."""
+    one frame list — what the analysis reads once per distinct list. Sizes and dtypes
+    likewise (``shared``): the entries of one collective on every rank hold one list each,
+    so a chunk's pipe carries each once and the analysis compares them by identity first."""
 
     def __init__(self) -> None:
         self._by_text: dict[tuple[int, str, str], list[tuple[str, tuple[int, ...]]]] = {}
         self._digests: dict[tuple[int, ...], str] = {}
         self.stacks: dict[tuple[Any, ...], list[Frame]] = {}
+        self._shapes: dict[tuple[Any, ...], Any] = {}
+
+    def sizes(self, v: Any) -> list[list[int]]:
+        """:func:`_sizes` of ``v``, one list per distinct value (never mutated: records
+        share them); keyed by the raw value, so a value seen before is not converted."""
+        try:
+            key = ("sizes", *map(tuple, v)) if v else ("sizes",)
+            hit = self._shapes.get(key)
+        except TypeError:  # not lists of numbers: converted on its own
+            return _sizes(v)
+        if hit is None:
+            hit = self._shapes[key] = _sizes(v)
+        return hit
+
+    def dtypes(self, v: Any) -> list[str]:
+        """The dtypes as strings, shared as :meth:`sizes`."""
+        try:
+            key = ("dtypes", *v) if v else ("dtypes",)
+            hit = self._shapes.get(key)
+        except TypeError:
+            return [str(d) for d in v]
+        if hit is None:
+            hit = self._shapes[key] = [str(d) for d in v]
+        return hit
+
+    def stack(self, v: list[Frame]) -> list[Frame]:
+        """``v``, or the equal stack seen before (the analysis compares stacks of every rank:
+        by identity first)."""
+        return self.stacks.setdefault(tuple(v), v)
 
     def parse(self, v: Any) -> tuple[int, ...]:
         if not isinstance(v, str):
@@ -151,10 +182,13 @@ class _Frames:
     identity memo is for one dump's parse, never kept beyond it (an id is only unique while
     its object lives)."""
 
-    def __init__(self, shared: dict[tuple[Any, ...], list[Frame]] | None = None) -> None:
+    def __init__(self, lists: RankLists | None = None) -> None:
         self._by_id: dict[tuple[int, ...], list[Frame]] = {}
         self._ops: dict[str, str] = {}
-        self._shared = shared if shared is not None else {}
+        self._lists = lists if lists is not None else RankLists()
+        self._shared = self._lists.stacks
+        self.sizes = self._lists.sizes
+        self.dtypes = self._lists.dtypes
 
     def op(self, profiling_name: str) -> str:
         hit = self._ops.get(profiling_name)
@@ -164,7 +198,7 @@ class _Frames:
 
     def __call__(self, raw: Any) -> list[Frame]:
         if not raw or not isinstance(raw, list):
-            return []
+            return self._lists.stack([])
         key = tuple(map(id, raw))
         hit = self._by_id.get(key)
         if hit is None:
@@ -199,8 +233,8 @@ def entry_to_collective(e: dict[str, Any], source: str = "flight_recorder",
     memo = frames or _Frames()
     return Collective(
         pg=pg_name, seq=seq, op=memo.op(raw), raw_op=raw, pg_desc=pg_desc,
-        input_sizes=_sizes(e.get("input_sizes")), output_sizes=_sizes(e.get("output_sizes")),
-        dtypes=[str(d) for d in e.get("input_dtypes") or []],
+        input_sizes=memo.sizes(e.get("input_sizes")),
+        output_sizes=memo.sizes(e.get("output_sizes")), dtypes=memo.dtypes(e.get("input_dtypes")),
         time_created_ns=_time(e.get("time_created_ns")),
         frames=memo(e.get("frames")),
         completed=True if e.get("state") == "completed" else None, source=source,
@@ -229,8 +263,8 @@ def _p2p_entry(e: dict[str, Any], completed: bool | None,
     return P2PEntry(op=op, peer=peer, pg=pg_name, p2p_seq=_int(e.get("p2p_seq_id")),
                     completed=completed, seq=_int(e.get("collective_seq_id")),
                     local_peer=local_peer, pg_desc=pg_desc,
-                    input_sizes=_sizes(e.get("input_sizes")),
-                    dtypes=[str(d) for d in e.get("input_dtypes") or []],
+                    input_sizes=frames.sizes(e.get("input_sizes")),
+                    dtypes=frames.dtypes(e.get("input_dtypes")),
                     time_created_ns=_time(e.get("time_created_ns")),
                     record_id=rid if isinstance(rid, int) else None,
                     frames=frames(e.get("frames")), **_timing(e), **_thread(e))
