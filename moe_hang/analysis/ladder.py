@@ -218,7 +218,7 @@ def _past_the_loop(r: Reading, ctx: Context) -> bool:
     # each side's line: what posted it, else where the rank is; past every loop that holds
     # the other's (an inner loop is left every pass: the steps saw what follows it)
     src = ctx.views.source
-    return any(ctx.program.regular(c) is False and past_loop(src, a, b)
+    return any(ctx.program.regular(c) is False and _past_loop(src, a, b)
                and common_loop(src, a.file, a.line, b.line) is None
                for c, a, b in ((r.mine, mine, theirs), (r.theirs, theirs, mine))
                if a is not None and b is not None)
@@ -227,12 +227,12 @@ def _past_the_loop(r: Reading, ctx: Context) -> bool:
 def left_the_loop(prev: Collective | None, cur: Collective | None, views: RankViews) -> bool:
     """The source says ``cur``'s line is past a loop that holds ``prev``'s (the rank left
     the loop between the two)."""
-    return past_loop(views.source, callsite(cur.frames) if cur is not None and cur.frames
+    return _past_loop(views.source, callsite(cur.frames) if cur is not None and cur.frames
                      else None, callsite(prev.frames) if prev is not None and prev.frames
                      else None)
 
 
-def past_loop(src: SourceFacts, a: Frame | None, b: Frame | None) -> bool:
+def _past_loop(src: SourceFacts, a: Frame | None, b: Frame | None) -> bool:
     """Line ``a`` is past a loop that holds line ``b`` (one file)."""
     return a is not None and b is not None and a.file == b.file \
         and left_loop(src, a.file, a.line, b.line) is not None
@@ -346,6 +346,11 @@ LADDER: tuple[tuple[CulpritBasis, Rung], ...] = (
     (CulpritBasis.SOURCE, source),
     (CulpritBasis.PROGRAM_ORDER, program_order),
 )
+
+# a reading whose ranks the ladder already weighed on the evidence itself (a cycle, the
+# roots the ranks name): only the counts are left to weigh
+COUNTS_ONLY: dict[CulpritBasis, bool | None] = {
+    CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None, CulpritBasis.PROGRAM_ORDER: None}
 
 
 def decide(readings: Sequence[Reading], ctx: Context) -> Decision:

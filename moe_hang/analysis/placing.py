@@ -5,7 +5,7 @@ before. A rank's line is where its pending collective was posted (docs/DESIGN.md
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from moe_hang.analysis.program import signature
@@ -95,6 +95,18 @@ def posted_before(tl: RankTimeline, sv: StackView, current: Collective | None,
     return None if got is None else (prior, got[1][0])
 
 
+def user_line(c: Collective) -> tuple[tuple[str, int], ...]:
+    """The user lines (its recorder's call sites, outermost first) that posted ``c``."""
+    return tuple((f.file, f.line) for f in reversed(c.frames) if not is_library_frame(f))
+
+
+def new_posts(entries: Mapping[int, Collective], lo: int, hi: int) -> list[Collective]:
+    """Of one rank's entries on one group, those at ``lo`` .. ``hi - 1`` posted from user
+    lines none of its entries before ``lo`` came from."""
+    before = {user_line(c) for q, c in entries.items() if q < lo}
+    return [c for q, c in sorted(entries.items()) if lo <= q < hi and user_line(c) not in before]
+
+
 def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[int],
                   views: RankViews) -> int | None:
     """A block of one collective alike the run right before it on every rank may sit anywhere
@@ -111,17 +123,12 @@ def placed_in_run(pg: str, start: int, having: Sequence[int], lacking: Sequence[
         s -= 1
     if s == start or any(tls[r][q].frames for r in lacking for q in range(s, start)):
         return None  # no run, or the lacking side's code placed the block already
-
-    def line(c: Collective) -> tuple[Frame, ...]:
-        return tuple(f for f in c.frames if not is_library_frame(f))
-
     found = set()
     for r in having:
         run = [c for q in range(s, start + 1) if (c := tls[r].get(q)) is not None]
-        before = {line(c) for q, c in tls[r].items() if q < s}
-        new = [c for c in run if line(c) not in before]
-        if len(run) != start + 1 - s or not all(line(c) for c in run) or len(new) != 1 or any(
-                periodic_gate(views.source, f.file, f.line) for f in line(new[0])):
+        new = new_posts(tls[r], s, start + 1)
+        if len(run) != start + 1 - s or not all(user_line(c) for c in run) or len(new) != 1 \
+                or any(periodic_gate(views.source, f, n) for f, n in user_line(new[0])):
             return None
         found.add(new[0].seq)
     q = found.pop() if len(found) == 1 else None

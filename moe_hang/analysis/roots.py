@@ -10,19 +10,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_hang.analysis.conclusion import Conclusion
-from moe_hang.analysis.diagnosis import Certainty, CulpritBasis, Verdict, pg_label
+from moe_hang.analysis.diagnosis import Certainty, Verdict, pg_label
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.facts import Facts
-from moe_hang.analysis.ladder import decide
+from moe_hang.analysis.ladder import COUNTS_ONLY, decide
 from moe_hang.analysis.readings import camp_readings
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import on_default_group
 from moe_hang.analysis.timeline import RankView
 from moe_hang.evidence.calls import ROOTED_FUNCS, RootedCall
 from moe_hang.evidence.vocab import agree, who
-
-_COUNTS_ONLY: dict[CulpritBasis, bool | None] = {
-    CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None, CulpritBasis.PROGRAM_ORDER: None}
 
 
 def root_camps(f: Facts) -> dict[str, list[int]] | None:
@@ -70,7 +67,7 @@ def roots_differ(f: Facts) -> Conclusion:
         camps.items(), key=lambda kv: (-len(kv[1]), kv[1])))
     # the camps' readings, to the one ladder: one call, one line, one pass — no history,
     # source or order tells the roots apart, only how many name each
-    d = decide([replace(x, given=_COUNTS_ONLY) for x in camp_readings(
+    d = decide([replace(x, given=COUNTS_ONLY) for x in camp_readings(
         c.pg if c is not None else "", None, list(camps.values()), {}, f.views)], f.ctx)
     culprits, basis, certainty = (d.culprits if d.reading is not None else ranks), d.basis, \
         Certainty.LIKELY

@@ -24,9 +24,10 @@ from moe_hang.analysis.diagnosis import (
 )
 from moe_hang.analysis.explain import site_str
 from moe_hang.analysis.gates import alike, went_through
-from moe_hang.analysis.ladder import Context, Decision, Edit, Reading, decide
+from moe_hang.analysis.ladder import COUNTS_ONLY, Context, Decision, Edit, Reading, decide
 from moe_hang.analysis.passes import loop_between
-from moe_hang.analysis.readings import at, user_frames
+from moe_hang.analysis.placing import new_posts, user_line
+from moe_hang.analysis.readings import at
 from moe_hang.analysis.situation import Advice
 from moe_hang.analysis.source import (
     branch_call,
@@ -80,11 +81,6 @@ class Shift:
     @property
     def others(self) -> list[int]:
         return sorted(set(self.ahead + self.passed) - set(self.culprits))
-
-
-# what the ladder already weighed on the cycle itself: only the counts are left to weigh
-_COUNTS_ONLY: dict[CulpritBasis, bool | None] = {
-    CulpritBasis.HISTORY: None, CulpritBasis.SOURCE: None, CulpritBasis.PROGRAM_ORDER: None}
 
 
 def count_shift(cycle: list[Edge], ctx: Context) -> Shift | None:
@@ -158,12 +154,12 @@ def shift_at(w: Collective, waiter: int, ctx: Context, laps: bool) -> Shift | No
     # where their own recorders hold call sites: a line none of their earlier steps posted
     # from, since they last posted the shift's line, is their extra
     extra_src, skip_src = _branch_says(views.source, w, fb[-1], ahead_t, passed_t)
-    extra_given = {**_COUNTS_ONLY, CulpritBasis.SOURCE: extra_src}
+    extra_given = {**COUNTS_ONLY, CulpritBasis.SOURCE: extra_src}
     if all(_new_line(views[a], w, fb) for a in ahead):
         extra_given[CulpritBasis.HISTORY] = True
     readings = (Reading(ahead_t, passed_t, Edit.EXTRA, mine=w, given=extra_given),
                 Reading(passed_t, ahead_t, Edit.SKIP, theirs=w,
-                        given={**_COUNTS_ONLY, CulpritBasis.SOURCE: skip_src}))
+                        given={**COUNTS_ONLY, CulpritBasis.SOURCE: skip_src}))
     return Shift(w.op, w.pg, w.pg_desc, w.seq, counts.pop(), ahead_t, passed_t, fb[-1],
                  readings, same_seq=after)
 
@@ -185,17 +181,12 @@ def _branch_says(src: SourceFacts, w: Collective, at: Frame, ahead: tuple[int, .
 def _new_line(v: RankView, w: Collective, fb: list[Frame]) -> bool:
     """``v`` posted, on ``w``'s group after it last posted from ``fb`` and before ``w``, a
     collective from a line none of its entries before came from (its recorder's call sites)."""
-    def key(c: Collective) -> tuple[tuple[str, int], ...]:
-        return tuple((f.file, f.line) for f in user_frames(c.frames)) if c.frames else ()
-
-    here = tuple((f.file, f.line) for f in fb)
-    keyed = [(s, key(c)) for s, c in sorted(v.tl.by_pg.get(w.pg, {}).items())
-             if w.seq is not None and s < w.seq]
-    last = max((s for s, k in keyed if k == here), default=None)
-    if last is None:
+    here, entries = tuple((f.file, f.line) for f in fb), v.tl.by_pg.get(w.pg, {})
+    last = max((s for s, c in entries.items() if w.seq is not None and s < w.seq
+                and user_line(c) == here), default=None)
+    if last is None or w.seq is None:
         return False
-    seen = {k for s, k in keyed if s <= last}
-    return any(k and k not in seen for s, k in keyed if s > last)
+    return any(user_line(c) for c in new_posts(entries, last + 1, w.seq))
 
 
 def _later_in_pass(ctx: Context, v: RankView, fb: list[Frame]) -> bool:
