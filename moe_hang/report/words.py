@@ -249,10 +249,10 @@ def site_groups(d: Diagnosis, max_groups: int = MAX_SITE_GROUPS, *,
         return []
     ranks = sorted({r.rank for r in d.ranks}
                    | set(d.first_divergence.per_rank if d.first_divergence else ()))
-    groups = _group(ranks, lambda r: rank_phrase(d, r))
-    if merge_sizes is not False:
+    groups = _group(ranks, lambda r: rank_phrase(d, r)) if not merge_sizes else {}
+    if merge_sizes or (merge_sizes is None and len(groups) > max_groups):
         merged = _group(ranks, lambda r: rank_phrase(d, r, sizes=False))
-        if merge_sizes or (len(groups) > max_groups and len(merged) < len(groups)):
+        if merge_sizes or len(merged) < len(groups):
             groups = {}
             for phrase, members in merged.items():
                 shapes = {fmt_shape(c.input_sizes) for r in members
