@@ -153,7 +153,7 @@ class Program:
             self.shapes.setdefault((sig[0], ck[0]), set()).add(sig)  # (op, group kind)
         counted: list[tuple[str, Key]] = []
         for i in (i for i in range(1, len(run)) if run[i].seq == run[i - 1].seq + 1):
-            counted += self._add(self.follows_fine, self.follows_coarse, "within", *ks[i - 1:i + 1])
+            counted += self._add(self.follows_fine, self.follows_coarse, "within", ks[i - 1], ks[i])
         if fp is not None:
             self._learned[fp] = counted
 

@@ -79,7 +79,7 @@ class RankLists:
     and compared in full only there. A stack is keyed by its content (a JSON dump decodes
     every entry's frames anew), so the entries of every rank that posted from one line share
     one frame list — what the analysis reads once per distinct list. Sizes and dtypes
-    likewise (``shared``): the entries of one collective on every rank hold one list each,
+    likewise (:meth:`sizes`, :meth:`dtypes`): the entries of one collective on every rank hold one list each,
     so a chunk's pipe carries each once and the analysis compares them by identity first."""
 
     def __init__(self) -> None:
