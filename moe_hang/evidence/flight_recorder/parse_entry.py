@@ -79,8 +79,9 @@ class RankLists:
     and compared in full only there. A stack is keyed by its content (a JSON dump decodes
     every entry's frames anew), so the entries of every rank that posted from one line share
     one frame list — what the analysis reads once per distinct list. Sizes and dtypes
-    likewise (:meth:`sizes`, :meth:`dtypes`): the entries of one collective on every rank hold one list each,
-    so a chunk's pipe carries each once and the analysis compares them by identity first."""
+    likewise (:meth:`sizes`, :meth:`dtypes`): the entries of one collective on every rank
+    hold one list each, so a chunk's pipe carries each once and the analysis compares them
+    by identity first."""
 
     def __init__(self) -> None:
         self._by_text: dict[tuple[int, str, str], list[tuple[str, tuple[int, ...]]]] = {}
